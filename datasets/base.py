@@ -1,0 +1,199 @@
+"""The map-style dataset every format's reader builds on.
+
+A format reader implements three things: ``_open()`` (handles, in the process that uses them),
+``_close()``, and ``_read(i) -> Record`` (label, codec, size, key and payload bytes of sample i).
+Everything else lives here once: the manifest, decoding, output types, transforms, the error
+policy and the cache. Handles are opened lazily and dropped when pickled, so a dataset can be
+sent to DataLoader workers under fork, spawn or forkserver, and a handle opened before a fork is
+never used in the child (the pid is checked).
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+import torch
+from torch.utils.data import Dataset
+
+from packer.errors import CorruptDataError
+from packer.imageproc import decode_payload
+from packer.manifest import Manifest, read_manifest
+from packer.record import Record
+
+__all__ = ["PackedDataset", "OUTPUTS"]
+
+#: What ``__getitem__`` returns as the image: uint8 CHW tensor, HWC numpy array, or PIL image.
+OUTPUTS = ("tensor", "numpy", "pil")
+
+
+class PackedDataset(Dataset):
+    """Map-style dataset over a packed directory; returns ``(image, label)``.
+
+    Args:
+        path: the packed dataset directory (must hold a finished manifest).
+        transform: applied to the image (as torchvision's ``transform``).
+        target_transform: applied to the label.
+        output: ``"tensor"`` (uint8, C x H x W, RGB; the fast default), ``"numpy"`` (uint8 H x W x C)
+            or ``"pil"`` (a PIL RGB image, so a torchvision pipeline written for ImageFolder runs
+            unchanged).
+        verify: check per-sample checksums on read (cheap next to decoding).
+        on_error: ``"raise"`` (default) raises CorruptDataError naming file, sample and offset;
+            ``"skip"`` returns the next readable sample instead and counts the skip in
+            ``self.errors`` (per process).
+    """
+
+    format: str = ""
+
+    def __init__(
+        self,
+        path: str | os.PathLike[str],
+        transform: Callable[[Any], Any] | None = None,
+        target_transform: Callable[[int], Any] | None = None,
+        *,
+        output: str = "tensor",
+        verify: bool = True,
+        on_error: str = "raise",
+        manifest: Manifest | None = None,
+    ) -> None:
+        if output not in OUTPUTS:
+            raise ValueError(f"output must be one of {OUTPUTS}, not {output!r}")
+        if on_error not in ("raise", "skip"):
+            raise ValueError(f"on_error must be 'raise' or 'skip', not {on_error!r}")
+        self.root = os.path.abspath(os.fspath(path))
+        self.manifest = manifest if manifest is not None else read_manifest(self.root)
+        if self.format and self.manifest.format != self.format:
+            raise ValueError(
+                f"{self.root} holds a {self.manifest.format!r} dataset, not {self.format!r}; "
+                f"use packer.datasets.open_dataset to pick the reader from the manifest"
+            )
+        self.transform = transform
+        self.target_transform = target_transform
+        self.output = output
+        self.verify = verify
+        self.on_error = on_error
+        self.errors = 0
+        self._pid: int | None = None
+        self._lock = threading.Lock()
+
+    # -- what a format implements -------------------------------------------------------------
+    def _open(self) -> None:
+        """Open handles in the current process."""
+        raise NotImplementedError
+
+    def _close(self) -> None:
+        """Close handles opened by :meth:`_open`."""
+
+    def _read(self, index: int) -> Record:
+        """Return sample ``index``'s record; raise CorruptDataError on bad data."""
+        raise NotImplementedError
+
+    # -- shared machinery ---------------------------------------------------------------------
+    @property
+    def classes(self) -> list[str]:
+        """Class names in label order."""
+        return self.manifest.classes
+
+    @property
+    def class_to_idx(self) -> dict[str, int]:
+        """Class name -> label, as torchvision's ImageFolder."""
+        return self.manifest.class_to_idx
+
+    @property
+    def shard_sizes(self) -> list[int]:
+        """Samples per payload file in sample order (the streaming dataset partitions by these)."""
+        return [f.samples for f in self.manifest.files]
+
+    def __len__(self) -> int:
+        return self.manifest.num_samples
+
+    def _ensure_open(self) -> None:
+        pid = os.getpid()
+        if self._pid != pid:
+            with self._lock:
+                if self._pid != pid:
+                    self._pid = None  # a handle inherited across fork is never used
+                    self._open()
+                    self._pid = pid
+
+    def read_record(self, index: int) -> Record:
+        """The raw record of sample ``index`` (payload still encoded), checksum verified."""
+        if not 0 <= index < len(self):
+            raise IndexError(f"sample {index} out of range for {len(self)} samples in {self.root}")
+        self._ensure_open()
+        return self._read(index)
+
+    def decode(self, rec: Record, index: int | None = None) -> np.ndarray:
+        """Decode a record's payload to an RGB uint8 H x W x 3 array."""
+        return decode_payload(rec.payload, rec.codec, rec.height, rec.width, path=self.root, sample=index)
+
+    def load(self, index: int) -> tuple[np.ndarray, int]:
+        """Sample ``index`` as (RGB uint8 H x W x 3 array, label), before output conversion."""
+        rec = self.read_record(index)
+        return self.decode(rec, index), rec.label
+
+    def _to_output(self, rgb: np.ndarray) -> Any:
+        if self.output == "tensor":
+            return torch.from_numpy(rgb).permute(2, 0, 1)
+        if self.output == "numpy":
+            return rgb
+        from PIL import Image
+
+        return Image.fromarray(rgb, mode="RGB") if rgb.ndim == 3 else Image.fromarray(rgb)
+
+    def __getitem__(self, index: int) -> tuple[Any, Any]:
+        if index < 0:
+            index += len(self)
+        try:
+            rgb, label = self.load(index)
+        except CorruptDataError:
+            if self.on_error == "raise":
+                raise
+            self.errors += 1
+            if self.errors >= len(self):
+                raise
+            return self[(index + 1) % len(self)]
+        image = self._to_output(rgb)
+        if self.transform is not None:
+            image = self.transform(image)
+        target: Any = label
+        if self.target_transform is not None:
+            target = self.target_transform(label)
+        return image, target
+
+    def close(self) -> None:
+        """Close handles in this process (they reopen on the next access)."""
+        if self._pid == os.getpid():
+            self._close()
+        self._pid = None
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = self.__dict__.copy()
+        state["_pid"] = None
+        state["_lock"] = None
+        for k in self._handle_attrs():
+            state[k] = None
+        return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        self._lock = threading.Lock()
+
+    def _handle_attrs(self) -> tuple[str, ...]:
+        """Attribute names holding process-local handles, dropped on pickling."""
+        return ()
+
+    def __repr__(self) -> str:
+        return (
+            f"{type(self).__name__}({self.root!r}, samples={len(self)}, classes={len(self.classes)}, "
+            f"encoding={self.manifest.processing.get('encoding')!r}, output={self.output!r})"
+        )
+
+    def __enter__(self) -> PackedDataset:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

@@ -1,0 +1,216 @@
+"""The command line: ``packer`` and ``python -m packer`` both call :func:`main`.
+
+Subcommands are registered in one table (``COMMANDS``); format choices come from the registry.
+A bad command line is one line on stderr and exit status 2; a failure is one line and status 1;
+a conversion that skipped bad images finishes and exits 3, so scripts notice.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from collections.abc import Callable, Sequence
+
+from . import __version__
+from .errors import PackerError
+from .registry import format_names
+
+__all__ = ["main", "EXIT_OK", "EXIT_ERROR", "EXIT_USAGE", "EXIT_SKIPPED"]
+
+EXIT_OK, EXIT_ERROR, EXIT_USAGE, EXIT_SKIPPED, EXIT_INTERRUPTED = 0, 1, 2, 3, 130
+
+
+class UsageError(Exception):
+    """A bad command line (exit status 2)."""
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse, but a usage error is one line and an exception, not a usage dump and exit."""
+
+    def error(self, message: str) -> None:  # type: ignore[override]
+        raise UsageError(f"{self.prog}: {message} (see {self.prog} --help)")
+
+
+def _say(msg: str) -> None:
+    print(msg, file=sys.stderr)
+
+
+# -- convert -------------------------------------------------------------------------------------
+def _add_convert(p: argparse.ArgumentParser) -> None:
+    fmts = format_names()
+    p.add_argument("src_format", choices=["imagefolder", *fmts], help="format of SRC")
+    p.add_argument("dst_format", choices=[*fmts, "imagefolder"], help="format to write")
+    p.add_argument("src", help="source folder or packed dataset")
+    p.add_argument("dst", help="destination directory (must not exist unless --overwrite)")
+    g = p.add_argument_group("images")
+    g.add_argument("--resize", default="none", help="shorter:N, longer:N, WxH or none (default: none)")
+    g.add_argument("--encode", default="jpeg:90", help="jpeg:Q, webp:Q, png, raw or keep (default: jpeg:90)")
+    g.add_argument("--upscale", action="store_true", help="enlarge images smaller than the target")
+    g.add_argument("--max-pixels", type=int, default=None, help="refuse larger images (decompression bombs)")
+    g.add_argument("--exact-decode", action="store_true",
+                   help="always decode JPEGs at full size (default: libjpeg's reduced-size decode when the target allows)")
+    g = p.add_argument_group("conversion")
+    g.add_argument("--workers", type=int, default=os.cpu_count() or 1, help="worker processes (default: all cores)")
+    g.add_argument("--seed", type=int, default=0, help="seed of the write-time shuffle (default: 0)")
+    g.add_argument("--no-shuffle", action="store_true", help="keep folder order instead of shuffling")
+    g.add_argument("--strict", action="store_true", help="stop at the first bad image instead of skipping it")
+    g.add_argument("--overwrite", action="store_true", help="replace DST (atomically, once the new one is complete)")
+    g.add_argument("--quiet", "-q", action="store_true", help="no progress bar")
+    g = p.add_argument_group("shards (tar, tfrecord)")
+    g.add_argument("--shard-size", default=None, help="max bytes per shard, e.g. 256MB, 1GiB")
+    g.add_argument("--shard-samples", type=int, default=None, help="max samples per shard")
+    g.add_argument("--gzip", action="store_true", help="gzip-compress TFRecord files")
+
+
+def _convert_options(a: argparse.Namespace):  # noqa: ANN202 - ConvertOptions, imported lazily
+    from .converters.base import WriterOptions
+    from .engine import ConvertOptions
+    from .imageproc import DEFAULT_MAX_PIXELS, ProcessOptions, parse_encoding, parse_resize
+    from .sizes import parse_size
+
+    try:
+        processing = ProcessOptions(
+            resize=parse_resize(a.resize),
+            encoding=parse_encoding(a.encode),
+            upscale=a.upscale,
+            max_pixels=a.max_pixels if a.max_pixels is not None else DEFAULT_MAX_PIXELS,
+            reduced_decode=not a.exact_decode,
+        )
+        shard_bytes = parse_size(a.shard_size) if a.shard_size is not None else None
+    except ValueError as e:
+        raise UsageError(f"packer convert: {e}") from None
+    if a.workers < 1:
+        raise UsageError("packer convert: --workers must be at least 1")
+    if a.shard_samples is not None and a.shard_samples < 1:
+        raise UsageError("packer convert: --shard-samples must be at least 1")
+    return ConvertOptions(
+        processing=processing,
+        writer=WriterOptions(shard_bytes=shard_bytes, shard_samples=a.shard_samples, gzip=a.gzip),
+        workers=a.workers,
+        shuffle=not a.no_shuffle,
+        seed=a.seed,
+        strict=a.strict,
+        overwrite=a.overwrite,
+        progress=not a.quiet and sys.stderr.isatty(),
+    )
+
+
+def _run_convert(a: argparse.Namespace) -> int:
+    from .engine import convert_imagefolder
+    from .sizes import format_size
+
+    options = _convert_options(a)
+    if a.src_format != "imagefolder" or a.dst_format == "imagefolder":
+        raise UsageError(f"packer convert: {a.src_format} -> {a.dst_format} is not supported yet")
+    report = convert_imagefolder(a.src, a.dst, a.dst_format, options)
+    m = report.manifest
+    size = sum(f.bytes for f in m.files)
+    print(f"wrote {m.num_samples} images in {len(m.classes)} classes to {a.dst} ({m.format}, "
+          f"{format_size(size)}, {len(m.files)} file(s)) in {report.seconds:.1f} s = {report.rate:.0f} img/s")
+    if report.skipped:
+        for s in report.skipped[:20]:
+            _say(f"skipped {s.path}: {s.reason}")
+        if len(report.skipped) > 20:
+            _say(f"... and {len(report.skipped) - 20} more (all listed in {a.dst}/manifest.json)")
+        _say(f"{len(report.skipped)} file(s) skipped; exit status {EXIT_SKIPPED}")
+        return EXIT_SKIPPED
+    return EXIT_OK
+
+
+# -- info ----------------------------------------------------------------------------------------
+def _add_info(p: argparse.ArgumentParser) -> None:
+    p.add_argument("path", help="packed dataset directory")
+    p.add_argument("--json", action="store_true", help="print the manifest as JSON")
+
+
+def _run_info(a: argparse.Namespace) -> int:
+    from .manifest import read_manifest
+    from .sizes import format_size
+
+    m = read_manifest(a.path)
+    if a.json:
+        sys.stdout.write(m.dumps().decode("utf-8"))
+        return EXIT_OK
+    size = sum(f.bytes for f in m.files)
+    shown = ", ".join(m.classes[:8]) + (f", ... ({len(m.classes)} in all)" if len(m.classes) > 8 else "")
+    print(f"path        {os.path.abspath(a.path)}")
+    print(f"format      {m.format} (manifest v{m.version}, {m.created_by})")
+    print(f"samples     {m.num_samples}")
+    print(f"classes     {len(m.classes)}: {shown}")
+    print(f"processing  resize {m.processing.get('resize')}, encoding {m.processing.get('encoding')}, "
+          f"color {m.processing.get('color')}")
+    print("order       " + (f"shuffled at write time, seed {m.shuffle_seed}" if m.shuffle_seed is not None else "source order"))
+    print(f"files       {len(m.files)}, {format_size(size)} ({size} bytes)")
+    print(f"skipped     {len(m.skipped)}" + (f" (first: {m.skipped[0].path}: {m.skipped[0].reason})" if m.skipped else ""))
+    return EXIT_OK
+
+
+# -- verify --------------------------------------------------------------------------------------
+def _add_verify(p: argparse.ArgumentParser) -> None:
+    p.add_argument("path", help="packed dataset directory")
+    p.add_argument("--no-decode", action="store_true", help="check file checksums only")
+
+
+def _run_verify(a: argparse.Namespace) -> int:
+    from .verify import verify_dataset
+
+    report = verify_dataset(a.path, decode=not a.no_decode)
+    for line in report.problems[:50]:
+        _say(line)
+    if len(report.problems) > 50:
+        _say(f"... and {len(report.problems) - 50} more problems")
+    print(f"{a.path}: {report.files_ok}/{report.files} files intact, {report.samples_ok}/{report.samples} samples "
+          f"decoded" + ("" if report.ok else " -- CORRUPT"))
+    return EXIT_OK if report.ok else EXIT_ERROR
+
+
+# -- demo ----------------------------------------------------------------------------------------
+def _add_demo(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--workdir", default=None, help="keep the sample and its LMDB here (default: a temp dir)")
+    p.add_argument("--classes", type=int, default=8, choices=range(1, 9), metavar="1..8")
+    p.add_argument("--per-class", type=int, default=64)
+    p.add_argument("--workers", type=int, default=2)
+
+
+def _run_demo(a: argparse.Namespace) -> int:
+    from .demo import run_demo
+
+    return run_demo(a.workdir, a.classes, a.per_class, a.workers)
+
+
+#: name -> (help, add_arguments, run)
+COMMANDS: dict[str, tuple[str, Callable[[argparse.ArgumentParser], None], Callable[[argparse.Namespace], int]]] = {
+    "convert": ("convert an image folder or packed dataset to another format", _add_convert, _run_convert),
+    "info": ("describe a packed dataset", _add_info, _run_info),
+    "verify": ("check every checksum and decode every sample", _add_verify, _run_verify),
+    "demo": ("convert and read a generated sample end to end", _add_demo, _run_demo),
+}
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The full argument parser (exposed for docs and tests)."""
+    parser = _Parser(prog="packer", description="Pack image datasets for fast PyTorch training.")
+    parser.add_argument("--version", action="version", version=f"packer {__version__}")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
+    for name, (help_, add, _) in COMMANDS.items():
+        add(sub.add_parser(name, help=help_, description=help_))
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run the command line with ``argv`` (default: sys.argv[1:]); return the exit status."""
+    try:
+        a = build_parser().parse_args(argv)
+        if a.command is None:
+            raise UsageError("packer: no command given (see packer --help)")
+        return COMMANDS[a.command][2](a)
+    except UsageError as e:
+        _say(str(e))
+        return EXIT_USAGE
+    except KeyboardInterrupt:
+        _say("packer: interrupted")
+        return EXIT_INTERRUPTED
+    except (PackerError, OSError, ValueError) as e:
+        _say(f"packer: error: {e}")
+        return EXIT_ERROR

@@ -1,0 +1,268 @@
+"""The image pipeline: decode, orient, convert to 8-bit RGB, resize, encode (and decode again on read).
+
+One module so that the converter and every reader agree on colour order and codecs. Images are
+stored RGB; OpenCV works in BGR, so pixels are kept BGR up to the encoder (which expects BGR) and
+turned RGB only for ``raw`` storage and on read (``IMREAD_COLOR_RGB`` decodes straight to RGB).
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+import cv2
+import numpy as np
+
+from .errors import CorruptDataError, ImageError
+from .imageheader import ImageInfo, describe_non_image, sniff
+
+__all__ = [
+    "Resize",
+    "Encoding",
+    "ProcessOptions",
+    "ProcessedImage",
+    "CODECS",
+    "parse_resize",
+    "parse_encoding",
+    "target_size",
+    "process_image",
+    "decode_payload",
+    "DEFAULT_MAX_PIXELS",
+]
+
+#: Refuse images above this many pixels before decoding (PIL's hard limit; 13k x 13k).
+DEFAULT_MAX_PIXELS = 178_956_970
+
+#: Payload codecs a packed sample can have, and the file extension each uses in tar shards.
+CODECS = {"jpeg": "jpg", "png": "png", "webp": "webp", "raw": "npy", "bmp": "bmp", "tiff": "tiff", "pnm": "ppm", "gif": "gif"}
+
+
+@dataclass(frozen=True)
+class Resize:
+    """A resize policy: ``shorter:N``, ``longer:N``, ``WxH`` (mode ``exact``) or ``none``."""
+
+    mode: str = "none"
+    size: int = 0
+    width: int = 0
+    height: int = 0
+
+    def __str__(self) -> str:
+        if self.mode == "none":
+            return "none"
+        if self.mode == "exact":
+            return f"{self.width}x{self.height}"
+        return f"{self.mode}:{self.size}"
+
+
+@dataclass(frozen=True)
+class Encoding:
+    """How pixels are stored: ``jpeg:Q``, ``webp:Q``, ``png``, ``raw`` or ``keep``."""
+
+    codec: str = "jpeg"
+    quality: int = 90
+
+    def __str__(self) -> str:
+        return f"{self.codec}:{self.quality}" if self.codec in ("jpeg", "webp") else self.codec
+
+
+@dataclass(frozen=True)
+class ProcessOptions:
+    """Everything that decides the stored pixels; recorded in the manifest."""
+
+    resize: Resize = Resize()
+    encoding: Encoding = Encoding()
+    upscale: bool = False
+    max_pixels: int = DEFAULT_MAX_PIXELS
+    #: Let libjpeg decode at 1/2, 1/4 or 1/8 scale when the target is at most that size.
+    #: Several times faster for large JPEGs; the result is then resized with INTER_AREA as usual.
+    reduced_decode: bool = True
+
+    def to_json(self) -> dict:
+        """The manifest's ``processing`` entry."""
+        return {
+            "resize": str(self.resize),
+            "encoding": str(self.encoding),
+            "upscale": self.upscale,
+            "max_pixels": self.max_pixels,
+            "reduced_decode": self.reduced_decode,
+            "color": "RGB",
+            "interpolation": "INTER_AREA when shrinking, INTER_CUBIC when enlarging",
+        }
+
+    @classmethod
+    def from_json(cls, d: dict) -> ProcessOptions:
+        """Inverse of :meth:`to_json`."""
+        return cls(
+            resize=parse_resize(d.get("resize", "none")),
+            encoding=parse_encoding(d.get("encoding", "jpeg:90")),
+            upscale=bool(d.get("upscale", False)),
+            max_pixels=int(d.get("max_pixels", DEFAULT_MAX_PIXELS)),
+            reduced_decode=bool(d.get("reduced_decode", True)),
+        )
+
+
+@dataclass(frozen=True)
+class ProcessedImage:
+    """One processed sample: payload bytes in ``codec``, and the stored pixel size."""
+
+    codec: str
+    payload: bytes
+    height: int
+    width: int
+    channels: int = 3
+
+
+def parse_resize(text: str) -> Resize:
+    """Parse ``shorter:256``, ``longer:512``, ``224x224`` or ``none``; ValueError otherwise."""
+    t = text.strip().lower()
+    if t == "none":
+        return Resize()
+    m = re.fullmatch(r"(shorter|longer):(\d+)", t)
+    if m and int(m.group(2)) > 0:
+        return Resize(m.group(1), int(m.group(2)))
+    m = re.fullmatch(r"(\d+)x(\d+)", t)
+    if m and int(m.group(1)) > 0 and int(m.group(2)) > 0:
+        return Resize("exact", 0, int(m.group(1)), int(m.group(2)))
+    raise ValueError(f"bad resize policy {text!r}: use shorter:N, longer:N, WxH or none")
+
+
+def parse_encoding(text: str) -> Encoding:
+    """Parse ``jpeg:90``, ``webp:85``, ``png``, ``raw``, ``keep`` (``jpeg`` alone means quality 90)."""
+    t = text.strip().lower()
+    m = re.fullmatch(r"(jpeg|jpg|webp)(?::(\d+))?", t)
+    if m:
+        q = int(m.group(2)) if m.group(2) else 90
+        if not 1 <= q <= 100:
+            raise ValueError(f"bad encoding {text!r}: quality must be 1..100")
+        return Encoding("jpeg" if m.group(1) in ("jpeg", "jpg") else "webp", q)
+    if t in ("png", "raw", "keep"):
+        return Encoding(t, 0)
+    raise ValueError(f"bad encoding {text!r}: use jpeg:Q, webp:Q, png, raw or keep")
+
+
+def target_size(width: int, height: int, resize: Resize, upscale: bool = False) -> tuple[int, int]:
+    """Return the stored (width, height) for a source of ``width`` x ``height``.
+
+    ``shorter:N`` sets the shorter side to N and the longer to ``int(N * long / short)``, the same
+    arithmetic as torchvision's ``Resize(N)``. Without ``upscale`` an image is never enlarged
+    (it is kept as is); ``WxH`` is an explicit shape and is always honoured.
+    """
+    if resize.mode == "none":
+        return width, height
+    if resize.mode == "exact":
+        return resize.width, resize.height
+    short, long_ = min(width, height), max(width, height)
+    if resize.mode == "shorter":
+        if short <= resize.size and not upscale:
+            return width, height
+        new_short, new_long = resize.size, max(1, int(resize.size * long_ / short))
+    else:  # longer
+        if long_ <= resize.size and not upscale:
+            return width, height
+        new_long, new_short = resize.size, max(1, int(resize.size * short / long_))
+    return (new_short, new_long) if width <= height else (new_long, new_short)
+
+
+_REDUCED = ((8, cv2.IMREAD_REDUCED_COLOR_8), (4, cv2.IMREAD_REDUCED_COLOR_4), (2, cv2.IMREAD_REDUCED_COLOR_2))
+
+
+def _decode_flag(info: ImageInfo, opts: ProcessOptions) -> int:
+    """Pick full or DCT-reduced decoding: reduced only when every side stays >= the target."""
+    if not opts.reduced_decode or info.format != "jpeg" or opts.resize.mode == "none":
+        return cv2.IMREAD_COLOR_BGR
+    w, h = (info.height, info.width) if info.orientation >= 5 else (info.width, info.height)
+    tw, th = target_size(w, h, opts.resize, opts.upscale)
+    for factor, flag in _REDUCED:
+        if w // factor >= tw and h // factor >= th:
+            return flag
+    return cv2.IMREAD_COLOR_BGR
+
+
+def _keepable(info: ImageInfo, data: bytes, tw: int, th: int) -> bool:
+    """Original bytes may be stored as is: no resize, upright, 8-bit 3-channel JPEG or PNG."""
+    return (
+        (tw, th) == (info.width, info.height)
+        and info.orientation == 1
+        and info.format in ("jpeg", "png")
+        and info.channels == 3
+        and info.bit_depth == 8
+        and not (info.format == "png" and data[25:26] == b"\x03")  # palette PNG
+    )
+
+
+def _encode(bgr: np.ndarray, codec: str, quality: int) -> bytes:
+    if codec == "jpeg":
+        ok, buf = cv2.imencode(".jpg", bgr, [cv2.IMWRITE_JPEG_QUALITY, quality])
+    elif codec == "webp":
+        ok, buf = cv2.imencode(".webp", bgr, [cv2.IMWRITE_WEBP_QUALITY, quality])
+    elif codec == "png":
+        ok, buf = cv2.imencode(".png", bgr)
+    else:
+        raise ValueError(f"cannot encode to {codec!r}")
+    if not ok:
+        raise ImageError(f"OpenCV could not encode the image as {codec}")
+    return buf.tobytes()
+
+
+def process_image(data: bytes, opts: ProcessOptions) -> ProcessedImage:
+    """Turn one source file's bytes into a stored sample. Raises ImageError with the reason."""
+    info = sniff(data)
+    if info is None:
+        raise ImageError(describe_non_image(data))
+    if info.width <= 0 or info.height <= 0:
+        raise ImageError(f"header says {info.width}x{info.height} pixels")
+    if info.pixels > opts.max_pixels:
+        raise ImageError(
+            f"{info.width}x{info.height} = {info.pixels} pixels is above the limit of "
+            f"{opts.max_pixels} (a decompression bomb?); raise --max-pixels to allow it"
+        )
+    if info.format == "jpeg" and data.rfind(b"\xff\xd9") < data.rfind(b"\xff\xda"):
+        raise ImageError("truncated JPEG (no end-of-image marker after the last scan)")
+    buf = np.frombuffer(data, np.uint8)
+    bgr = cv2.imdecode(buf, _decode_flag(info, opts))
+    if bgr is None or bgr.size == 0:
+        raise ImageError(f"OpenCV could not decode this {info.format} file (corrupt or truncated)")
+    h, w = bgr.shape[:2]
+    # Size after EXIF orientation (OpenCV applied it), before any DCT reduction.
+    full_w, full_h = (info.height, info.width) if info.orientation >= 5 else (info.width, info.height)
+    tw, th = target_size(full_w, full_h, opts.resize, opts.upscale)
+    codec = opts.encoding.codec
+    if codec == "keep":
+        if _keepable(info, data, tw, th):
+            return ProcessedImage(info.format, data, th, tw)
+        codec = "jpeg" if info.format == "jpeg" else "png"
+    if (tw, th) != (w, h):
+        interp = cv2.INTER_AREA if tw <= w and th <= h else cv2.INTER_CUBIC
+        bgr = cv2.resize(bgr, (tw, th), interpolation=interp)
+    if codec == "raw":
+        rgb = cv2.cvtColor(bgr, cv2.COLOR_BGR2RGB)
+        return ProcessedImage("raw", rgb.tobytes(), th, tw)
+    quality = opts.encoding.quality if opts.encoding.codec != "keep" else 90
+    return ProcessedImage(codec, _encode(bgr, codec, quality), th, tw)
+
+
+def decode_payload(
+    payload: bytes | memoryview,
+    codec: str,
+    height: int = 0,
+    width: int = 0,
+    *,
+    path: str | None = None,
+    sample: int | str | None = None,
+) -> np.ndarray:
+    """Decode a stored payload to an RGB ``uint8`` array of shape (H, W, 3) that the caller owns.
+
+    ``raw`` payloads need ``height`` and ``width``; a size mismatch or an undecodable payload
+    raises CorruptDataError naming ``path`` and ``sample``.
+    """
+    if codec == "raw":
+        if len(payload) != height * width * 3:
+            raise CorruptDataError(
+                f"raw payload has {len(payload)} bytes, expected {height}x{width}x3",
+                path=path, sample=sample,
+            )
+        return np.frombuffer(payload, np.uint8).reshape(height, width, 3).copy()
+    rgb = cv2.imdecode(np.frombuffer(payload, np.uint8), cv2.IMREAD_COLOR_RGB)
+    if rgb is None:
+        raise CorruptDataError(f"cannot decode {codec} payload of {len(payload)} bytes", path=path, sample=sample)
+    return rgb

@@ -1,0 +1,195 @@
+"""``manifest.json``: what a packed dataset is, written last and atomically, checked loudly on read.
+
+A directory without a manifest is an unfinished conversion and every reader refuses it. The file is
+plain JSON (no pickle, no code); ``version`` guards the layout, and readers refuse versions they do
+not know. No timestamps go in: the same input and options give a byte-identical manifest.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from .errors import ManifestError, UnfinishedDatasetError
+
+__all__ = [
+    "MANIFEST_NAME",
+    "MANIFEST_VERSION",
+    "FileEntry",
+    "Skipped",
+    "Manifest",
+    "read_manifest",
+    "write_manifest",
+    "atomic_write_bytes",
+    "fsync_dir",
+    "file_sha256",
+]
+
+MANIFEST_NAME = "manifest.json"
+MANIFEST_VERSION = 1
+
+
+@dataclass
+class FileEntry:
+    """One payload file: its name in the dataset directory, samples in it, size and SHA-256."""
+
+    name: str
+    samples: int
+    bytes: int
+    sha256: str
+    first: int = 0  # global index of its first sample
+
+    def to_json(self) -> dict[str, Any]:
+        """The JSON form written in the manifest."""
+        return asdict(self)
+
+
+@dataclass
+class Skipped:
+    """A source file that was left out, and why."""
+
+    path: str
+    reason: str
+
+
+@dataclass
+class Manifest:
+    """The parsed manifest. ``layout`` holds format-specific facts (documented in FORMATS.md)."""
+
+    format: str
+    num_samples: int
+    classes: list[str]
+    processing: dict[str, Any]
+    files: list[FileEntry]
+    shuffle_seed: int | None = None
+    skipped: list[Skipped] = field(default_factory=list)
+    ignored: dict[str, int] = field(default_factory=dict)
+    layout: dict[str, Any] = field(default_factory=dict)
+    source: dict[str, Any] = field(default_factory=dict)
+    created_by: str = ""
+    version: int = MANIFEST_VERSION
+
+    @property
+    def class_to_idx(self) -> dict[str, int]:
+        """Class name -> label."""
+        return {c: i for i, c in enumerate(self.classes)}
+
+    def to_json(self) -> dict[str, Any]:
+        """The JSON object written to disk (keys in a fixed order)."""
+        return {
+            "version": self.version,
+            "format": self.format,
+            "created_by": self.created_by,
+            "num_samples": self.num_samples,
+            "classes": self.classes,
+            "processing": self.processing,
+            "shuffle_seed": self.shuffle_seed,
+            "files": [f.to_json() for f in self.files],
+            "layout": self.layout,
+            "source": self.source,
+            "skipped": [asdict(s) for s in self.skipped],
+            "ignored": self.ignored,
+        }
+
+    def dumps(self) -> bytes:
+        """Serialised manifest bytes (stable: same manifest, same bytes)."""
+        return (json.dumps(self.to_json(), indent=1, ensure_ascii=False) + "\n").encode("utf-8")
+
+    @classmethod
+    def from_json(cls, d: Any, path: str = MANIFEST_NAME) -> Manifest:
+        """Validate and build a Manifest; ManifestError names the file and the problem."""
+        if not isinstance(d, dict):
+            raise ManifestError(f"{path}: expected a JSON object")
+        version = d.get("version")
+        if version != MANIFEST_VERSION:
+            raise ManifestError(
+                f"{path}: manifest version {version!r} is not supported by this packer "
+                f"(it reads version {MANIFEST_VERSION}); upgrade packer or re-convert"
+            )
+        try:
+            files = [FileEntry(**f) for f in d["files"]]
+            m = cls(
+                format=str(d["format"]),
+                num_samples=int(d["num_samples"]),
+                classes=[str(c) for c in d["classes"]],
+                processing=dict(d["processing"]),
+                files=files,
+                shuffle_seed=d.get("shuffle_seed"),
+                skipped=[Skipped(**s) for s in d.get("skipped", [])],
+                ignored=dict(d.get("ignored", {})),
+                layout=dict(d.get("layout", {})),
+                source=dict(d.get("source", {})),
+                created_by=str(d.get("created_by", "")),
+                version=version,
+            )
+        except (KeyError, TypeError, ValueError) as e:
+            raise ManifestError(f"{path}: malformed manifest ({type(e).__name__}: {e})") from e
+        if sum(f.samples for f in files) != m.num_samples:
+            raise ManifestError(
+                f"{path}: files hold {sum(f.samples for f in files)} samples but num_samples is {m.num_samples}"
+            )
+        return m
+
+
+def fsync_dir(path: str) -> None:
+    """fsync a directory so a rename inside it is durable."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def atomic_write_bytes(path: str, data: bytes) -> None:
+    """Write ``data`` to ``path`` via a temp file, fsync, rename and directory fsync."""
+    tmp = f"{path}.tmp-{os.getpid()}"
+    with open(tmp, "wb") as f:
+        f.write(data)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+    fsync_dir(os.path.dirname(os.path.abspath(path)))
+
+
+def write_manifest(directory: str, manifest: Manifest) -> None:
+    """Write ``directory/manifest.json`` atomically; call it after every payload file is durable."""
+    atomic_write_bytes(os.path.join(directory, MANIFEST_NAME), manifest.dumps())
+
+
+def read_manifest(directory: str | os.PathLike[str]) -> Manifest:
+    """Read and validate a dataset's manifest.
+
+    Raises FileNotFoundError for a missing directory, UnfinishedDatasetError when the directory
+    exists without a manifest, ManifestError when it is unreadable or of an unknown version.
+    """
+    directory = os.fspath(directory)
+    if not os.path.isdir(directory):
+        if os.path.exists(directory):
+            raise ManifestError(f"{directory} is not a packed dataset (a packed dataset is a directory)")
+        raise FileNotFoundError(f"no packed dataset at {directory}")
+    path = os.path.join(directory, MANIFEST_NAME)
+    try:
+        with open(path, "rb") as f:
+            raw = f.read()
+    except FileNotFoundError:
+        raise UnfinishedDatasetError(
+            f"{directory} has no {MANIFEST_NAME}: the conversion did not finish (or this is not a "
+            f"packed dataset); re-run the conversion, with --resume if it was interrupted"
+        ) from None
+    try:
+        d = json.loads(raw)
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise ManifestError(f"{path}: not valid JSON ({e})") from e
+    return Manifest.from_json(d, path)
+
+
+def file_sha256(path: str, chunk: int = 1 << 20) -> str:
+    """SHA-256 of a file, read in 1 MiB chunks."""
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while block := f.read(chunk):
+            h.update(block)
+    return h.hexdigest()
