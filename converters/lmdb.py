@@ -41,7 +41,7 @@ class LMDBWriter(Writer):
         self._map_size = _INITIAL_MAP
         self._env = lmdb.open(
             directory, subdir=True, map_size=self._map_size, sync=False, metasync=False,
-            meminit=False, readahead=False, max_dbs=0,
+            meminit=True, readahead=False, max_dbs=0,
         )
         self._batch: list[tuple[bytes, bytes]] = []
         self._batch_bytes = 0

@@ -1,0 +1,67 @@
+"""Fixtures: tiny image folders written on the spot, in the ImageFolder layout."""
+
+from __future__ import annotations
+
+import os
+import sys
+
+import cv2
+import numpy as np
+import pytest
+
+sys.path.insert(0, os.path.dirname(__file__))  # spawn workers import helper modules from tests/
+
+
+def draw(rng: np.random.Generator, h: int, w: int) -> np.ndarray:
+    """A smooth RGB picture with some structure (compresses like a photo, not like noise)."""
+    y, x = np.mgrid[0:h, 0:w].astype(np.float32)
+    a, b, c = rng.uniform(0.02, 0.2, 3)
+    img = np.stack([
+        127 + 120 * np.sin(a * x + b * y),
+        127 + 120 * np.cos(b * x - c * y),
+        127 + 120 * np.sin(c * (x + y)),
+    ], axis=-1)
+    return np.clip(img + rng.normal(0, 4, img.shape), 0, 255).astype(np.uint8)
+
+
+def write_image(path: str, rgb: np.ndarray, quality: int = 95) -> None:
+    """Write an RGB array; the extension picks the codec."""
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    ext = os.path.splitext(path)[1].lower()
+    params = [cv2.IMWRITE_JPEG_QUALITY, quality] if ext in (".jpg", ".jpeg") else []
+    bgr = cv2.cvtColor(rgb, cv2.COLOR_RGB2BGR) if rgb.ndim == 3 and rgb.shape[2] == 3 else rgb
+    ok, buf = cv2.imencode(ext if ext != ".jpeg" else ".jpg", bgr, params)
+    assert ok
+    with open(path, "wb") as f:
+        f.write(buf.tobytes())
+
+
+def make_folder(root: str, classes: dict[str, list[tuple[str, int, int]]], seed: int = 0) -> dict[str, np.ndarray]:
+    """Write ``root/<class>/<name>`` images of the given (name, h, w); return relpath -> RGB pixels."""
+    rng = np.random.default_rng(seed)
+    out = {}
+    for cls, files in classes.items():
+        for name, h, w in files:
+            rgb = draw(rng, h, w)
+            rel = os.path.join(cls, name)
+            write_image(os.path.join(root, rel), rgb)
+            out[rel] = rgb
+    return out
+
+
+@pytest.fixture
+def tiny_folder(tmp_path):
+    """3 classes, 14 images: jpg/JPEG/png, portrait and landscape, a space and unicode in names."""
+    root = str(tmp_path / "src")
+    pixels = make_folder(root, {
+        "cat": [("c0.jpg", 48, 64), ("c1.JPEG", 64, 48), ("c 2.png", 40, 40), ("c3.jpg", 50, 70), ("c4.png", 33, 47)],
+        "dog": [("d0.jpg", 60, 80), ("d1.png", 80, 60), ("hund_\u00e9\u00e8.jpg", 45, 45), ("d3.jpeg", 64, 64)],
+        "ému bird": [("e0.png", 32, 48), ("e1.jpg", 48, 32), ("e2.png", 70, 50), ("e3.jpg", 40, 60), ("e4.png", 36, 36)],
+    })
+    return root, pixels
+
+
+def psnr(a: np.ndarray, b: np.ndarray) -> float:
+    """Peak signal-to-noise ratio in dB between two uint8 arrays of the same shape."""
+    mse = np.mean((a.astype(np.float64) - b.astype(np.float64)) ** 2)
+    return float("inf") if mse == 0 else 10 * np.log10(255.0**2 / mse)
