@@ -379,7 +379,7 @@ def worker_indices(
     if num_workers == 1:
         return seq.copy()
     chunk = np.arange(len(seq), dtype=np.int64) // batch_size
-    return np.array_split(seq, num_workers)[worker]
+    return seq[chunk % num_workers == worker]
 
 
 def plan(
