@@ -10,9 +10,9 @@ import numpy as np
 import pytest
 import torch
 from conftest import psnr
+from packer.datasets import open_dataset
 from torch.utils.data import DataLoader
 
-from packer.datasets import open_dataset
 from packer.engine import ConvertOptions, convert_imagefolder
 from packer.errors import UnfinishedDatasetError
 from packer.imageproc import ProcessOptions, parse_encoding, parse_resize

@@ -1,0 +1,103 @@
+"""The conversion engine: skips with reasons, strict mode, destinations, crashes, interrupts."""
+
+from __future__ import annotations
+
+import multiprocessing
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+from conftest import make_folder
+from packer.datasets import open_dataset
+
+from packer.engine import ConvertOptions, _results, convert_imagefolder, temp_dir_for
+from packer.errors import ImageError, PackerError, SourceError
+from packer.manifest import read_manifest
+from packer.scan import scan_imagefolder
+
+
+@pytest.fixture
+def messy_folder(tmp_path):
+    root = tmp_path / "src"
+    make_folder(str(root), {"a": [("ok1.jpg", 20, 20), ("ok2.png", 20, 20)], "b": [("ok3.jpg", 20, 20)]})
+    good = (root / "a" / "ok1.jpg").read_bytes()
+    (root / "a" / "zero.jpg").write_bytes(b"")
+    (root / "a" / "text.png").write_text("not an image")
+    (root / "b" / "trunc.jpg").write_bytes(good[: len(good) // 2])
+    (root / "b" / "garbage.jpg").write_bytes(good[:200] + bytes(range(256)) * 4)
+    return str(root)
+
+
+@pytest.mark.parametrize("workers", [1, 2])
+def test_bad_images_are_skipped_and_listed(messy_folder, tmp_path, workers):
+    report = convert_imagefolder(messy_folder, tmp_path / "out", "lmdb", ConvertOptions(workers=workers))
+    m = read_manifest(tmp_path / "out")
+    assert m.num_samples == 3 and len(open_dataset(tmp_path / "out")) == 3
+    reasons = {s.path: s.reason for s in m.skipped}
+    assert set(reasons) == {"a/zero.jpg", "a/text.png", "b/trunc.jpg", "b/garbage.jpg"}
+    assert "empty" in reasons["a/zero.jpg"] and "truncated" in reasons["b/trunc.jpg"]
+    assert [s.path for s in report.skipped] == [s.path for s in m.skipped]
+
+
+def test_strict_makes_a_bad_image_fatal_and_leaves_nothing(messy_folder, tmp_path):
+    with pytest.raises(ImageError, match=r"(zero|text|trunc|garbage)"):
+        convert_imagefolder(messy_folder, tmp_path / "out", "lmdb", ConvertOptions(strict=True))
+    assert not (tmp_path / "out").exists() and not os.path.exists(temp_dir_for(str(tmp_path / "out")))
+
+
+def test_destination_is_refused_or_replaced_atomically(tiny_folder, tmp_path):
+    src, _ = tiny_folder
+    dst = tmp_path / "out"
+    convert_imagefolder(src, dst, "lmdb", ConvertOptions(shuffle=False))
+    with pytest.raises(FileExistsError, match="--overwrite"):
+        convert_imagefolder(src, dst, "lmdb")
+    # A failing replacement keeps the old dataset intact.
+    with pytest.raises(SourceError, match="does not exist"):
+        convert_imagefolder(str(tmp_path / "missing"), dst, "lmdb", ConvertOptions(overwrite=True))
+    assert read_manifest(dst).shuffle_seed is None
+    convert_imagefolder(src, dst, "lmdb", ConvertOptions(overwrite=True, seed=5))
+    assert read_manifest(dst).shuffle_seed == 5
+    assert sorted(os.listdir(tmp_path)) == ["out", "src"]  # no temp or old folders left
+
+
+def test_destination_inside_source_is_refused(tiny_folder):
+    src, _ = tiny_folder
+    with pytest.raises(SourceError, match="inside the source"):
+        convert_imagefolder(src, os.path.join(src, "packed"), "lmdb")
+
+
+def test_a_dying_worker_raises_instead_of_hanging(tmp_path):
+    root = tmp_path / "src"
+    make_folder(str(root), {"a": [(f"{i}.png", 16, 16) for i in range(200)]})
+    samples = scan_imagefolder(str(root)).samples
+    results = _results(samples, ConvertOptions().processing, 2)
+    assert next(results)[0] is not None  # the pool is running
+    for child in multiprocessing.active_children():
+        os.kill(child.pid, signal.SIGKILL)
+    with pytest.raises(PackerError, match="worker process died"):
+        for _ in results:
+            pass
+
+
+def test_ctrl_c_stops_cleanly(tmp_path):
+    root = tmp_path / "src"
+    make_folder(str(root), {"a": [(f"{i}.png", 400, 400) for i in range(300)]})
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "packer", "convert", "imagefolder", "lmdb", str(root), str(tmp_path / "out"),
+         "--workers", "2", "--encode", "png"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )
+    tmp = temp_dir_for(str(tmp_path / "out"))
+    deadline = time.time() + 30
+    while not os.path.exists(tmp) and time.time() < deadline:
+        time.sleep(0.05)
+    time.sleep(0.5)
+    proc.send_signal(signal.SIGINT)
+    out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 130, err
+    assert err.strip().splitlines()[-1] == "packer: interrupted"
+    assert "Traceback" not in err
+    assert not (tmp_path / "out").exists()

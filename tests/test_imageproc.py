@@ -1,0 +1,207 @@
+"""The image pipeline: modes, orientation, resize policies, encodings, limits, bad bytes."""
+
+from __future__ import annotations
+
+import struct
+
+import cv2
+import numpy as np
+import pytest
+from conftest import draw, psnr
+
+from packer.errors import ImageError
+from packer.imageheader import sniff
+from packer.imageproc import (
+    ProcessOptions,
+    decode_payload,
+    parse_encoding,
+    parse_resize,
+    process_image,
+    target_size,
+)
+
+
+def enc(img: np.ndarray, ext: str, params=()) -> bytes:
+    ok, buf = cv2.imencode(ext, img, list(params))
+    assert ok
+    return buf.tobytes()
+
+
+def opts(resize="none", encode="png", **kw) -> ProcessOptions:
+    return ProcessOptions(resize=parse_resize(resize), encoding=parse_encoding(encode), **kw)
+
+
+def decoded(p) -> np.ndarray:
+    return decode_payload(p.payload, p.codec, p.height, p.width)
+
+
+RGB = draw(np.random.default_rng(0), 30, 40)
+BGR = cv2.cvtColor(RGB, cv2.COLOR_RGB2BGR)
+
+
+def test_png_rgb_round_trip_is_exact_and_rgb_ordered():
+    p = process_image(enc(BGR, ".png"), opts())
+    assert (p.codec, p.height, p.width) == ("png", 30, 40)
+    np.testing.assert_array_equal(decoded(p), RGB)
+    raw = process_image(enc(BGR, ".png"), opts(encode="raw"))
+    assert raw.codec == "raw" and raw.payload == RGB.tobytes()
+
+
+def test_gray_becomes_rgb():
+    gray = RGB[..., 0].copy()
+    out = decoded(process_image(enc(gray, ".png"), opts()))
+    assert out.shape == (30, 40, 3)
+    for c in range(3):
+        np.testing.assert_array_equal(out[..., c], gray)
+
+
+def test_rgba_drops_alpha_like_pil_convert_rgb():
+    bgra = np.dstack([BGR, np.full((30, 40), 7, np.uint8)])
+    out = decoded(process_image(enc(bgra, ".png"), opts()))
+    np.testing.assert_array_equal(out, RGB)
+
+
+def test_16bit_becomes_8bit():
+    img16 = BGR.astype(np.uint16) * 257
+    out = decoded(process_image(enc(img16, ".png"), opts()))
+    assert out.dtype == np.uint8
+    np.testing.assert_array_equal(out, RGB)
+
+
+def test_palette_png_becomes_rgb():
+    import io
+
+    from PIL import Image
+
+    pal = Image.fromarray(RGB).convert("P", palette=Image.ADAPTIVE, colors=16)
+    buf = io.BytesIO()
+    pal.save(buf, format="PNG")
+    out = decoded(process_image(buf.getvalue(), opts()))
+    np.testing.assert_array_equal(out, np.asarray(pal.convert("RGB")))
+
+
+def test_cmyk_jpeg_becomes_rgb():
+    import io
+
+    from PIL import Image
+
+    buf = io.BytesIO()
+    Image.fromarray(RGB).convert("CMYK").save(buf, format="JPEG", quality=95)
+    out = decoded(process_image(buf.getvalue(), opts()))
+    assert out.shape == (30, 40, 3)
+    assert psnr(out, RGB) > 25
+
+
+def _with_orientation(jpeg: bytes, orientation: int) -> bytes:
+    """Insert an EXIF APP1 segment with the given orientation right after SOI."""
+    tiff = b"II*\x00" + struct.pack("<I", 8) + struct.pack("<H", 1) + struct.pack("<HHIHH", 0x0112, 3, 1, orientation, 0) + b"\x00\x00\x00\x00"
+    app1 = b"Exif\x00\x00" + tiff
+    return jpeg[:2] + b"\xff\xe1" + struct.pack(">H", len(app1) + 2) + app1 + jpeg[2:]
+
+
+@pytest.mark.parametrize("orientation,expect", [(1, lambda a: a), (3, lambda a: a[::-1, ::-1]), (6, lambda a: np.rot90(a, -1)), (8, lambda a: np.rot90(a, 1))])
+def test_exif_orientation_is_honoured(orientation, expect):
+    data = _with_orientation(enc(BGR, ".jpg", [cv2.IMWRITE_JPEG_QUALITY, 100]), orientation)
+    assert sniff(data).orientation == orientation
+    out = decoded(process_image(data, opts()))
+    want = expect(RGB)
+    assert out.shape == want.shape
+    assert psnr(out, np.ascontiguousarray(want)) > 30
+
+
+@pytest.mark.parametrize("policy,size,expect", [
+    ("shorter:20", (40, 30), (26, 20)), ("shorter:20", (30, 40), (20, 26)), ("shorter:50", (40, 30), (40, 30)),
+    ("longer:20", (40, 30), (20, 15)), ("longer:50", (40, 30), (40, 30)), ("16x8", (40, 30), (16, 8)),
+    ("none", (40, 30), (40, 30)),
+])
+def test_target_size(policy, size, expect):
+    assert target_size(*size, parse_resize(policy)) == expect
+
+
+def test_upscale_only_when_asked():
+    assert target_size(40, 30, parse_resize("shorter:60")) == (40, 30)
+    assert target_size(40, 30, parse_resize("shorter:60"), upscale=True) == (80, 60)
+    p = process_image(enc(BGR, ".png"), opts("shorter:60", upscale=True))
+    assert (p.height, p.width) == (60, 80)
+
+
+def test_shrink_uses_inter_area():
+    p = process_image(enc(BGR, ".png"), opts("shorter:15"))
+    want = cv2.cvtColor(cv2.resize(BGR, (20, 15), interpolation=cv2.INTER_AREA), cv2.COLOR_BGR2RGB)
+    np.testing.assert_array_equal(decoded(p), want)
+
+
+def test_reduced_jpeg_decode_is_close_to_full_decode():
+    big = cv2.resize(BGR, (800, 600), interpolation=cv2.INTER_CUBIC)
+    data = enc(big, ".jpg", [cv2.IMWRITE_JPEG_QUALITY, 95])
+    fast = decoded(process_image(data, opts("shorter:64", encode="raw")))
+    exact = decoded(process_image(data, opts("shorter:64", encode="raw", reduced_decode=False)))
+    assert fast.shape == exact.shape == (64, 85, 3)
+    assert psnr(fast, exact) > 30
+
+
+@pytest.mark.parametrize("encoding,codec", [("jpeg:80", "jpeg"), ("webp:80", "webp"), ("png", "png"), ("raw", "raw")])
+def test_encodings(encoding, codec):
+    p = process_image(enc(BGR, ".png"), opts(encode=encoding))
+    assert p.codec == codec
+    assert psnr(decoded(p), RGB) > 28
+
+
+def test_keep_stores_original_bytes_only_when_nothing_changes():
+    jpg = enc(BGR, ".jpg", [cv2.IMWRITE_JPEG_QUALITY, 93])
+    assert process_image(jpg, opts(encode="keep")).payload == jpg
+    resized = process_image(jpg, opts("shorter:15", encode="keep"))
+    assert resized.codec == "jpeg" and resized.payload != jpg and resized.height == 15
+    gray_png = enc(RGB[..., 0].copy(), ".png")
+    kept = process_image(gray_png, opts(encode="keep"))
+    assert kept.codec == "png" and kept.payload != gray_png  # re-encoded as RGB, losslessly
+    rotated = _with_orientation(jpg, 6)
+    assert process_image(rotated, opts(encode="keep")).payload != rotated
+
+
+def test_pixel_limit_refuses_before_decoding():
+    # A PNG header claiming 100000 x 100000 pixels, with no pixel data at all.
+    header = b"\x89PNG\r\n\x1a\n" + struct.pack(">I", 13) + b"IHDR" + struct.pack(">IIBBBBB", 100000, 100000, 8, 2, 0, 0, 0)
+    with pytest.raises(ImageError, match="above the limit"):
+        process_image(header + b"\x00" * 16, opts())
+    with pytest.raises(ImageError, match="above the limit"):
+        process_image(enc(BGR, ".png"), opts(max_pixels=100))
+
+
+@pytest.mark.parametrize("data,reason", [
+    (b"", "empty file"),
+    (b"hello world", "not a recognised image"),
+    (b"<!DOCTYPE html><html>404</html>", "HTML"),
+    (b"version https://git-lfs.github.com/spec/v1\noid sha256:abc\n", "git-LFS"),
+])
+def test_non_images_are_refused_with_a_reason(data, reason):
+    with pytest.raises(ImageError, match=reason):
+        process_image(data, opts())
+
+
+def test_truncated_files_are_refused():
+    jpg = enc(BGR, ".jpg")
+    with pytest.raises(ImageError, match="truncated"):
+        process_image(jpg[: len(jpg) // 2], opts())
+    png = enc(BGR, ".png")
+    with pytest.raises(ImageError):
+        process_image(png[: len(png) // 2], opts())
+
+
+@pytest.mark.parametrize("bad", ["shorter:0", "shorter", "10x", "wide:5", ""])
+def test_bad_resize_policies(bad):
+    with pytest.raises(ValueError, match="resize"):
+        parse_resize(bad)
+
+
+@pytest.mark.parametrize("bad", ["jpeg:0", "jpeg:101", "gif", "raw:3"])
+def test_bad_encodings(bad):
+    with pytest.raises(ValueError, match="encoding"):
+        parse_encoding(bad)
+
+
+@pytest.mark.parametrize("ext", [".jpg", ".png", ".bmp", ".webp", ".tiff", ".ppm", ".pgm"])
+def test_sniff_reads_sizes_of_every_torchvision_extension(ext):
+    img = BGR if ext != ".pgm" else BGR[..., 0].copy()
+    info = sniff(enc(img, ext))
+    assert info is not None and (info.width, info.height) == (40, 30)
