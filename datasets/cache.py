@@ -1,0 +1,528 @@
+"""A byte cache shared by every DataLoader worker of one process tree, bounded in bytes.
+
+A per-worker ``dict`` cache holds one copy of the data per worker and is lost whenever
+non-persistent workers restart, i.e. every epoch. :class:`SharedCache` keeps one copy in shared
+memory that the main process and all workers read and write: a sample put by worker A in epoch 1
+is a hit for worker B in epoch 2 and for the main process.
+
+Layout
+------
+Two torch shared-memory tensors:
+
+* the arena, ``capacity`` bytes of ``uint8``, filled front to back by a bump allocator (entries
+  start on 64-byte boundaries); entries are never evicted or moved, so a view handed out by
+  :meth:`SharedCache.get` stays valid while the cache lives;
+* a table of ``int64``: a small header (allocation pointer, hits, misses, entries, rejected puts)
+  then ``(offset, length, state)`` per sample, with state EMPTY, WRITING or READY.
+
+A put reserves its bytes and marks the entry WRITING under the lock, copies without the lock,
+then marks it READY under the lock; a get reads the entry under the lock, so a reader never sees
+READY before the bytes (the lock is the memory barrier) and the counters are exact.
+
+Shared memory, and what remains after a crash (verified on Linux, torch 2.13)
+------------------------------------------------------------------------------
+The tensors are allocated with torch's default ``file_descriptor`` sharing strategy: torch creates
+``/dev/shm/torch_<pid>_<random>_<n>``, sizes it with ``ftruncate`` and ``fallocate``, maps it and
+unlinks the name at once (seen with strace). Workers receive the memory by inheriting the mapping
+(fork) or as a passed file descriptor (spawn, forkserver). No name is left in ``/dev/shm``, so
+nothing stale survives Ctrl-C, SIGKILL or a crash of any process: the kernel frees the memory
+when the last process that maps it exits. The tests check both the directory listing and the
+tmpfs usage after a SIGKILLed creator.
+
+Consequences:
+
+* ``fallocate`` commits the whole capacity at construction: ``capacity_bytes`` of RAM (counted as
+  ``Shmem`` in ``/proc/meminfo`` and as used space of ``/dev/shm``) is taken at once, although
+  each process's PSS only counts the pages it touched. A full tmpfs makes construction fail with
+  a clear error instead of a SIGBUS on a later write. The capacity is clamped, with a warning, to
+  what ``/dev/shm`` has free and to the available RAM (a tmpfs may be sized beyond RAM), less
+  headroom (10%, at least 256 MiB) for the DataLoader, which passes every batch through
+  ``/dev/shm`` too (a ``docker run`` default of 64 MB is the classic trap: ``--shm-size``).
+* The sharing strategy ``file_system`` (``torch.multiprocessing.set_sharing_strategy``) keeps
+  named files in ``/dev/shm`` managed by ``torch_shm_manager``; the crash guarantee above is for
+  the default ``file_descriptor`` strategy only.
+
+The lock
+--------
+A POSIX record lock (``fcntl.lockf``) on an anonymous file (``memfd_create``; an unnamed
+temporary file where that is missing), plus a per-process thread lock. Unlike a
+``multiprocessing.Lock`` it needs no named semaphore in ``/dev/shm``, works the same whether the
+workers are forked or spawned, and is released by the kernel if its holder dies, so a killed
+worker cannot deadlock the others. An entry whose writer died mid-copy stays WRITING: it is
+never cached, and its bytes are lost to the bound.
+
+Pickling
+--------
+The cache travels to worker processes through multiprocessing's pickler (DataLoader workers under
+spawn or forkserver, ``multiprocessing`` queues), which shares the memory instead of copying it.
+The standard ``pickle`` module refuses it (a copy would silently stop being shared), and
+``copy.copy``/``copy.deepcopy`` return the same cache, like copying a handle.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import os
+import re
+import tempfile
+import threading
+import warnings
+from collections.abc import Iterator
+from contextlib import contextmanager
+from multiprocessing import reduction
+from typing import Any
+
+import numpy as np
+import torch
+
+__all__ = ["SharedCache"]
+
+_EMPTY, _WRITING, _READY = 0, 1, 2
+_ALIGN = 64
+
+# Header slots of the table tensor.
+_PTR, _HITS, _MISSES, _ENTRIES, _REJECTED = range(5)
+_HEADER = 8
+
+_SHM_DIR = "/dev/shm"
+_MIN_HEADROOM = 256 * 2**20
+
+
+def _shm_free_bytes(path: str = _SHM_DIR) -> int | None:
+    """Bytes an unprivileged process may still allocate in ``path``; None if not a directory."""
+    try:
+        stat = os.statvfs(path)
+    except OSError:
+        return None
+    return stat.f_bavail * stat.f_frsize
+
+
+def _available_memory_bytes() -> int | None:
+    """``MemAvailable`` from ``/proc/meminfo``; None where that is missing (not Linux)."""
+    try:
+        with open("/proc/meminfo", encoding="ascii") as meminfo:
+            for line in meminfo:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        return None
+    return None
+
+
+def _usable_bytes(free: int) -> int:
+    """Free space less headroom for the DataLoader's own batches: 10%, 256 MiB at least."""
+    headroom = min(free // 2, max(free // 10, _MIN_HEADROOM))
+    return free - headroom
+
+
+def _remove_failed_segment(message: str) -> str:
+    """Unlink the segment a failed torch allocation left behind; say so in the error.
+
+    When ``fallocate`` fails (tmpfs full), torch 2.13 raises before unlinking the name it
+    created, leaving ``/dev/shm/torch_<pid>_<random>_<n>`` (sparse, but a stale entry). Only a
+    segment of this process, named in torch's message, is removed.
+    """
+    match = re.search(r"</?(torch_(\d+)_\d+_\d+)>", message)
+    if match is None or int(match.group(2)) != os.getpid():
+        return ""
+    path = os.path.join(_SHM_DIR, match.group(1))
+    try:
+        os.unlink(path)
+    except OSError:
+        return ""
+    return f" (removed the stale {path} torch left behind)"
+
+
+def _new_shared_tensor(nbytes: int, dtype: torch.dtype) -> torch.Tensor:
+    """A zero-filled 1-D shared-memory tensor of ``nbytes`` bytes, without an extra copy.
+
+    ``torch.empty(n).share_memory_()`` would allocate private memory and then copy all of it
+    into shared memory; ``UntypedStorage._new_shared`` (what DataLoader's collate uses for its
+    output batches) allocates shared memory directly.
+    """
+    new_shared = getattr(torch.UntypedStorage, "_new_shared", None)
+    if new_shared is None:  # pragma: no cover - very old or very new torch
+        return torch.zeros(nbytes // torch.empty((), dtype=dtype).element_size(), dtype=dtype)
+    storage = new_shared(nbytes)
+    tensor = torch.empty(0, dtype=dtype)
+    tensor.set_(storage, 0, (nbytes // tensor.element_size(),), (1,))
+    return tensor
+
+
+# One thread lock per process for all caches; a fork child must not inherit a held one.
+_thread_lock = threading.Lock()
+
+
+def _reset_thread_lock() -> None:
+    global _thread_lock
+    _thread_lock = threading.Lock()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_reset_thread_lock)
+
+
+class _ProcessLock:
+    """An inter-process lock: ``fcntl.lockf`` on an anonymous file plus the process thread lock.
+
+    POSIX record locks belong to a process, so a forked child competes with its parent, and they
+    vanish with their holder. Pickled (by multiprocessing's pickler only) as a passed descriptor.
+    """
+
+    def __init__(self, fd: int | None = None) -> None:
+        if fd is None:
+            if hasattr(os, "memfd_create"):
+                fd = os.memfd_create("packer-shared-cache-lock", os.MFD_CLOEXEC)
+            else:  # pragma: no cover - macOS
+                with tempfile.TemporaryFile() as handle:
+                    fd = os.dup(handle.fileno())
+        self.fd: int | None = fd
+
+    @contextmanager
+    def hold(self) -> Iterator[None]:
+        if self.fd is None:
+            raise ValueError("SharedCache is closed")
+        with _thread_lock:
+            fcntl.lockf(self.fd, fcntl.LOCK_EX)
+            try:
+                yield
+            finally:
+                fcntl.lockf(self.fd, fcntl.LOCK_UN)
+
+    def __reduce__(self) -> tuple:
+        raise TypeError("a SharedCache lock can only be sent through multiprocessing")
+
+    def close(self) -> None:
+        fd, self.fd = self.fd, None
+        if fd is not None:
+            os.close(fd)
+
+    def __del__(self) -> None:
+        try:
+            self.close()
+        except OSError:  # pragma: no cover - closed elsewhere
+            pass
+
+
+def _rebuild_lock(dup_fd: Any) -> _ProcessLock:
+    return _ProcessLock(dup_fd.detach())
+
+
+def _reduce_lock(lock: _ProcessLock) -> tuple:
+    if lock.fd is None:
+        raise ValueError("cannot send a closed SharedCache to another process")
+    return _rebuild_lock, (reduction.DupFd(lock.fd),)
+
+
+class SharedCache:
+    """A bounded byte cache, indexed by sample number, shared by a process and its workers.
+
+    Create it in the main process before the DataLoader starts its workers, keep it on the
+    dataset, and use ``get`` / ``put`` in ``__getitem__``::
+
+        cached = self.cache.get(index)
+        data = bytes(cached) if cached is not None else self._read(index)  # or decode the view
+        if cached is None:
+            self.cache.put(index, data)
+
+    Args:
+        num_items: number of samples (valid indices are ``0 .. num_items - 1``).
+        capacity_bytes: the bound on cached bytes (an int; convert sizes like "8GB" with
+            ``packer.sizes.parse_size``). Committed in RAM at construction, see the module
+            documentation; clamped, with a warning, to what ``/dev/shm`` and the available
+            RAM can hold.
+
+    Raises:
+        TypeError, ValueError: for arguments that are not non-negative ints.
+        RuntimeError: when shared memory cannot be allocated.
+    """
+
+    def __init__(self, num_items: int, capacity_bytes: int) -> None:
+        num_items = _check_count("num_items", num_items)
+        requested = _check_count("capacity_bytes", capacity_bytes)
+        capacity = requested
+        table_bytes = (_HEADER + 3 * num_items) * 8
+        limits = {
+            "free in " + _SHM_DIR: _shm_free_bytes(),
+            "RAM available": _available_memory_bytes(),
+        }
+        known = {name: value for name, value in limits.items() if value is not None}
+        if known:
+            tightest = min(known, key=known.__getitem__)
+            usable = max(_usable_bytes(known[tightest]) - table_bytes, 0)
+            if capacity > usable:
+                capacity = usable - usable % _ALIGN
+                warnings.warn(
+                    f"SharedCache: capacity_bytes={requested} is more than shared memory can "
+                    f"hold ({known[tightest]} bytes {tightest}, less headroom for DataLoader "
+                    f"batches); using {capacity} bytes. For more, free memory or enlarge "
+                    f"{_SHM_DIR} (docker run --shm-size=...).",
+                    RuntimeWarning,
+                    stacklevel=2,
+                )
+        try:
+            table = _new_shared_tensor(table_bytes, torch.int64)
+            arena = _new_shared_tensor(capacity, torch.uint8)
+        except RuntimeError as error:
+            raise RuntimeError(
+                f"SharedCache: cannot allocate {capacity} + {table_bytes} bytes of shared memory "
+                f"in {_SHM_DIR}: {error}{_remove_failed_segment(str(error))}"
+            ) from error
+        self._setup(num_items, capacity, arena, table, _ProcessLock())
+
+    def _setup(
+        self,
+        num_items: int,
+        capacity: int,
+        arena: torch.Tensor,
+        table: torch.Tensor,
+        lock: _ProcessLock,
+    ) -> None:
+        self._num_items = num_items
+        self._capacity = capacity
+        self._arena_tensor: torch.Tensor | None = arena
+        self._table_tensor: torch.Tensor | None = table
+        self._lock = lock
+        # NumPy views: scalar access through them is several times faster than through torch.
+        self._arena = arena.numpy()
+        table_np = table.numpy()
+        self._header = table_np[:_HEADER]
+        self._entries = table_np[_HEADER:].reshape(num_items, 3)
+
+    # -- pickling: shared through multiprocessing only ---------------------------------------
+
+    def __reduce__(self) -> tuple:
+        raise TypeError(
+            "SharedCache can only be sent to processes started by multiprocessing (DataLoader "
+            "workers, multiprocessing queues); the standard pickle module would copy it and the "
+            "copy would no longer be shared"
+        )
+
+    def __copy__(self) -> SharedCache:
+        return self
+
+    def __deepcopy__(self, memo: dict) -> SharedCache:
+        return self
+
+    # -- the API -------------------------------------------------------------------------------
+
+    @property
+    def num_items(self) -> int:
+        """Number of sample slots."""
+        return self._num_items
+
+    @property
+    def capacity(self) -> int:
+        """The bound in bytes, after clamping to ``/dev/shm``."""
+        return self._capacity
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes of the arena in use (entries plus alignment padding), at most ``capacity``."""
+        self._check_open()
+        return int(self._header[_PTR])
+
+    @property
+    def hits(self) -> int:
+        """Number of ``get`` calls, in all processes, that found their entry."""
+        self._check_open()
+        return int(self._header[_HITS])
+
+    @property
+    def misses(self) -> int:
+        """Number of ``get`` calls, in all processes, that did not."""
+        self._check_open()
+        return int(self._header[_MISSES])
+
+    @property
+    def rejected(self) -> int:
+        """Number of ``put`` calls refused because the cache was full."""
+        self._check_open()
+        return int(self._header[_REJECTED])
+
+    def __len__(self) -> int:
+        """Number of cached entries."""
+        self._check_open()
+        return int(self._header[_ENTRIES])
+
+    def __contains__(self, index: object) -> bool:
+        if not isinstance(index, (int, np.integer)) or isinstance(index, bool):
+            return False
+        self._check_open()
+        if not 0 <= index < self._num_items:
+            return False
+        with self._lock.hold():
+            return int(self._entries[index, 2]) == _READY
+
+    def get(self, index: int) -> memoryview | None:
+        """The cached bytes of sample ``index`` as a read-only memoryview, or None on a miss.
+
+        The view points into shared memory, without a copy; it stays valid after ``close()``
+        (the memory lives as long as a view does). ``np.frombuffer(view, np.uint8)`` gives an
+        array, ``bytes(view)`` a copy.
+        """
+        index = self._check_index(index)
+        with self._lock.hold():
+            offset, length, state = (int(value) for value in self._entries[index])
+            if state == _READY:
+                self._header[_HITS] += 1
+            else:
+                self._header[_MISSES] += 1
+        if state != _READY:
+            return None
+        view = self._arena[offset : offset + length]
+        view.flags.writeable = False
+        return view.data
+
+    def put(
+        self, index: int, data: bytes | bytearray | memoryview | np.ndarray | torch.Tensor
+    ) -> bool:
+        """Store the bytes of sample ``index``; return whether they are cached now.
+
+        Returns True when the entry was stored by this call or was already cached, False when
+        the cache is full (the bound is never exceeded; read the sample uncached) or another
+        process is storing the same entry at this moment. Never raises for a full cache.
+
+        Args:
+            index: the sample number.
+            data: a bytes-like object, or a NumPy array or CPU tensor (its raw C-order bytes are
+                stored; the dtype and shape are not, so keep them elsewhere or store encoded
+                bytes).
+        """
+        index = self._check_index(index)
+        source = _as_bytes(data, index)
+        length = source.size
+        with self._lock.hold():
+            state = int(self._entries[index, 2])
+            if state != _EMPTY:
+                return state == _READY
+            offset = int(self._header[_PTR])
+            end = offset + length
+            if end > self._capacity:
+                self._header[_REJECTED] += 1
+                return False
+            self._header[_PTR] = min(-(-end // _ALIGN) * _ALIGN, self._capacity)
+            self._entries[index] = (offset, length, _WRITING)
+        try:
+            self._arena[offset:end] = source
+        except BaseException:
+            with self._lock.hold():
+                self._entries[index, 2] = _EMPTY
+            raise
+        with self._lock.hold():
+            self._entries[index, 2] = _READY
+            self._header[_ENTRIES] += 1
+        return True
+
+    def close(self) -> None:
+        """Drop this process's references to the shared memory and the lock; idempotent.
+
+        The memory is freed when no process maps it and no view from ``get`` is alive. Other
+        processes' copies of the cache keep working.
+        """
+        if self._arena_tensor is None:
+            return
+        self._lock.close()
+        self._arena_tensor = self._table_tensor = None
+        self._arena = np.empty(0, dtype=np.uint8)
+        self._header = np.zeros(_HEADER, dtype=np.int64)
+        self._entries = np.zeros((0, 3), dtype=np.int64)
+
+    @property
+    def closed(self) -> bool:
+        """Whether :meth:`close` was called in this process."""
+        return self._arena_tensor is None
+
+    def __enter__(self) -> SharedCache:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        if self.closed:
+            return f"SharedCache(num_items={self._num_items}, capacity={self._capacity}, closed)"
+        return (
+            f"SharedCache(num_items={self._num_items}, capacity={self._capacity}, "
+            f"nbytes={self.nbytes}, entries={len(self)}, hits={self.hits}, misses={self.misses})"
+        )
+
+    # -- helpers -------------------------------------------------------------------------------
+
+    def _check_open(self) -> None:
+        if self._arena_tensor is None:
+            raise ValueError("SharedCache is closed")
+
+    def _check_index(self, index: int) -> int:
+        if isinstance(index, bool) or not isinstance(index, (int, np.integer)):
+            raise TypeError(f"SharedCache index must be an int, got {type(index).__name__}")
+        self._check_open()
+        if not 0 <= index < self._num_items:
+            raise IndexError(f"SharedCache index {index} out of range for {self._num_items} items")
+        return int(index)
+
+
+def _check_count(name: str, value: object) -> int:
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
+        raise TypeError(
+            f"SharedCache: {name} must be an int, got {type(value).__name__}: {value!r}"
+            + (" (convert sizes with packer.sizes.parse_size)" if isinstance(value, str) else "")
+        )
+    if value < 0:
+        raise ValueError(f"SharedCache: {name} must be >= 0, got {value}")
+    return int(value)
+
+
+def _as_bytes(data: object, index: int) -> np.ndarray:
+    """A 1-D uint8 view (or contiguous copy) of ``data``'s bytes."""
+    if isinstance(data, np.ndarray):
+        if data.dtype.hasobject:
+            raise TypeError(
+                f"SharedCache.put({index}): cannot store an array of Python objects "
+                f"(dtype {data.dtype}); store bytes"
+            )
+        return np.ascontiguousarray(data).reshape(-1).view(np.uint8)
+    if isinstance(data, torch.Tensor):
+        return _as_bytes(data.detach().cpu().contiguous().numpy(), index)
+    if isinstance(data, str):
+        raise TypeError(f"SharedCache.put({index}): expected bytes, got str; encode it first")
+    try:
+        view = memoryview(data)  # type: ignore[arg-type]
+    except TypeError:
+        raise TypeError(
+            f"SharedCache.put({index}): expected bytes, bytearray, memoryview or a NumPy "
+            f"array, got {type(data).__name__}"
+        ) from None
+    if not view.c_contiguous:
+        return np.frombuffer(view.tobytes(), dtype=np.uint8)
+    return np.frombuffer(view.cast("B"), dtype=np.uint8)
+
+
+def _reduce_cache(cache: SharedCache) -> tuple:
+    if cache.closed:
+        raise ValueError("cannot send a closed SharedCache to another process")
+    return _rebuild_cache, (
+        cache._num_items,
+        cache._capacity,
+        cache._arena_tensor,
+        cache._table_tensor,
+        cache._lock,
+    )
+
+
+def _rebuild_cache(
+    num_items: int,
+    capacity: int,
+    arena: torch.Tensor,
+    table: torch.Tensor,
+    lock: _ProcessLock,
+) -> SharedCache:
+    cache = SharedCache.__new__(SharedCache)
+    cache._setup(num_items, capacity, arena, table, lock)
+    return cache
+
+
+# multiprocessing's pickler (used to start spawn/forkserver workers and by its queues) shares
+# the memory; torch registers its tensor reductions with the same pickler.
+reduction.ForkingPickler.register(SharedCache, _reduce_cache)
+reduction.ForkingPickler.register(_ProcessLock, _reduce_lock)

@@ -1,0 +1,331 @@
+"""Tests for packer.datasets.cache.SharedCache: bounded, shared by all DataLoader workers."""
+
+from __future__ import annotations
+
+import copy
+import os
+import pickle
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+
+import numpy as np
+import packer.datasets.cache as cache_module
+import psutil
+import pytest
+import torch
+from packer.datasets.cache import SharedCache
+from torch.utils.data import DataLoader, Dataset, get_worker_info
+
+MiB = 2**20
+SHM = "/dev/shm"
+
+needs_shm = pytest.mark.skipif(not os.path.isdir(SHM), reason="needs /dev/shm (Linux)")
+
+
+def payload(index: int, size: int = 100) -> bytes:
+    return bytes([index % 251]) * (size + index)
+
+
+def shm_entries(pid: int | None = None) -> set[str]:
+    """Entries torch would name for process ``pid`` (this one by default).
+
+    Only these are checked: other processes on the machine (other test runs, spawned
+    DataLoaders with their ``sem.mp-*`` semaphores) come and go in /dev/shm meanwhile.
+    SharedCache's lock has no name at all.
+    """
+    prefix = f"torch_{os.getpid() if pid is None else pid}_"
+    return {name for name in os.listdir(SHM) if name.startswith(prefix)}
+
+
+def wait_for_drop(reference: int, amount: int, seconds: float = 5.0) -> int:
+    """Poll until /dev/shm usage is ``amount`` below ``reference``; return the drop seen."""
+    deadline = time.monotonic() + seconds
+    while reference - shm_used() < amount and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return reference - shm_used()
+
+
+def shm_used() -> int:
+    stat = os.statvfs(SHM)
+    return (stat.f_blocks - stat.f_bfree) * stat.f_frsize
+
+
+# -- single process ---------------------------------------------------------------------------
+
+
+def test_put_get_roundtrip() -> None:
+    cache = SharedCache(8, 4096)
+    assert cache.get(0) is None
+    assert cache.put(0, b"hello")
+    view = cache.get(0)
+    assert isinstance(view, memoryview) and view.readonly
+    assert bytes(view) == b"hello"
+
+    array = np.arange(12, dtype=np.int32).reshape(3, 4)
+    assert cache.put(1, array[:, ::2])  # not contiguous: stored as a C-order copy
+    assert np.array_equal(np.frombuffer(cache.get(1), np.int32), array[:, ::2].ravel())
+    assert cache.put(2, bytearray(b"ba")) and cache.put(3, memoryview(b"mv"))
+    assert cache.put(4, torch.tensor([1, 2], dtype=torch.uint8))
+    assert cache.put(5, b"")
+    assert [bytes(cache.get(i)) for i in range(2, 6)] == [b"ba", b"mv", b"\x01\x02", b""]
+
+    assert len(cache) == 6 and 0 in cache and 7 not in cache and "0" not in cache
+    assert cache.hits == 6 and cache.misses == 1
+    assert cache.put(0, b"other") is True, "an entry already cached stays as it is"
+    assert bytes(cache.get(0)) == b"hello"
+    assert cache.nbytes % 64 == 0 and cache.nbytes <= cache.capacity == 4096
+    cache.close()
+
+
+def test_bound_is_honoured_and_data_stays_intact() -> None:
+    cache = SharedCache(10, 1000)
+    stored = [cache.put(i, payload(i, 300)) for i in range(10)]
+    assert stored[:3] == [True] * 3 and not any(stored[3:])
+    assert cache.rejected == 7 and len(cache) == 3
+    assert cache.nbytes <= 1000
+    for i in range(3):
+        assert bytes(cache.get(i)) == payload(i, 300)
+    for i in range(3, 10):
+        assert cache.get(i) is None
+    assert cache.put(9, b"x" * 30), "small entries still fit in the rest"
+    assert bytes(cache.get(9)) == b"x" * 30
+
+    empty = SharedCache(2, 0)
+    assert empty.put(0, b"a") is False and empty.put(1, b"") is True
+
+
+def test_errors_carry_context() -> None:
+    cache = SharedCache(4, 100)
+    with pytest.raises(IndexError, match="index 4 out of range for 4 items"):
+        cache.get(4)
+    with pytest.raises(IndexError):
+        cache.put(-1, b"x")
+    with pytest.raises(TypeError, match="index must be an int"):
+        cache.get("1")  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match="encode it first"):
+        cache.put(0, "text")  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match="Python objects"):
+        cache.put(0, np.array([object()]))
+    with pytest.raises(TypeError, match="got list"):
+        cache.put(0, [1, 2])  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match="parse_size"):
+        SharedCache(4, "8GB")  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="num_items must be >= 0"):
+        SharedCache(-1, 10)
+
+    cache.put(0, b"kept")
+    view = cache.get(0)
+    cache.close()
+    cache.close()
+    assert cache.closed and "closed" in repr(cache)
+    assert bytes(view) == b"kept", "views stay valid after close"
+    with pytest.raises(ValueError, match="closed"):
+        cache.get(0)
+    with pytest.raises(ValueError, match="closed"):
+        cache.put(1, b"x")
+
+
+def test_standard_pickle_is_refused_and_copies_share() -> None:
+    cache = SharedCache(2, 100)
+    with pytest.raises(TypeError, match="no longer be shared"):
+        pickle.dumps(cache)
+    assert copy.copy(cache) is cache and copy.deepcopy({"c": cache})["c"] is cache
+
+
+def test_capacity_is_clamped_to_free_shared_memory(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(cache_module, "_shm_free_bytes", lambda path=SHM: 10 * MiB)
+    with pytest.warns(RuntimeWarning, match="more than shared memory can hold"):
+        cache = SharedCache(100, 50 * MiB)
+    assert 0 < cache.capacity <= 5 * MiB
+    assert cache.put(0, b"x" * MiB) and not cache.put(1, b"x" * 5 * MiB)
+
+
+# -- across DataLoader workers -----------------------------------------------------------------
+
+
+class Order:
+    """A sampler whose order the test changes between epochs (it runs in the main process)."""
+
+    def __init__(self, order: list) -> None:
+        self.order = order
+
+    def __iter__(self):
+        return iter(self.order)
+
+    def __len__(self) -> int:
+        return len(self.order)
+
+
+class CachedPayloads(Dataset):
+    """Reads through the cache: a miss stores ``payload(index)``; reports what it saw."""
+
+    def __init__(self, cache: SharedCache) -> None:
+        self.cache = cache
+
+    def __len__(self) -> int:
+        return self.cache.num_items
+
+    def __getitem__(self, index: int) -> tuple:
+        view = self.cache.get(index)
+        if view is None:
+            stored = self.cache.put(index, payload(index))
+            return index, get_worker_info().id, False, stored
+        return index, get_worker_info().id, True, bytes(view) == payload(index)
+
+
+@pytest.mark.parametrize(("context", "persistent"), [("fork", False), ("spawn", True)])
+def test_shared_across_workers_and_main_process(context: str, persistent: bool) -> None:
+    n = 12
+    cache = SharedCache(n, 64 * 1024)
+    order = Order(list(range(n)))
+    loader = DataLoader(
+        CachedPayloads(cache),
+        batch_size=None,
+        sampler=order,
+        num_workers=2,
+        persistent_workers=persistent,
+        multiprocessing_context=context,
+    )
+    first = list(loader)
+    assert [(hit, stored) for _, _, hit, stored in first] == [(False, True)] * n
+    # Swap neighbours: index i now goes to the other worker than in epoch 1.
+    order.order = [i ^ 1 for i in range(n)]
+    second = list(loader)
+    del loader
+    worker_of = {index: worker for index, worker, _, _ in first}
+    for index, worker, hit, intact in second:
+        assert hit and intact, f"sample {index} put by worker {worker_of[index]} missed"
+        assert worker != worker_of[index]
+    for index in range(n):
+        assert bytes(cache.get(index)) == payload(index)
+    assert cache.misses == n and cache.hits == 2 * n and len(cache) == n
+
+
+class MemoryProbe(Dataset):
+    """Actions chosen by the sampler: report the pid, fill one MiB entry, or touch every page."""
+
+    def __init__(self, cache: SharedCache) -> None:
+        self.cache = cache
+
+    def __len__(self) -> int:
+        return self.cache.num_items
+
+    def __getitem__(self, key: tuple[str, int]) -> int:
+        action, index = key
+        if action == "pid":
+            return os.getpid()
+        if action == "put":
+            return int(self.cache.put(index, np.full(MiB, index % 251 + 1, dtype=np.uint8)))
+        return touch_all(self.cache)
+
+
+def touch_all(cache: SharedCache) -> int:
+    """Read one byte of every page of every entry; return the checksum."""
+    total = 0
+    for index in range(cache.num_items):
+        total += int(np.frombuffer(cache.get(index), np.uint8)[::4096].sum())
+    return total
+
+
+def pss_and_rss(pids: list[int]) -> tuple[int, int]:
+    infos = [psutil.Process(pid).memory_full_info() for pid in pids]
+    return sum(info.pss for info in infos), sum(info.rss for info in infos)
+
+
+@needs_shm
+def test_one_copy_in_memory_for_main_and_workers() -> None:
+    """Sum of PSS of main + 2 workers grows by about one copy of the data, not three."""
+    entries = 200
+    cache = SharedCache(entries, (entries + 8) * MiB)
+    order = Order([("pid", 0), ("pid", 1)])
+    loader = DataLoader(
+        MemoryProbe(cache),
+        batch_size=None,
+        sampler=order,
+        num_workers=2,
+        persistent_workers=True,
+        multiprocessing_context="fork",
+    )
+    worker_pids = list(loader)
+    pids = [os.getpid(), *worker_pids]
+    assert len(set(pids)) == 3
+    pss_before, rss_before = pss_and_rss(pids)
+
+    order.order = [("put", i) for i in range(entries)]
+    assert sum(loader) == entries
+    order.order = [("touch", 0), ("touch", 1)]
+    checksums = list(loader)
+    checksums.append(touch_all(cache))
+    pss_after, rss_after = pss_and_rss(pids)
+    del loader
+
+    expected = sum((i % 251 + 1) * (MiB // 4096) for i in range(entries))
+    assert checksums == [expected] * 3, "every process read every page"
+    data = entries * MiB
+    pss_growth, rss_growth = pss_after - pss_before, rss_after - rss_before
+    print(
+        f"\ncached {data / MiB:.0f} MiB; sum over main + 2 workers: "
+        f"PSS +{pss_growth / MiB:.0f} MiB, RSS +{rss_growth / MiB:.0f} MiB"
+    )
+    assert rss_growth > 2.5 * data, "each process maps all the data ..."
+    assert 0.8 * data < pss_growth < 1.4 * data, "... but it is in memory once"
+
+
+# -- nothing left in /dev/shm ------------------------------------------------------------------
+
+
+@needs_shm
+def test_no_shm_entries_after_close() -> None:
+    assert not shm_entries()
+    used_before = shm_used()
+    cache = SharedCache(4, 128 * MiB)
+    assert not shm_entries(), "the segment is unlinked at creation"
+    used_alive = shm_used()
+    assert used_alive - used_before >= 96 * MiB, "the capacity is committed at creation"
+    cache.put(0, b"x" * MiB)
+    cache.close()
+    del cache
+    assert not shm_entries()
+    assert wait_for_drop(used_alive, 96 * MiB) >= 96 * MiB, "the last reference frees it"
+
+
+@needs_shm
+def test_no_shm_entries_or_memory_after_sigkill() -> None:
+    script = textwrap.dedent(
+        """
+        import time
+        from packer.datasets.cache import SharedCache
+        cache = SharedCache(4, 128 * 2**20)
+        cache.put(0, b"x" * (16 * 2**20))
+        print("ready", flush=True)
+        time.sleep(60)
+        """
+    )
+    child = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True)
+    try:
+        assert child.stdout.readline().strip() == "ready"
+        used_alive = shm_used()
+        assert not shm_entries(child.pid)
+    finally:
+        child.send_signal(signal.SIGKILL)
+        child.wait(timeout=10)
+        child.stdout.close()
+    assert child.returncode == -signal.SIGKILL
+    assert wait_for_drop(used_alive, 96 * MiB) >= 96 * MiB, "the killed process's memory is back"
+    assert not shm_entries(child.pid)
+
+
+@needs_shm
+def test_failed_allocation_leaves_no_entry(monkeypatch: pytest.MonkeyPatch) -> None:
+    """torch leaves its segment's name behind when fallocate fails; SharedCache removes it."""
+    stat = os.statvfs(SHM)
+    too_big = 2 * stat.f_blocks * stat.f_frsize  # refused by tmpfs at once, nothing allocated
+    monkeypatch.setattr(cache_module, "_shm_free_bytes", lambda path=SHM: 4 * too_big)
+    monkeypatch.setattr(cache_module, "_available_memory_bytes", lambda: 4 * too_big)
+    with pytest.raises(RuntimeError, match="SharedCache: cannot allocate") as error:
+        SharedCache(1, too_big)
+    assert "removed the stale" in str(error.value)
+    assert not shm_entries()
