@@ -11,6 +11,7 @@ never used in the child (the pid is checked).
 from __future__ import annotations
 
 import os
+import struct
 import threading
 from collections.abc import Callable
 from typing import Any
@@ -22,9 +23,14 @@ from torch.utils.data import Dataset
 from packer.errors import CorruptDataError
 from packer.imageproc import decode_payload
 from packer.manifest import Manifest, read_manifest
-from packer.record import Record
+from packer.record import Record, pack_record, unpack_record
+from packer.sizes import parse_size
+
+from .cache import SharedCache
 
 __all__ = ["PackedDataset", "OUTPUTS"]
+
+_META = struct.Struct("<IIq")  # decoded-cache entry header: height, width, label
 
 #: What ``__getitem__`` returns as the image: uint8 CHW tensor, HWC numpy array, or PIL image.
 OUTPUTS = ("tensor", "numpy", "pil")
@@ -44,6 +50,15 @@ class PackedDataset(Dataset):
         on_error: ``"raise"`` (default) raises CorruptDataError naming file, sample and offset;
             ``"skip"`` returns the next readable sample instead and counts the skip in
             ``self.errors`` (per process).
+        cache: ``None`` (default), ``"encoded"`` (keep the stored bytes in RAM: no disk reads
+            after the first epoch, decode every time) or ``"decoded"`` (keep the decoded pixels:
+            no disk read and no decode after the first epoch). One cache in shared memory is
+            used by this process and all its DataLoader workers (fork or spawn), filled on first
+            access; see :mod:`packer.datasets.cache`.
+        cache_bytes: the cache's bound, an int or a size like ``"8GB"``; beyond it samples are
+            read uncached. Default: what the whole dataset needs (from the manifest), clamped to
+            the shared memory and RAM available. The capacity is reserved when the dataset is
+            created.
     """
 
     format: str = ""
@@ -57,6 +72,8 @@ class PackedDataset(Dataset):
         output: str = "tensor",
         verify: bool = True,
         on_error: str = "raise",
+        cache: str | None = None,
+        cache_bytes: int | str | None = None,
         manifest: Manifest | None = None,
     ) -> None:
         if output not in OUTPUTS:
@@ -78,6 +95,24 @@ class PackedDataset(Dataset):
         self.errors = 0
         self._pid: int | None = None
         self._lock = threading.Lock()
+        if cache not in (None, "encoded", "decoded"):
+            raise ValueError(f"cache must be None, 'encoded' or 'decoded', not {cache!r}")
+        self.cache_mode = cache
+        self.cache: SharedCache | None = None
+        if cache is not None:
+            need = parse_size(cache_bytes) if cache_bytes is not None else self._cache_estimate(cache)
+            self.cache = SharedCache(len(self), need)
+
+    def _cache_estimate(self, mode: str) -> int:
+        """Bytes the whole dataset takes in the cache (an estimate where the manifest lacks it)."""
+        stats = getattr(self.manifest, "stats", None) or {}
+        payload = int(stats.get("payload_bytes") or sum(f.bytes for f in self.manifest.files))
+        if mode == "encoded":
+            return payload + 64 * len(self) + (1 << 20)
+        decoded = stats.get("decoded_bytes")
+        if decoded is None:  # older manifests: assume JPEG's typical 10:1 ratio
+            decoded = payload if "raw" in str(self.manifest.processing.get("encoding")) else payload * 10
+        return int(decoded) + (_META.size + 64) * len(self) + (1 << 20)
 
     # -- what a format implements -------------------------------------------------------------
     def _open(self) -> None:
@@ -132,8 +167,25 @@ class PackedDataset(Dataset):
 
     def load(self, index: int) -> tuple[np.ndarray, int]:
         """Sample ``index`` as (RGB uint8 H x W x 3 array, label), before output conversion."""
+        cache = self.cache
+        if cache is None:
+            rec = self.read_record(index)
+            return self.decode(rec, index), rec.label
+        view = cache.get(index)
+        if view is not None:
+            if self.cache_mode == "decoded":
+                h, w, label = _META.unpack_from(view, 0)
+                return np.frombuffer(view, np.uint8, offset=_META.size).reshape(h, w, 3).copy(), label
+            rec = unpack_record(view, verify=False)
+            return self.decode(rec, index), rec.label
         rec = self.read_record(index)
-        return self.decode(rec, index), rec.label
+        rgb = self.decode(rec, index)
+        if self.cache_mode == "decoded":
+            meta = np.frombuffer(_META.pack(rgb.shape[0], rgb.shape[1], rec.label), np.uint8)
+            cache.put(index, np.concatenate([meta, rgb.reshape(-1)]))
+        else:
+            cache.put(index, pack_record(rec.key, rec.label, rec.codec, rec.height, rec.width, bytes(rec.payload)))
+        return rgb, rec.label
 
     def _to_output(self, rgb: np.ndarray) -> Any:
         if self.output == "tensor":
@@ -165,10 +217,13 @@ class PackedDataset(Dataset):
         return image, target
 
     def close(self) -> None:
-        """Close handles in this process (they reopen on the next access)."""
+        """Close handles in this process (they reopen on the next access) and release the cache."""
         if self._pid == os.getpid():
             self._close()
         self._pid = None
+        if self.cache is not None:
+            self.cache.close()
+            self.cache = None
 
     def __getstate__(self) -> dict[str, Any]:
         state = self.__dict__.copy()
