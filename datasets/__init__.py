@@ -8,7 +8,7 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from packer.manifest import read_manifest
+from packer.manifest import MANIFEST_NAME, read_manifest
 from packer.registry import reader_class
 
 from .base import OUTPUTS, PackedDataset
@@ -16,15 +16,28 @@ from .base import OUTPUTS, PackedDataset
 __all__ = ["open_dataset", "PackedDataset", "OUTPUTS"]
 
 
-def open_dataset(path: str | os.PathLike[str], **kwargs: Any) -> PackedDataset:
+def open_dataset(path: str | os.PathLike[str], *, format: str | None = None, **kwargs: Any) -> PackedDataset:
     """Open a packed dataset, choosing the reader from its manifest's ``format`` field.
 
     Keyword arguments go to the reader: ``transform``, ``target_transform``, ``output``
     (``"tensor"``, ``"numpy"`` or ``"pil"``), ``verify``, ``on_error``. Raises
     UnfinishedDatasetError when the directory has no manifest.
+
+    ``format`` opens data written by another tool, which has no manifest: ``"tar"`` for
+    WebDataset shards (``KEY.jpg``/``.png``/... + ``KEY.cls``), ``"tfrecord"`` for TFRecord
+    files of ``image/encoded`` + ``image/class/label`` Examples. The index is built by one scan at
+    open and the manifest synthesised in memory (classes are the labels as strings). A directory
+    that does have a manifest is opened from it, and must then be of that format.
     """
-    manifest = read_manifest(path)
-    return reader_class(manifest.format)(path, manifest=manifest, **kwargs)
+    if format is None or os.path.exists(os.path.join(os.fspath(path), MANIFEST_NAME)):
+        manifest = read_manifest(path)
+        if format is not None and manifest.format != format:
+            raise ValueError(f"{os.fspath(path)} holds a {manifest.format!r} dataset, not {format!r}")
+        return reader_class(manifest.format)(path, manifest=manifest, **kwargs)
+    open_foreign = getattr(reader_class(format), "open_foreign", None)
+    if open_foreign is None:
+        raise ValueError(f"format {format!r} cannot be read without a packer manifest")
+    return open_foreign(path, **kwargs)
 
 
 def __getattr__(name: str) -> Any:

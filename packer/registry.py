@@ -16,6 +16,8 @@ __all__ = ["FORMATS", "format_names", "writer_class", "reader_class"]
 #: format name -> (writer "module:Class", reader "module:Class")
 FORMATS: dict[str, tuple[str, str]] = {
     "lmdb": ("packer.converters.lmdb:LMDBWriter", "packer.datasets.lmdb:LMDBDataset"),
+    "tar": ("packer.converters.tar:TarWriter", "packer.datasets.tar:TarDataset"),
+    "tfrecord": ("packer.converters.tfrecord:TFRecordWriter", "packer.datasets.tfrecord:TFRecordDataset"),
 }
 
 

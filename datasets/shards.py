@@ -1,0 +1,102 @@
+"""What the sharded readers (tar, tfrecord) share: shard paths, lazily opened per-process file
+descriptors, exact-size ``pread``, and shard sizes taken from real shards only (index files are
+in the manifest with 0 samples and are not shards)."""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+from packer.errors import CorruptDataError
+from packer.manifest import FileEntry, Manifest
+
+from .base import PackedDataset
+
+__all__ = ["ShardedDataset", "foreign_manifest"]
+
+
+class ShardedDataset(PackedDataset):
+    """A PackedDataset over several shard files read with ``os.pread``.
+
+    Subclasses set ``shard_suffixes`` (the payload file endings) and read with :meth:`_pread`.
+    File descriptors are opened on first use of each shard in each process and never shared
+    across fork: descriptors inherited from a parent are closed in the child and reopened.
+    """
+
+    shard_suffixes: tuple[str, ...] = ()
+    _fds: list[int | None] | None = None
+
+    def _shard_entries(self) -> list[FileEntry]:
+        return [f for f in self.manifest.files if f.name.endswith(self.shard_suffixes)]
+
+    def _init_shards(self, entries: list[FileEntry]) -> None:
+        self._shard_paths = [os.path.join(self.root, f.name) for f in entries]
+        self._sizes = [f.samples for f in entries]
+
+    @property
+    def shard_sizes(self) -> list[int]:
+        """Samples per shard, in sample order (index files are not shards)."""
+        return list(self._sizes)
+
+    @property
+    def shard_paths(self) -> list[str]:
+        """Absolute paths of the shards, in sample order."""
+        return list(self._shard_paths)
+
+    def _open(self) -> None:
+        inherited, self._fds = self._fds, [None] * len(self._shard_paths)
+        for fd in inherited or ():
+            if fd is not None:
+                try:
+                    os.close(fd)  # our copy after fork; the parent's stays open
+                except OSError:
+                    pass
+
+    def _close(self) -> None:
+        fds, self._fds = self._fds, None
+        for fd in fds or ():
+            if fd is not None:
+                os.close(fd)
+
+    def _handle_attrs(self) -> tuple[str, ...]:
+        return ("_fds",)
+
+    def _fd(self, shard: int) -> int:
+        fds: list[int | None] = self._fds  # type: ignore[assignment]  # set by _ensure_open
+        fd = fds[shard]
+        if fd is None:
+            path = self._shard_paths[shard]
+            try:
+                fd = os.open(path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
+            except FileNotFoundError:
+                raise CorruptDataError("shard file is missing", path=path) from None
+            fds[shard] = fd
+        return fd
+
+    def _pread(self, shard: int, size: int, offset: int, sample: int) -> bytes:
+        """Exactly ``size`` bytes at ``offset`` of shard ``shard``; CorruptDataError when short."""
+        data = os.pread(self._fd(shard), size, offset)
+        if len(data) != size:
+            raise CorruptDataError(
+                f"short read: {len(data)} of {size} bytes (shard truncated?)",
+                path=self._shard_paths[shard], sample=sample, offset=offset,
+            )
+        return data
+
+
+def foreign_manifest(fmt: str, files: list[FileEntry], max_label: int, source: dict[str, Any]) -> Manifest:
+    """An in-memory manifest for shards written by another tool (never written to disk).
+
+    Class names are unknown there, so the classes are the labels as strings, ``"0"`` to
+    ``str(max_label)``; sizes are real, checksums empty (nothing to check them against).
+    """
+    return Manifest(
+        format=fmt,
+        num_samples=sum(f.samples for f in files),
+        classes=[str(c) for c in range(max_label + 1)],
+        processing={"encoding": "unknown", "color": "RGB"},
+        files=files,
+        source=source,
+        layout={"foreign": True},
+        created_by="packer (synthesised at open for foreign data)",
+    )

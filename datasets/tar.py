@@ -1,0 +1,272 @@
+"""``TarDataset``: map-style reader for tar shards, ours (with ``.idx`` files) or WebDataset's.
+
+For packer's shards the per-shard index files (layout in packer/converters/tar.py and
+docs/FORMATS.md) are read once at construction into numpy arrays; ``ds[i]`` is then one
+``os.pread`` of the image member's data, checked against its CRC32C when ``verify`` is on.
+
+Shards written by other tools (``webdataset.ShardWriter``, ``tar`` itself) have no index:
+:meth:`TarDataset.open_foreign` scans the tar headers once, in the calling process, reads each
+``KEY.cls`` member for the label, and builds the same arrays plus an in-memory manifest (class
+names are unknown, so they are the labels as strings ``"0"`` .. ``"K-1"``, K = 1 + the largest
+label). Foreign samples have no CRC; the key of a sample is its tar key (member name without
+extensions). The arrays pickle with the dataset, so workers never rescan.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import struct
+import tarfile
+from collections.abc import Callable
+from typing import Any
+
+import crc32c
+import numpy as np
+from packer.converters.tar import INDEX_SUFFIX, TAR_SUFFIX, unpack_index
+
+from packer.errors import CorruptDataError, ManifestError
+from packer.manifest import FileEntry
+from packer.record import CODEC_IDS, Record
+
+from .shards import ShardedDataset, foreign_manifest
+
+__all__ = ["TarDataset", "IMAGE_EXTENSIONS"]
+
+#: Member extensions read as the image of a foreign sample, in order of preference -> codec.
+IMAGE_EXTENSIONS = {
+    "jpg": "jpeg", "jpeg": "jpeg", "png": "png", "webp": "webp", "npy": "raw",
+    "bmp": "bmp", "tif": "tiff", "tiff": "tiff", "ppm": "pnm", "pgm": "pnm", "pnm": "pnm", "gif": "gif",
+}
+_CODEC_NAMES = tuple(sorted(CODEC_IDS, key=CODEC_IDS.get))  # type: ignore[arg-type]
+_KEY_EXT = re.compile(r"^((?:.*/|)[^.]+)[.]([^/]*)$")  # WebDataset's split: key = up to the first dot
+_META = re.compile(r"__[^/]*__($|/)")  # WebDataset skips members such as __index__
+
+
+def _npy_payload(buf: bytes, height: int, width: int, path: str, sample: int, offset: int) -> tuple[memoryview, int, int]:
+    """Pixels of a ``.npy`` member as a view, with (height, width); checks the header is a C-order
+    uint8 (H, W, 3) array. No pickle: only the header dict is parsed, by numpy's literal parser."""
+    mv = memoryview(buf)
+    if height and width:  # ours: the header length is implied by the known pixel count
+        start = len(buf) - height * width * 3
+        if start >= 10 and buf[:6] == b"\x93NUMPY" and buf[6] == 1 and 10 + struct.unpack_from("<H", buf, 8)[0] == start:
+            return mv[start:], height, width
+    import io
+
+    from numpy.lib import format as npformat
+
+    f = io.BytesIO(buf)
+    try:
+        version = npformat.read_magic(f)
+        if version == (1, 0):
+            shape, fortran, dtype = npformat.read_array_header_1_0(f)
+        else:
+            shape, fortran, dtype = npformat.read_array_header_2_0(f)
+    except ValueError as e:
+        raise CorruptDataError(f"bad .npy header ({e})", path=path, sample=sample, offset=offset) from None
+    if dtype != np.uint8 or fortran or len(shape) != 3 or shape[2] != 3:
+        raise CorruptDataError(
+            f".npy member holds {dtype} {shape}{' (Fortran order)' if fortran else ''}, expected uint8 (H, W, 3)",
+            path=path, sample=sample, offset=offset,
+        )
+    start = f.tell()
+    return mv[start:], int(shape[0]), int(shape[1])
+
+
+class TarDataset(ShardedDataset):
+    """Map-style dataset over tar shards (see :class:`PackedDataset` for the options).
+
+    ``TarDataset(path)`` opens a packer dataset; ``TarDataset.open_foreign(path)`` (or
+    ``open_dataset(path, format="tar")``) opens WebDataset shards that have no manifest.
+    """
+
+    format = "tar"
+    shard_suffixes = (TAR_SUFFIX,)
+
+    def __init__(
+        self,
+        path: str | os.PathLike[str],
+        transform: Callable[[Any], Any] | None = None,
+        target_transform: Callable[[int], Any] | None = None,
+        *,
+        index: dict[str, Any] | None = None,
+        **kwargs: Any,
+    ) -> None:
+        super().__init__(path, transform, target_transform, **kwargs)
+        entries = self._shard_entries()
+        self._init_shards(entries)
+        cols = index if index is not None else self._load_index(entries)
+        self._offset: np.ndarray = cols["offset"]
+        self._size: np.ndarray = cols["size"]
+        self._label: np.ndarray = cols["label"]
+        self._height: np.ndarray = cols["height"]
+        self._width: np.ndarray = cols["width"]
+        self._crc: np.ndarray = cols["crc"]
+        self._codec: np.ndarray = cols["codec"]
+        self._shard: np.ndarray = cols["shard"]
+        self._key_end: np.ndarray = cols["key_end"]
+        self._keys: bytes = cols["keys"]
+        self._has_crc: bool = bool(cols["has_crc"])
+        if len(self._offset) != len(self):
+            raise ManifestError(f"{self.root}: index lists {len(self._offset)} samples, manifest {len(self)}")
+
+    # -- index --------------------------------------------------------------------------------
+    def _load_index(self, entries: list[FileEntry]) -> dict[str, Any]:
+        names = {f.name for f in self.manifest.files}
+        parts, keys, key_base = [], [], 0
+        for s, f in enumerate(entries):
+            idx_name = f.name[: -len(TAR_SUFFIX)] + INDEX_SUFFIX
+            path = os.path.join(self.root, idx_name)
+            if idx_name not in names:
+                raise ManifestError(f"{self.root}: manifest lists {f.name} without its index {idx_name}")
+            try:
+                with open(path, "rb") as fh:
+                    data = fh.read()
+            except FileNotFoundError:
+                raise CorruptDataError("tar index file is missing", path=path) from None
+            first, e, k = unpack_index(data, path)
+            if first != f.first or len(e) != f.samples:
+                raise CorruptDataError(
+                    f"tar index holds samples {first}..{first + len(e) - 1}, the manifest says "
+                    f"{f.first}..{f.first + f.samples - 1}", path=path,
+                )
+            if len(e) and int(np.max(e["offset"] + e["size"])) > f.bytes:
+                raise CorruptDataError("tar index points past the end of its shard", path=path)
+            parts.append((s, e, key_base))
+            keys.append(k)
+            key_base += len(k)
+        n = sum(len(e) for _, e, _ in parts)
+        cols = _empty_columns(n)
+        pos = 0
+        for s, e, base in parts:
+            sl = slice(pos, pos + len(e))
+            for name in ("offset", "size", "label", "height", "width", "crc", "codec"):
+                cols[name][sl] = e[name]
+            cols["shard"][sl] = s
+            cols["key_end"][sl] = e["key_end"].astype(np.int64) + base
+            pos += len(e)
+        cols["keys"] = b"".join(keys)
+        cols["has_crc"] = True
+        return cols
+
+    @classmethod
+    def open_foreign(cls, path: str | os.PathLike[str], **kwargs: Any) -> TarDataset:
+        """Open tar shards without a manifest: a directory of ``*.tar`` files (sorted by name) or
+        one ``.tar`` file. Every sample needs an image member and a ``.cls`` label member."""
+        path = os.path.abspath(os.fspath(path))
+        if os.path.isdir(path):
+            root = path
+            names = sorted(n for n in os.listdir(root) if n.endswith(TAR_SUFFIX) and not n.startswith("."))
+            if not names:
+                raise FileNotFoundError(f"no .tar shards in {root}")
+        elif os.path.isfile(path):
+            root, name = os.path.split(path)
+            names = [name]
+        else:
+            raise FileNotFoundError(f"no tar shards at {path}")
+        rows: list[tuple[int, int, int, int, int]] = []  # offset, size, label, codec, shard
+        keys: list[bytes] = []
+        files = []
+        for s, name in enumerate(names):
+            before = len(rows)
+            _scan_shard(os.path.join(root, name), s, rows, keys)
+            files.append(FileEntry(name, len(rows) - before, os.path.getsize(os.path.join(root, name)), "", before))
+        cols = _empty_columns(len(rows))
+        if rows:
+            arr = np.array(rows, dtype=np.int64)
+            cols["offset"][:] = arr[:, 0]
+            cols["size"][:] = arr[:, 1]
+            cols["label"][:] = arr[:, 2]
+            cols["codec"][:] = arr[:, 3]
+            cols["shard"][:] = arr[:, 4]
+            cols["key_end"][:] = np.cumsum([len(k) for k in keys])
+        cols["keys"] = b"".join(keys)
+        cols["has_crc"] = False
+        max_label = int(cols["label"].max()) if rows else -1
+        manifest = foreign_manifest("tar", files, max_label, {"kind": "tar shards", "path": root})
+        return cls(root, manifest=manifest, index=cols, **kwargs)
+
+    # -- reading ------------------------------------------------------------------------------
+    def _read(self, index: int) -> Record:
+        shard = int(self._shard[index])
+        offset = int(self._offset[index])
+        buf = self._pread(shard, int(self._size[index]), offset, index)
+        if self.verify and self._has_crc:
+            stored = int(self._crc[index])
+            actual = crc32c.crc32c(buf)
+            if actual != stored:
+                raise CorruptDataError(
+                    f"image data checksum mismatch (stored {stored:08x}, computed {actual:08x})",
+                    path=self._shard_paths[shard], sample=index, offset=offset,
+                )
+        codec = _CODEC_NAMES[self._codec[index]]
+        height, width = int(self._height[index]), int(self._width[index])
+        payload: bytes | memoryview = buf
+        if codec == "raw":
+            payload, height, width = _npy_payload(buf, height, width, self._shard_paths[shard], index, offset)
+        start = int(self._key_end[index - 1]) if index else 0
+        key = self._keys[start : int(self._key_end[index])].decode("utf-8", "replace")
+        return Record(codec, int(self._label[index]), height, width, key, payload)
+
+
+def _empty_columns(n: int) -> dict[str, Any]:
+    return {
+        "offset": np.zeros(n, np.uint64), "size": np.zeros(n, np.uint64), "label": np.zeros(n, np.int64),
+        "height": np.zeros(n, np.uint32), "width": np.zeros(n, np.uint32), "crc": np.zeros(n, np.uint32),
+        "codec": np.zeros(n, np.uint8), "shard": np.zeros(n, np.uint32), "key_end": np.zeros(n, np.int64),
+    }
+
+
+def _scan_shard(path: str, shard: int, rows: list[tuple[int, int, int, int, int]], keys: list[bytes]) -> None:
+    """Append one row per sample of a tar shard: image data offset/size, label, codec, shard."""
+    size = os.path.getsize(path)
+    with open(path, "rb") as f:
+        try:
+            tf = tarfile.open(fileobj=f, mode="r:")
+        except tarfile.TarError as e:
+            raise CorruptDataError(f"not a readable tar file ({e})", path=path) from None
+        fd = f.fileno()
+        key: str | None = None
+        members: dict[str, tuple[int, int]] = {}
+        first_offset = 0
+
+        def flush() -> None:
+            if key is None:
+                return
+            image = next((ext for ext in IMAGE_EXTENSIONS if ext in members), None)
+            where = f"tar key {key!r} (members {', '.join(sorted(members))})"
+            if image is None:
+                raise CorruptDataError(f"{where} has no image member", path=path, offset=first_offset)
+            if "cls" not in members:
+                raise CorruptDataError(f"{where} has no .cls label member", path=path, offset=first_offset)
+            off, n = members["cls"]
+            text = os.pread(fd, min(n, 32), off)
+            try:
+                if n > 32:
+                    raise ValueError
+                label = int(text.strip())
+            except ValueError:
+                raise CorruptDataError(f"{where}: .cls member {text[:32]!r} is not an integer",
+                                       path=path, offset=off) from None
+            img_off, img_size = members[image]
+            rows.append((img_off, img_size, label, CODEC_IDS[IMAGE_EXTENSIONS[image]], shard))
+            keys.append(key.encode("utf-8"))
+
+        try:
+            while (ti := tf.next()) is not None:
+                tf.members.clear()  # a sequential scan; do not keep every TarInfo
+                if not ti.isreg() or _META.search(ti.name):
+                    continue
+                m = _KEY_EXT.match(ti.name)
+                if m is None:
+                    continue
+                if ti.offset_data + ti.size > size:
+                    raise CorruptDataError(f"member {ti.name!r} runs past the end of the file (truncated)",
+                                           path=path, offset=ti.offset)
+                if m.group(1) != key:
+                    flush()
+                    key, members, first_offset = m.group(1), {}, ti.offset
+                members[m.group(2).lower()] = (ti.offset_data, ti.size)
+            flush()
+        except tarfile.TarError as e:
+            raise CorruptDataError(f"cannot read tar headers ({e})", path=path) from None

@@ -1,0 +1,285 @@
+"""``TFRecordDataset``: map-style reader for TFRecord files of ``tf.train.Example`` images.
+
+For packer's files the ``.idx`` text indexes (and ``.zidx`` for gzip; layouts in
+packer/converters/tfrecord.py and docs/FORMATS.md) are read once at construction into numpy
+arrays; ``ds[i]`` is then one ``os.pread`` of exactly the record's bytes as the index gives them
+(and one inflate for gzip). The length field is checked against the index before anything is
+trusted, so a crafted length can never make the reader allocate or read more than the index
+says; with ``verify`` both masked CRC32Cs (length and data) are checked. Any mismatch raises
+CorruptDataError naming the file, the sample and the byte offset.
+
+Files written by other tools (TensorFlow, the ``tfrecord`` package) have no manifest:
+:meth:`TFRecordDataset.open_foreign` walks the record framing of every file once, in the calling
+process (checking each length CRC and that each record fits in the file), parses each record's
+``image/class/label``, and builds the same arrays plus an in-memory manifest (class names are the
+labels as strings ``"0"`` .. ``"K-1"``, K = 1 + the largest label). Compressed foreign files are
+refused: a gzip stream without packer's ``.zidx`` has no random access.
+"""
+
+from __future__ import annotations
+
+import os
+import struct
+import zlib
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+from packer.converters.tfrecord import (
+    GZIP_SUFFIX,
+    INDEX_SUFFIX,
+    TFRECORD_SUFFIX,
+    ZINDEX_SUFFIX,
+    masked_crc32c,
+    unpack_zindex,
+)
+
+from packer.errors import CorruptDataError, ManifestError
+from packer.manifest import FileEntry
+from packer.record import CODEC_IDS, Record
+from packer.tfexample import example_class
+
+from .shards import ShardedDataset, foreign_manifest
+
+__all__ = ["TFRecordDataset", "FOREIGN_SUFFIXES"]
+
+#: File endings taken as TFRecord files when a foreign directory is opened.
+FOREIGN_SUFFIXES = (".tfrecord", ".tfrecords", ".tfr")
+
+_HEAD = struct.Struct("<QI")
+_U32 = struct.Struct("<I")
+_CODECS = {name.encode(): name for name in CODEC_IDS} | {b"jpg": "jpeg", b"JPEG": "jpeg", b"PNG": "png"}
+
+
+def _check_idx(text: bytes, path: str) -> np.ndarray:
+    """Parse an ``.idx`` text index into an (N, 2) int64 array of (offset, length)."""
+    try:
+        values = np.array(text.split(), dtype=np.int64)
+    except ValueError:
+        raise CorruptDataError("TFRecord index is not decimal 'offset length' lines", path=path) from None
+    if len(values) % 2:
+        raise CorruptDataError("TFRecord index has an odd number of fields", path=path)
+    pairs = values.reshape(-1, 2)
+    if len(pairs):
+        offsets, lengths = pairs[:, 0], pairs[:, 1]
+        if offsets[0] != 0 or np.any(lengths < 16) or np.any(offsets[1:] != offsets[:-1] + lengths[:-1]):
+            raise CorruptDataError("TFRecord index records are not contiguous from offset 0", path=path)
+    return pairs
+
+
+class TFRecordDataset(ShardedDataset):
+    """Map-style dataset over TFRecord files (see :class:`PackedDataset` for the options).
+
+    ``TFRecordDataset(path)`` opens a packer dataset; ``TFRecordDataset.open_foreign(path)`` (or
+    ``open_dataset(path, format="tfrecord")``) opens TFRecord files that have no manifest.
+    """
+
+    format = "tfrecord"
+    shard_suffixes = (TFRECORD_SUFFIX, GZIP_SUFFIX)
+
+    def __init__(
+        self,
+        path: str | os.PathLike[str],
+        transform: Callable[[Any], Any] | None = None,
+        target_transform: Callable[[int], Any] | None = None,
+        *,
+        index: dict[str, np.ndarray] | None = None,
+        **kwargs: Any,
+    ) -> None:
+        super().__init__(path, transform, target_transform, **kwargs)
+        entries = self._shard_entries()
+        self._init_shards(entries)
+        self._gzip = [f.name.endswith(GZIP_SUFFIX) for f in entries]
+        cols = index if index is not None else self._load_index(entries)
+        self._shard: np.ndarray = cols["shard"]
+        self._offset: np.ndarray = cols["offset"]
+        self._length: np.ndarray = cols["length"]
+        self._zstart: np.ndarray = cols["zstart"]
+        self._zend: np.ndarray = cols["zend"]
+        if len(self._offset) != len(self):
+            raise ManifestError(f"{self.root}: index lists {len(self._offset)} records, manifest {len(self)}")
+
+    # -- index --------------------------------------------------------------------------------
+    def _read_small(self, name: str) -> bytes:
+        path = os.path.join(self.root, name)
+        if name not in {f.name for f in self.manifest.files}:
+            raise ManifestError(f"{self.root}: manifest does not list the index file {name}")
+        try:
+            with open(path, "rb") as fh:
+                return fh.read()
+        except FileNotFoundError:
+            raise CorruptDataError("TFRecord index file is missing", path=path) from None
+
+    def _load_index(self, entries: list[FileEntry]) -> dict[str, np.ndarray]:
+        cols = _empty_columns(sum(f.samples for f in entries))
+        pos = 0
+        for s, f in enumerate(entries):
+            gz = f.name.endswith(GZIP_SUFFIX)
+            stem = f.name[: -len(GZIP_SUFFIX if gz else TFRECORD_SUFFIX)]
+            idx_path = os.path.join(self.root, stem + INDEX_SUFFIX)
+            pairs = _check_idx(self._read_small(stem + INDEX_SUFFIX), idx_path)
+            if len(pairs) != f.samples:
+                raise CorruptDataError(f"TFRecord index lists {len(pairs)} records, the manifest {f.samples}",
+                                       path=idx_path)
+            sl = slice(pos, pos + len(pairs))
+            cols["shard"][sl] = s
+            cols["offset"][sl] = pairs[:, 0]
+            cols["length"][sl] = pairs[:, 1]
+            if gz:
+                z_path = os.path.join(self.root, stem + ZINDEX_SUFFIX)
+                z = unpack_zindex(self._read_small(stem + ZINDEX_SUFFIX), z_path)
+                if len(z) != len(pairs) + 1 or z[-1] > f.bytes:
+                    raise CorruptDataError("gzip index does not match its file", path=z_path)
+                cols["zstart"][sl] = z[:-1]
+                cols["zend"][sl] = z[1:]
+            elif len(pairs) and int(pairs[-1, 0] + pairs[-1, 1]) != f.bytes:
+                raise CorruptDataError(f"TFRecord index covers {int(pairs[-1, 0] + pairs[-1, 1])} bytes, "
+                                       f"the file has {f.bytes}", path=idx_path)
+            pos += len(pairs)
+        return cols
+
+    @classmethod
+    def open_foreign(cls, path: str | os.PathLike[str], **kwargs: Any) -> TFRecordDataset:
+        """Open TFRecord files without a manifest: a directory (files ending in .tfrecord,
+        .tfrecords or .tfr, sorted by name) or one file. Every record needs ``image/encoded`` and
+        ``image/class/label``."""
+        path = os.path.abspath(os.fspath(path))
+        if os.path.isdir(path):
+            root = path
+            names = sorted(n for n in os.listdir(root) if n.endswith(FOREIGN_SUFFIXES) and not n.startswith("."))
+            if not names:
+                if any(n.endswith(".gz") for n in os.listdir(root)):
+                    raise ValueError(f"{root}: compressed TFRecord files without a packer manifest cannot be "
+                                     f"read randomly; decompress them (gunzip) first")
+                raise FileNotFoundError(f"no TFRecord files ({', '.join(FOREIGN_SUFFIXES)}) in {root}")
+        elif os.path.isfile(path):
+            root, name = os.path.split(path)
+            names = [name]
+        else:
+            raise FileNotFoundError(f"no TFRecord files at {path}")
+        rows: list[tuple[int, int]] = []
+        files: list[FileEntry] = []
+        max_label = -1
+        example = example_class()
+        for name in names:
+            fp = os.path.join(root, name)
+            with open(fp, "rb") as fh:
+                if fh.read(2) == b"\x1f\x8b":
+                    raise ValueError(f"{fp} is gzip-compressed; without a packer manifest it cannot be read "
+                                     f"randomly; decompress it (gunzip) first")
+            before = len(rows)
+            max_label = max(max_label, _scan_file(fp, rows, example))
+            files.append(FileEntry(name, len(rows) - before, os.path.getsize(fp), "", before))
+        cols = _empty_columns(len(rows))
+        if rows:
+            arr = np.array(rows, dtype=np.int64)
+            cols["offset"][:], cols["length"][:] = arr[:, 0], arr[:, 1]
+            pos = 0
+            for s, f in enumerate(files):
+                cols["shard"][pos : pos + f.samples] = s
+                pos += f.samples
+        manifest = foreign_manifest("tfrecord", files, max_label, {"kind": "tfrecord files", "path": root})
+        return cls(root, manifest=manifest, index=cols, **kwargs)
+
+    # -- reading ------------------------------------------------------------------------------
+    def _record(self, index: int) -> tuple[bytes, int, int]:
+        """The framed record bytes of sample ``index``, its shard and its (stream) offset."""
+        shard = int(self._shard[index])
+        offset = int(self._offset[index])
+        length = int(self._length[index])
+        if not self._gzip[shard]:
+            return self._pread(shard, length, offset, index), shard, offset
+        zstart = int(self._zstart[index])
+        segment = self._pread(shard, int(self._zend[index]) - zstart, zstart, index)
+        try:
+            buf = zlib.decompressobj(-zlib.MAX_WBITS).decompress(segment, length + 1)
+        except zlib.error as e:
+            raise CorruptDataError(f"cannot inflate record ({e})", path=self._shard_paths[shard],
+                                   sample=index, offset=zstart) from None
+        if len(buf) != length:
+            raise CorruptDataError(f"record inflates to {len(buf)} bytes, the index says {length}",
+                                   path=self._shard_paths[shard], sample=index, offset=zstart)
+        return buf, shard, offset
+
+    def _read(self, index: int) -> Record:
+        buf, shard, offset = self._record(index)
+        n = len(buf)
+        length, length_crc = _HEAD.unpack_from(buf)
+        if length != n - 16:
+            raise CorruptDataError(f"record length field says {length} bytes, the index {n - 16}",
+                                   path=self._shard_paths[shard], sample=index, offset=offset)
+        mv = memoryview(buf)
+        if self.verify:
+            if masked_crc32c(mv[:8]) != length_crc:
+                raise CorruptDataError("record length checksum mismatch", path=self._shard_paths[shard],
+                                       sample=index, offset=offset + 8)
+            if masked_crc32c(mv[12 : n - 4]) != _U32.unpack_from(buf, n - 4)[0]:
+                raise CorruptDataError("record data checksum mismatch", path=self._shard_paths[shard],
+                                       sample=index, offset=offset + 12)
+        return _image_record(example_class(), mv[12 : n - 4], self._shard_paths[shard], index, offset + 12)
+
+
+def _image_record(example_cls: Any, data: memoryview, path: str, index: int | str, offset: int) -> Record:
+    """The sample in a serialised Example (CorruptDataError when it is not an image Example)."""
+    msg = example_cls()
+    try:
+        msg.ParseFromString(data)
+    except Exception as e:  # noqa: BLE001 - protobuf's DecodeError is not a ValueError
+        raise CorruptDataError(f"record is not a valid tf.train.Example ({e})", path=path, sample=index,
+                               offset=offset) from None
+    get = msg.features.feature.get
+    encoded, label, fmt, height, width, name = (
+        get("image/encoded"), get("image/class/label"), get("image/format"),
+        get("image/height"), get("image/width"), get("image/filename"),
+    )
+    try:
+        payload = encoded.bytes_list.value[0]  # type: ignore[union-attr]
+        target = label.int64_list.value[0]  # type: ignore[union-attr]
+    except (AttributeError, IndexError):
+        raise CorruptDataError("record has no image/encoded bytes or no image/class/label",
+                               path=path, sample=index, offset=offset) from None
+    v: Any = fmt.bytes_list.value if fmt is not None else ()
+    codec = _CODECS.get(v[0], "jpeg") if v else "jpeg"  # any encoded image decodes; only raw needs to be known
+    v = height.int64_list.value if height is not None else ()
+    h = v[0] if v else 0
+    v = width.int64_list.value if width is not None else ()
+    w = v[0] if v else 0
+    v = name.bytes_list.value if name is not None else ()
+    key = v[0].decode("utf-8", "replace") if v else f"{os.path.basename(path)}:{index}"
+    return Record(codec, target, h, w, key, payload)
+
+
+def _empty_columns(n: int) -> dict[str, np.ndarray]:
+    return {
+        "shard": np.zeros(n, np.uint32), "offset": np.zeros(n, np.uint64), "length": np.zeros(n, np.uint64),
+        "zstart": np.zeros(n, np.uint64), "zend": np.zeros(n, np.uint64),
+    }
+
+
+def _scan_file(path: str, rows: list[tuple[int, int]], example_cls: Any) -> int:
+    """Append (offset, framed length) for every record of a TFRecord file; return its largest label.
+
+    Each length field is checked against its CRC and against the bytes left in the file before
+    the record is read, so a crafted length cannot make the scan allocate more than the file holds.
+    """
+    size = os.path.getsize(path)
+    max_label = -1
+    with open(path, "rb", buffering=1 << 20) as f:
+        pos = 0
+        while pos < size:
+            head = f.read(12)
+            if len(head) != 12:
+                raise CorruptDataError("truncated record header", path=path, sample=len(rows), offset=pos)
+            length, length_crc = _HEAD.unpack(head)
+            if masked_crc32c(head[:8]) != length_crc:
+                raise CorruptDataError("record length checksum mismatch", path=path, sample=len(rows), offset=pos + 8)
+            if length > size - pos - 16:
+                raise CorruptDataError(f"record length {length} runs past the end of the file ({size} bytes)",
+                                       path=path, sample=len(rows), offset=pos)
+            data = f.read(length)
+            f.read(4)
+            record = _image_record(example_cls, memoryview(data), path, len(rows), pos + 12)
+            max_label = max(max_label, record.label)
+            rows.append((pos, length + 16))
+            pos += length + 16
+    return max_label
