@@ -12,8 +12,9 @@ from packer.manifest import MANIFEST_NAME, read_manifest
 from packer.registry import reader_class
 
 from .base import OUTPUTS, PackedDataset
+from .streaming import StreamingDataset
 
-__all__ = ["open_dataset", "PackedDataset", "OUTPUTS"]
+__all__ = ["open_dataset", "PackedDataset", "OUTPUTS", "StreamingDataset"]
 
 
 def open_dataset(path: str | os.PathLike[str], *, format: str | None = None, **kwargs: Any) -> PackedDataset:

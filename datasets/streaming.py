@@ -1,0 +1,641 @@
+"""``StreamingDataset``: one ``IterableDataset`` over every packed format, for DDP and workers.
+
+It wraps the format's map-style reader (chosen by :func:`packer.datasets.open_dataset` from the
+manifest) and reads samples by global index in the order :func:`packer.datasets.partition.plan`
+gives this DataLoader worker of this rank. So every rank reads the same number of samples, every
+sample is read once per epoch (plus the reported padding), the order changes every epoch, and the
+DataLoader on a rank yields exactly that rank's sequence whatever its ``num_workers``, which makes
+the progress of a rank one number and resuming cheap.
+
+Usage::
+
+    ds = StreamingDataset("packed/", batch_size=64, seed=0)
+    loader = DataLoader(ds, batch_size=64, num_workers=8, persistent_workers=True)
+    for epoch in range(start_epoch, epochs):
+        ds.set_epoch(epoch)                      # optional: epochs also advance on their own
+        for step, (images, labels) in enumerate(loader):
+            ...
+            checkpoint["data"] = ds.state_dict(samples_consumed=(step + 1) * 64)
+    # after a restart:
+    ds.load_state_dict(checkpoint["data"])      # the next epoch skips what was consumed, unread
+
+Design
+------
+*Epochs.* The epoch lives in a small shared-memory tensor that every copy of the dataset (in
+fork, spawn or forkserver workers, persistent or not) shares with the main process, guarded by a
+process-shared lock. ``set_epoch(e)`` writes it, so it reaches persistent workers. Without
+``set_epoch`` each iteration still gets a new epoch: when an iteration starts in a process (the
+main process with ``num_workers=0``, or each worker when the DataLoader creates its iterator) it
+takes the epoch under the lock. Workers of one DataLoader iteration recognise each other by a key
+(the loader's base seed, which PyTorch draws per iterator, and the worker's count of iterations,
+which advances in step for persistent workers): the first worker of an iteration to arrive opens a
+new epoch, the others join it. That holds however the workers interleave, when a loader's worker
+count changes, and for a few loaders iterated at once (not for two loaders with the same seeded
+``generator`` iterated at the same time: call ``set_epoch`` there). ``set_epoch`` wins over the
+automatic count. The lock is held for microseconds; waiting for it times out with an error rather
+than hanging if a worker died holding it.
+
+*Resume.* The main process cannot see what the DataLoader yielded, so the training loop tells it:
+``state_dict(samples_consumed)`` (samples consumed on this rank since this epoch's DataLoader
+iteration began; after a resume the dataset adds what it skipped) returns a JSON-able
+dict; ``load_state_dict`` makes the next iteration start that epoch at that position, by skipping
+indices in the plan (nothing is read), and the following iterations continue with the next epochs.
+Exact only when the DataLoader's ``batch_size`` equals the dataset's ``batch_size`` (the worker
+split is by batch-sized chunks, see :func:`~packer.datasets.partition.worker_indices`); with any
+batch size each epoch is still read exactly once. In DDP every rank consumes the same number of
+samples, so rank 0's state can be loaded on every rank.
+
+*torchdata's StatefulDataLoader* (tested with torchdata 0.11) calls ``state_dict()`` and
+``load_state_dict()`` without arguments on the dataset inside each worker (or in the main process
+with ``num_workers=0``). There ``state_dict()`` returns that process's position in its own part of
+the epoch, and ``load_state_dict()`` of such a state resumes it, again without reading the skipped
+samples. Resume with the same ``num_workers`` and ``batch_size`` (the loader requires the former).
+
+*Partitioning blocks.* The plan partitions by shards. Every packed format's reader has random
+access, so the payload files are cut into blocks of ``block_samples`` samples for partitioning:
+otherwise a one-file format (LMDB, HDF5) would give every rank the same slice of the data every
+epoch. ``block_samples=None`` partitions by whole files.
+
+*Cost per sample.* One call of the map-style reader's ``__getitem__`` (the same read, decode,
+output conversion and transforms as map-style) and a counter increment; the plan is computed with
+numpy once per epoch per worker (tens of ms for a million samples).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import multiprocessing
+import multiprocessing.context
+import os
+import struct
+import threading
+import warnings
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+from torch.utils.data import IterableDataset, get_worker_info
+
+from .partition import EpochCounts, Partition, World, epoch_counts, plan
+
+__all__ = ["StreamingDataset", "StreamOptions", "STATE_VERSION"]
+
+#: Version of the dicts :meth:`StreamingDataset.state_dict` returns; others are refused.
+STATE_VERSION = 1
+
+_MAX_SEED = 2**128
+_MAX_EPOCH = 2**32
+_CHUNK = 4096  # indices converted to Python ints at a time while iterating
+_LOCK_TIMEOUT = 60.0  # seconds; the lock is held for microseconds, so a timeout means a dead holder
+
+# Padding/dropping is reported once per process and dataset layout.
+_REPORTED: set[tuple[str, int, int, str]] = set()
+_REPORTED_LOCK = threading.Lock()
+
+
+def _check_int(name: str, value: object, low: int, high: int | None = None) -> int:
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
+        raise TypeError(f"{name} must be an int, got {type(value).__name__} {value!r}")
+    v = int(value)
+    if v < low or (high is not None and v >= high):
+        bound = f">= {low}" if high is None else f"in [{low}, {high})"
+        raise ValueError(f"{name} must be {bound}, got {v}")
+    return v
+
+
+@dataclass(frozen=True)
+class StreamOptions:
+    """What decides the order of samples (everything a saved state must agree on, plus batch size).
+
+    Attributes:
+        shuffle: shuffle the blocks and, through a shuffle buffer, the samples of each epoch.
+        seed: the seed of every shuffle, ``0 <= seed < 2**128``; the same seed, epoch and world
+            give the same order on every machine.
+        shuffle_buffer: samples in the shuffle window (see
+            :func:`~packer.datasets.partition.shuffle_buffer`); only indices are held, never
+            samples, so a large window costs no memory, it only spreads reads further apart.
+        block_samples: samples per partitioning block (files are cut into blocks; ``None``: whole
+            files).
+        partition: ``"pad"`` repeats samples, ``"drop"`` leaves samples out, so every rank gets the
+            same count; the amount is reported (``padded``/``dropped`` and a warning).
+        batch_size: the DataLoader's batch size (the worker split is by batches of this size).
+    """
+
+    shuffle: bool = True
+    seed: int = 0
+    shuffle_buffer: int = 65536
+    block_samples: int | None = 4096
+    partition: Partition = "pad"
+    batch_size: int = 1
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.shuffle, bool):
+            raise TypeError(f"shuffle must be a bool, got {self.shuffle!r}")
+        object.__setattr__(self, "seed", _check_int("seed", self.seed, 0, _MAX_SEED))
+        object.__setattr__(self, "shuffle_buffer",
+                           _check_int("shuffle_buffer", self.shuffle_buffer, 0))
+        if self.block_samples is not None:
+            object.__setattr__(self, "block_samples",
+                               _check_int("block_samples", self.block_samples, 1))
+        if self.partition not in ("pad", "drop"):
+            raise ValueError(f"partition must be 'pad' or 'drop', got {self.partition!r}")
+        object.__setattr__(self, "batch_size", _check_int("batch_size", self.batch_size, 1))
+
+
+# --------------------------------------------------------------------------------------------
+# The epoch state shared with the workers.
+
+# Header fields of the shared array.
+_EXPLICIT = 0  # epoch given by set_epoch, -1 if none
+_NEXT = 1  # epoch the next new iteration gets automatically
+_CURRENT = 2  # epoch of the iteration that started last (or was set or loaded last), -1: none
+_RESUME_EPOCH = 3  # pending resume: the epoch it applies to, -1 if none
+_RESUME_SKIP = 4  # pending resume: samples of the rank sequence to skip
+_RING = 5  # next group row to overwrite
+_CURRENT_SKIP = 6  # samples the iteration of epoch _CURRENT skipped when it started (resumed)
+_HEADER = 7
+# Groups: the iterations of multi-worker loaders in progress, one row each.
+_GROUPS = 8
+_KEY, _EPOCH, _MEMBERS, _WORKERS, _SKIP = range(5)
+_ROW = 5
+
+
+class _EpochClock:
+    """Epoch bookkeeping shared by a dataset and its copies in DataLoader workers.
+
+    A shared-memory int64 array and a lock. Both go to worker processes: inherited under fork,
+    passed by file descriptor / semaphore name under spawn and forkserver (torch registers the
+    tensor reduction with multiprocessing's pickler). A copy made any other way (``pickle``,
+    ``copy.deepcopy``) gets its own clock, starting from the same values.
+    """
+
+    def __init__(self, values: list[int] | None = None) -> None:
+        if values is None:
+            values = [-1] * (_HEADER + _GROUPS * _ROW)
+            values[_NEXT] = 0
+            values[_RING] = 0
+            values[_RESUME_SKIP] = 0
+            values[_CURRENT_SKIP] = 0
+        # A spawn-context lock is a named semaphore that fork children inherit and spawn children
+        # receive by name; a fork-context one cannot be sent to spawn workers.
+        self._lock = multiprocessing.get_context("spawn").Lock()
+        self._tensor = torch.tensor(values, dtype=torch.int64).share_memory_()
+        self._a = self._tensor.numpy()
+
+    def __getstate__(self) -> dict[str, Any]:
+        if multiprocessing.context.get_spawning_popen() is not None:
+            return {"lock": self._lock, "tensor": self._tensor}
+        with self._held():
+            return {"values": self._a.tolist()}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        if "values" in state:
+            self.__init__(state["values"])  # type: ignore[misc]
+            return
+        self._lock = state["lock"]
+        self._tensor = state["tensor"]
+        self._a = self._tensor.numpy()
+
+    @contextlib.contextmanager
+    def _held(self) -> Iterator[None]:
+        # Never wait forever: a worker killed while holding the lock would hang every later epoch.
+        if not self._lock.acquire(timeout=_LOCK_TIMEOUT):
+            raise RuntimeError(
+                f"StreamingDataset: the epoch lock was not released within {_LOCK_TIMEOUT:.0f} s; "
+                f"a DataLoader worker probably died while holding it. Create the dataset again.")
+        try:
+            yield
+        finally:
+            self._lock.release()
+
+    def set_epoch(self, epoch: int) -> None:
+        with self._held():
+            self._a[_EXPLICIT] = epoch
+            self._a[_CURRENT] = epoch
+            self._a[_CURRENT_SKIP] = 0
+
+    def current(self) -> tuple[int, int, bool]:
+        """(epoch of the iteration in progress, or of the next one before any; the samples it
+        skipped when it started; whether set_epoch is in use)."""
+        with self._held():
+            a = self._a
+            explicit = bool(a[_EXPLICIT] >= 0)
+            if a[_CURRENT] >= 0:
+                return int(a[_CURRENT]), int(a[_CURRENT_SKIP]), explicit
+            return int(a[_EXPLICIT] if explicit else a[_NEXT]), 0, explicit
+
+    def load(self, epoch: int, skip: int, explicit: bool) -> None:
+        """Make the next new iteration run ``epoch`` from position ``skip``."""
+        with self._held():
+            a = self._a
+            a[_NEXT] = epoch
+            a[_CURRENT] = epoch
+            a[_CURRENT_SKIP] = skip
+            a[_EXPLICIT] = epoch if explicit else -1
+            a[_RESUME_EPOCH] = epoch
+            a[_RESUME_SKIP] = skip
+            a[_HEADER:] = -1
+            a[_RING] = 0
+
+    def restored(self, epoch: int, skip: int) -> None:
+        """A worker resumed ``epoch`` from its own saved position: later iterations follow it."""
+        with self._held():
+            self._a[_NEXT] = epoch + 1
+            self._a[_CURRENT] = epoch
+            self._a[_CURRENT_SKIP] = skip
+
+    def begin(self, key: int | None, num_workers: int) -> tuple[int, int, int | None]:
+        """Epoch and skip for an iteration starting in this process, and a stale resume's epoch.
+
+        ``key`` identifies the DataLoader iteration among workers (``None``: a lone iteration,
+        the main process or a single worker). The first worker with a key opens a group with a
+        new epoch; the other ``num_workers - 1`` join it.
+        """
+        with self._held():
+            a = self._a
+            if key is not None:
+                best = -1
+                for g in range(_GROUPS):
+                    row = _HEADER + g * _ROW
+                    if (a[row + _KEY] == key and a[row + _WORKERS] == num_workers
+                            and a[row + _MEMBERS] < num_workers
+                            and (best < 0 or a[row + _EPOCH] > a[best + _EPOCH])):
+                        best = row
+                if best >= 0:
+                    a[best + _MEMBERS] += 1
+                    return int(a[best + _EPOCH]), int(a[best + _SKIP]), None
+            auto = int(a[_NEXT])
+            a[_NEXT] = auto + 1
+            epoch = int(a[_EXPLICIT]) if a[_EXPLICIT] >= 0 else auto
+            skip, stale = 0, None
+            if a[_RESUME_EPOCH] >= 0:
+                if a[_RESUME_EPOCH] == epoch:
+                    skip = int(a[_RESUME_SKIP])
+                else:
+                    stale = int(a[_RESUME_EPOCH])
+                a[_RESUME_EPOCH] = -1
+                a[_RESUME_SKIP] = 0
+            a[_CURRENT] = epoch
+            a[_CURRENT_SKIP] = skip
+            if key is not None:
+                row = _HEADER + int(a[_RING]) * _ROW
+                a[row : row + _ROW] = (key, epoch, 1, num_workers, skip)
+                a[_RING] = (int(a[_RING]) + 1) % _GROUPS
+            return epoch, skip, stale
+
+
+def _iteration_key(base_seed: int, count: int) -> int:
+    """A 63-bit key for (the DataLoader iterator's base seed, this worker's iteration count)."""
+    digest = hashlib.blake2b(struct.pack("<QQ", base_seed % 2**64, count), digest_size=8).digest()
+    return int.from_bytes(digest, "little") >> 1
+
+
+@dataclass
+class _Position:
+    """Where the iteration running in this process is: what ``state_dict()`` reports in a worker."""
+
+    epoch: int
+    skip: int  # rank-level samples skipped when the iteration started
+    worker: int
+    num_workers: int
+    yielded: int  # of this worker's part of the epoch (after ``skip``)
+
+
+# --------------------------------------------------------------------------------------------
+
+
+class StreamingDataset(IterableDataset):
+    """Iterable dataset over any packed format, partitioned over DDP ranks and DataLoader workers.
+
+    Yields ``(image, label)`` as the format's map-style reader does (same ``output``,
+    ``transform`` and ``target_transform``). ``len(ds)`` is the number of samples this rank reads
+    per epoch, the same on every rank.
+
+    Args:
+        path: the packed dataset directory.
+        shuffle, seed, shuffle_buffer, block_samples, partition, batch_size: see
+            :class:`StreamOptions` (stored as ``ds.options``). ``batch_size`` must equal the
+            DataLoader's for the DataLoader to yield exactly the rank's sequence (needed by
+            :meth:`state_dict`); any batch size still reads each sample once per epoch.
+        transform, target_transform, output: as for the map-style readers.
+        world: rank and world size to use instead of detecting them (``torch.distributed`` when
+            initialised, else ``RANK``/``WORLD_SIZE``, else a single process). Worker and number
+            of workers come from the DataLoader inside a worker, and from ``world`` outside one.
+        **reader_kwargs: passed to the map-style reader (``verify``, ``on_error``, ...).
+    """
+
+    def __init__(
+        self,
+        path: str | os.PathLike[str],
+        *,
+        shuffle: bool = True,
+        seed: int = 0,
+        shuffle_buffer: int = 65536,
+        block_samples: int | None = 4096,
+        partition: Partition = "pad",
+        batch_size: int = 1,
+        transform: Callable[[Any], Any] | None = None,
+        target_transform: Callable[[int], Any] | None = None,
+        output: str = "tensor",
+        world: World | None = None,
+        **reader_kwargs: Any,
+    ) -> None:
+        from . import open_dataset
+
+        self.options = StreamOptions(shuffle=shuffle, seed=seed, shuffle_buffer=shuffle_buffer,
+                                     block_samples=block_samples, partition=partition,
+                                     batch_size=batch_size)
+        if world is not None and not isinstance(world, World):
+            raise TypeError(f"world must be a packer.datasets.partition.World, got "
+                            f"{type(world).__name__}")
+        self.world = world
+        # Handles open lazily in the process that reads, so the reader pickles to workers.
+        self.reader = open_dataset(path, transform=transform, target_transform=target_transform,
+                                   output=output, **reader_kwargs)
+        self._sizes = _block_sizes(self.reader.shard_sizes, self.options.block_samples)
+        self._clock = _EpochClock()
+        self._parent_world: tuple[int, int] | None = None
+        self._position: _Position | None = None
+        self._restore: dict[str, Any] | None = None
+        self._iterations = (os.getpid(), 0)
+        self._report_partition()
+
+    # -- what is read -------------------------------------------------------------------------
+    @property
+    def root(self) -> str:
+        """The packed dataset directory."""
+        return self.reader.root
+
+    @property
+    def classes(self) -> list[str]:
+        """Class names in label order."""
+        return self.reader.classes
+
+    @property
+    def class_to_idx(self) -> dict[str, int]:
+        """Class name -> label."""
+        return self.reader.class_to_idx
+
+    @property
+    def num_samples(self) -> int:
+        """Samples in the dataset (all ranks together, without padding)."""
+        return len(self.reader)
+
+    def _rank_world(self) -> tuple[int, int]:
+        if self.world is not None:
+            return self.world.rank, self.world.world_size
+        if self._parent_world is not None and get_worker_info() is not None:
+            return self._parent_world
+        w = World.detect()
+        return w.rank, w.world_size
+
+    def current_world(self) -> World:
+        """Rank, world size, worker and number of workers of the calling process."""
+        rank, size = self._rank_world()
+        info = get_worker_info()
+        if info is not None:
+            return World(rank, size, info.id, info.num_workers)
+        if self.world is not None:
+            return self.world
+        return World(rank, size)
+
+    def _counts(self) -> EpochCounts:
+        return epoch_counts(self.num_samples, self._rank_world()[1], self.options.partition)
+
+    def __len__(self) -> int:
+        return self._counts().per_rank
+
+    @property
+    def padded(self) -> int:
+        """Repeated samples per epoch over all ranks (``partition="pad"``)."""
+        return self._counts().padded
+
+    @property
+    def dropped(self) -> int:
+        """Samples no rank reads per epoch (``partition="drop"``)."""
+        return self._counts().dropped
+
+    def _report_partition(self) -> None:
+        if get_worker_info() is not None:
+            return  # reported by the main process, not once per worker
+        size = self._rank_world()[1]
+        counts = epoch_counts(self.num_samples, size, self.options.partition)
+        if not counts.padded and not counts.dropped and counts.per_rank:
+            return
+        key = (self.root, self.num_samples, size, self.options.partition)
+        with _REPORTED_LOCK:
+            if key in _REPORTED:
+                return
+            _REPORTED.add(key)
+        if counts.padded:
+            msg = (f"{self.num_samples} samples do not divide over {size} ranks: each epoch "
+                   f"repeats {counts.padded} samples so every rank reads {counts.per_rank} "
+                   f"(partition='pad'; 'drop' leaves them out instead)")
+        elif counts.per_rank:
+            msg = (f"{self.num_samples} samples do not divide over {size} ranks: each epoch "
+                   f"leaves out {counts.dropped} samples so every rank reads {counts.per_rank} "
+                   f"(partition='drop'; 'pad' repeats samples instead)")
+        else:
+            msg = (f"every epoch is empty: {self.num_samples} samples over {size} ranks with "
+                   f"partition={self.options.partition!r}")
+        warnings.warn(f"{self.root}: {msg}", UserWarning, stacklevel=3)
+
+    # -- epochs -------------------------------------------------------------------------------
+    def set_epoch(self, epoch: int) -> None:
+        """Use ``epoch`` for the following iterations, in this process and in every worker
+        (persistent ones too), until called again. Without it epochs advance on their own."""
+        self._clock.set_epoch(_check_int("epoch", epoch, 0, _MAX_EPOCH))
+
+    @property
+    def epoch(self) -> int:
+        """The epoch of the iteration in progress (or of the next one, before any)."""
+        return self._clock.current()[0]
+
+    # -- iteration ----------------------------------------------------------------------------
+    def __iter__(self) -> Iterator[tuple[Any, Any]]:
+        # Not a generator: the epoch is taken when the DataLoader creates the iterator (in each
+        # worker at its start), even if the iteration is abandoned before its first sample.
+        world = self.current_world()
+        restore, self._restore = self._restore, None
+        if restore is not None:
+            if (restore["worker"], restore["num_workers"]) != (world.worker, world.num_workers):
+                raise ValueError(
+                    f"this state is worker {restore['worker']} of {restore['num_workers']}, but "
+                    f"it is being resumed in worker {world.worker} of {world.num_workers}")
+            epoch, skip, done = restore["epoch"], restore["samples_consumed"], restore["yielded"]
+            self._clock.restored(epoch, skip)
+        else:
+            epoch, skip, stale = self._clock.begin(self._next_key(world), world.num_workers)
+            done = 0
+            if stale is not None:
+                warnings.warn(f"{self.root}: a state of epoch {stale} was loaded but the next "
+                              f"iteration runs epoch {epoch} (set_epoch); it starts from the "
+                              f"beginning", UserWarning, stacklevel=2)
+        opts = self.options
+        indices = plan(self._sizes, world, seed=opts.seed, epoch=epoch, shuffle=opts.shuffle,
+                       partition=opts.partition, buffer_size=opts.shuffle_buffer,
+                       batch_size=opts.batch_size, skip=skip)
+        if done > len(indices):
+            raise ValueError(f"the state says this worker yielded {done} samples of epoch {epoch}, "
+                             f"but it has only {len(indices)}")
+        position = _Position(epoch, skip, world.worker, world.num_workers, done)
+        self._position = position
+        return self._samples(indices[done:], position)
+
+    def _next_key(self, world: World) -> int | None:
+        pid, count = self._iterations
+        if pid != os.getpid():
+            count = 0
+        self._iterations = (os.getpid(), count + 1)
+        info = get_worker_info()
+        if info is None or world.num_workers == 1:
+            return None
+        return _iteration_key(info.seed - info.id, count)
+
+    def _samples(self, indices: np.ndarray, position: _Position) -> Iterator[tuple[Any, Any]]:
+        getitem = self.reader.__getitem__
+        for start in range(0, len(indices), _CHUNK):
+            for index in indices[start : start + _CHUNK].tolist():
+                sample = getitem(index)
+                position.yielded += 1
+                yield sample
+
+    # -- resume -------------------------------------------------------------------------------
+    def _layout(self) -> dict[str, Any]:
+        """What a state must agree on to resume here."""
+        opts = self.options
+        return {
+            "dataset": _fingerprint(self.reader),
+            "num_samples": self.num_samples,
+            "seed": opts.seed,
+            "shuffle": opts.shuffle,
+            "shuffle_buffer": opts.shuffle_buffer,
+            "block_samples": opts.block_samples,
+            "partition": opts.partition,
+            "world_size": self._rank_world()[1],
+        }
+
+    def state_dict(self, samples_consumed: int | None = None) -> dict[str, Any]:
+        """A JSON-able snapshot of the reading position.
+
+        Args:
+            samples_consumed: samples the training loop has consumed on this rank since the
+                current DataLoader iteration (epoch) began, e.g. ``(step + 1) * batch_size``
+                (``len(ds)`` for a whole epoch). After a resume, count from the resumed start as
+                usual: the samples skipped then are added here. The state then describes the
+                rank: load it in a fresh process (on any rank) before creating the DataLoader
+                iterator. Without it (torchdata's StatefulDataLoader, which calls this in each
+                worker) the state is the position of the iteration running in this process.
+
+        Returns:
+            ``{"version", "epoch", "samples_consumed", "explicit_epoch", "rank", ...}``, where
+            ``samples_consumed`` counts from the start of the epoch, plus the dataset fingerprint
+            and the options the order depends on, checked on load.
+        """
+        state: dict[str, Any] = {"version": STATE_VERSION}
+        if samples_consumed is None:
+            position = self._position
+            if position is None:
+                raise TypeError(
+                    "state_dict() needs samples_consumed (the samples this rank consumed this "
+                    "epoch) unless an iteration runs in this process, as in a StatefulDataLoader "
+                    "worker")
+            epoch, explicit = position.epoch, self._clock.current()[2]
+            state.update(epoch=epoch, samples_consumed=position.skip,
+                         worker=position.worker, num_workers=position.num_workers,
+                         yielded=position.yielded, batch_size=self.options.batch_size)
+        else:
+            per_rank = len(self)
+            epoch, skipped, explicit = self._clock.current()
+            consumed = skipped + _check_int("samples_consumed", samples_consumed, 0)
+            if consumed > per_rank:
+                raise ValueError(
+                    f"samples_consumed must be at most the {per_rank - skipped} samples left of "
+                    f"this epoch's {per_rank} on a rank when it started, got {samples_consumed}")
+            if consumed == per_rank and per_rank > 0:
+                epoch, consumed = epoch + 1, 0  # the epoch is done: resume at the next one
+                if epoch >= _MAX_EPOCH:
+                    raise ValueError(f"epoch {epoch} is out of range")
+            state.update(epoch=epoch, samples_consumed=consumed)
+        state["explicit_epoch"] = explicit
+        state["rank"] = self._rank_world()[0]
+        state.update(self._layout())
+        return state
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Resume from :meth:`state_dict`: the next iteration runs the saved epoch without the
+        consumed samples (skipped by index, never read), later iterations the epochs after it.
+
+        Raises ValueError when the state is of another version, dataset, seed, world size or
+        order option, or is not a state at all.
+        """
+        if not isinstance(state, dict):
+            raise ValueError(f"a StreamingDataset state is a dict, got {type(state).__name__}")
+        if state.get("version") != STATE_VERSION:
+            raise ValueError(f"unknown StreamingDataset state version {state.get('version')!r} "
+                             f"(this version of packer reads version {STATE_VERSION})")
+        mine = self._layout()
+        missing = [k for k in (*mine, "epoch", "samples_consumed") if k not in state]
+        if missing:
+            raise ValueError(f"StreamingDataset state lacks {', '.join(missing)}")
+        diffs = [f"{k}: saved {state[k]!r}, here {v!r}" for k, v in mine.items() if state[k] != v]
+        if diffs:
+            raise ValueError(f"cannot resume {self.root} from this state, it was saved with other "
+                             f"settings ({'; '.join(diffs)})")
+        try:
+            epoch = _check_int("epoch", state["epoch"], 0, _MAX_EPOCH)
+            consumed = _check_int("samples_consumed", state["samples_consumed"], 0, len(self) + 1)
+        except TypeError as e:
+            raise ValueError(f"invalid StreamingDataset state: {e}") from None
+        if "worker" not in state:
+            self._restore = None
+            self._clock.load(epoch, consumed, bool(state.get("explicit_epoch", False)))
+            return
+        if state.get("batch_size") != self.options.batch_size:
+            raise ValueError(f"cannot resume a worker state saved with batch_size "
+                             f"{state.get('batch_size')!r} with batch_size "
+                             f"{self.options.batch_size}")
+        try:
+            restore = {k: _check_int(k, state[k], 0) for k in ("worker", "num_workers", "yielded")}
+        except (KeyError, TypeError) as e:
+            raise ValueError(f"invalid StreamingDataset worker state: {e}") from None
+        restore.update(epoch=epoch, samples_consumed=consumed)
+        self._restore = restore
+
+    # -- pickling and display -----------------------------------------------------------------
+    def __getstate__(self) -> dict[str, Any]:
+        state = self.__dict__.copy()
+        state["_position"] = None
+        if multiprocessing.context.get_spawning_popen() is not None and self.world is None:
+            # A spawned worker cannot see a process group set up by hand: give it ours.
+            state["_parent_world"] = self._rank_world()
+        return state
+
+    def __repr__(self) -> str:
+        return (f"{type(self).__name__}({self.root!r}, format={self.reader.format!r}, "
+                f"samples={self.num_samples}, options={self.options})")
+
+
+def _block_sizes(file_sizes: list[int], block: int | None) -> np.ndarray:
+    """Partitioning units: each file's samples cut into blocks of ``block`` (the last shorter)."""
+    sizes = np.asarray(file_sizes, dtype=np.int64)
+    if block is None:
+        return sizes
+    out: list[int] = []
+    for n in sizes.tolist():
+        full, rest = divmod(n, block)
+        out.extend([block] * full)
+        if rest:
+            out.append(rest)
+    return np.asarray(out, dtype=np.int64)
+
+
+def _fingerprint(reader: Any) -> str:
+    """A short digest of the dataset's payload files (names, sample counts, checksums)."""
+    files = [[f.name, f.samples, f.sha256] for f in reader.manifest.files]
+    blob = json.dumps([reader.manifest.format, reader.manifest.num_samples, files]).encode()
+    return hashlib.sha256(blob).hexdigest()[:16]
