@@ -18,8 +18,9 @@ import os
 
 import torch
 import torch.distributed as dist
-from packer.datasets import StreamingDataset
 from torch.utils.data import DataLoader
+
+from packer.datasets import StreamingDataset
 
 
 def main() -> None:

@@ -15,9 +15,9 @@ import subprocess
 import sys
 
 import pytest
-from packer.datasets import open_dataset
 from test_streaming import SHARD, N, convert, expected
 
+from packer.datasets import open_dataset
 from packer.registry import format_names
 
 HERE = os.path.dirname(os.path.abspath(__file__))

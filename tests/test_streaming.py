@@ -17,12 +17,12 @@ import numpy as np
 import pytest
 import torch
 from conftest import write_image
+from torch.utils.data import DataLoader
+
 from packer.converters.base import WriterOptions
 from packer.datasets import StreamingDataset, open_dataset
 from packer.datasets import streaming as streaming_module
 from packer.datasets.partition import World, epoch_counts, plan
-from torch.utils.data import DataLoader
-
 from packer.engine import ConvertOptions, convert_imagefolder
 from packer.imageproc import ProcessOptions, parse_encoding, parse_resize
 from packer.registry import format_names

@@ -26,10 +26,11 @@ import time
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
-from packer.datasets import StreamingDataset, open_dataset
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 from torch.utils.data import DataLoader, DistributedSampler
+
+from packer.datasets import StreamingDataset, open_dataset
 
 try:
     from packer.datasets.seeding import seed_worker
