@@ -41,6 +41,11 @@ class Writer(abc.ABC):
         """Absolute path of a file inside the output directory."""
         return os.path.join(self.directory, name)
 
+    def begin(self, info: dict[str, Any]) -> None:  # noqa: B027 - optional hook
+        """Called once before the first ``add`` with the manifest facts known before writing
+        (``format``, ``classes``, ``processing``, ``shuffle_seed``, ``source``, ``created_by``),
+        for formats that also record them inside their payload files (HDF5 attributes)."""
+
     @abc.abstractmethod
     def add(self, index: int, key: str, label: int, image: ProcessedImage) -> None:
         """Append one sample. ``key`` is the source path relative to the source root."""

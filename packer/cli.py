@@ -44,8 +44,10 @@ def _add_convert(p: argparse.ArgumentParser) -> None:
     p.add_argument("src", help="source folder or packed dataset")
     p.add_argument("dst", help="destination directory (must not exist unless --overwrite)")
     g = p.add_argument_group("images")
-    g.add_argument("--resize", default="none", help="shorter:N, longer:N, WxH or none (default: none)")
-    g.add_argument("--encode", default="jpeg:90", help="jpeg:Q, webp:Q, png, raw or keep (default: jpeg:90)")
+    g.add_argument("--resize", default=None,
+                   help="shorter:N, longer:N, WxH or none (default: none; from a packed SRC: copy the stored images)")
+    g.add_argument("--encode", default=None,
+                   help="jpeg:Q, webp:Q, png, raw or keep (default: jpeg:90; from a packed SRC: copy the stored bytes)")
     g.add_argument("--upscale", action="store_true", help="enlarge images smaller than the target")
     g.add_argument("--max-pixels", type=int, default=None, help="refuse larger images (decompression bombs)")
     g.add_argument("--exact-decode", action="store_true",
@@ -71,8 +73,8 @@ def _convert_options(a: argparse.Namespace):  # noqa: ANN202 - ConvertOptions, i
 
     try:
         processing = ProcessOptions(
-            resize=parse_resize(a.resize),
-            encoding=parse_encoding(a.encode),
+            resize=parse_resize(a.resize if a.resize is not None else "none"),
+            encoding=parse_encoding(a.encode if a.encode is not None else "jpeg:90"),
             upscale=a.upscale,
             max_pixels=a.max_pixels if a.max_pixels is not None else DEFAULT_MAX_PIXELS,
             reduced_decode=not a.exact_decode,
@@ -97,17 +99,33 @@ def _convert_options(a: argparse.Namespace):  # noqa: ANN202 - ConvertOptions, i
 
 
 def _run_convert(a: argparse.Namespace) -> int:
+    from dataclasses import replace
+
     from .engine import convert_imagefolder
     from .sizes import format_size
 
     options = _convert_options(a)
-    if a.src_format != "imagefolder" or a.dst_format == "imagefolder":
-        raise UsageError(f"packer convert: {a.src_format} -> {a.dst_format} is not supported yet")
-    report = convert_imagefolder(a.src, a.dst, a.dst_format, options)
+    if a.src_format == "imagefolder" and a.dst_format == "imagefolder":
+        raise UsageError("packer convert: imagefolder -> imagefolder is not a conversion")
+    if a.src_format == "imagefolder":
+        report = convert_imagefolder(a.src, a.dst, a.dst_format, options)
+    else:  # packed -> packed or imagefolder: copy stored bytes unless --resize/--encode ask otherwise
+        from .manifest import MANIFEST_NAME, read_manifest
+        from .transcode import convert_dataset, processing_for
+
+        src_manifest = read_manifest(a.src) if os.path.exists(os.path.join(a.src, MANIFEST_NAME)) else None
+        processing = processing_for(src_manifest, a.resize, a.encode, options.processing)
+        report = convert_dataset(a.src, a.dst, a.src_format, a.dst_format, replace(options, processing=processing))
+        renamed = getattr(report, "renamed", [])
+        for key, path, why in renamed[:20]:
+            _say(f"renamed {key} -> {path}: {why}")
+        if len(renamed) > 20:
+            _say(f"... and {len(renamed) - 20} more renamed")
     m = report.manifest
     size = sum(f.bytes for f in m.files)
+    where = f"{format_size(size)}, {len(m.files)} file(s)" if m.files else "one file per image"
     print(f"wrote {m.num_samples} images in {len(m.classes)} classes to {a.dst} ({m.format}, "
-          f"{format_size(size)}, {len(m.files)} file(s)) in {report.seconds:.1f} s = {report.rate:.0f} img/s")
+          f"{where}) in {report.seconds:.1f} s = {report.rate:.0f} img/s")
     if report.skipped:
         for s in report.skipped[:20]:
             _say(f"skipped {s.path}: {s.reason}")

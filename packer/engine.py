@@ -14,16 +14,18 @@ so a reader never sees half a dataset under the destination name.
 from __future__ import annotations
 
 import collections
+import functools
 import multiprocessing
 import os
 import shutil
 import signal
 import sys
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from concurrent.futures import Future, ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
+from typing import TypeVar
 
 import numpy as np
 
@@ -35,9 +37,19 @@ from .manifest import Manifest, Skipped, fsync_dir, write_manifest
 from .registry import writer_class
 from .scan import Sample, scan_imagefolder
 
-__all__ = ["ConvertOptions", "ConvertReport", "convert_imagefolder", "temp_dir_for", "publish"]
+__all__ = [
+    "ConvertOptions",
+    "ConvertReport",
+    "convert_imagefolder",
+    "temp_dir_for",
+    "publish",
+    "ordered_map",
+    "write_packed",
+]
 
 _CHUNK = 16  # samples per task sent to a worker
+T = TypeVar("T")
+R = TypeVar("R")
 
 
 @dataclass(frozen=True)
@@ -98,22 +110,25 @@ def _init_worker() -> None:
     cv2.setNumThreads(1)
 
 
-def _results(samples: Sequence[Sample], opts: ProcessOptions, workers: int) -> Iterator[Result]:
-    """Processed results in sample order, from ``workers`` processes (0 or 1: this process)."""
+def ordered_map(
+    fn: Callable[[Sequence[T]], list[R]], items: Sequence[T], workers: int, name: Callable[[int], str] = str
+) -> Iterator[R]:
+    """``fn`` over chunks of ``items`` in ``workers`` spawned processes (0 or 1: this process),
+    results yielded in item order. ``fn`` must be picklable (a module-level function or a
+    ``functools.partial`` of one); ``name(i)`` names item ``i`` in the error raised when a worker dies.
+    """
     if workers <= 1:
-        for s in samples:
-            yield _process_file(s.path, opts)
+        for start in range(0, len(items), _CHUNK):
+            yield from fn(items[start : start + _CHUNK])
         return
     ctx = multiprocessing.get_context("spawn")
     window = workers * 4
-    pending: collections.deque[tuple[int, Future[list[Result]]]] = collections.deque()
-    starts = range(0, len(samples), _CHUNK)
-    it = iter(starts)
+    pending: collections.deque[tuple[int, Future[list[R]]]] = collections.deque()
+    it = iter(range(0, len(items), _CHUNK))
     with ProcessPoolExecutor(workers, mp_context=ctx, initializer=_init_worker) as pool:
         try:
             for start in it:
-                paths = [s.path for s in samples[start : start + _CHUNK]]
-                pending.append((start, pool.submit(_process_chunk, paths, opts)))
+                pending.append((start, pool.submit(fn, items[start : start + _CHUNK])))
                 if len(pending) >= window:
                     break
             while pending:
@@ -122,19 +137,24 @@ def _results(samples: Sequence[Sample], opts: ProcessOptions, workers: int) -> I
                     chunk = fut.result()
                 except BrokenProcessPool:
                     raise PackerError(
-                        f"a worker process died while processing {samples[start].path} or one of "
-                        f"the {_CHUNK - 1} files after it (killed, out of memory, or a decoder crash)"
+                        f"a worker process died while processing {name(start)} or one of "
+                        f"the {_CHUNK - 1} after it (killed, out of memory, or a decoder crash)"
                     ) from None
                 nxt = next(it, None)
                 if nxt is not None:
-                    paths = [s.path for s in samples[nxt : nxt + _CHUNK]]
-                    pending.append((nxt, pool.submit(_process_chunk, paths, opts)))
+                    pending.append((nxt, pool.submit(fn, items[nxt : nxt + _CHUNK])))
                 yield from chunk
         except BaseException:
             for _, fut in pending:
                 fut.cancel()
             pool.shutdown(wait=True, cancel_futures=True)
             raise
+
+
+def _results(samples: Sequence[Sample], opts: ProcessOptions, workers: int) -> Iterator[Result]:
+    """Processed results in sample order, from ``workers`` processes (0 or 1: this process)."""
+    paths = [s.path for s in samples]
+    return ordered_map(functools.partial(_process_chunk, opts=opts), paths, workers, paths.__getitem__)
 
 
 def temp_dir_for(dst: str) -> str:
@@ -161,6 +181,72 @@ def publish(tmp: str, dst: str, overwrite: bool) -> None:
         shutil.rmtree(old, ignore_errors=True)
 
 
+#: One sample on its way to a writer: (key, label, image, None), or (key, label, None, reason) for a skip.
+Item = tuple[str, int, ProcessedImage | None, str | None]
+
+
+def write_packed(
+    dst: str,
+    fmt: str,
+    items: Iterable[Item],
+    template: Manifest,
+    options: ConvertOptions,
+    *,
+    total: int | None = None,
+    source: str = "",
+) -> Manifest:
+    """Write ``items`` with ``fmt``'s writer into the hidden sibling of ``dst``, then the manifest,
+    then publish by rename: the part every conversion shares (imagefolder or packed source).
+
+    ``template`` holds what is known before writing (classes, processing, shuffle seed, source,
+    ignored counts, and skips found before writing, listed after the items' skips); ``num_samples``,
+    ``files``, ``layout`` and ``skipped`` are filled in here. Items without an image are listed as
+    skipped, never written (``strict`` is the caller's: raise from ``items``). The writer's optional
+    ``begin`` hook gets the dataset facts before the first sample. On any failure, Ctrl-C included,
+    the temporary folder is removed and ``dst`` is left as it was.
+    """
+    tmp = temp_dir_for(dst)
+    if os.path.lexists(tmp):
+        shutil.rmtree(tmp)
+    os.makedirs(tmp)
+    skipped: list[Skipped] = []
+    index = 0
+    writer = None
+    closed = False
+    try:
+        from tqdm import tqdm
+
+        writer = writer_class(fmt)(tmp, options.writer)
+        info = template.to_json()
+        for k in ("num_samples", "files", "layout", "skipped", "ignored"):
+            del info[k]
+        writer.begin({**info, "format": fmt})
+        bar = tqdm(total=total, unit="img", disable=not options.progress, file=sys.stderr,
+                   dynamic_ncols=True, desc=f"convert -> {fmt}")
+        with bar:
+            for key, label, image, reason in items:
+                if image is None:
+                    skipped.append(Skipped(key, reason or "unknown error"))
+                else:
+                    writer.add(index, key, label, image)
+                    index += 1
+                bar.update(1)
+        if index == 0:
+            raise SourceError(f"no image in {source or dst} could be converted ({len(skipped)} skipped)")
+        files, layout = writer.close()
+        closed = True
+        manifest = replace(template, format=fmt, num_samples=index, files=files, layout=layout,
+                           skipped=skipped + list(template.skipped))
+        write_manifest(tmp, manifest)
+        publish(tmp, dst, options.overwrite)
+    except BaseException:
+        if writer is not None and not closed:
+            writer.abort()
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return manifest
+
+
 def convert_imagefolder(
     src: str | os.PathLike[str], dst: str | os.PathLike[str], fmt: str, options: ConvertOptions = ConvertOptions()
 ) -> ConvertReport:
@@ -172,7 +258,7 @@ def convert_imagefolder(
     """
     t0 = time.perf_counter()
     src, dst = os.fspath(src), os.fspath(dst)
-    writer_cls = writer_class(fmt)
+    writer_class(fmt)  # an unknown format fails before any work
     if os.path.lexists(dst) and not options.overwrite:
         raise FileExistsError(f"destination exists: {dst} (use --overwrite to replace it)")
     if os.path.abspath(dst).startswith(os.path.abspath(src) + os.sep):
@@ -186,54 +272,24 @@ def convert_imagefolder(
         perm = np.random.default_rng(options.seed).permutation(len(samples))
         samples = [samples[i] for i in perm]
 
-    tmp = temp_dir_for(dst)
-    if os.path.lexists(tmp):
-        shutil.rmtree(tmp)
-    os.makedirs(tmp)
-    writer = writer_cls(tmp, options.writer)
-    skipped: list[Skipped] = []
-    index = 0
-    try:
-        from tqdm import tqdm
+    def items() -> Iterator[Item]:
+        for sample, (image, reason) in zip(samples, _results(samples, options.processing, options.workers)):
+            if image is None and options.strict:
+                raise ImageError(f"{sample.path}: {reason}")
+            yield sample.relpath.replace(os.sep, "/"), sample.label, image, reason
 
-        bar = tqdm(total=len(samples), unit="img", disable=not options.progress, file=sys.stderr,
-                   dynamic_ncols=True, desc=f"convert -> {fmt}")
-        with bar:
-            for sample, (image, reason) in zip(samples, _results(samples, options.processing, options.workers)):
-                if image is None:
-                    if options.strict:
-                        raise ImageError(f"{sample.path}: {reason}")
-                    skipped.append(Skipped(sample.relpath, reason or "unknown error"))
-                else:
-                    writer.add(index, sample.relpath.replace(os.sep, "/"), sample.label, image)
-                    index += 1
-                bar.update(1)
-        if index == 0:
-            raise SourceError(f"no image in {src} could be converted ({len(skipped)} skipped)")
-        files, layout = writer.close()
-    except BaseException:
-        writer.abort()
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
-    skipped.extend(Skipped(os.path.relpath(p, src), r) for p, r in scan.errors)
-    manifest = Manifest(
+    template = Manifest(
         format=fmt,
-        num_samples=index,
+        num_samples=0,
         classes=scan.classes,
         processing=options.processing.to_json(),
-        files=files,
+        files=[],
         shuffle_seed=options.seed if options.shuffle else None,
-        skipped=skipped,
+        skipped=[Skipped(os.path.relpath(p, src), r) for p, r in scan.errors],
         ignored={"hidden": len(scan.ignored_hidden), "not_images": len(scan.ignored_other)},
-        layout=layout,
         source={"kind": "imagefolder", "empty_classes": scan.empty_classes},
         created_by=f"packer {__version__}",
     )
-    try:
-        write_manifest(tmp, manifest)
-        publish(tmp, dst, options.overwrite)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
-    return ConvertReport(dst, manifest, time.perf_counter() - t0, skipped, scan.errors)
+    manifest = write_packed(dst, fmt, items(), template, options, total=len(samples), source=src)
+    return ConvertReport(dst, manifest, time.perf_counter() - t0, list(manifest.skipped), scan.errors)
 

@@ -18,6 +18,7 @@ FORMATS: dict[str, tuple[str, str]] = {
     "lmdb": ("packer.converters.lmdb:LMDBWriter", "packer.datasets.lmdb:LMDBDataset"),
     "tar": ("packer.converters.tar:TarWriter", "packer.datasets.tar:TarDataset"),
     "tfrecord": ("packer.converters.tfrecord:TFRecordWriter", "packer.datasets.tfrecord:TFRecordDataset"),
+    "hdf5": ("packer.converters.hdf5:HDF5Writer", "packer.datasets.hdf5:HDF5Dataset"),
 }
 
 

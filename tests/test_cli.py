@@ -1,0 +1,259 @@
+"""The command line, called as ``packer.cli.main([...])``: exit status and what lands on stderr, for
+good runs and every bad input of the foundation issue."""
+
+from __future__ import annotations
+
+import ctypes
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+from conftest import make_folder
+from packer.datasets import open_dataset
+
+from packer.cli import main
+from packer.engine import temp_dir_for
+from packer.manifest import MANIFEST_NAME, read_manifest
+from packer.registry import format_names
+
+FMT = "hdf5"
+
+
+def run(capsys, *argv):
+    """(exit status, stdout, stderr lines) of one CLI call."""
+    rc = main([str(a) for a in argv])
+    out, err = capsys.readouterr()
+    assert "Traceback" not in err
+    return rc, out, err.splitlines()
+
+
+def convert(capsys, src, dst, *extra, fmt=FMT):
+    return run(capsys, "convert", "imagefolder", fmt, src, dst, "--workers", "1", *extra)
+
+
+@pytest.fixture
+def messy(tmp_path):
+    """Good images plus every kind of bad file that carries an image extension."""
+    root = tmp_path / "messy"
+    make_folder(str(root), {"a": [("ok1.jpg", 20, 20), ("ok2.png", 20, 20)], "b": [("ok3.jpg", 20, 20)]})
+    good = (root / "a" / "ok1.jpg").read_bytes()
+    (root / "a" / "zero.jpg").write_bytes(b"")
+    (root / "a" / "text.png").write_text("not an image")
+    (root / "b" / "trunc.jpg").write_bytes(good[: len(good) // 2])
+    (root / "b" / "garbage.jpg").write_bytes(good[:200] + bytes(range(256)) * 4)
+    return root
+
+
+BAD = {"a/zero.jpg", "a/text.png", "b/trunc.jpg", "b/garbage.jpg"}
+
+
+# -- good runs -------------------------------------------------------------------------------------
+@pytest.mark.parametrize("fmt", format_names())
+def test_convert_info_verify(tiny_folder, tmp_path, capsys, fmt):
+    src, pixels = tiny_folder
+    rc, out, err = convert(capsys, src, tmp_path / "out", fmt=fmt)
+    assert rc == 0 and err == [] and f"wrote {len(pixels)} images in 3 classes" in out
+    rc, out, _ = run(capsys, "info", tmp_path / "out")
+    assert rc == 0 and f"format      {fmt}" in out and f"samples     {len(pixels)}" in out
+    rc, out, _ = run(capsys, "info", tmp_path / "out", "--json")
+    assert rc == 0 and json.loads(out)["num_samples"] == len(pixels)
+    rc, out, err = run(capsys, "verify", tmp_path / "out")
+    assert rc == 0 and err == [] and f"{len(pixels)}/{len(pixels)} samples decoded" in out
+
+
+def test_unicode_and_spaces_in_names(tiny_folder, tmp_path, capsys):
+    src, pixels = tiny_folder
+    dst = tmp_path / "dést ü"
+    rc, _, _ = convert(capsys, src, dst)
+    assert rc == 0
+    ds = open_dataset(dst)
+    keys = {ds.read_record(i).key for i in range(len(ds))}
+    assert {"cat/c 2.png", "dog/hund_\u00e9\u00e8.jpg", "ému bird/e0.png"} <= keys
+    assert read_manifest(dst).classes == ["cat", "dog", "ému bird"]
+
+
+@pytest.mark.parametrize("src_fmt, dst_fmt", [("hdf5", "lmdb"), ("lmdb", "hdf5"), ("hdf5", "imagefolder")])
+def test_convert_between_formats(tiny_folder, tmp_path, capsys, src_fmt, dst_fmt):
+    src, pixels = tiny_folder
+    assert convert(capsys, src, tmp_path / "a", "--encode", "keep", fmt=src_fmt)[0] == 0
+    rc, out, err = run(capsys, "convert", src_fmt, dst_fmt, tmp_path / "a", tmp_path / "b")
+    assert rc == 0 and err == [] and f"wrote {len(pixels)} images" in out
+    if dst_fmt == "imagefolder":
+        assert (tmp_path / "b" / "cat" / "c 2.png").read_bytes() == open(os.path.join(src, "cat", "c 2.png"), "rb").read()
+    else:
+        assert read_manifest(tmp_path / "b").source["copied"] is True
+    rc, _, _ = run(capsys, "convert", src_fmt, "lmdb", tmp_path / "a", tmp_path / "c", "--resize", "8x8", "--workers", "1")
+    assert rc == 0 and read_manifest(tmp_path / "c").processing["resize"] == "8x8"
+
+
+# -- bad sources -----------------------------------------------------------------------------------
+def test_missing_source(tmp_path, capsys):
+    rc, _, err = convert(capsys, tmp_path / "nope", tmp_path / "out")
+    assert rc == 1 and len(err) == 1 and "does not exist" in err[0]
+    rc, _, err = run(capsys, "convert", "lmdb", "hdf5", tmp_path / "nope", tmp_path / "out")
+    assert rc == 1 and len(err) == 1 and "does not exist" in err[0]
+    assert not (tmp_path / "out").exists()
+
+
+def test_empty_source_and_no_class_folders(tmp_path, capsys):
+    (tmp_path / "empty").mkdir()
+    rc, _, err = convert(capsys, tmp_path / "empty", tmp_path / "out")
+    assert rc == 1 and len(err) == 1 and "no class folders" in err[0]
+    (tmp_path / "flat").mkdir()
+    (tmp_path / "flat" / "x.jpg").write_bytes(b"whatever")
+    rc, _, err = convert(capsys, tmp_path / "flat", tmp_path / "out")
+    assert rc == 1 and len(err) == 1 and "no class folders" in err[0]
+    (tmp_path / "classes" / "a").mkdir(parents=True)
+    (tmp_path / "classes" / "a" / "readme.txt").write_text("no images here")
+    rc, _, err = convert(capsys, tmp_path / "classes", tmp_path / "out")
+    assert rc == 1 and len(err) == 1 and "no images" in err[0]
+    assert not (tmp_path / "out").exists()
+
+
+def test_bad_images_are_skipped_listed_and_exit_3(messy, tmp_path, capsys):
+    rc, _, err = convert(capsys, messy, tmp_path / "out")
+    assert rc == 3
+    assert {line.split(" ", 1)[1].split(":")[0] for line in err if line.startswith("skipped ")} == BAD
+    assert err[-1] == "4 file(s) skipped; exit status 3"
+    m = read_manifest(tmp_path / "out")
+    assert {s.path for s in m.skipped} == BAD and m.num_samples == 3
+
+
+def test_strict_makes_a_bad_image_fatal(messy, tmp_path, capsys):
+    rc, _, err = convert(capsys, messy, tmp_path / "out", "--strict")
+    assert rc == 1 and len(err) == 1 and err[0].startswith("packer: error:")
+    assert any(name in err[0] for name in ("zero", "text", "trunc", "garbage"))
+    assert not (tmp_path / "out").exists() and not os.path.exists(temp_dir_for(str(tmp_path / "out")))
+
+
+def test_destination_exists_and_overwrite_is_atomic(tiny_folder, messy, tmp_path, capsys):
+    src, pixels = tiny_folder
+    dst = tmp_path / "out"
+    assert convert(capsys, src, dst)[0] == 0
+    before = (dst / MANIFEST_NAME).read_bytes()
+    rc, _, err = convert(capsys, src, dst)
+    assert rc == 1 and len(err) == 1 and "destination exists" in err[0] and "--overwrite" in err[0]
+    # A replacement that fails leaves the old dataset as it was.
+    rc, _, err = convert(capsys, messy, dst, "--overwrite", "--strict")
+    assert rc == 1 and (dst / MANIFEST_NAME).read_bytes() == before
+    rc, _, err = convert(capsys, tmp_path / "missing", dst, "--overwrite")
+    assert rc == 1 and (dst / MANIFEST_NAME).read_bytes() == before
+    assert len(open_dataset(dst)) == len(pixels)
+    rc, _, _ = convert(capsys, messy, dst, "--overwrite")
+    assert rc == 3 and read_manifest(dst).num_samples == 3
+    assert sorted(os.listdir(tmp_path)) == ["messy", "out", "src"]
+
+
+def test_symlinked_files_and_folders_are_followed(tmp_path, capsys):
+    make_folder(str(tmp_path / "elsewhere"), {"x": [("far.png", 10, 10)], "y": [("lib.jpg", 10, 10)]})
+    make_folder(str(tmp_path / "src"), {"a": [("real.png", 10, 10)]})
+    os.symlink(tmp_path / "elsewhere" / "x" / "far.png", tmp_path / "src" / "a" / "link.png")
+    os.symlink(tmp_path / "elsewhere" / "y", tmp_path / "src" / "b")  # a class folder that is a link
+    rc, _, err = convert(capsys, tmp_path / "src", tmp_path / "out")
+    assert rc == 0 and err == []
+    ds = open_dataset(tmp_path / "out")
+    assert sorted(ds.read_record(i).key for i in range(len(ds))) == ["a/link.png", "a/real.png", "b/lib.jpg"]
+
+
+def test_symlink_loop_is_detected_and_reported(tmp_path, capsys):
+    make_folder(str(tmp_path / "src"), {"a": [("1.png", 10, 10)]})
+    os.symlink(tmp_path / "src" / "a", tmp_path / "src" / "a" / "loop")
+    rc, _, err = convert(capsys, tmp_path / "src", tmp_path / "out")
+    assert rc == 3 and any("a/loop" in line and "symlink loop" in line for line in err)
+    assert any("symlink loop" in s.reason for s in read_manifest(tmp_path / "out").skipped)
+    assert read_manifest(tmp_path / "out").num_samples == 1
+
+
+def _drop_dac_capabilities() -> None:
+    """In the child before exec: drop the capabilities that let root ignore file permissions."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    for cap in (1, 2):  # CAP_DAC_OVERRIDE, CAP_DAC_READ_SEARCH
+        if libc.prctl(24, cap, 0, 0, 0) != 0:  # PR_CAPBSET_DROP
+            raise OSError(ctypes.get_errno(), "prctl(PR_CAPBSET_DROP)")
+
+
+def test_unreadable_folder_is_reported(tmp_path):
+    """chmod 000 on a folder. Root reads it anyway, so as root the CLI runs in a child process
+    whose capability bounding set lacks CAP_DAC_OVERRIDE and CAP_DAC_READ_SEARCH: it is still
+    uid 0 (it can run the interpreter under /root) but obeys permission bits like anyone else."""
+    make_folder(str(tmp_path / "src"), {"a": [("1.png", 10, 10)], "b": [("2.png", 10, 10)]})
+    locked = tmp_path / "src" / "b"
+    os.chmod(locked, 0)
+    preexec = None
+    if os.geteuid() == 0:
+        try:
+            subprocess.run(["true"], preexec_fn=_drop_dac_capabilities, check=True)
+        except (OSError, subprocess.SubprocessError) as e:
+            os.chmod(locked, 0o755)
+            pytest.skip(f"running as root and cannot drop CAP_DAC_OVERRIDE to make chmod 000 bite: {e}")
+        preexec = _drop_dac_capabilities
+    try:
+        code = "import sys; from packer.cli import main; sys.exit(main(sys.argv[1:]))"
+        proc = subprocess.run(
+            [sys.executable, "-c", code, "convert", "imagefolder", FMT, str(tmp_path / "src"), str(tmp_path / "out"),
+             "--workers", "1"],
+            preexec_fn=preexec, capture_output=True, text=True, timeout=120,
+        )
+    finally:
+        os.chmod(locked, 0o755)
+    assert proc.returncode == 3, proc.stderr
+    assert "Traceback" not in proc.stderr
+    assert any(str(locked) in line or "b:" in line for line in proc.stderr.splitlines() if "cannot read folder" in line)
+    m = read_manifest(tmp_path / "out")
+    assert m.num_samples == 1 and any("cannot read folder" in s.reason for s in m.skipped)
+
+
+# -- bad command lines -----------------------------------------------------------------------------
+BAD_COMMAND_LINES = [
+    ["convert", "imagefolder", "zip", "SRC", "DST"],
+    ["convert", "rar", "hdf5", "SRC", "DST"],
+    ["convert", "imagefolder", "imagefolder", "SRC", "DST"],
+    ["convert", "imagefolder", "hdf5", "SRC", "DST", "--resize", "big"],
+    ["convert", "imagefolder", "hdf5", "SRC", "DST", "--resize", "0x10"],
+    ["convert", "imagefolder", "hdf5", "SRC", "DST", "--encode", "gif"],
+    ["convert", "imagefolder", "hdf5", "SRC", "DST", "--encode", "jpeg:101"],
+    ["convert", "imagefolder", "tar", "SRC", "DST", "--shard-size", "lots"],
+    ["convert", "imagefolder", "tar", "SRC", "DST", "--shard-size", "-5MB"],
+    ["convert", "imagefolder", "hdf5", "SRC", "DST", "--workers", "0"],
+    ["convert", "imagefolder", "hdf5", "SRC", "DST", "--workers", "two"],
+    ["convert", "hdf5", "lmdb", "SRC", "DST", "--encode", "bogus"],
+    ["convert", "imagefolder", "hdf5", "SRC"],
+    ["convert", "imagefolder", "hdf5", "SRC", "DST", "--no-such-option"],
+    ["frobnicate"],
+    [],
+    ["verify"],
+]
+
+
+@pytest.mark.parametrize("argv", BAD_COMMAND_LINES, ids=lambda a: " ".join(a) or "(none)")
+def test_bad_command_line_is_one_line_and_exit_2(tmp_path, capsys, argv):
+    argv = [str(tmp_path / a) if a in ("SRC", "DST") else a for a in argv]
+    rc, out, err = run(capsys, *argv)
+    assert rc == 2 and len(err) == 1, err
+    assert err[0].startswith("packer") and not (tmp_path / "DST").exists()
+
+
+# -- verify on damaged data ------------------------------------------------------------------------
+@pytest.mark.parametrize("fmt", ["hdf5", "lmdb"])
+def test_verify_names_the_corrupt_sample(tiny_folder, tmp_path, capsys, fmt):
+    src, _ = tiny_folder
+    dst = tmp_path / "out"
+    assert convert(capsys, src, dst, "--encode", "png", fmt=fmt)[0] == 0
+    ds = open_dataset(dst)
+    victim = 4
+    payload = bytes(ds.read_record(victim).payload)
+    data = (dst / read_manifest(dst).files[0].name).read_bytes()
+    at = data.index(payload) + len(payload) // 2
+    with open(dst / read_manifest(dst).files[0].name, "r+b") as f:
+        f.seek(at)
+        f.write(bytes([data[at] ^ 0x55]))
+    rc, out, err = run(capsys, "verify", dst)
+    assert rc == 1 and "CORRUPT" in out
+    assert any("SHA-256" in line for line in err)
+    assert any(line.startswith(f"sample {victim}:") and "checksum" in line for line in err)
+    rc, _, _ = run(capsys, "verify", dst, "--no-decode")
+    assert rc == 1
+    rc, _, err = run(capsys, "info", tmp_path / "nothing")
+    assert rc == 1 and len(err) == 1
