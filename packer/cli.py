@@ -84,6 +84,10 @@ def _convert_options(a: argparse.Namespace):  # noqa: ANN202 - ConvertOptions, i
         raise UsageError(f"packer convert: {e}") from None
     if a.workers < 1:
         raise UsageError("packer convert: --workers must be at least 1")
+    if shard_bytes is not None and shard_bytes < 1:
+        raise UsageError("packer convert: --shard-size must be at least 1 byte")
+    if a.gzip and a.dst_format != "tfrecord":
+        raise UsageError("packer convert: --gzip applies to tfrecord output only")
     if a.shard_samples is not None and a.shard_samples < 1:
         raise UsageError("packer convert: --shard-samples must be at least 1")
     return ConvertOptions(
@@ -197,12 +201,56 @@ def _run_demo(a: argparse.Namespace) -> int:
     return run_demo(a.workdir, a.classes, a.per_class, a.workers)
 
 
+# -- bench --------------------------------------------------------------------------------------
+def _int_list(text: str) -> list[int]:
+    try:
+        return [int(x) for x in text.split(",") if x]
+    except ValueError:
+        raise UsageError(f"packer bench: expected comma-separated integers, got {text!r}") from None
+
+
+def _add_bench(p: argparse.ArgumentParser) -> None:
+    p.add_argument("path", help="packed dataset directory")
+    p.add_argument("--workers", default=None, help="num_workers values, e.g. 0,2,4 (default: 0,1,2,cores,2xcores)")
+    p.add_argument("--batch-sizes", default="64,256", help="batch sizes (default: 64,256)")
+    p.add_argument("--pin-memory", default=None, choices=["on", "off", "both"],
+                   help="pin_memory values (default: both with CUDA, off without)")
+    p.add_argument("--cache", default="none,decoded", help="cache modes: none, encoded, decoded (default: none,decoded)")
+    p.add_argument("--samples", type=int, default=2000, help="samples read per configuration (default: 2000)")
+    p.add_argument("--crop", type=int, default=224, help="center crop so batches collate (default: 224)")
+    p.add_argument("--json", action="store_true", help="print JSON instead of a table")
+
+
+def _run_bench(a: argparse.Namespace) -> int:
+    from .loaderbench import format_table, recommend, run_bench, to_json
+    from .manifest import read_manifest
+
+    read_manifest(a.path)  # a clear error before any worker starts
+    caches = [c for c in a.cache.split(",") if c]
+    if any(c not in ("none", "encoded", "decoded") for c in caches):
+        raise UsageError(f"packer bench: --cache takes none, encoded, decoded; got {a.cache!r}")
+    pin = {"on": [True], "off": [False], "both": [False, True], None: None}[a.pin_memory]
+    rows = run_bench(a.path, workers=_int_list(a.workers) if a.workers else None, pin=pin,
+                     batch_sizes=_int_list(a.batch_sizes), caches=caches, samples=a.samples, crop=a.crop,
+                     progress=not a.json and sys.stderr.isatty())
+    best = recommend(rows)
+    if a.json:
+        print(to_json(rows, best))
+        return EXIT_OK
+    print(format_table(rows))
+    print(f"\nrecommended: DataLoader(num_workers={best.num_workers}, pin_memory={best.pin_memory}, "
+          f"batch_size={best.batch_size})" + (f" with open_dataset(..., cache={best.cache!r})" if best.cache != "none" else "")
+          + f": {best.images_per_s:.0f} images/s (fewest workers within 5% of the fastest)")
+    return EXIT_OK
+
+
 #: name -> (help, add_arguments, run)
 COMMANDS: dict[str, tuple[str, Callable[[argparse.ArgumentParser], None], Callable[[argparse.Namespace], int]]] = {
     "convert": ("convert an image folder or packed dataset to another format", _add_convert, _run_convert),
     "info": ("describe a packed dataset", _add_info, _run_info),
     "verify": ("check every checksum and decode every sample", _add_verify, _run_verify),
     "demo": ("convert and read a generated sample end to end", _add_demo, _run_demo),
+    "bench": ("measure the DataLoader alone over a grid of settings", _add_bench, _run_bench),
 }
 
 

@@ -1,0 +1,44 @@
+"""``packer bench``: measures a grid, recommends a setting, speaks JSON."""
+
+from __future__ import annotations
+
+import json
+
+import torch
+
+from packer.cli import main
+from packer.engine import ConvertOptions, convert_imagefolder
+from packer.loaderbench import BenchRow, CenterCropPad, recommend
+
+
+def test_bench_json_covers_the_grid(tiny_folder, tmp_path, capsys):
+    src, pixels = tiny_folder
+    convert_imagefolder(src, tmp_path / "out", "lmdb", ConvertOptions())
+    rc = main(["bench", str(tmp_path / "out"), "--workers", "0,2", "--batch-sizes", "4,8",
+               "--cache", "none,decoded", "--samples", "10", "--crop", "32", "--json"])
+    assert rc == 0
+    out = json.loads(capsys.readouterr().out)
+    grid = {(r["cache"], r["num_workers"], r["batch_size"]) for r in out["rows"]}
+    assert grid == {(c, w, b) for c in ("none", "decoded") for w in (0, 2) for b in (4, 8)}
+    assert all(r["images_per_s"] > 0 and r["mb_per_s"] > 0 for r in out["rows"])
+    assert out["recommended"] in out["rows"]
+
+
+def test_bench_refuses_bad_arguments(tmp_path, capsys):
+    assert main(["bench", str(tmp_path), "--cache", "all"]) in (1, 2)
+    assert main(["bench", str(tmp_path / "nope")]) == 1
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 2 and all("Traceback" not in e for e in err)
+
+
+def test_recommend_prefers_fewer_workers_within_five_percent():
+    rows = [BenchRow(8, False, 64, "none", 1000, 1, 0), BenchRow(2, False, 64, "none", 960, 1, 0),
+            BenchRow(0, False, 64, "none", 500, 1, 0)]
+    assert recommend(rows).num_workers == 2
+
+
+def test_center_crop_pad():
+    x = torch.arange(2 * 5 * 7, dtype=torch.uint8).reshape(2, 5, 7)
+    assert torch.equal(CenterCropPad(3)(x), x[:, 1:4, 2:5])
+    y = CenterCropPad(6)(x)
+    assert y.shape == (2, 6, 6) and torch.equal(y[:, :5, :6], x[:, :5, :6]) and y[:, 5].sum() == 0
