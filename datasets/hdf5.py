@@ -29,8 +29,8 @@ from typing import Any
 import crc32c
 import h5py
 import numpy as np
-from packer.converters.hdf5 import DATA_FILE, LAYOUT_VERSION
 
+from packer.converters.hdf5 import DATA_FILE, LAYOUT_VERSION
 from packer.errors import CorruptDataError
 from packer.imageproc import decode_payload
 from packer.record import CODEC_IDS, Record

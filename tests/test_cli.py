@@ -11,9 +11,9 @@ import sys
 
 import pytest
 from conftest import make_folder
-from packer.datasets import open_dataset
 
 from packer.cli import main
+from packer.datasets import open_dataset
 from packer.engine import temp_dir_for
 from packer.manifest import MANIFEST_NAME, read_manifest
 from packer.registry import format_names

@@ -12,13 +12,13 @@ import shutil
 import crc32c
 import h5py
 import numpy as np
-import packer.converters.hdf5 as hdf5_writer
 import pytest
 from conftest import draw, make_folder
+
+import packer.converters.hdf5 as hdf5_writer
 from packer.converters.base import WriterOptions
 from packer.datasets import open_dataset
 from packer.datasets.hdf5 import HDF5Dataset
-
 from packer.engine import ConvertOptions, convert_imagefolder, write_packed
 from packer.errors import CorruptDataError
 from packer.imageproc import ProcessedImage, ProcessOptions, parse_encoding, parse_resize

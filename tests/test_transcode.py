@@ -9,8 +9,8 @@ import cv2
 import numpy as np
 import pytest
 from conftest import draw, make_folder
-from packer.datasets import open_dataset
 
+from packer.datasets import open_dataset
 from packer.engine import ConvertOptions, convert_imagefolder, temp_dir_for, write_packed
 from packer.errors import ImageError, SourceError, UnfinishedDatasetError
 from packer.imageproc import ProcessedImage, ProcessOptions, parse_encoding, parse_resize
