@@ -13,7 +13,14 @@ machines are noisy; absolute img/s are printed for context only):
   ``process_image`` (which lets libjpeg decode at reduced size when the target allows);
 * reads: ``ds[i]`` in a loop in one process, random order, vs a bare ``cv2.imdecode`` loop over
   the same payload bytes held in memory; and ``raw`` vs ``jpeg:90``;
-* memory: peak RSS (whole process tree) of a conversion of 2k vs 10k images.
+* memory: peak RSS (whole process tree) of a conversion of 2k vs 10k images;
+* loader: a DataLoader (2 workers, batch 64, 224 center crop) over each format, map-style
+  (shuffled) and streaming (``StreamingDataset``), next to a bare decode loop on one core;
+* cache: epoch 1 vs epoch 2 with ``cache="decoded"`` (jpeg:90), next to the uncached ``raw`` rate;
+* scaling: conversion time, open time and per-sample read cost for 2k, 10k and 50k images
+  (small 96 px images for the 50k folder), and whether opening reads payload files.
+
+Sections run by default: all; ``--sections`` picks some.
 """
 
 from __future__ import annotations
@@ -23,7 +30,6 @@ import os
 import shutil
 import subprocess
 import sys
-import threading
 import time
 
 import cv2
@@ -87,6 +93,141 @@ def bare_decode_rate(path: str, order: np.ndarray) -> float:
     return len(payloads) / (time.perf_counter() - t0)
 
 
+class Crop:
+    """Center crop of a C x H x W tensor (picklable for DataLoader workers)."""
+
+    def __init__(self, size: int = 224) -> None:
+        self.size = size
+
+    def __call__(self, x):  # noqa: ANN001, ANN204
+        h, w = x.shape[-2:]
+        t, left = (h - self.size) // 2, (w - self.size) // 2
+        return x[:, t : t + self.size, left : left + self.size]
+
+
+def loader_rate(ds, epochs: int = 1, shuffle: bool = False) -> list[float]:
+    """img/s of each epoch through DataLoader(batch 64, 2 workers), persistent workers."""
+    import torch
+    from torch.utils.data import DataLoader
+
+    kw = {"shuffle": shuffle, "generator": torch.Generator().manual_seed(0)} if shuffle else {}
+    loader = DataLoader(ds, batch_size=64, num_workers=2, persistent_workers=True, **kw)
+    rates = []
+    for _ in range(epochs):
+        t0 = time.perf_counter()
+        n = sum(x.shape[0] for x, _ in loader)
+        rates.append(n / (time.perf_counter() - t0))
+    return rates
+
+
+def bare_crop_rate(path: str, count: int) -> float:
+    """One core: cv2.imdecode to RGB + 224 center crop to a CHW tensor, payloads in memory."""
+    import torch
+
+    ds = open_dataset(path)
+    payloads = [bytes(ds.read_record(i).payload) for i in range(min(count, len(ds)))]
+    crop = Crop()
+    t0 = time.perf_counter()
+    for b in payloads:
+        crop(torch.from_numpy(cv2.imdecode(np.frombuffer(b, np.uint8), cv2.IMREAD_COLOR_RGB)).permute(2, 0, 1))
+    return len(payloads) / (time.perf_counter() - t0)
+
+
+def section_loader(a, formats: list[str], lines: list[str]) -> None:
+    from packer.datasets import StreamingDataset
+
+    lines += ["", "### DataLoader (2 workers, batch 64, 224 center crop), jpeg:90", "",
+              "| format | bare decode+crop, 1 core | map-style img/s | streaming img/s | streaming / map | map / bare |",
+              "|---|---|---|---|---|---|"]
+    for fmt in formats:
+        path = os.path.join(a.work, f"{fmt}-jpeg")
+        bare = bare_crop_rate(path, a.reads)
+        m = max(loader_rate(open_dataset(path, transform=Crop()), 2, shuffle=True))
+        st = max(loader_rate(StreamingDataset(path, transform=Crop(), batch_size=64, shuffle_buffer=4096), 2))
+        lines.append(f"| {fmt} | {bare:.0f} | {m:.0f} | {st:.0f} | {st / m:.2f} | {m / bare:.2f} |")
+        print(lines[-1], flush=True)
+
+
+def section_cache(a, formats: list[str], lines: list[str]) -> None:
+    lines += ["", "### Shared cache (`cache=\"decoded\"`, DataLoader 2 workers, batch 64, 224 crop)", "",
+              "| format | jpeg epoch 1 img/s | jpeg epoch 2 img/s | epoch 2 / epoch 1 | raw uncached img/s | epoch 2 / raw |",
+              "|---|---|---|---|---|---|"]
+    for fmt in formats:
+        ds = open_dataset(os.path.join(a.work, f"{fmt}-jpeg"), transform=Crop(), cache="decoded")
+        e1, e2 = loader_rate(ds, 2)
+        ds.close()
+        raw = max(loader_rate(open_dataset(os.path.join(a.work, f"{fmt}-raw"), transform=Crop()), 2))
+        lines.append(f"| {fmt} | {e1:.0f} | {e2:.0f} | {e2 / e1:.1f} | {raw:.0f} | {e2 / raw:.2f} |")
+        print(lines[-1], flush=True)
+
+
+def make_small_folder(root: str, n: int, classes: int = 50) -> str:
+    """n small (96 x 128) JPEGs in ``classes`` folders, drawn procedurally (fast to make)."""
+    if os.path.isdir(root) and sum(len(f) for _, _, f in os.walk(root)) == n:
+        return root
+    shutil.rmtree(root, ignore_errors=True)
+    rng = np.random.default_rng(0)
+    base = [cv2.imencode(".jpg", rng.integers(0, 256, (96, 128, 3), dtype=np.uint8) // 4 * 4)[1].tobytes()
+            for _ in range(16)]
+    for i in range(n):
+        d = os.path.join(root, f"c{i % classes:03d}")
+        if i < classes:
+            os.makedirs(d)
+        with open(os.path.join(d, f"{i:07d}.jpg"), "wb") as f:
+            f.write(base[i % 16])
+    return root
+
+
+def open_and_spy(path: str):  # noqa: ANN201
+    """Open a dataset while recording every file it opens; return (files, seconds, dataset)."""
+    import builtins
+
+    opened: list[str] = []
+    real_open, real_os_open = builtins.open, os.open
+
+    def spy_open(file, *args, **kw):  # noqa: ANN001, ANN202
+        opened.append(str(file))
+        return real_open(file, *args, **kw)
+
+    def spy_os_open(file, *args, **kw):  # noqa: ANN001, ANN202
+        opened.append(str(file))
+        return real_os_open(file, *args, **kw)
+
+    builtins.open, os.open = spy_open, spy_os_open
+    try:
+        t0 = time.perf_counter()
+        ds = open_dataset(path)
+        return opened, time.perf_counter() - t0, ds
+    finally:
+        builtins.open, os.open = real_open, real_os_open
+
+
+def section_scaling(a, lines: list[str]) -> None:
+    """Conversion and open time, and per-sample read cost, as the dataset grows."""
+    lines += ["", "### Scaling (96 x 128 JPEGs, jpeg:90, 2 workers)", "",
+              "| format | images | convert s | convert img/s | open s | payload files opened by open | us per ds[i] |",
+              "|---|---|---|---|---|---|---|"]
+    for n in (2000, 10000, 50000):
+        src = make_small_folder(os.path.join(a.work, f"small{n}"), n)
+        for fmt in a.formats.split(","):
+            dst = os.path.join(a.work, f"small{n}-{fmt}")
+            t0 = time.perf_counter()
+            convert_imagefolder(src, dst, fmt, ConvertOptions(workers=2, overwrite=True))
+            conv = time.perf_counter() - t0
+            opened, opened_s, ds = open_and_spy(dst)
+            payload = [f for f in opened if not f.endswith("manifest.json")]
+            order = np.random.default_rng(1).integers(0, n, 2000)
+            ds[0]
+            t0 = time.perf_counter()
+            for i in order:
+                ds[int(i)]
+            us = (time.perf_counter() - t0) / len(order) * 1e6
+            lines.append(f"| {fmt} | {n} | {conv:.1f} | {n / conv:.0f} | {opened_s * 1e3:.1f} ms | {len(payload)} | {us:.0f} |")
+            print(lines[-1], flush=True)
+            ds.close()
+            shutil.rmtree(dst)
+
+
 def peak_rss_of(cmd: list[str]) -> tuple[int, float]:
     """Run ``cmd``; return (peak RSS summed over its process tree in bytes, seconds)."""
     import psutil
@@ -136,7 +277,8 @@ def main() -> None:
     ap.add_argument("--formats", default=",".join(format_names()))
     ap.add_argument("--reads", type=int, default=3000, help="samples per read measurement")
     ap.add_argument("--bare", type=int, default=600, help="images in the bare conversion loop")
-    ap.add_argument("--skip-memory", action="store_true")
+    ap.add_argument("--sections", default="convert,read,memory,loader,cache,scaling",
+                    help="comma-separated: convert, read, memory, loader, cache, scaling (read/loader/cache need convert's output)")
     ap.add_argument("--out", default=None, help="write the markdown tables here")
     a = ap.parse_args()
     os.makedirs(a.work, exist_ok=True)
@@ -147,6 +289,7 @@ def main() -> None:
     lines = [f"Source: {a.src}, {n} images, {len(scan.classes)} classes; {cores} cores; "
              f"resize {RESIZE}; python {sys.version.split()[0]}, OpenCV {cv2.__version__}", ""]
 
+    sections = set(a.sections.split(","))
     paths = [s.path for s in scan.samples[: a.bare]]
     bare_exact = bare_convert_rate(paths, exact=True)
     bare_ours = bare_convert_rate(paths, exact=False)
@@ -155,7 +298,7 @@ def main() -> None:
               f"machine limit = x{cores} cores: {bare_exact * cores:.0f} / {bare_ours * cores:.0f} img/s", "",
               "| format | workers 1 img/s | workers 2 img/s | w2 / w1 | w2 / limit (full decode) | w2 / limit (process_image) |",
               "|---|---|---|---|---|---|"]
-    for fmt in formats:
+    for fmt in formats if "convert" in sections else []:
         r1 = timed_convert(a.src, os.path.join(a.work, f"{fmt}-w1"), fmt, JPEG, 1)
         r2 = timed_convert(a.src, os.path.join(a.work, f"{fmt}-jpeg"), fmt, JPEG, 2)
         lines.append(f"| {fmt} | {r1:.0f} | {r2:.0f} | {r2 / r1:.2f} | {r2 / (bare_exact * cores):.2f} | "
@@ -167,7 +310,7 @@ def main() -> None:
               "| format | bare imdecode img/s | jpeg:90 ds[i] img/s | jpeg / bare | raw ds[i] img/s | raw / jpeg |",
               "|---|---|---|---|---|---|"]
     order = np.random.default_rng(0).permutation(n)[: a.reads]
-    for fmt in formats:
+    for fmt in formats if "read" in sections else []:
         jpeg_dir, raw_dir = os.path.join(a.work, f"{fmt}-jpeg"), os.path.join(a.work, f"{fmt}-raw")
         timed_convert(a.src, raw_dir, fmt, "raw", 2)
         bare = bare_decode_rate(jpeg_dir, order)
@@ -176,7 +319,13 @@ def main() -> None:
         lines.append(f"| {fmt} | {bare:.0f} | {jr:.0f} | {jr / bare:.2f} | {rr:.0f} | {rr / jr:.1f} |")
         print(lines[-1], flush=True)
 
-    if not a.skip_memory:
+    if "loader" in sections:
+        section_loader(a, formats, lines)
+    if "cache" in sections:
+        section_cache(a, formats, lines)
+    if "scaling" in sections:
+        section_scaling(a, lines)
+    if "memory" in sections:
         lines += ["", "### Peak memory of a conversion (lmdb, 2 workers, whole process tree)", "",
                   "| images | peak RSS MB | seconds |", "|---|---|---|"]
         for count in (2000, n):
