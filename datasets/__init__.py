@@ -12,9 +12,13 @@ from packer.manifest import MANIFEST_NAME, read_manifest
 from packer.registry import reader_class
 
 from .base import OUTPUTS, PackedDataset
+from .cache import SharedCache
+from .prefetch import prefetch_to_device
+from .seeding import seed_everything, seed_worker, worker_rng
 from .streaming import StreamingDataset
 
-__all__ = ["open_dataset", "PackedDataset", "OUTPUTS", "StreamingDataset"]
+__all__ = ["open_dataset", "PackedDataset", "OUTPUTS", "StreamingDataset", "SharedCache",
+           "prefetch_to_device", "seed_everything", "seed_worker", "worker_rng"]
 
 
 def open_dataset(path: str | os.PathLike[str], *, format: str | None = None, **kwargs: Any) -> PackedDataset:

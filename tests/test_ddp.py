@@ -15,6 +15,7 @@ import subprocess
 import sys
 
 import pytest
+import torch
 from test_streaming import SHARD, N, convert, expected
 
 from packer.datasets import open_dataset
@@ -66,17 +67,44 @@ def test_two_ranks_read_every_sample_once_per_epoch(tmp_path_factory, tmp_path, 
         assert orders[0] != orders[1] != orders[2]
 
 
-@pytest.mark.parametrize("mode", ["map-style", "streaming"])
-def test_reference_training_script_runs_on_two_ranks(tmp_path_factory, mode):
-    data = convert(tmp_path_factory, "lmdb")
-    script = os.path.join(os.path.dirname(HERE), "tools", "train_ddp.py")
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2",
-           f"--master_port={free_port()}", script, "--data", data, "--epochs", "2",
-           "--batch-size", "3", "--workers", "2", "--size", "8"]
-    cmd += ["--streaming"] if mode == "streaming" else []
+SCRIPT = os.path.join(os.path.dirname(HERE), "tools", "train_ddp.py")
+MODES = {"map-style": [], "streaming": ["--streaming"]}
+
+
+def run_script(launcher: list[str], data: str, *args: str) -> str:
+    """Run tools/train_ddp.py on the 6 x 6 test images (crop 8: enlarged first); its stdout."""
+    cmd = [*launcher, SCRIPT, "--data", data, "--batch-size", "3", "--workers", "2",
+           "--size", "8", *args]
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=120, env=env)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    return proc.stdout
+
+
+@pytest.mark.parametrize("mode", list(MODES))
+def test_reference_training_script_runs_on_two_ranks(tmp_path_factory, tmp_path, mode):
+    data = convert(tmp_path_factory, "lmdb")
+    torchrun = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2",
+                f"--master_port={free_port()}"]
+    checkpoint = str(tmp_path / "ck.pt")
+    out = run_script(torchrun, data, "--epochs", "2", "--checkpoint", checkpoint, *MODES[mode])
     for rank in range(2):
         for epoch in range(2):  # 12 samples per rank (23 padded to 24), batches of 3
-            assert f"rank {rank}/2 epoch {epoch}: 4 steps" in proc.stdout
+            assert f"rank {rank}/2 epoch {epoch}: 4 steps, loss " in out
+    assert out.count(" img/s, waiting for data ") == 4
+    state = torch.load(checkpoint)
+    assert state["data"]["epoch"] == 2 and state["data"]["samples_consumed"] == 0
+
+
+@pytest.mark.parametrize("mode", list(MODES))
+def test_reference_training_script_resumes_mid_epoch(tmp_path_factory, tmp_path, mode):
+    """One process: stop 2 steps into epoch 1 (of 8 steps: 23 samples, batches of 3), resume."""
+    data = convert(tmp_path_factory, "lmdb")
+    args = ["--epochs", "2", "--checkpoint", str(tmp_path / "ck.pt"), *MODES[mode]]
+    first = run_script([sys.executable], data, *args, "--max-steps", "10")
+    assert "rank 0/1 epoch 0: 8 steps, loss " in first and ", 23 samples, " in first
+    assert "rank 0/1 epoch 1: 2 steps, loss " in first and ", 6 samples, " in first
+    second = run_script([sys.executable], data, *args, "--resume")
+    assert "rank 0/1: resumed from " in second and " at epoch 1, sample 6 of 23" in second
+    assert "rank 0/1 epoch 1: 6 steps, loss " in second and ", 17 samples, " in second
+    assert "epoch 0" not in second
