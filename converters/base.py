@@ -1,5 +1,17 @@
-"""What every format writer implements. The conversion engine owns processes, order, skips and the
-manifest; a writer only lays processed samples into files, in the order it is given them."""
+"""What every format writer implements. The conversion engine owns processes, order, skips, the
+journal and the manifest; a writer only lays processed samples into files, in the order it is given
+them, and says when what it has written is a safe point to resume from.
+
+Resume protocol (used by ``--resume``, see :mod:`packer.journal`): after each ``add`` the engine
+asks :meth:`Writer.checkpoint_due`; when true it calls :meth:`Writer.checkpoint`, which makes every
+byte written so far durable (fsync) and returns a JSON-able state whose ``"samples"`` says how many
+samples, from index 0, the durable files hold; the engine then writes the journal. A later run
+creates a fresh writer in the same folder and calls :meth:`Writer.resume` with that state before
+any ``add``: it keeps those samples, discards whatever was written after the checkpoint, and the
+next ``add`` continues at index ``state["samples"]``. Checkpoints fall where the writer makes its
+data durable anyway (a finished shard, an LMDB commit, an HDF5 block), so they do not change the
+bytes written, and a resumed conversion produces the same files as an uninterrupted one.
+"""
 
 from __future__ import annotations
 
@@ -21,6 +33,10 @@ class WriterOptions:
     shard_bytes: int | None = None
     shard_samples: int | None = None
     gzip: bool = False
+    #: LMDB and HDF5: samples per durable commit (an LMDB transaction, an HDF5 block), each a point
+    #: ``--resume`` can continue from. None: the format's default (1024 LMDB, 8192 HDF5). It decides
+    #: how the file is laid out, so it is part of the options that give identical output.
+    checkpoint_samples: int | None = None
 
 
 class Writer(abc.ABC):
@@ -55,4 +71,28 @@ class Writer(abc.ABC):
         """Flush and fsync everything; return (payload files, layout facts for the manifest)."""
 
     def abort(self) -> None:  # noqa: B027 - optional hook
-        """Release resources after a failure (files are removed by the engine)."""
+        """Release resources after a failure (the engine removes the folder, or keeps it for
+        ``--resume``: nothing written before the last checkpoint may be touched here)."""
+
+    # -- resume ------------------------------------------------------------------------------------
+    #: True for writers that implement checkpoint() and resume().
+    resumable: ClassVar[bool] = False
+
+    def checkpoint_due(self) -> bool:
+        """True when the last ``add`` reached a point where a checkpoint costs nothing extra."""
+        return False
+
+    def checkpoint(self) -> dict[str, Any]:
+        """Make everything written so far durable; return the state to resume from (JSON-able,
+        with ``"samples"``: how many samples from index 0 the durable files hold)."""
+        raise NotImplementedError(f"the {self.format} writer cannot checkpoint")
+
+    def resume(self, state: dict[str, Any]) -> None:
+        """Continue after the checkpoint ``state`` (see the module docstring); raises
+        packer.errors.ResumeError when the files on disk do not match it. The run that wrote
+        ``state`` may have been killed at any later moment, ``close`` included."""
+        raise NotImplementedError(f"the {self.format} writer cannot resume")
+
+    def forget_checkpoints(self) -> None:  # noqa: B027 - optional hook
+        """Called after ``close`` once the engine no longer needs the last checkpoint (the final
+        journal is written): delete what only a resume needed. ``close`` must not."""

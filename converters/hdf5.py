@@ -14,13 +14,15 @@ Layout (``packer_layout`` 1; docs/FORMATS.md repeats it for people reading with 
     /crc32c    uint32 (N,)     CRC32C (Castagnoli) of each sample's payload bytes
     /keys      UTF-8 variable-length strings (N,): source path relative to the source root (an
                HDF5 string cannot hold NUL: NUL and unencodable characters become U+FFFD)
+    /key_crc32c uint32 (N,)    CRC32C of each key's UTF-8 bytes (keys live in HDF5's global heap,
+               which has no checksum of its own)
     /codecs    uint8 (N,)      only when the root attribute codec is "mixed" (ids of packer.record)
     /classes   UTF-8 variable-length strings (C,): class names in label order
 
     root attributes: packer_layout (1), storage, codec (one name, or "mixed"), num_samples,
                      chunk_bytes, manifest (JSON, see below)
-    /labels, /offsets, /shapes, /crc32c, /codecs carry attribute crc32c: the CRC32C of the
-    dataset's little-endian bytes, checked by the reader when it opens the file.
+    /labels, /offsets, /shapes, /crc32c, /key_crc32c, /codecs carry attribute crc32c: the CRC32C
+    of the dataset's little-endian bytes, checked by the reader when it opens the file.
 
 Why a flat byte array plus offsets instead of a variable-length uint8 dataset: measured on the
 reference machine with 27 kB JPEGs, h5py reads one vlen element in 40 us and one slice of a flat
@@ -36,21 +38,35 @@ The ``manifest`` attribute holds the manifest facts that exist while this file i
 per-file SHA-256, the skip list and ignored counts exist only after the file is finished, so they
 live in manifest.json alone, which stays the authority.
 
-Determinism: samples are buffered and written in blocks whose boundaries depend only on the data,
-object modification times are off (``track_times=False``) and the file format is pinned
-(``libver=("earliest", "v110")``), so identical input gives a byte-identical file.
+Determinism: samples are buffered and written in blocks whose boundaries depend only on the data
+(``checkpoint_samples``, default 8192, or 16 MB of payload), object modification times are off
+(``track_times=False``) and the file format is pinned (``libver=("earliest", "v110")``), so
+identical input gives a byte-identical file.
+
+Resume: after every block the file is flushed (``H5Fflush``) and the block is a checkpoint. HDF5
+rewrites its metadata in place, so a file killed in the middle of a later block cannot be trusted
+as a whole; but payload chunks, once written whole, are never moved or rewritten. So the writer
+keeps an append-only log, ``.data.h5.log``, fsynced at each checkpoint: each sample's metadata
+(key, label, size, codec, payload CRC), the file address of every whole payload chunk, and the
+payload bytes not yet in a whole chunk. ``resume`` reads the checkpoint's samples back from those
+chunks and the log (CRC checked) and replays them into a fresh file through the same blocks, so a
+resumed file is byte-identical to an uninterrupted one. The log is deleted when the file is done.
 """
+
+
 
 from __future__ import annotations
 
 import json
 import os
+import struct
 from typing import Any
 
 import crc32c
 import h5py
 import numpy as np
 
+from packer.errors import ResumeError
 from packer.imageproc import ProcessedImage
 from packer.manifest import FileEntry, file_sha256, fsync_dir
 from packer.record import CODEC_IDS
@@ -65,8 +81,16 @@ CHUNK_BYTES = 1 << 20  # payload chunk size
 LIBVER = ("earliest", "v110")
 _META_CHUNK = 8192  # rows per chunk of the per-sample datasets
 _BLOCK_BYTES = 16 << 20  # flush the buffer at this many payload bytes ...
-_BLOCK_SAMPLES = 8192  # ... or at this many samples
+_BLOCK_SAMPLES = 8192  # ... or at this many samples (checkpoint_samples overrides it)
 _STR = h5py.string_dtype("utf-8")
+_META_NAMES = ("labels", "shapes", "crc32c", "key_crc32c")
+
+# The resume log: records of one type byte and a uint64 body length, then the body.
+LOG_FILE = ".data.h5.log"
+_RESUME_SOURCE = ".data.h5.resume"
+_REC = struct.Struct("<cQ")
+_SAMPLE = struct.Struct("<qIIIBQH")  # label, height, width, payload crc, codec id, payload length, key length
+_CHUNKS = struct.Struct("<II")  # generation, first chunk number; then uint64 addresses
 
 
 def _key_text(key: str) -> str:
@@ -89,9 +113,13 @@ class HDF5Writer(Writer):
     """Writes ``data.h5`` into the output directory (see the module docstring for the layout)."""
 
     format = "hdf5"
+    resumable = True
 
     def __init__(self, directory: str, options: WriterOptions) -> None:
         super().__init__(directory, options)
+        self._block_samples = options.checkpoint_samples or _BLOCK_SAMPLES
+        if self._block_samples < 1:
+            raise ValueError(f"checkpoint_samples must be at least 1, not {self._block_samples}")
         self._info: dict[str, Any] = {}
         self._generation = 0
         self._f: h5py.File | None = None
@@ -105,13 +133,25 @@ class HDF5Writer(Writer):
         self._carry = bytearray()  # "flat": payload bytes not yet written (less than a chunk)
         self._rows: list[bytes] = []  # "array": rows not yet written (less than a chunk)
         self._crcs: dict[str, int] = {}  # running CRC32C of each metadata dataset
-        self._pending: list[tuple[str, int, int, int, int]] = []  # key, label, h, w, crc
+        self._pending: list[tuple[str, int, int, int, int, int]] = []  # key, label, h, w, crc, key crc
         self._pending_payloads: list[bytes] = []
         self._pending_bytes = 0
+        # resume log state
+        self._chunk_addrs: list[int] = []  # file address of each whole /images chunk, this generation
+        self._logged_chunks = 0
+        self._logged_generation = -1
+        self._unlogged: list[bytes] = []  # sample records not yet in the log
+        self._log: Any = None
+        self._stale: list[tuple[int, str]] = []  # earlier generation files, deleted at a later checkpoint
+        self._logged_count = 0
+        self._after_journal: list[str] = []  # deleted at the checkpoint after the next one
+        self._delete_now: list[str] = []
+        self._due = False
 
     # -- file handling ---------------------------------------------------------------------------
-    def _partial(self) -> str:
-        return self.path(f"{DATA_FILE}.partial{self._generation or ''}")
+    def _partial(self, generation: int | None = None) -> str:
+        g = self._generation if generation is None else generation
+        return self.path(f"{DATA_FILE}.partial{g or ''}")
 
     def _create(self, storage: str) -> None:
         """Open a fresh partial file with empty, extendible datasets for ``storage``."""
@@ -130,12 +170,14 @@ class HDF5Writer(Writer):
         f.create_dataset("labels", (0,), np.int64, chunks=(_META_CHUNK,), maxshape=(None,), **opts)
         f.create_dataset("shapes", (0, 2), np.uint32, chunks=(_META_CHUNK, 2), maxshape=(None, 2), **opts)
         f.create_dataset("crc32c", (0,), np.uint32, chunks=(_META_CHUNK,), maxshape=(None,), **opts)
+        f.create_dataset("key_crc32c", (0,), np.uint32, chunks=(_META_CHUNK,), maxshape=(None,), **opts)
         f.create_dataset("keys", (0,), _STR, chunks=(_META_CHUNK,), maxshape=(None,), **opts)
-        for name in ("labels", "shapes", "crc32c"):
+        for name in _META_NAMES:
             self._crcs[name] = 0
         self._storage = storage
         self._written = 0
         self._payload_written = 0
+        self._chunk_addrs = []
 
     @staticmethod
     def _append(d: h5py.Dataset, rows: np.ndarray) -> None:
@@ -154,7 +196,8 @@ class HDF5Writer(Writer):
         self._info = dict(info)
 
     def add(self, index: int, key: str, label: int, image: ProcessedImage) -> None:
-        """Buffer one sample; a full block (16 MB or 8192 samples) is written at once."""
+        """Buffer one sample; a full block (``checkpoint_samples`` samples or 16 MB) is written at
+        once, flushed, and is a checkpoint."""
         payload = bytes(image.payload)
         raw_shape = (image.height, image.width)
         if image.codec == "raw" and len(payload) != image.height * image.width * 3:
@@ -164,25 +207,48 @@ class HDF5Writer(Writer):
             self._create("array" if image.codec == "raw" else "flat")
         elif self._storage == "array" and (image.codec != "raw" or raw_shape != self._shape):
             self._to_flat()
-        self._codec_ids.append(CODEC_IDS[image.codec])
-        self._pending.append((_key_text(key), int(label), image.height, image.width, crc32c.crc32c(payload)))
+        text = _key_text(key)
+        kraw = text.encode("utf-8")
+        crc, kcrc = crc32c.crc32c(payload), crc32c.crc32c(kraw)
+        codec_id = CODEC_IDS[image.codec]
+        self._codec_ids.append(codec_id)
+        self._pending.append((text, int(label), image.height, image.width, crc, kcrc))
         self._pending_payloads.append(payload)
         self._pending_bytes += len(payload)
+        self._unlogged.append(_SAMPLE.pack(int(label), image.height, image.width, crc, codec_id, len(payload),
+                                           len(kraw)) + kraw)
         self._count += 1
-        if self._pending_bytes >= _BLOCK_BYTES or len(self._pending) >= _BLOCK_SAMPLES:
+        if self._pending_bytes >= _BLOCK_BYTES or len(self._pending) >= self._block_samples:
             self._flush()
+            self._sync_chunks()
+            self._due = True
+
+    def _sync_chunks(self) -> None:
+        """Flush HDF5's caches to the file and note the address of every new whole chunk."""
+        assert self._f is not None
+        self._f.flush()
+        images = self._f["images"]
+        per_chunk = images.chunks[0]
+        whole = self._payload_written // per_chunk
+        zeros = (0,) * (images.ndim - 1)
+        for c in range(len(self._chunk_addrs), whole):
+            info = images.id.get_chunk_info_by_coord((c * per_chunk, *zeros))
+            if info.byte_offset is None:
+                raise OSError(f"HDF5 did not allocate chunk {c} of /images in {self._partial()}")
+            self._chunk_addrs.append(int(info.byte_offset))
 
     def _flush(self, final: bool = False) -> None:
         """Write the buffered metadata, and the payload in whole chunks (all of it when ``final``)."""
         if self._f is None:
             return
         if self._pending:
-            keys, labels, hs, ws, crcs = zip(*self._pending)
+            keys, labels, hs, ws, crcs, kcrcs = zip(*self._pending)
             self._f["keys"].resize(self._written + len(keys), axis=0)
             self._f["keys"][self._written :] = np.array(keys, dtype=object)
             self._append_meta("labels", np.array(labels, np.int64))
             self._append_meta("shapes", np.stack([np.array(hs, np.uint32), np.array(ws, np.uint32)], axis=1))
             self._append_meta("crc32c", np.array(crcs, np.uint32))
+            self._append_meta("key_crc32c", np.array(kcrcs, np.uint32))
             if self._storage == "flat":
                 ends = self._payload_end + np.cumsum([len(p) for p in self._pending_payloads], dtype=np.uint64)
                 self._append_meta("offsets", ends.astype(np.uint64))
@@ -230,12 +296,122 @@ class HDF5Writer(Writer):
             rows = old["images"][s:e]
             self._pending = list(zip(
                 old["keys"].asstr()[s:e].tolist(), old["labels"][s:e].tolist(), old["shapes"][s:e, 0].tolist(),
-                old["shapes"][s:e, 1].tolist(), old["crc32c"][s:e].tolist(),
+                old["shapes"][s:e, 1].tolist(), old["crc32c"][s:e].tolist(), old["key_crc32c"][s:e].tolist(),
             ))
             self._pending_payloads = [r.tobytes() for r in rows]
             self._flush()
         old.close()
-        os.remove(old_path)
+        # The last checkpoint may still point into the old file: delete it once a checkpoint in
+        # the new one has been journaled (the next checkpoint() call), or at close.
+        self._stale.append((self._generation - 1, old_path))
+
+    # -- resume ----------------------------------------------------------------------------------
+    def checkpoint_due(self) -> bool:
+        """True right after a block was written and flushed."""
+        return self._due
+
+    def checkpoint(self) -> dict[str, Any]:
+        """Append the new samples' metadata, chunk addresses and the unwritten payload tail to the
+        log; fsync the file and the log. Payload still buffered (a sample that switched the
+        storage) is not part of the checkpoint."""
+        self._due = False
+        for path in self._delete_now:  # resume sources: a journal written after the resume exists now
+            if os.path.exists(path):
+                os.remove(path)
+        self._delete_now, self._after_journal = self._after_journal, []
+        # The journal of the previous checkpoint is durable now; files of other generations are not
+        # needed by it any more.
+        keep = [(g, p) for g, p in self._stale if g == self._logged_generation]
+        for g, p in self._stale:
+            if (g, p) not in keep and os.path.exists(p):
+                os.remove(p)
+        if self._log is None:
+            self._log = open(self.path(LOG_FILE), "ab")  # noqa: SIM115 - closed in close()/abort()
+        n_new = self._written - self._logged_count
+        body = b"".join(self._unlogged[:n_new])
+        records = [_REC.pack(b"M", len(body)) + body] if n_new else []
+        del self._unlogged[:n_new]
+        self._logged_count = self._written
+        if self._logged_generation != self._generation:
+            self._logged_generation, self._logged_chunks = self._generation, 0
+        if len(self._chunk_addrs) > self._logged_chunks or not self._logged_chunks:
+            new = self._chunk_addrs[self._logged_chunks :]
+            body = _CHUNKS.pack(self._generation, self._logged_chunks) + struct.pack(f"<{len(new)}Q", *new)
+            records.append(_REC.pack(b"C", len(body)) + body)
+            self._logged_chunks = len(self._chunk_addrs)
+        tail = bytes(self._carry) if self._storage == "flat" else b"".join(self._rows)
+        records.append(_REC.pack(b"T", len(tail)) + tail)
+        self._log.write(b"".join(records))
+        self._log.flush()
+        os.fsync(self._log.fileno())
+        if self._f is not None:
+            fd = os.open(self._partial(), os.O_RDONLY)
+            try:
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+        self._stale = keep
+        fsync_dir(self.directory)
+        return {
+            "samples": self._written, "log_bytes": self._log.tell(), "generation": self._generation,
+            "storage": self._storage, "shape": list(self._shape),
+        }
+
+    def resume(self, state: dict[str, Any]) -> None:
+        """Replay the checkpoint's samples (from the interrupted file's chunks and the log, CRC
+        checked) into a fresh file through the same blocks; everything after it is dropped.
+
+        The interrupted file and log are renamed, not deleted, until a checkpoint after the
+        resume has been journaled: a run killed while resuming resumes again from them."""
+        want = int(state.get("samples", 0))
+        generation = int(state.get("generation", 0))
+        src_path, old_log = self.path(_RESUME_SOURCE), self.path(LOG_FILE + ".resume")
+        partial = self._partial(generation)
+        if want and not os.path.exists(src_path):
+            if os.path.exists(partial):
+                os.replace(partial, src_path)
+            elif os.path.exists(self.path(DATA_FILE)):  # killed after close() renamed it, before the final journal
+                os.replace(self.path(DATA_FILE), src_path)
+        if want and not os.path.exists(old_log) and os.path.exists(self.path(LOG_FILE)):
+            os.replace(self.path(LOG_FILE), old_log)
+        for name in os.listdir(self.directory):
+            if name.startswith(f"{DATA_FILE}.partial") or name in (LOG_FILE, DATA_FILE):
+                os.remove(self.path(name))
+        if want == 0:
+            for p in (src_path, old_log):
+                if os.path.exists(p):
+                    os.remove(p)
+            return
+        try:
+            with open(old_log, "rb") as f:
+                log = f.read(int(state["log_bytes"]))
+        except (OSError, KeyError, ValueError) as e:
+            raise ResumeError(f"cannot resume: the HDF5 resume log is unreadable ({e}); "
+                              f"run without --resume to start over") from None
+        if len(log) != int(state["log_bytes"]) or not os.path.exists(src_path):
+            raise ResumeError(f"cannot resume: {partial} or its log is shorter than the journal says; "
+                              f"run without --resume to start over")
+        samples, chunks, tail = _parse_log(log, generation)
+        if len(samples) < want:
+            raise ResumeError(f"cannot resume: the HDF5 log holds {len(samples)} samples, the journal {want}; "
+                              f"run without --resume to start over")
+        names = {v: k for k, v in CODEC_IDS.items()}
+        storage, shape = state.get("storage"), tuple(state.get("shape") or (0, 0))
+        with open(src_path, "rb") as src:
+            reader = _PayloadSource(src, storage, shape, chunks, tail)
+            for i in range(want):
+                label, h, w, crc, codec_id, plen, key = samples[i]
+                payload = reader.take(plen)
+                if crc32c.crc32c(payload) != crc or codec_id not in names:
+                    raise ResumeError(f"cannot resume: sample {i} in {partial} does not match its checksum; "
+                                      f"run without --resume to start over")
+                self.add(i, key, label, ProcessedImage(names[codec_id], payload, h, w))
+                if self._due:
+                    self.checkpoint()
+        if self._written != want:
+            raise ResumeError(f"cannot resume: replaying {want} samples did not end on a block "
+                              f"(different checkpoint_samples?); run without --resume to start over")
+        self._after_journal = [src_path, old_log]
 
     # -- finishing -------------------------------------------------------------------------------
     def close(self) -> tuple[list[FileEntry], dict[str, Any]]:
@@ -264,6 +440,7 @@ class HDF5Writer(Writer):
             "storage": self._storage,
             "codec": codec,
             "chunk_bytes": CHUNK_BYTES,
+            "checkpoint_samples": self._block_samples,
         }
         if self._storage == "array":
             layout["image_shape"] = [*self._shape, 3]
@@ -282,14 +459,103 @@ class HDF5Writer(Writer):
         finally:
             os.close(fd)
         os.replace(partial, final)
+        self._close_log()
         fsync_dir(self.directory)
         return [FileEntry(DATA_FILE, self._count, os.path.getsize(final), file_sha256(final))], layout
 
+    def forget_checkpoints(self) -> None:
+        """Delete the resume log, earlier generations and resume sources (after the final journal)."""
+        leftovers = [*(p for _, p in self._stale), *self._after_journal, *self._delete_now]
+        for path in [*leftovers, self.path(LOG_FILE)]:
+            if os.path.exists(path):
+                os.remove(path)
+        self._stale, self._after_journal, self._delete_now = [], [], []
+        fsync_dir(self.directory)
+
+    def _close_log(self) -> None:
+        if self._log is not None:
+            self._log.close()
+            self._log = None
+
     def abort(self) -> None:
-        """Close the partial file (the engine removes the folder)."""
+        """Close the partial file and the log (the engine removes the folder or keeps it to resume)."""
+        self._close_log()
         if self._f is not None:
             try:
                 self._f.close()
-            except Exception:  # noqa: BLE001 - already failing; the folder is removed next
+            except Exception:  # noqa: BLE001 - already failing; the folder is removed or resumed next
                 pass
             self._f = None
+
+
+def _parse_log(log: bytes, generation: int) -> tuple[list[tuple[int, int, int, int, int, int, str]], list[int], bytes]:
+    """Samples, chunk addresses of ``generation`` and the last payload tail in a resume log."""
+    samples: list[tuple[int, int, int, int, int, int, str]] = []
+    chunks: list[int] = []
+    chunk_gen = -1
+    tail = b""
+    pos = 0
+    try:
+        while pos < len(log):
+            kind, n = _REC.unpack_from(log, pos)
+            body = memoryview(log)[pos + _REC.size : pos + _REC.size + n]
+            if len(body) != n:
+                raise ValueError("record runs past the end")
+            pos += _REC.size + n
+            if kind == b"M":
+                p = 0
+                while p < n:
+                    label, h, w, crc, codec, plen, klen = _SAMPLE.unpack_from(body, p)
+                    p += _SAMPLE.size
+                    key = bytes(body[p : p + klen]).decode("utf-8")
+                    p += klen
+                    samples.append((label, h, w, crc, codec, plen, key))
+            elif kind == b"C":
+                gen, first = _CHUNKS.unpack_from(body, 0)
+                addrs = struct.unpack_from(f"<{(n - _CHUNKS.size) // 8}Q", body, _CHUNKS.size)
+                if gen != chunk_gen:
+                    chunks, chunk_gen = [], gen
+                if first != len(chunks):
+                    raise ValueError("chunk records out of order")
+                chunks.extend(addrs)
+            elif kind == b"T":
+                tail = bytes(body)
+            else:
+                raise ValueError(f"unknown record {kind!r}")
+    except (struct.error, ValueError, UnicodeDecodeError) as e:
+        raise ResumeError(f"cannot resume: the HDF5 resume log is damaged ({e}); run without --resume") from None
+    if chunk_gen not in (-1, generation):
+        chunks = []
+    return samples, chunks, tail
+
+
+class _PayloadSource:
+    """The payload byte stream of an interrupted file: whole chunks at logged addresses, then the tail."""
+
+    def __init__(self, f: Any, storage: str | None, shape: tuple[int, ...], chunks: list[int], tail: bytes) -> None:
+        self.f, self.chunks, self.tail = f, chunks, tail
+        if storage == "array":
+            h, w = shape
+            self.chunk = max(1, CHUNK_BYTES // (h * w * 3)) * h * w * 3
+        else:
+            self.chunk = CHUNK_BYTES
+        self.pos = 0
+
+    def take(self, n: int) -> bytes:
+        out = bytearray()
+        in_chunks = len(self.chunks) * self.chunk
+        while n > 0:
+            if self.pos < in_chunks:
+                c, off = divmod(self.pos, self.chunk)
+                k = min(n, self.chunk - off)
+                data = os.pread(self.f.fileno(), k, self.chunks[c] + off)
+            else:
+                off = self.pos - in_chunks
+                data = self.tail[off : off + n]
+            if not data:
+                raise ResumeError("cannot resume: the interrupted HDF5 file is shorter than its log says; "
+                                  "run without --resume to start over")
+            out += data
+            self.pos += len(data)
+            n -= len(data)
+        return bytes(out)

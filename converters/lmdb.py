@@ -1,8 +1,17 @@
 """LMDB writer: one environment, key ``%010d`` per sample in sample order, value = packer record.
 
 The value layout is :mod:`packer.record` (header, key, payload, CRC32C; no pickle). Samples are
-appended in write transactions of bounded size; when the memory map is full the transaction is
-retried after doubling the map, so users never see ``MDB_MAP_FULL``.
+appended in write transactions of ``checkpoint_samples`` samples (default 1024) or 64 MB; when the
+memory map is full the transaction is retried after doubling the map, so users never see
+``MDB_MAP_FULL``.
+
+The environment is written as ``data.mdb.partial`` (``subdir=False``, no lock file: this process
+is its only user) and renamed to ``data.mdb`` once synced and closed. Every commit is a
+checkpoint: the file is synced and ``--resume`` keeps the committed samples. Resuming does not
+reopen the interrupted environment for writing: it reads the committed records back (CRC
+checked) and replays them into a fresh environment through the same transactions, so the result
+is byte-identical to an uninterrupted run (LMDB's page layout depends only on the sequence of
+transactions and map sizes), and pages a killed transaction may have left are never reused.
 """
 
 from __future__ import annotations
@@ -12,18 +21,21 @@ from typing import Any
 
 import lmdb
 
+from packer.errors import CorruptDataError, ResumeError
 from packer.imageproc import ProcessedImage
-from packer.manifest import FileEntry, file_sha256
-from packer.record import pack_record
+from packer.manifest import FileEntry, file_sha256, fsync_dir
+from packer.record import pack_record, unpack_record
 
 from .base import Writer, WriterOptions
 
-__all__ = ["LMDBWriter", "lmdb_key"]
+__all__ = ["LMDBWriter", "lmdb_key", "DATA_FILE", "CHECKPOINT_SAMPLES"]
 
 DATA_FILE = "data.mdb"
+PARTIAL = DATA_FILE + ".partial"
+_RESUME_SOURCE = ".data.mdb.resume"
 _INITIAL_MAP = 1 << 30
 _BATCH_BYTES = 64 << 20
-_BATCH_SAMPLES = 1024
+CHECKPOINT_SAMPLES = 1024  # default samples per transaction
 
 
 def lmdb_key(index: int) -> bytes:
@@ -35,52 +47,139 @@ class LMDBWriter(Writer):
     """Writes a packed LMDB environment into the output directory."""
 
     format = "lmdb"
+    resumable = True
 
     def __init__(self, directory: str, options: WriterOptions) -> None:
         super().__init__(directory, options)
+        self._batch_samples = options.checkpoint_samples or CHECKPOINT_SAMPLES
+        if self._batch_samples < 1:
+            raise ValueError(f"checkpoint_samples must be at least 1, not {self._batch_samples}")
         self._map_size = _INITIAL_MAP
-        self._env = lmdb.open(
-            directory, subdir=True, map_size=self._map_size, sync=False, metasync=False,
-            meminit=True, readahead=False, max_dbs=0,
-        )
+        self._env: lmdb.Environment | None = None
         self._batch: list[tuple[bytes, bytes]] = []
         self._batch_bytes = 0
         self._count = 0
+        self._committed = 0
+        self._due = False
+
+    def _open(self) -> lmdb.Environment:
+        if self._env is None:
+            for name in (PARTIAL, PARTIAL + "-lock"):  # left by an earlier, interrupted run
+                if os.path.exists(self.path(name)):
+                    os.remove(self.path(name))
+            self._env = lmdb.open(
+                self.path(PARTIAL), subdir=False, lock=False, map_size=self._map_size, sync=False,
+                metasync=False, meminit=True, readahead=False, max_dbs=0,
+            )
+        return self._env
 
     def add(self, index: int, key: str, label: int, image: ProcessedImage) -> None:
-        """Queue one sample; commits every 1024 samples or 64 MB."""
-        value = pack_record(key, label, image.codec, image.height, image.width, image.payload)
+        """Queue one sample; commits every ``checkpoint_samples`` samples or 64 MB."""
+        self._put(index, pack_record(key, label, image.codec, image.height, image.width, image.payload))
+
+    def _put(self, index: int, value: bytes) -> None:
+        self._open()
         self._batch.append((lmdb_key(index), value))
         self._batch_bytes += len(value)
         self._count += 1
-        if len(self._batch) >= _BATCH_SAMPLES or self._batch_bytes >= _BATCH_BYTES:
+        if len(self._batch) >= self._batch_samples or self._batch_bytes >= _BATCH_BYTES:
             self._commit()
+            self._due = True
 
     def _commit(self) -> None:
+        env = self._open()
         while self._batch:
             try:
-                with self._env.begin(write=True) as txn:
+                with env.begin(write=True) as txn:
                     for k, v in self._batch:
                         txn.put(k, v, append=True)
             except lmdb.MapFullError:
                 self._map_size *= 2
-                self._env.set_mapsize(self._map_size)
+                env.set_mapsize(self._map_size)
                 continue
+            self._committed += len(self._batch)
             self._batch.clear()
             self._batch_bytes = 0
 
+    # -- resume ------------------------------------------------------------------------------------
+    def checkpoint_due(self) -> bool:
+        """True right after a commit."""
+        return self._due
+
+    def checkpoint(self) -> dict[str, Any]:
+        """Sync the committed transactions to disk; the state is the committed sample count."""
+        self._due = False
+        if self._env is not None:
+            self._env.sync(True)
+        return {"samples": self._committed, "map_size": self._map_size}
+
+    def resume(self, state: dict[str, Any]) -> None:
+        """Replay the checkpoint's committed records from the interrupted file into a fresh one
+        (see the module docstring); records after the checkpoint are dropped."""
+        want = int(state.get("samples", 0))
+        partial, source = self.path(PARTIAL), self.path(_RESUME_SOURCE)
+        final = self.path(DATA_FILE)
+        if os.path.exists(source):  # an earlier resume was interrupted: its source is still the original
+            for p in (partial, final):
+                if os.path.exists(p):
+                    os.remove(p)
+        elif os.path.exists(partial):
+            os.replace(partial, source)
+        elif os.path.exists(final):  # killed after close() renamed it, before the final journal
+            os.replace(final, source)
+        for name in (PARTIAL + "-lock", _RESUME_SOURCE + "-lock"):
+            if os.path.exists(self.path(name)):
+                os.remove(self.path(name))
+        if want == 0:
+            if os.path.exists(source):
+                os.remove(source)
+            return
+        if not os.path.exists(source):
+            raise ResumeError(f"cannot resume: {partial} is missing (run without --resume to start over)")
+        try:
+            old = lmdb.open(source, subdir=False, readonly=True, lock=False, readahead=True, max_dbs=0)
+        except lmdb.Error as e:
+            raise ResumeError(f"cannot resume: {partial} is unreadable ({e}); run without --resume") from None
+        try:
+            with old.begin(buffers=False) as txn:
+                for i in range(want):
+                    value = txn.get(lmdb_key(i))
+                    if value is None:
+                        raise ResumeError(f"cannot resume: {partial} holds fewer samples than its journal "
+                                          f"({i} of {want}); run without --resume to start over")
+                    try:
+                        unpack_record(value, path=partial, sample=i)
+                    except CorruptDataError as e:
+                        raise ResumeError(f"cannot resume: {e}; run without --resume to start over") from None
+                    self._put(i, value)
+        except lmdb.Error as e:
+            raise ResumeError(f"cannot resume: {partial} is unreadable ({e}); run without --resume") from None
+        finally:
+            old.close()
+        if self._committed != want or self._batch:
+            raise ResumeError(f"cannot resume: replaying {want} samples did not end on a commit "
+                              f"(different checkpoint_samples?); run without --resume")
+        self._due = False
+        self.checkpoint()
+        os.remove(source)
+
+    # -- finishing ---------------------------------------------------------------------------------
     def close(self) -> tuple[list[FileEntry], dict[str, Any]]:
-        """Commit the last batch, sync, close, and drop the lock file readers do not need."""
+        """Commit the last batch, sync, close, rename ``data.mdb.partial`` to ``data.mdb``."""
+        env = self._open()
         self._commit()
-        self._env.sync(True)
-        self._env.close()
-        lock = self.path("lock.mdb")
-        if os.path.exists(lock):
-            os.remove(lock)
+        env.sync(True)
+        env.close()
+        self._env = None
         data = self.path(DATA_FILE)
+        os.replace(self.path(PARTIAL), data)
+        fsync_dir(self.directory)
         entry = FileEntry(DATA_FILE, self._count, os.path.getsize(data), file_sha256(data))
-        return [entry], {"key_format": "%010d", "value": "packer record v1 (docs/FORMATS.md)"}
+        return [entry], {"key_format": "%010d", "value": "packer record v1 (docs/FORMATS.md)",
+                         "checkpoint_samples": self._batch_samples}
 
     def abort(self) -> None:
         """Close the environment without committing the pending batch."""
-        self._env.close()
+        if self._env is not None:
+            self._env.close()
+            self._env = None

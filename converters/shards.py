@@ -11,12 +11,23 @@ from __future__ import annotations
 import hashlib
 import os
 from dataclasses import dataclass
+from typing import Any
 
-from packer.manifest import FileEntry
+from packer.errors import ResumeError
+from packer.manifest import FileEntry, file_sha256, fsync_dir
 
 from .base import WriterOptions
 
-__all__ = ["DEFAULT_SHARD_BYTES", "SHARD_NAME", "ShardLimits", "ShardFile", "shard_name", "write_small_file"]
+__all__ = [
+    "DEFAULT_SHARD_BYTES",
+    "SHARD_NAME",
+    "ShardLimits",
+    "ShardFile",
+    "shard_name",
+    "write_small_file",
+    "shard_state",
+    "keep_shards",
+]
 
 #: Byte limit per shard when neither ``shard_bytes`` nor ``shard_samples`` is given: 256 MB
 #: (SI, the same as ``--shard-size 256MB``). Large enough for efficient sequential reads, small
@@ -110,3 +121,35 @@ def write_small_file(directory: str, name: str, data: bytes, first: int) -> File
         f.discard()
         raise
     return f.finish(0, first)
+
+
+def shard_state(directory: str, files: list[FileEntry]) -> dict[str, Any]:
+    """A sharded writer's checkpoint: the finished files (each already fsynced and renamed by
+    :meth:`ShardFile.finish`), made durable by a directory fsync."""
+    fsync_dir(directory)
+    return {"samples": sum(f.samples for f in files), "files": [f.to_json() for f in files]}
+
+
+def keep_shards(directory: str, state: dict[str, Any], name: str = SHARD_NAME) -> list[FileEntry]:
+    """Resume a sharded writer: check every finished file of ``state`` against its size and the
+    SHA-256 the journal recorded (ResumeError if one differs), delete every other shard or partial
+    file (written after the checkpoint), and return the kept entries."""
+    try:
+        files = [FileEntry(**f) for f in state["files"]]
+    except (KeyError, TypeError) as e:
+        raise ResumeError(f"{directory}: the journal's shard list is malformed ({e})") from None
+    for f in files:
+        path = os.path.join(directory, f.name)
+        try:
+            size = os.path.getsize(path)
+        except OSError:
+            raise ResumeError(f"cannot resume: {path} is missing (run without --resume to start over)") from None
+        if size != f.bytes or file_sha256(path) != f.sha256:
+            raise ResumeError(f"cannot resume: {path} differs from the journal's size and SHA-256 "
+                              f"(run without --resume to start over)")
+    keep = {f.name for f in files}
+    for entry in os.listdir(directory):
+        if entry.startswith((f"{name}-", f".{name}-")) and entry not in keep:
+            os.remove(os.path.join(directory, entry))
+    fsync_dir(directory)
+    return files

@@ -55,7 +55,7 @@ from packer.manifest import FileEntry
 from packer.record import CODEC_IDS
 
 from .base import Writer, WriterOptions
-from .shards import ShardFile, ShardLimits, shard_name, write_small_file
+from .shards import ShardFile, ShardLimits, keep_shards, shard_name, shard_state, write_small_file
 
 __all__ = [
     "TarWriter",
@@ -69,6 +69,8 @@ __all__ = [
     "pack_index",
     "unpack_index",
     "sample_key",
+    "sample_members",
+    "end_of_archive",
 ]
 
 TAR_SUFFIX = ".tar"
@@ -183,10 +185,34 @@ def _final_size(size: int) -> int:
     return -(-(size + 2 * BLOCK) // RECORD) * RECORD
 
 
+def end_of_archive(size: int) -> bytes:
+    """The zero blocks that end a tar whose members end at ``size`` (two blocks, then padding to
+    a 10240-byte record)."""
+    return _ZEROS[: _final_size(size) - size]
+
+
+def sample_members(index: int, key: str, label: int, codec: str, height: int, width: int, payload: bytes) -> bytes:
+    """The three tar members of one sample, padded: ``KEY.<ext>`` holding ``payload`` (for raw,
+    the whole ``.npy`` file), ``KEY.cls`` and ``KEY.json``. The image data starts at byte 512.
+    ``packer verify`` rebuilds these bytes from the index to say which sample a bad byte is in."""
+    stem = sample_key(index)
+    cls = b"%d" % label
+    meta = json.dumps(
+        {"key": key, "label": label, "height": height, "width": width},
+        ensure_ascii=False, separators=(",", ":"),
+    ).encode("utf-8")
+    return b"".join((
+        tar_header(f"{stem}.{CODECS[codec]}", len(payload)), payload, _padding(len(payload)),
+        tar_header(f"{stem}.cls", len(cls)), cls, _padding(len(cls)),
+        tar_header(f"{stem}.json", len(meta)), meta, _padding(len(meta)),
+    ))
+
+
 class TarWriter(Writer):
     """Writes WebDataset tar shards and their index files (see the module doc)."""
 
     format = "tar"
+    resumable = True
 
     def __init__(self, directory: str, options: WriterOptions) -> None:
         super().__init__(directory, options)
@@ -197,25 +223,15 @@ class TarWriter(Writer):
         self._rows: list[tuple[Any, ...]] = []
         self._keys: list[bytes] = []
         self._key_end = 0
+        self._due = False
 
     def add(self, index: int, key: str, label: int, image: ProcessedImage) -> None:
         """Append one sample's members, starting a new shard first when this one is full."""
-        stem = sample_key(index)
         if image.codec == "raw":
             payload: bytes = npy_header(image.height, image.width, image.channels) + image.payload
         else:
             payload = image.payload
-        cls = b"%d" % label
-        meta = json.dumps(
-            {"key": key, "label": label, "height": image.height, "width": image.width},
-            ensure_ascii=False, separators=(",", ":"),
-        ).encode("utf-8")
-        parts = (
-            tar_header(f"{stem}.{CODECS[image.codec]}", len(payload)), payload, _padding(len(payload)),
-            tar_header(f"{stem}.cls", len(cls)), cls, _padding(len(cls)),
-            tar_header(f"{stem}.json", len(meta)), meta, _padding(len(meta)),
-        )
-        blob = b"".join(parts)
+        blob = sample_members(index, key, label, image.codec, image.height, image.width, payload)
         if self._shard is not None and self._limits.full(len(self._rows), _final_size(self._shard.size + len(blob))):
             self._finish_shard()
         if self._shard is None:
@@ -234,13 +250,29 @@ class TarWriter(Writer):
 
     def _finish_shard(self) -> None:
         shard: ShardFile = self._shard  # type: ignore[assignment]  # called with a shard open
-        shard.write(_ZEROS[: _final_size(shard.size) - shard.size])
+        shard.write(end_of_archive(shard.size))
         self._files.append(shard.finish(len(self._rows), self._first))
         self._shard = None
         index = pack_index(self._first, np.array(self._rows, dtype=INDEX_ENTRY), b"".join(self._keys))
         name = shard.name[: -len(TAR_SUFFIX)] + INDEX_SUFFIX
         self._files.append(write_small_file(self.directory, name, index, self._first))
         self._rows, self._keys, self._key_end = [], [], 0
+        self._due = True
+
+    def checkpoint_due(self) -> bool:
+        """True right after a shard and its index were finished."""
+        return self._due
+
+    def checkpoint(self) -> dict[str, Any]:
+        """The finished shards and index files (already fsynced and renamed); the open shard is
+        not part of the checkpoint."""
+        self._due = False
+        return shard_state(self.directory, self._files)
+
+    def resume(self, state: dict[str, Any]) -> None:
+        """Keep the checkpoint's shards (size and SHA-256 checked), delete the rest; the next
+        ``add`` starts shard number len(shards)."""
+        self._files = keep_shards(self.directory, state)
 
     def close(self) -> tuple[list[FileEntry], dict[str, Any]]:
         """Finish the last shard; return shards and index files (index entries hold 0 samples)."""

@@ -53,7 +53,7 @@ from packer.manifest import FileEntry
 from packer.tfexample import encode_example
 
 from .base import Writer, WriterOptions
-from .shards import ShardFile, ShardLimits, shard_name, write_small_file
+from .shards import ShardFile, ShardLimits, keep_shards, shard_name, shard_state, write_small_file
 
 __all__ = [
     "TFRecordWriter",
@@ -136,6 +136,7 @@ class TFRecordWriter(Writer):
     """Writes TFRecord files with ``.idx`` (and ``.zidx`` when gzipped); see the module doc."""
 
     format = "tfrecord"
+    resumable = True
 
     def __init__(self, directory: str, options: WriterOptions) -> None:
         super().__init__(directory, options)
@@ -151,6 +152,7 @@ class TFRecordWriter(Writer):
         self._zoffsets: list[int] = []
         self._zcrc = 0
         self._z: Any = None
+        self._due = False
 
     def add(self, index: int, key: str, label: int, image: ProcessedImage) -> None:
         """Append one record, starting a new file first when this one is full."""
@@ -192,6 +194,23 @@ class TFRecordWriter(Writer):
             self._files.append(write_small_file(self.directory, stem + ZINDEX_SUFFIX,
                                                 pack_zindex(self._zoffsets), self._first))
         self._index, self._zoffsets, self._count, self._stream, self._z = [], [], 0, 0, None
+        self._due = True
+
+    def checkpoint_due(self) -> bool:
+        """True right after a file and its index files were finished."""
+        return self._due
+
+    def checkpoint(self) -> dict[str, Any]:
+        """The finished files (already fsynced and renamed); the open file is not part of it."""
+        self._due = False
+        return shard_state(self.directory, self._files)
+
+    def resume(self, state: dict[str, Any]) -> None:
+        """Keep the checkpoint's files (size and SHA-256 checked), delete the rest; the next
+        ``add`` starts the next file number."""
+        self._files = keep_shards(self.directory, state)
+        suffix = GZIP_SUFFIX if self._gzip else TFRECORD_SUFFIX
+        self._number = sum(1 for f in self._files if f.name.endswith(suffix))
 
     def close(self) -> tuple[list[FileEntry], dict[str, Any]]:
         """Finish the last file; return data files and index files (index entries hold 0 samples)."""

@@ -18,6 +18,12 @@ with ``locking=False``: a dataset with a manifest is complete and never written 
 
 An ``/images`` dataset stored in a way a plain read cannot follow (a compression filter added by
 ``h5repack``, compact storage) is read through h5py instead, opened in the reading process.
+
+Damage and hostile files: every per-sample dataset must have the expected numeric dtype (no
+object or variable-length types, which h5py would turn into Python objects) and match its
+``crc32c`` attribute; every ``pread`` is checked against the file's real size before a buffer is
+allocated; each payload is checked against its CRC32C and each key against ``/key_crc32c``; h5py
+and HDF5 errors become CorruptDataError naming the file (and the sample where there is one).
 """
 
 from __future__ import annotations
@@ -33,6 +39,7 @@ import numpy as np
 from packer.converters.hdf5 import DATA_FILE, LAYOUT_VERSION
 from packer.errors import CorruptDataError
 from packer.imageproc import decode_payload
+from packer.placeholder import file_placeholder_reason
 from packer.record import CODEC_IDS, Record
 
 from .base import PackedDataset
@@ -60,14 +67,22 @@ class _Meta:
     def __init__(self, path: str, num_samples: int, verify: bool) -> None:
         self.path = path
         try:
-            with _h5open(path) as f:
+            f = _h5open(path)
+        except Exception as e:  # noqa: BLE001 - any h5py/HDF5 failure to open is a bad file
+            why = file_placeholder_reason(path)
+            raise CorruptDataError(f"{path} is {why}" if why else f"unreadable HDF5 file ({type(e).__name__}: {e})",
+                                   path=path) from None
+        try:
+            with f:
                 self._load(f, num_samples, verify)
-        except (OSError, KeyError, ValueError, TypeError) as e:
-            if isinstance(e, CorruptDataError):
-                raise
-            raise CorruptDataError(f"unreadable HDF5 file ({type(e).__name__}: {e})", path=path) from e
+        except CorruptDataError:
+            raise
+        except Exception as e:  # noqa: BLE001 - HDF5 reports damage as OSError, KeyError, RuntimeError, ...
+            raise CorruptDataError(f"unreadable HDF5 file ({type(e).__name__}: {e})", path=path) from None
 
     def _check(self, f: h5py.File, name: str, a: np.ndarray, verify: bool) -> np.ndarray:
+        if a.dtype.kind not in "iu":
+            raise CorruptDataError(f"/{name} has dtype {a.dtype}, expected integers", path=self.path)
         if verify and "crc32c" in f[name].attrs:
             stored = int(f[name].attrs["crc32c"])
             actual = crc32c.crc32c(a.astype(a.dtype.newbyteorder("<"), copy=False).tobytes())
@@ -83,9 +98,15 @@ class _Meta:
         if version != LAYOUT_VERSION:
             raise CorruptDataError(f"HDF5 layout version {version!r} is not {LAYOUT_VERSION}", path=self.path)
         self.storage = str(f.attrs["storage"])
+        for name in ("labels", "shapes", "crc32c", "offsets", "codecs", "key_crc32c", "images"):
+            if name in f and (not isinstance(f[name], h5py.Dataset) or f[name].dtype.kind not in "iu"):
+                raise CorruptDataError(f"/{name} is not an integer dataset (dtype "
+                                       f"{getattr(f[name], 'dtype', 'group')})", path=self.path)
+        self.size = os.path.getsize(self.path)
         self.labels = self._check(f, "labels", f["labels"][:], verify).astype(np.int64, copy=False)
         self.shapes = self._check(f, "shapes", f["shapes"][:], verify)
         self.crcs = self._check(f, "crc32c", f["crc32c"][:], verify)
+        self.key_crcs = self._check(f, "key_crc32c", f["key_crc32c"][:], verify) if "key_crc32c" in f else None
         codec = str(f.attrs["codec"])
         self.codec = codec if codec != "mixed" else None
         self.codecs = self._check(f, "codecs", f["codecs"][:], verify) if codec == "mixed" else None
@@ -104,7 +125,12 @@ class _Meta:
             self.offsets = None
         else:
             raise CorruptDataError(f"unknown storage {self.storage!r}", path=self.path)
-        for name, a in (("labels", self.labels), ("shapes", self.shapes), ("crc32c", self.crcs)):
+        if self.shapes.ndim != 2 or self.shapes.shape[1:] != (2,):
+            raise CorruptDataError(f"/shapes has shape {self.shapes.shape}, expected (N, 2)", path=self.path)
+        arrays = [("labels", self.labels), ("shapes", self.shapes), ("crc32c", self.crcs)]
+        if self.key_crcs is not None:
+            arrays.append(("key_crc32c", self.key_crcs))
+        for name, a in arrays:
             if len(a) != n:
                 raise CorruptDataError(f"/{name} has {len(a)} rows, the manifest says {n} samples", path=self.path)
         if self.codecs is not None and (len(self.codecs) != n or not np.isin(self.codecs, list(_CODEC_NAMES)).all()):
@@ -212,7 +238,14 @@ class HDF5Dataset(PackedDataset):
                 pos += n
         else:
             return self._h5_bytes(start, end, index), -1
-        out = [os.pread(fd, n, off) for off, n in parts]
+        for off, n in parts:
+            if off < 0 or off + n > m.size:
+                raise CorruptDataError(f"sample data at {off}..{off + n} lies outside the file ({m.size} bytes; "
+                                       f"truncated?)", path=self._path, sample=index, offset=off)
+        try:
+            out = [os.pread(fd, n, off) for off, n in parts]
+        except OSError as e:
+            raise CorruptDataError(f"cannot read sample data ({e})", path=self._path, sample=index) from None
         for (off, n), got in zip(parts, out):
             if len(got) != n:
                 raise CorruptDataError(
@@ -226,8 +259,9 @@ class HDF5Dataset(PackedDataset):
             if self._meta.storage == "flat":
                 return images[start:end].tobytes()
             return images[index].tobytes()
-        except (OSError, ValueError) as e:
-            raise CorruptDataError(f"cannot read /images ({e})", path=self._path, sample=index) from e
+        except Exception as e:  # noqa: BLE001 - h5py reports damage as OSError, ValueError, RuntimeError, ...
+            raise CorruptDataError(f"cannot read /images ({type(e).__name__}: {e})", path=self._path,
+                                   sample=index) from None
 
     def _payload(self, index: int) -> tuple[bytes, str, int, int]:
         """(payload, codec, height, width) of sample ``index``, CRC checked when ``verify``."""
@@ -257,12 +291,20 @@ class HDF5Dataset(PackedDataset):
             try:
                 with _h5open(self._path) as f:
                     keys = f["keys"].asstr(errors="replace")[start : start + _KEY_BLOCK].tolist()
-            except (OSError, KeyError, ValueError) as e:
-                raise CorruptDataError(f"cannot read /keys ({e})", path=self._path, sample=index) from e
+            except Exception as e:  # noqa: BLE001 - h5py reports damage as OSError, KeyError, ...
+                raise CorruptDataError(f"cannot read /keys ({type(e).__name__}: {e})", path=self._path,
+                                       sample=index) from None
             self._keys[block] = keys
         if index - block * _KEY_BLOCK >= len(keys):
             raise CorruptDataError("/keys is shorter than the dataset", path=self._path, sample=index)
-        return keys[index - block * _KEY_BLOCK]
+        key = keys[index - block * _KEY_BLOCK]
+        kcrcs = self._meta.key_crcs
+        if self.verify and kcrcs is not None:
+            stored, actual = int(kcrcs[index]), crc32c.crc32c(key.encode("utf-8", "surrogatepass"))
+            if stored != actual:
+                raise CorruptDataError(f"key checksum mismatch (stored {stored:08x}, computed {actual:08x})",
+                                       path=self._path, sample=index)
+        return key
 
     def _read(self, index: int) -> Record:
         payload, codec, h, w = self._payload(index)

@@ -1,78 +1,256 @@
 """``LMDBDataset``: map-style reader for packed LMDB environments.
 
-Opened read-only with ``lock=False`` (safe: a dataset with a manifest is complete and never
-written again) and ``readahead=False`` (random access; OS readahead would waste page cache),
-lazily in each process that reads.
+The writer uses LMDB itself (py-lmdb); the reader parses the data file directly, read-only, with
+``os.pread``: the LMDB 0.9 on-disk format is small and stable (two meta pages, branch and leaf
+pages of sorted nodes, overflow pages for large values; docs/FORMATS.md), and our environments
+use only its simplest part (one unnamed database, no duplicates, one 10-digit key per sample).
+
+Why not py-lmdb for reading: it trusts the file. py-lmdb touches every page of a value before
+returning it (``preload``), so one damaged byte in a B-tree node's size field makes it read gigabytes
+past the file and kill the process with SIGSEGV or SIGBUS; there is no option to turn that off.
+Reading here checks every number before it is used: meta page magic and version, the page count
+against the file size, each page's own page number and type, node offsets against the page, the
+node's key against the sample's key (so a damaged B-tree can neither hand back another sample's
+record nor lose one silently), value sizes against the pages they claim and the record header,
+and finally the record's CRC32C. Any failure is a CorruptDataError naming the file, the sample
+(when the damage is in its path) and the byte offset.
+
+Cost per sample: one ``pread`` of the leaf page (cached while reads stay in it) and one of the
+value, about the same as py-lmdb's ``txn.get``. At open, the meta pages and the branch pages (a
+few hundred bytes per 150 samples) are read to map sample indices to leaf pages; handles are
+opened lazily in each process and never used across fork.
 """
 
 from __future__ import annotations
 
+import bisect
 import os
+import struct
 
-import lmdb
 from packer.converters.lmdb import DATA_FILE, lmdb_key
-
 from packer.errors import CorruptDataError
-from packer.record import Record, unpack_record
+from packer.placeholder import file_placeholder_reason
+from packer.record import HEADER, MAGIC, Record, unpack_record
 
 from .base import PackedDataset
 
-__all__ = ["LMDBDataset"]
+__all__ = ["LMDBDataset", "LMDBFile"]
 
-# LMDB allows one open of an environment per process (py-lmdb enforces it), so every dataset
-# object for the same directory in a process shares one read-only handle, counted by users.
-# An entry inherited through fork belongs to the parent: it is closed (the child's copy of the
-# mapping only) and opened afresh, never used.
-_ENVS: dict[str, tuple[int, lmdb.Environment, int]] = {}
-
-
-def _acquire(root: str) -> lmdb.Environment:
-    pid = os.getpid()
-    entry = _ENVS.get(root)
-    if entry is not None and entry[0] != pid:
-        entry[1].close()
-        entry = None
-    if entry is None:
-        env = lmdb.open(root, subdir=True, readonly=True, lock=False, readahead=False, meminit=False)
-        entry = (pid, env, 0)
-    _ENVS[root] = (pid, entry[1], entry[2] + 1)
-    return entry[1]
+_MDB_MAGIC = 0xBEEFC0DE
+_MDB_VERSION = 1
+_PAGE = struct.Struct("<QHHHH")  # page number, pad, flags, lower, upper (pages: lower | upper << 16)
+_META = struct.Struct("<II8xQ")  # magic, version, (address), map size
+_DB = struct.Struct("<IHHQQQQQ")  # pad (psize in the free DB), flags, depth, branch, leaf, overflow, entries, root
+_META_TAIL = struct.Struct("<QQ")  # last page, txnid
+_NODE = struct.Struct("<HHHH")  # lo, hi, flags, key size
+_P_BRANCH, _P_LEAF, _P_OVERFLOW, _P_META = 0x01, 0x02, 0x04, 0x08
+_F_BIGDATA = 0x01
+_P_INVALID = 0xFFFFFFFFFFFFFFFF
 
 
-def _release(root: str) -> None:
-    entry = _ENVS.get(root)
-    if entry is None or entry[0] != os.getpid():
-        return
-    if entry[2] <= 1:
-        entry[1].close()
-        del _ENVS[root]
-    else:
-        _ENVS[root] = (entry[0], entry[1], entry[2] - 1)
+class LMDBFile:
+    """A packed LMDB data file opened for reading (see the module docstring)."""
+
+    def __init__(self, path: str, num_samples: int) -> None:
+        self.path = path
+        self.fd = os.open(path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
+        try:
+            self._load(num_samples)
+        except BaseException:
+            os.close(self.fd)
+            raise
+        self._leaf_no = -1
+        self._leaf = b""
+
+    def close(self) -> None:
+        """Close the file descriptor."""
+        os.close(self.fd)
+
+    def _bad(self, what: str, sample: int | None = None, offset: int | None = None) -> CorruptDataError:
+        return CorruptDataError(what, path=self.path, sample=sample, offset=offset)
+
+    def _pread(self, n: int, offset: int, sample: int | None = None) -> bytes:
+        if offset < 0 or n < 0 or offset + n > self.size:
+            raise self._bad(f"LMDB structure points to bytes {offset}..{offset + n}, past the end of the "
+                            f"file ({self.size} bytes; truncated?)", sample, offset)
+        try:
+            data = os.pread(self.fd, n, offset)
+        except OSError as e:
+            raise self._bad(f"cannot read ({e})", sample, offset) from None
+        if len(data) != n:
+            raise self._bad(f"short read: {len(data)} of {n} bytes (file truncated?)", sample, offset)
+        return data
+
+    def _load(self, num_samples: int) -> None:
+        self.size = os.fstat(self.fd).st_size
+        head = os.pread(self.fd, 512, 0)
+        if len(head) < _PAGE.size + 136:
+            why = file_placeholder_reason(self.path)
+            raise self._bad(f"{self.path} is {why}" if why else f"not an LMDB file ({self.size} bytes)", offset=0)
+        psize = _DB.unpack_from(head, _PAGE.size + _META.size)[0]
+        if psize < 512 or psize > 65536 or psize & (psize - 1):
+            why = file_placeholder_reason(self.path)
+            raise self._bad(f"{self.path} is {why}" if why else f"not an LMDB file (page size {psize})", offset=16)
+        self.psize = psize
+        metas = [self._meta(pg) for pg in (0, 1)]
+        meta = max(metas, key=lambda m: m[3])  # LMDB uses the meta page with the larger txnid
+        main, last_pg = meta[1], meta[2]
+        _, flags, depth, _, _, _, entries, root = main
+        if (last_pg + 1) * psize > self.size:
+            raise self._bad(f"LMDB file truncated: {self.size} bytes, its meta page claims {last_pg + 1} pages "
+                            f"of {psize} bytes", offset=self.size)
+        self.pages = last_pg + 1
+        if flags != 0:
+            raise self._bad(f"the LMDB database has flags {flags:#x}; a packer dataset uses none", offset=psize)
+        if entries != num_samples:
+            raise self._bad(f"the LMDB database holds {entries} entries, the manifest {num_samples} samples")
+        self.firsts: list[int] = []
+        self.leaves: list[int] = []
+        if entries:
+            if root == _P_INVALID or depth < 1 or depth > 16:
+                raise self._bad(f"LMDB root page {root} at depth {depth} is not valid")
+            self._walk(root, depth, 0)
+            if self.firsts[0] != 0:
+                raise self._bad("LMDB B-tree does not start at sample 0")
+        self.entries = entries
+
+    def _meta(self, pg: int) -> tuple[int, tuple[int, ...], int, int]:
+        off = pg * self.psize
+        page = self._pread(_PAGE.size + 136, off)
+        pgno, _, flags, _, _ = _PAGE.unpack_from(page)
+        magic, version, _ = _META.unpack_from(page, _PAGE.size)
+        if not flags & _P_META or magic != _MDB_MAGIC or version != _MDB_VERSION:
+            raise self._bad(f"LMDB meta page {pg} is damaged (flags {flags:#x}, magic {magic:#x}, version {version})",
+                            offset=off)
+        main = _DB.unpack_from(page, _PAGE.size + _META.size + _DB.size)
+        last_pg, txnid = _META_TAIL.unpack_from(page, _PAGE.size + _META.size + 2 * _DB.size)
+        return pgno, main, last_pg, txnid
+
+    def _page(self, pgno: int, sample: int | None = None) -> bytes:
+        if pgno < 2 or pgno >= self.pages:
+            raise self._bad(f"LMDB page number {pgno} out of range (2..{self.pages - 1})", sample)
+        page = self._pread(self.psize, pgno * self.psize, sample)
+        own, _, flags, lower, upper = _PAGE.unpack_from(page)
+        if own != pgno or not flags & (_P_BRANCH | _P_LEAF):
+            raise self._bad(f"LMDB page {pgno} is damaged (says it is page {own}, flags {flags:#x})", sample,
+                            pgno * self.psize)
+        if not _PAGE.size <= lower <= upper <= self.psize or lower % 2:
+            raise self._bad(f"LMDB page {pgno} has bad bounds ({lower}, {upper})", sample, pgno * self.psize + 12)
+        return page
+
+    def _node(self, page: bytes, pgno: int, k: int, sample: int | None = None) -> tuple[int, int, int, bytes, int]:
+        """(lo | hi << 16, hi, flags, key, data offset) of node ``k`` of a page."""
+        (ptr,) = struct.unpack_from("<H", page, _PAGE.size + 2 * k)
+        lower, upper = struct.unpack_from("<HH", page, 12)
+        if not upper <= ptr <= self.psize - _NODE.size:
+            raise self._bad(f"LMDB node {k} of page {pgno} points outside the page", sample, pgno * self.psize)
+        lo, hi, flags, ksize = _NODE.unpack_from(page, ptr)
+        start = ptr + _NODE.size
+        if start + ksize > self.psize:
+            raise self._bad(f"LMDB node {k} of page {pgno} runs past the page", sample, pgno * self.psize + ptr)
+        return lo | hi << 16, hi, flags, page[start : start + ksize], start + ksize
+
+    def _walk(self, pgno: int, depth: int, first: int) -> None:
+        page = self._page(pgno)
+        flags, lower = _PAGE.unpack_from(page)[2], _PAGE.unpack_from(page)[3]
+        n = (lower - _PAGE.size) // 2
+        if n < 1:
+            raise self._bad(f"LMDB page {pgno} is empty", offset=pgno * self.psize)
+        if depth == 1:
+            if not flags & _P_LEAF:
+                raise self._bad(f"LMDB page {pgno} should be a leaf (flags {flags:#x})", offset=pgno * self.psize)
+            if self.firsts and first <= self.firsts[-1]:
+                raise self._bad(f"LMDB leaf page {pgno} is out of order", offset=pgno * self.psize)
+            self.firsts.append(first)
+            self.leaves.append(pgno)
+            return
+        if not flags & _P_BRANCH:
+            raise self._bad(f"LMDB page {pgno} should be a branch page (flags {flags:#x})", offset=pgno * self.psize)
+        for k in range(n):
+            size, _, nflags, key, _ = self._node(page, pgno, k)
+            child = size | nflags << 32
+            if k:
+                if len(key) != 10 or not key.isdigit():
+                    raise self._bad(f"LMDB branch page {pgno} holds a damaged key {key[:16]!r}",
+                                    offset=pgno * self.psize)
+                first = int(key)
+            self._walk(child, depth - 1, first)
+
+    def read(self, index: int) -> bytes:
+        """The value (a packer record) of sample ``index``, every LMDB structure on its way checked."""
+        k = bisect.bisect_right(self.firsts, index) - 1
+        if k < 0:
+            raise self._bad("sample index not in the LMDB B-tree", index)
+        pgno = self.leaves[k]
+        if pgno != self._leaf_no:
+            self._leaf, self._leaf_no = self._page(pgno, index), pgno
+        page = self._leaf
+        flags, lower = _PAGE.unpack_from(page)[2], _PAGE.unpack_from(page)[3]
+        n = (lower - _PAGE.size) // 2
+        slot = index - self.firsts[k]
+        end = self.firsts[k + 1] if k + 1 < len(self.firsts) else self.entries
+        if not flags & _P_LEAF or n != end - self.firsts[k]:
+            raise self._bad(f"LMDB leaf page {pgno} holds {n} keys, the B-tree above it {end - self.firsts[k]}",
+                            index, pgno * self.psize)
+        size, _, nflags, key, data = self._node(page, pgno, slot, index)
+        if key != lmdb_key(index):
+            raise self._bad(f"LMDB leaf page {pgno} holds key {key[:16]!r} where {lmdb_key(index)!r} belongs "
+                            f"(damaged B-tree)", index, pgno * self.psize)
+        if nflags & _F_BIGDATA:
+            if data + 8 > self.psize:
+                raise self._bad(f"LMDB node of page {pgno} runs past the page", index, pgno * self.psize)
+            (opg,) = struct.unpack_from("<Q", page, data)
+            npages = -(-(_PAGE.size + size) // self.psize)
+            if opg < 2 or opg + npages > self.pages:
+                raise self._bad(f"LMDB value pages {opg}..{opg + npages - 1} out of range", index, pgno * self.psize)
+            raw = self._pread(_PAGE.size + size, opg * self.psize, index)
+            own, _, oflags, _, _ = _PAGE.unpack_from(raw)
+            if own != opg or not oflags & _P_OVERFLOW:
+                raise self._bad(f"LMDB value page {opg} is damaged (says it is page {own}, flags {oflags:#x})",
+                                index, opg * self.psize)
+            value, where = raw[_PAGE.size :], opg * self.psize + _PAGE.size
+        else:
+            if nflags or data + size > self.psize:
+                raise self._bad(f"LMDB node of page {pgno} is damaged (flags {nflags:#x}, size {size})", index,
+                                pgno * self.psize)
+            value, where = page[data : data + size], pgno * self.psize + data
+        if len(value) < 32 or value[:4] != MAGIC:
+            raise self._bad(f"LMDB value is not a packer record (magic {value[:4]!r})", index, where)
+        _, _, _, klen, _, _, _, plen = HEADER.unpack_from(value)
+        if 32 + klen + plen != len(value):
+            raise self._bad(f"record header says {32 + klen + plen} bytes, the LMDB node {len(value)}", index, where)
+        return value
 
 
 class LMDBDataset(PackedDataset):
     """Map-style dataset over a packed LMDB directory (see :class:`PackedDataset` for options)."""
 
     format = "lmdb"
-    _env: lmdb.Environment | None = None
+    _file: LMDBFile | None = None
 
     def _open(self) -> None:
+        self._drop()  # a handle inherited through fork belongs to the parent
         path = os.path.join(self.root, DATA_FILE)
         if not os.path.exists(path):
             raise CorruptDataError("LMDB data file is missing", path=path)
-        self._env = _acquire(self.root)
+        self._file = LMDBFile(path, len(self))
+
+    def _drop(self) -> None:
+        if self._file is not None:
+            try:
+                self._file.close()
+            except OSError:
+                pass
+            self._file = None
 
     def _close(self) -> None:
-        if self._env is not None:
-            self._env = None
-            _release(self.root)
+        self._drop()
 
     def _handle_attrs(self) -> tuple[str, ...]:
-        return ("_env",)
+        return ("_file",)
 
     def _read(self, index: int) -> Record:
-        with self._env.begin(buffers=False) as txn:  # type: ignore[union-attr]
-            value = txn.get(lmdb_key(index))
-        if value is None:
-            raise CorruptDataError("key missing from LMDB", path=os.path.join(self.root, DATA_FILE), sample=index)
-        return unpack_record(value, verify=self.verify, path=os.path.join(self.root, DATA_FILE), sample=index)
+        f = self._file
+        assert f is not None
+        value = f.read(index)
+        return unpack_record(value, verify=self.verify, path=f.path, sample=index)

@@ -1,6 +1,11 @@
 """What the sharded readers (tar, tfrecord) share: shard paths, lazily opened per-process file
 descriptors, exact-size ``pread``, and shard sizes taken from real shards only (index files are
-in the manifest with 0 samples and are not shards)."""
+in the manifest with 0 samples and are not shards).
+
+Every read is checked against the shard's real size (taken when it is opened) before a buffer is
+allocated, so neither a truncated shard nor a hostile index or manifest can make a reader
+allocate more than the file holds; a shard that turns out to be a git-LFS pointer or an HTML page
+says so."""
 
 from __future__ import annotations
 
@@ -9,6 +14,7 @@ from typing import Any
 
 from packer.errors import CorruptDataError
 from packer.manifest import FileEntry, Manifest
+from packer.placeholder import file_placeholder_reason
 
 from .base import PackedDataset
 
@@ -25,6 +31,7 @@ class ShardedDataset(PackedDataset):
 
     shard_suffixes: tuple[str, ...] = ()
     _fds: list[int | None] | None = None
+    _fsizes: list[int] | None = None
 
     def _shard_entries(self) -> list[FileEntry]:
         return [f for f in self.manifest.files if f.name.endswith(self.shard_suffixes)]
@@ -32,6 +39,7 @@ class ShardedDataset(PackedDataset):
     def _init_shards(self, entries: list[FileEntry]) -> None:
         self._shard_paths = [os.path.join(self.root, f.name) for f in entries]
         self._sizes = [f.samples for f in entries]
+        self._bytes = [f.bytes for f in entries]
 
     @property
     def shard_sizes(self) -> list[int]:
@@ -44,6 +52,7 @@ class ShardedDataset(PackedDataset):
         return list(self._shard_paths)
 
     def _open(self) -> None:
+        self._fsizes = [0] * len(self._shard_paths)
         inherited, self._fds = self._fds, [None] * len(self._shard_paths)
         for fd in inherited or ():
             if fd is not None:
@@ -59,7 +68,7 @@ class ShardedDataset(PackedDataset):
                 os.close(fd)
 
     def _handle_attrs(self) -> tuple[str, ...]:
-        return ("_fds",)
+        return ("_fds", "_fsizes")
 
     def _fd(self, shard: int) -> int:
         fds: list[int | None] = self._fds  # type: ignore[assignment]  # set by _ensure_open
@@ -70,12 +79,31 @@ class ShardedDataset(PackedDataset):
                 fd = os.open(path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
             except FileNotFoundError:
                 raise CorruptDataError("shard file is missing", path=path) from None
+            size = os.fstat(fd).st_size
+            if size != self._bytes[shard]:
+                why = file_placeholder_reason(path)
+                if why:
+                    os.close(fd)
+                    raise CorruptDataError(f"{path} is {why}", path=path)
+            self._fsizes[shard] = size  # type: ignore[index]  # set with _fds
             fds[shard] = fd
         return fd
 
     def _pread(self, shard: int, size: int, offset: int, sample: int) -> bytes:
-        """Exactly ``size`` bytes at ``offset`` of shard ``shard``; CorruptDataError when short."""
-        data = os.pread(self._fd(shard), size, offset)
+        """Exactly ``size`` bytes at ``offset`` of shard ``shard``; CorruptDataError when the file
+        does not hold them (checked before anything is allocated) or cannot be read."""
+        fd = self._fd(shard)
+        end = self._fsizes[shard]  # type: ignore[index]
+        if offset < 0 or size < 0 or offset + size > end:
+            raise CorruptDataError(
+                f"short read: {max(0, min(size, end - offset))} of {size} bytes (shard truncated?)",
+                path=self._shard_paths[shard], sample=sample, offset=offset,
+            )
+        try:
+            data = os.pread(fd, size, offset)
+        except OSError as e:
+            raise CorruptDataError(f"cannot read ({e})", path=self._shard_paths[shard], sample=sample,
+                                   offset=offset) from None
         if len(data) != size:
             raise CorruptDataError(
                 f"short read: {len(data)} of {size} bytes (shard truncated?)",

@@ -23,10 +23,11 @@ from typing import Any
 
 import crc32c
 import numpy as np
-from packer.converters.tar import INDEX_SUFFIX, TAR_SUFFIX, unpack_index
 
+from packer.converters.tar import INDEX_SUFFIX, TAR_SUFFIX, unpack_index
 from packer.errors import CorruptDataError, ManifestError
 from packer.manifest import FileEntry
+from packer.placeholder import file_placeholder_reason, placeholder_reason
 from packer.record import CODEC_IDS, Record
 
 from .shards import ShardedDataset, foreign_manifest
@@ -124,7 +125,13 @@ class TarDataset(ShardedDataset):
                     data = fh.read()
             except FileNotFoundError:
                 raise CorruptDataError("tar index file is missing", path=path) from None
-            first, e, k = unpack_index(data, path)
+            try:
+                first, e, k = unpack_index(data, path)
+            except CorruptDataError:
+                why = placeholder_reason(data[:256])
+                if why:
+                    raise CorruptDataError(f"{path} is {why}", path=path) from None
+                raise
             if first != f.first or len(e) != f.samples:
                 raise CorruptDataError(
                     f"tar index holds samples {first}..{first + len(e) - 1}, the manifest says "
@@ -224,7 +231,8 @@ def _scan_shard(path: str, shard: int, rows: list[tuple[int, int, int, int, int]
         try:
             tf = tarfile.open(fileobj=f, mode="r:")
         except tarfile.TarError as e:
-            raise CorruptDataError(f"not a readable tar file ({e})", path=path) from None
+            why = file_placeholder_reason(path)
+            raise CorruptDataError(f"{path} is {why}" if why else f"not a readable tar file ({e})", path=path) from None
         fd = f.fileno()
         key: str | None = None
         members: dict[str, tuple[int, int]] = {}

@@ -25,6 +25,7 @@ from collections.abc import Callable
 from typing import Any
 
 import numpy as np
+
 from packer.converters.tfrecord import (
     GZIP_SUFFIX,
     INDEX_SUFFIX,
@@ -33,9 +34,9 @@ from packer.converters.tfrecord import (
     masked_crc32c,
     unpack_zindex,
 )
-
 from packer.errors import CorruptDataError, ManifestError
 from packer.manifest import FileEntry
+from packer.placeholder import file_placeholder_reason, placeholder_reason
 from packer.record import CODEC_IDS, Record
 from packer.tfexample import example_class
 
@@ -53,6 +54,9 @@ _CODECS = {name.encode(): name for name in CODEC_IDS} | {b"jpg": "jpeg", b"JPEG"
 
 def _check_idx(text: bytes, path: str) -> np.ndarray:
     """Parse an ``.idx`` text index into an (N, 2) int64 array of (offset, length)."""
+    why = placeholder_reason(text[:256]) if text else None
+    if why:
+        raise CorruptDataError(f"{path} is {why}", path=path)
     try:
         values = np.array(text.split(), dtype=np.int64)
     except ValueError:
@@ -269,9 +273,14 @@ def _scan_file(path: str, rows: list[tuple[int, int]], example_cls: Any) -> int:
         while pos < size:
             head = f.read(12)
             if len(head) != 12:
-                raise CorruptDataError("truncated record header", path=path, sample=len(rows), offset=pos)
+                why = file_placeholder_reason(path) if pos == 0 else None
+                raise CorruptDataError(f"{path} is {why}" if why else "truncated record header", path=path,
+                                       sample=len(rows), offset=pos)
             length, length_crc = _HEAD.unpack(head)
             if masked_crc32c(head[:8]) != length_crc:
+                why = file_placeholder_reason(path) if pos == 0 else None
+                if why:
+                    raise CorruptDataError(f"{path} is {why}", path=path)
                 raise CorruptDataError("record length checksum mismatch", path=path, sample=len(rows), offset=pos + 8)
             if length > size - pos - 16:
                 raise CorruptDataError(f"record length {length} runs past the end of the file ({size} bytes)",

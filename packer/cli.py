@@ -58,6 +58,11 @@ def _add_convert(p: argparse.ArgumentParser) -> None:
     g.add_argument("--no-shuffle", action="store_true", help="keep folder order instead of shuffling")
     g.add_argument("--strict", action="store_true", help="stop at the first bad image instead of skipping it")
     g.add_argument("--overwrite", action="store_true", help="replace DST (atomically, once the new one is complete)")
+    g.add_argument("--resume", action="store_true",
+                   help="continue an interrupted conversion from its partial output (same SRC and options)")
+    g.add_argument("--checkpoint-samples", type=int, default=None, metavar="N",
+                   help="lmdb, hdf5: commit (a point --resume continues from) every N samples "
+                        "(default: 1024 lmdb, 8192 hdf5); tar and tfrecord checkpoint at every shard")
     g.add_argument("--quiet", "-q", action="store_true", help="no progress bar")
     g = p.add_argument_group("shards (tar, tfrecord)")
     g.add_argument("--shard-size", default=None, help="max bytes per shard, e.g. 256MB, 1GiB")
@@ -90,15 +95,23 @@ def _convert_options(a: argparse.Namespace):  # noqa: ANN202 - ConvertOptions, i
         raise UsageError("packer convert: --gzip applies to tfrecord output only")
     if a.shard_samples is not None and a.shard_samples < 1:
         raise UsageError("packer convert: --shard-samples must be at least 1")
+    if a.checkpoint_samples is not None:
+        if a.dst_format not in ("lmdb", "hdf5"):
+            raise UsageError("packer convert: --checkpoint-samples applies to lmdb and hdf5 output only "
+                             "(tar and tfrecord checkpoint at every shard)")
+        if a.checkpoint_samples < 1:
+            raise UsageError("packer convert: --checkpoint-samples must be at least 1")
     return ConvertOptions(
         processing=processing,
-        writer=WriterOptions(shard_bytes=shard_bytes, shard_samples=a.shard_samples, gzip=a.gzip),
+        writer=WriterOptions(shard_bytes=shard_bytes, shard_samples=a.shard_samples, gzip=a.gzip,
+                             checkpoint_samples=a.checkpoint_samples),
         workers=a.workers,
         shuffle=not a.no_shuffle,
         seed=a.seed,
         strict=a.strict,
         overwrite=a.overwrite,
         progress=not a.quiet and sys.stderr.isatty(),
+        resume=a.resume,
     )
 
 
@@ -125,6 +138,10 @@ def _run_convert(a: argparse.Namespace) -> int:
             _say(f"renamed {key} -> {path}: {why}")
         if len(renamed) > 20:
             _say(f"... and {len(renamed) - 20} more renamed")
+    for note in getattr(report, "notes", []):
+        _say(f"packer: {note}")
+    if getattr(report, "resumed", None):
+        _say(f"packer: resumed: kept {report.resumed['written']} samples written before the interruption")
     m = report.manifest
     size = sum(f.bytes for f in m.files)
     where = f"{format_size(size)}, {len(m.files)} file(s)" if m.files else "one file per image"
@@ -274,9 +291,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     except UsageError as e:
         _say(str(e))
         return EXIT_USAGE
-    except KeyboardInterrupt:
-        _say("packer: interrupted")
+    except KeyboardInterrupt as e:
+        _say("packer: interrupted" + _partial_note(e))
         return EXIT_INTERRUPTED
     except (PackerError, OSError, ValueError) as e:
-        _say(f"packer: error: {e}")
+        _say(f"packer: error: {e}" + _partial_note(e))
         return EXIT_ERROR
+
+
+def _partial_note(e: BaseException) -> str:
+    """The hint a resumable failure carries (see packer.engine.write_packed)."""
+    kept = getattr(e, "partial_output", None)
+    return f"; partial output kept in {kept}; run again with --resume to continue" if kept else ""

@@ -7,13 +7,23 @@ strictly in order. So the output is the same whatever ``workers`` is.
 Robustness: workers are separate processes (``spawn``: no inherited threads or locks); a Python
 exception on one image becomes a skip with the file and the reason; a worker that dies (segfault,
 OOM kill) raises a clear error instead of hanging; Ctrl-C stops the workers and the writer. The
-output is built in a hidden sibling folder and published by rename only once the manifest is in,
-so a reader never sees half a dataset under the destination name.
+output is built in a hidden sibling folder and published by rename only once every payload file
+and the manifest are durable, so a reader never sees half a dataset under the destination name;
+``--overwrite`` swaps the new folder in with one atomic exchange where the OS has one.
+
+Crashes and resume: at every checkpoint the writer makes its data durable and the engine writes a
+journal (:mod:`packer.journal`); killed at any moment, a conversion leaves no dataset or a complete
+one at the destination, and ``resume=True`` continues from the last checkpoint without processing
+again what was written, with the same result as an uninterrupted run. A full disk removes the
+partial output and raises :class:`~packer.errors.DiskFullError`. reliability.md in docs/ has the
+fault-injection figures.
 """
 
 from __future__ import annotations
 
 import collections
+import ctypes
+import errno
 import functools
 import multiprocessing
 import os
@@ -24,16 +34,17 @@ import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from concurrent.futures import Future, ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
-from dataclasses import dataclass, field, replace
+from dataclasses import asdict, dataclass, field, replace
 from typing import TypeVar
 
 import numpy as np
 
 from . import __version__
 from .converters.base import WriterOptions
-from .errors import ImageError, PackerError, SourceError
+from .errors import DiskFullError, ImageError, PackerError, ResumeError, SourceError
 from .imageproc import ProcessedImage, ProcessOptions, process_image
-from .manifest import Manifest, Skipped, fsync_dir, write_manifest
+from .journal import JOURNAL_NAME, Journal, digest, read_journal, remove_journal, write_journal
+from .manifest import MANIFEST_NAME, Manifest, Skipped, file_sha256, fsync_dir, write_manifest
 from .registry import writer_class
 from .scan import Sample, scan_imagefolder
 
@@ -43,8 +54,11 @@ __all__ = [
     "convert_imagefolder",
     "temp_dir_for",
     "publish",
+    "recover_publish",
     "ordered_map",
     "write_packed",
+    "write_packed_result",
+    "options_fingerprint",
 ]
 
 _CHUNK = 16  # samples per task sent to a worker
@@ -64,6 +78,9 @@ class ConvertOptions:
     strict: bool = False
     overwrite: bool = False
     progress: bool = False
+    #: Continue an interrupted conversion from its temporary folder (see :mod:`packer.journal`);
+    #: without it, a leftover temporary folder is removed and the conversion starts over.
+    resume: bool = False
 
 
 @dataclass
@@ -75,6 +92,10 @@ class ConvertReport:
     seconds: float
     skipped: list[Skipped] = field(default_factory=list)
     errors: list[tuple[str, str]] = field(default_factory=list)
+    #: With ``resume``: what was kept from the interrupted run, ``{"consumed": source items,
+    #: "written": samples}``, or None when it started from the beginning (see ``notes``).
+    resumed: dict[str, int] | None = None
+    notes: list[str] = field(default_factory=list)
 
     @property
     def rate(self) -> float:
@@ -163,37 +184,145 @@ def temp_dir_for(dst: str) -> str:
     return os.path.join(parent, f".{name}.packer-tmp")
 
 
+def _sibling(dst: str, what: str) -> str:
+    parent, name = os.path.split(os.path.abspath(dst))
+    return os.path.join(parent, f".{name}.packer-{what}")
+
+
+_RENAME_EXCHANGE = 2
+_AT_FDCWD = -100
+
+
+def _exchange(a: str, b: str) -> bool:
+    """Atomically swap the paths ``a`` and ``b`` (Linux ``renameat2(RENAME_EXCHANGE)``); False
+    where the OS or the file system cannot, so the caller falls back to two renames."""
+    if not sys.platform.startswith("linux"):
+        return False
+    try:
+        fn = ctypes.CDLL(None, use_errno=True).renameat2
+    except (OSError, AttributeError):
+        return False
+    fn.argtypes = [ctypes.c_int, ctypes.c_char_p, ctypes.c_int, ctypes.c_char_p, ctypes.c_uint]
+    fn.restype = ctypes.c_int
+    if fn(_AT_FDCWD, os.fsencode(a), _AT_FDCWD, os.fsencode(b), _RENAME_EXCHANGE) == 0:
+        return True
+    err = ctypes.get_errno()
+    if err in (errno.EINVAL, errno.ENOSYS, errno.EOPNOTSUPP, errno.ENOTSUP, errno.EPERM):
+        return False
+    raise OSError(err, os.strerror(err), b)
+
+
 def publish(tmp: str, dst: str, overwrite: bool) -> None:
     """Move a finished dataset from ``tmp`` to ``dst``; an existing ``dst`` is replaced only after
-    the new one is complete, so a failure leaves the old dataset in place."""
+    the new one is complete, so a failure leaves the old dataset in place.
+
+    Replacing uses one atomic exchange of the two folders where Linux offers it, so ``dst`` names
+    the old or the new dataset at every instant. Elsewhere it takes two renames; a crash between
+    them leaves the old dataset in ``.NAME.packer-old``, which :func:`recover_publish` (run at the
+    start of every conversion) puts back."""
     parent = os.path.dirname(os.path.abspath(dst))
-    old = None
-    if os.path.lexists(dst):
-        if not overwrite:
-            raise FileExistsError(f"destination exists: {dst} (use --overwrite to replace it)")
-        old = os.path.join(parent, f".{os.path.basename(os.path.abspath(dst))}.packer-old")
-        if os.path.lexists(old):
-            shutil.rmtree(old)
+    if not os.path.lexists(dst):
+        os.replace(tmp, dst)
+        fsync_dir(parent)
+        return
+    if not overwrite:
+        raise FileExistsError(f"destination exists: {dst} (use --overwrite to replace it)")
+    old, trash = _sibling(dst, "old"), _sibling(dst, "trash")
+    for leftover in (old, trash):
+        if os.path.lexists(leftover):
+            shutil.rmtree(leftover)
+    if _exchange(tmp, dst):
+        fsync_dir(parent)
+        os.replace(tmp, trash)  # the old dataset, now at tmp
+    else:
         os.replace(dst, old)
-    os.replace(tmp, dst)
+        os.replace(tmp, dst)
+        fsync_dir(parent)
+        os.replace(old, trash)
     fsync_dir(parent)
-    if old is not None:
-        shutil.rmtree(old, ignore_errors=True)
+    shutil.rmtree(trash, ignore_errors=True)
+
+
+def recover_publish(dst: str) -> None:
+    """Undo what an interrupted :func:`publish` left: put the old dataset back at ``dst`` when a
+    crash came between the two renames of a replacement, and delete leftovers."""
+    dst = os.path.abspath(dst)
+    old, trash = _sibling(dst, "old"), _sibling(dst, "trash")
+    if os.path.lexists(old):
+        if os.path.lexists(dst):
+            shutil.rmtree(old, ignore_errors=True)
+        else:
+            os.replace(old, dst)
+            fsync_dir(os.path.dirname(dst))
+    if os.path.lexists(trash):
+        shutil.rmtree(trash, ignore_errors=True)
+
+
+# -- disk full --------------------------------------------------------------------------------------
+_NO_SPACE = {errno.ENOSPC: "no space left on device", errno.EDQUOT: "disk quota exceeded",
+             errno.EFBIG: "file too large for the file system or the process's file size limit"}
+_NO_SPACE_TEXT = ("No space left on device", "Disk quota exceeded", "File too large")
+
+
+def _no_space(exc: BaseException | None) -> tuple[str, str | None] | None:
+    """(reason, file) when ``exc`` or an exception it chains to is a full disk (ENOSPC, EDQUOT,
+    EFBIG; also LMDB's and HDF5's errors, which carry only the text)."""
+    seen: set[int] = set()
+    while exc is not None and id(exc) not in seen:
+        seen.add(id(exc))
+        if isinstance(exc, OSError) and exc.errno in _NO_SPACE:
+            name = exc.filename
+            return _NO_SPACE[exc.errno], os.fsdecode(name) if name is not None else None
+        text = str(exc)
+        for i, marker in enumerate(_NO_SPACE_TEXT):
+            if marker in text:
+                return _NO_SPACE[(errno.ENOSPC, errno.EDQUOT, errno.EFBIG)[i]], None
+        exc = exc.__cause__ or exc.__context__
+    return None
+
+
+def _disk_full_error(reason: str, name: str | None, tmp: str, dst: str) -> DiskFullError:
+    from .sizes import format_size
+
+    parent = os.path.dirname(os.path.abspath(dst))
+    try:
+        free = f"{format_size(shutil.disk_usage(parent).free)} free"
+    except OSError:
+        free = "free space unknown"
+    where = name or tmp
+    return DiskFullError(
+        f"disk full: {reason} while writing {where} ({parent}: {free}); the partial output was removed "
+        f"and {dst} was left as it was", path=where,
+    )
 
 
 #: One sample on its way to a writer: (key, label, image, None), or (key, label, None, reason) for a skip.
 Item = tuple[str, int, ProcessedImage | None, str | None]
 
 
+#: Items for :func:`write_packed`: an iterable, or ``start -> iterable`` of the items from source
+#: position ``start`` on (needed to resume).
+Items = Iterable[Item] | Callable[[int], Iterable[Item]]
+
+
+def options_fingerprint(fmt: str, template: Manifest, options: ConvertOptions) -> str:
+    """Digest of everything besides the source that decides a conversion's output."""
+    info = template.to_json()
+    for k in ("num_samples", "files", "layout"):
+        info.pop(k, None)
+    return digest({"format": fmt, "writer": asdict(options.writer), "strict": options.strict, "manifest": info})
+
+
 def write_packed(
     dst: str,
     fmt: str,
-    items: Iterable[Item],
+    items: Items,
     template: Manifest,
     options: ConvertOptions,
     *,
     total: int | None = None,
     source: str = "",
+    fingerprint: dict[str, str] | None = None,
 ) -> Manifest:
     """Write ``items`` with ``fmt``'s writer into the hidden sibling of ``dst``, then the manifest,
     then publish by rename: the part every conversion shares (imagefolder or packed source).
@@ -202,49 +331,175 @@ def write_packed(
     ignored counts, and skips found before writing, listed after the items' skips); ``num_samples``,
     ``files``, ``layout`` and ``skipped`` are filled in here. Items without an image are listed as
     skipped, never written (``strict`` is the caller's: raise from ``items``). The writer's optional
-    ``begin`` hook gets the dataset facts before the first sample. On any failure, Ctrl-C included,
-    the temporary folder is removed and ``dst`` is left as it was.
+    ``begin`` hook gets the dataset facts before the first sample.
+
+    With ``items`` a function of the start position and a ``fingerprint`` (``{"source": ...,
+    "options": ...}`` digests), the conversion journals checkpoints and ``options.resume``
+    continues an interrupted one. On a failure the temporary folder is removed, or, when a
+    checkpoint makes it resumable (Ctrl-C, a crashed worker, an I/O error other than a full
+    disk), kept: the exception then has ``partial_output`` set to its path. ``dst`` is left as it
+    was either way.
     """
+    return write_packed_result(dst, fmt, items, template, options, total, source, fingerprint)[0]
+
+
+def write_packed_result(
+    dst: str,
+    fmt: str,
+    items: Items,
+    template: Manifest,
+    options: ConvertOptions,
+    total: int | None,
+    source: str,
+    fingerprint: dict[str, str] | None,
+) -> tuple[Manifest, dict[str, int] | None, list[str]]:
+    """:func:`write_packed`, also returning what a resume kept (``{"consumed", "written"}`` or
+    None) and notes for the user (e.g. that there was nothing to resume)."""
     tmp = temp_dir_for(dst)
-    if os.path.lexists(tmp):
-        shutil.rmtree(tmp)
-    os.makedirs(tmp)
-    skipped: list[Skipped] = []
-    index = 0
+    wcls = writer_class(fmt)
+    resumable = callable(items) and fingerprint is not None and getattr(wcls, "resumable", False)
+    notes: list[str] = []
+    journal: Journal | None = None
+    if options.resume:
+        if not resumable:
+            raise ResumeError(f"--resume is not supported for this conversion to {fmt}; run without --resume")
+        journal = read_journal(tmp) if os.path.isdir(tmp) else None
+        if journal is not None and journal.fingerprint != fingerprint:
+            changed = [k for k in ("source", "options") if journal.fingerprint.get(k) != (fingerprint or {}).get(k)]
+            raise ResumeError(
+                f"cannot resume {dst}: the {' and the '.join(changed) or 'conversion'} changed since the "
+                f"interrupted run; run without --resume to start over (this deletes the partial output in {tmp})"
+            )
+        if journal is None:
+            notes.append(f"nothing to resume in {tmp}; started from the beginning")
+    if journal is None:
+        if os.path.lexists(tmp):
+            shutil.rmtree(tmp)
+        os.makedirs(tmp)
+    resumed = {"consumed": journal.consumed, "written": journal.written} if journal is not None else None
+    skipped: list[tuple[int, Skipped]] = []  # (source position, skip)
+    positions: dict[int, int] = {}  # sample index -> source position, since the last checkpoint
+    index = consumed = 0
     writer = None
     closed = False
+
+    def checkpoint(next_pos: int) -> None:
+        assert writer is not None and fingerprint is not None
+        state = writer.checkpoint()
+        done = int(state["samples"])
+        upto = positions.get(done, next_pos)
+        entries = [{"pos": p, "path": k.path, "reason": k.reason} for p, k in skipped if p < upto]
+        write_journal(tmp, Journal(fingerprint, "writing", upto, done, entries, state))
+        for i in [i for i in positions if i < done]:
+            del positions[i]
+
     try:
+        if journal is not None and journal.phase == "closed":
+            manifest = _finish_closed(tmp, journal)
+            keep = {f.name for f in manifest.files} | {JOURNAL_NAME}
+            for name in os.listdir(tmp):  # what the killed run had not deleted yet: resume-only files
+                if name not in keep:
+                    os.remove(os.path.join(tmp, name))
+            write_manifest(tmp, manifest)
+            remove_journal(tmp)
+            publish(tmp, dst, options.overwrite)
+            return manifest, resumed, notes
         from tqdm import tqdm
 
-        writer = writer_class(fmt)(tmp, options.writer)
+        writer = wcls(tmp, options.writer)
         info = template.to_json()
         for k in ("num_samples", "files", "layout", "skipped", "ignored"):
             del info[k]
         writer.begin({**info, "format": fmt})
-        bar = tqdm(total=total, unit="img", disable=not options.progress, file=sys.stderr,
+        if journal is not None:
+            for name in os.listdir(tmp):  # a manifest, or temp files of atomic writes, from the killed run
+                if name == MANIFEST_NAME or name.startswith((f"{MANIFEST_NAME}.tmp-", f"{JOURNAL_NAME}.tmp-")):
+                    os.remove(os.path.join(tmp, name))
+            writer.resume(journal.writer)
+            index, consumed = journal.written, journal.consumed
+            skipped = [(int(e["pos"]), Skipped(str(e["path"]), str(e["reason"]))) for e in journal.skipped]
+            checkpoint(consumed)
+        stream = items(consumed) if callable(items) else items
+        bar = tqdm(total=total, initial=consumed, unit="img", disable=not options.progress, file=sys.stderr,
                    dynamic_ncols=True, desc=f"convert -> {fmt}")
         with bar:
-            for key, label, image, reason in items:
+            pos = consumed
+            for key, label, image, reason in stream:
                 if image is None:
-                    skipped.append(Skipped(key, reason or "unknown error"))
+                    skipped.append((pos, Skipped(key, reason or "unknown error")))
                 else:
+                    positions[index] = pos
                     writer.add(index, key, label, image)
                     index += 1
+                pos += 1
+                if resumable and writer.checkpoint_due():
+                    checkpoint(pos)
                 bar.update(1)
         if index == 0:
             raise SourceError(f"no image in {source or dst} could be converted ({len(skipped)} skipped)")
         files, layout = writer.close()
         closed = True
+        fsync_dir(tmp)  # every payload file's rename is durable before the manifest names it
         manifest = replace(template, format=fmt, num_samples=index, files=files, layout=layout,
-                           skipped=skipped + list(template.skipped))
+                           skipped=[k for _, k in skipped] + list(template.skipped))
+        if resumable:
+            assert fingerprint is not None
+            write_journal(tmp, Journal(fingerprint, "closed", pos, index, [], {}, manifest.to_json()))
+        writer.forget_checkpoints()
         write_manifest(tmp, manifest)
+        remove_journal(tmp)
         publish(tmp, dst, options.overwrite)
-    except BaseException:
+    except BaseException as e:
         if writer is not None and not closed:
-            writer.abort()
-        shutil.rmtree(tmp, ignore_errors=True)
+            try:
+                writer.abort()
+            except Exception:  # noqa: BLE001 - already failing
+                pass
+        full = _no_space(e)
+        if isinstance(e, ResumeError) and full is None:
+            raise  # the partial output stays for the user to inspect; the message says what to do
+        kept = (
+            resumable and full is None and not isinstance(e, (SourceError, ImageError))
+            and _has_checkpoint(tmp)
+        )
+        if kept:
+            e.partial_output = tmp  # type: ignore[attr-defined]
+            if hasattr(e, "add_note"):
+                e.add_note(f"partial output kept in {tmp}; run again with --resume to continue")
+        else:
+            shutil.rmtree(tmp, ignore_errors=True)
+        if full is not None:
+            raise _disk_full_error(full[0], full[1], tmp, dst) from e
         raise
+    return manifest, resumed, notes
+
+
+def _has_checkpoint(tmp: str) -> bool:
+    j = read_journal(tmp)
+    return j is not None and (j.written > 0 or j.phase == "closed")
+
+
+def _finish_closed(tmp: str, journal: Journal) -> Manifest:
+    """The manifest of a run killed after its payload files were final: checked against them."""
+    assert journal.manifest is not None
+    manifest = Manifest.from_json(journal.manifest, os.path.join(tmp, "journal"))
+    for f in manifest.files:
+        path = os.path.join(tmp, f.name)
+        if not os.path.exists(path) or os.path.getsize(path) != f.bytes or file_sha256(path) != f.sha256:
+            raise ResumeError(f"cannot resume: {path} differs from the journal (run without --resume to start over)")
     return manifest
+
+
+def source_fingerprint(samples: Sequence[Sample]) -> str:
+    """Digest of an ordered source list: each file's key, label, size and modification time."""
+    rows = []
+    for s in samples:
+        try:
+            st = os.stat(s.path)
+            rows.append((s.relpath, s.label, st.st_size, st.st_mtime_ns))
+        except OSError as e:
+            rows.append((s.relpath, s.label, -1, str(e.strerror)))
+    return digest(rows)
 
 
 def convert_imagefolder(
@@ -259,6 +514,7 @@ def convert_imagefolder(
     t0 = time.perf_counter()
     src, dst = os.fspath(src), os.fspath(dst)
     writer_class(fmt)  # an unknown format fails before any work
+    recover_publish(dst)
     if os.path.lexists(dst) and not options.overwrite:
         raise FileExistsError(f"destination exists: {dst} (use --overwrite to replace it)")
     if os.path.abspath(dst).startswith(os.path.abspath(src) + os.sep):
@@ -272,8 +528,9 @@ def convert_imagefolder(
         perm = np.random.default_rng(options.seed).permutation(len(samples))
         samples = [samples[i] for i in perm]
 
-    def items() -> Iterator[Item]:
-        for sample, (image, reason) in zip(samples, _results(samples, options.processing, options.workers)):
+    def items(start: int) -> Iterator[Item]:
+        rest = samples[start:]
+        for sample, (image, reason) in zip(rest, _results(rest, options.processing, options.workers)):
             if image is None and options.strict:
                 raise ImageError(f"{sample.path}: {reason}")
             yield sample.relpath.replace(os.sep, "/"), sample.label, image, reason
@@ -290,6 +547,7 @@ def convert_imagefolder(
         source={"kind": "imagefolder", "empty_classes": scan.empty_classes},
         created_by=f"packer {__version__}",
     )
-    manifest = write_packed(dst, fmt, items(), template, options, total=len(samples), source=src)
-    return ConvertReport(dst, manifest, time.perf_counter() - t0, list(manifest.skipped), scan.errors)
-
+    fingerprint = {"source": source_fingerprint(samples), "options": options_fingerprint(fmt, template, options)}
+    manifest, resumed, notes = write_packed_result(dst, fmt, items, template, options, len(samples), src, fingerprint)
+    return ConvertReport(dst, manifest, time.perf_counter() - t0, list(manifest.skipped), scan.errors,
+                         resumed=resumed, notes=notes)

@@ -14,6 +14,8 @@ __all__ = [
     "ManifestError",
     "CorruptDataError",
     "ImageError",
+    "DiskFullError",
+    "ResumeError",
 ]
 
 
@@ -63,3 +65,20 @@ class CorruptDataError(PackerError, ValueError):
         self.path = path
         self.sample = sample
         self.offset = offset
+
+
+class DiskFullError(PackerError, OSError):
+    """The file system ran out of space (or hit a file size limit) while a conversion was writing.
+
+    The partial output has been removed and the destination left as it was; ``path`` names the
+    file being written when the space ran out, where known.
+    """
+
+    def __init__(self, message: str, *, path: str | None = None) -> None:
+        super().__init__(message)
+        self.path = path
+
+
+class ResumeError(PackerError, ValueError):
+    """``--resume`` cannot continue: the source or the options changed since the interrupted run,
+    or the partial output does not match its journal. Run again without ``--resume`` to start over."""

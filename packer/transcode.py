@@ -37,12 +37,14 @@ from .engine import (
     ConvertReport,
     Item,
     convert_imagefolder,
+    options_fingerprint,
     ordered_map,
     publish,
+    recover_publish,
     temp_dir_for,
-    write_packed,
+    write_packed_result,
 )
-from .errors import CorruptDataError, ImageError, PackerError, SourceError
+from .errors import CorruptDataError, ImageError, PackerError, ResumeError, SourceError
 from .imageproc import (
     CODECS,
     Encoding,
@@ -53,6 +55,7 @@ from .imageproc import (
     parse_resize,
     process_image,
 )
+from .journal import digest
 from .manifest import MANIFEST_NAME, Manifest, Skipped, read_manifest
 from .record import Record
 from .registry import writer_class
@@ -183,19 +186,37 @@ def _reprocess_chunk(indices: Sequence[int], src: str, src_format: str, opts: Pr
     return [_reprocess_one(ds, i, opts) for i in indices]
 
 
-def _items(ds: Any, src: str, src_format: str, options: ConvertOptions, copy: bool) -> Iterator[Item]:
-    """Every source sample as an engine item, in source order; strict: the first bad one raises."""
+def _items(ds: Any, src: str, src_format: str, options: ConvertOptions, copy: bool, start: int = 0) -> Iterator[Item]:
+    """Every source sample from ``start`` on as an engine item, in source order; strict: the
+    first bad one raises."""
     n = len(ds)
     if copy or options.workers <= 1:
         opts = None if copy else options.processing
-        results: Iterator[Item] = (_reprocess_one(ds, i, opts) for i in range(n))
+        results: Iterator[Item] = (_reprocess_one(ds, i, opts) for i in range(start, n))
     else:
         fn = functools.partial(_reprocess_chunk, src=src, src_format=src_format, opts=options.processing)
-        results = ordered_map(fn, list(range(n)), options.workers, lambda i: f"sample {i} of {src}")
+        results = ordered_map(fn, list(range(start, n)), options.workers, lambda i: f"sample {start + i} of {src}")
     for key, label, image, reason in results:
         if image is None and options.strict:
             raise ImageError(f"{src}: {key}: {reason}")
         yield key, label, image, reason
+
+
+def _source_fingerprint(src: str, sm: Manifest) -> str:
+    """Digest of a packed source: its manifest (which holds every payload file's SHA-256), or for
+    foreign shards without one, each file's name, size and modification time."""
+    path = os.path.join(src, MANIFEST_NAME)
+    if os.path.exists(path):
+        with open(path, "rb") as f:
+            return hashlib.sha256(f.read()).hexdigest()
+    rows = []
+    for f in sm.files:
+        try:
+            st = os.stat(os.path.join(src, f.name))
+            rows.append((f.name, st.st_size, st.st_mtime_ns))
+        except OSError:
+            rows.append((f.name, -1, -1))
+    return digest(rows)
 
 
 # -- unpacking to an ImageFolder ---------------------------------------------------------------------
@@ -365,6 +386,10 @@ def convert_dataset(
     writer_class(src_format)  # unknown formats fail before any work
     if dst_format != "imagefolder":
         writer_class(dst_format)
+    elif options.resume:
+        raise ResumeError("--resume is not supported when unpacking to an imagefolder (the unpacked files are "
+                          "not journaled); run without --resume")
+    recover_publish(dst)
     _check_paths(src, dst, options.overwrite)
     ds = _open_source(src, src_format)
     sm: Manifest = ds.manifest
@@ -376,7 +401,6 @@ def convert_dataset(
     if sm.source:
         source["source"] = sm.source
     classes = list(sm.classes)
-    items = _items(ds, src, src_format, options, copy)
     try:
         if dst_format != "imagefolder":
             template = Manifest(
@@ -384,9 +408,16 @@ def convert_dataset(
                 shuffle_seed=sm.shuffle_seed, skipped=list(sm.skipped), ignored=dict(sm.ignored), source=source,
                 created_by=f"packer {__version__}",
             )
-            manifest = write_packed(dst, dst_format, items, template, options, total=len(ds), source=src)
+            fingerprint = {"source": _source_fingerprint(src, sm),
+                           "options": options_fingerprint(dst_format, template, options)}
+            manifest, resumed, notes = write_packed_result(
+                dst, dst_format, lambda start: _items(ds, src, src_format, options, copy, start), template, options,
+                len(ds), src, fingerprint,
+            )
             new_skips = manifest.skipped[: len(manifest.skipped) - len(sm.skipped)]
-            return TranscodeReport(dst, manifest, time.perf_counter() - t0, list(new_skips), copied=copy)
+            return TranscodeReport(dst, manifest, time.perf_counter() - t0, list(new_skips), copied=copy,
+                                   resumed=resumed, notes=notes)
+        items = _items(ds, src, src_format, options, copy)
         tmp = temp_dir_for(dst)
         if os.path.lexists(tmp):
             shutil.rmtree(tmp)
