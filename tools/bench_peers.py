@@ -580,15 +580,56 @@ def packer_rows(cfg: BenchConfig) -> list[dict[str, Any]]:
     rows = []
     for fmt in names:
         try:
-            rows.append(_packer_format_row(cfg, fmt))
+            rows.extend(_packer_format_rows(cfg, fmt))
         except Exception as exc:  # noqa: BLE001 - one format failing must not stop the others
             rows.append(make_row(f"packer {fmt}", note=f"error: {_one_line(exc)}"))
+    try:
+        rows.append(_packer_raw_row(cfg))
+    except Exception as exc:  # noqa: BLE001
+        rows.append(make_row("packer lmdb raw", note=f"error: {_one_line(exc)}"))
     return rows
 
 
-def _packer_format_row(cfg: BenchConfig, fmt: str) -> dict[str, Any]:
+class _Crop224:
+    """Center crop of packer's C x H x W uint8 output to 224 (the shared decode's crop), picklable."""
+
+    def __call__(self, x: Any) -> Any:
+        h, w = x.shape[-2:]
+        y, left = (h - CROP) // 2, (w - CROP) // 2
+        return x[:, y : y + CROP, left : left + CROP]
+
+
+def _packer_raw_row(cfg: BenchConfig) -> dict[str, Any]:
+    """packer's ``raw`` encoding (decoded pixels stored): no decode at read time, same crop."""
     import torch
 
+    from packer.datasets import open_dataset
+    from packer.engine import ConvertOptions, convert_imagefolder
+    from packer.imageproc import ProcessOptions, parse_encoding, parse_resize
+
+    one_thread_per_process()
+    out = fresh_dir(os.path.join(cfg.work, "packer_lmdb_raw"))
+    opts = ConvertOptions(
+        processing=ProcessOptions(resize=parse_resize(f"shorter:{SHORT_SIDE}"), encoding=parse_encoding("raw")),
+        workers=cfg.workers, seed=SHUFFLE_SEED, overwrite=True,
+    )
+    with Monitor() as conv:
+        report = convert_imagefolder(cfg.src, out, "lmdb", opts)
+    n = report.manifest.num_samples
+    ds = open_dataset(out, transform=_Crop224())
+    read = time_epochs(
+        lambda: torch.utils.data.DataLoader(ds, shuffle=False, **_loader_kwargs(cfg)), cfg.epochs, n
+    )
+    read["note"] = join_notes("raw pixels, packer's own reader (no decode)", read["note"])
+    return converted_row("packer lmdb raw", n, conv, dir_size(out), read)
+
+
+def _packer_format_rows(cfg: BenchConfig, fmt: str) -> list[dict[str, Any]]:
+    """Map-style with the shared decode, then streaming (``StreamingDataset``, packer's own
+    decode: the same ``cv2.imdecode`` to RGB, then the same 224 center crop)."""
+    import torch
+
+    from packer.datasets import StreamingDataset
     from packer.engine import ConvertOptions, convert_imagefolder
     from packer.imageproc import ProcessOptions, parse_encoding, parse_resize
     from packer.registry import reader_class
@@ -613,7 +654,14 @@ def _packer_format_row(cfg: BenchConfig, fmt: str) -> dict[str, Any]:
     )
     if report.skipped:
         read["note"] = join_notes(f"{len(report.skipped)} images skipped", read["note"])
-    return converted_row(f"packer {fmt}", n, conv, dir_size(out), read)
+    rows = [converted_row(f"packer {fmt}", n, conv, dir_size(out), read)]
+    stream = StreamingDataset(out, shuffle=False, batch_size=64, transform=_Crop224())
+    sread = time_epochs(
+        lambda: torch.utils.data.DataLoader(stream, **_loader_kwargs(cfg)), cfg.epochs, n
+    )
+    sread["note"] = join_notes("streaming, no shuffle", sread["note"])
+    rows.append(converted_row(f"packer {fmt} streaming", n, conv, dir_size(out), sread))
+    return rows
 
 
 # -- the table of systems ------------------------------------------------------------------------
