@@ -71,7 +71,7 @@ from packer.imageproc import ProcessedImage
 from packer.manifest import FileEntry, file_sha256, fsync_dir
 from packer.record import CODEC_IDS
 
-from .base import Writer, WriterOptions
+from .base import Writer, WriterOptions, no_room
 
 __all__ = ["HDF5Writer", "DATA_FILE", "LAYOUT_VERSION", "CHUNK_BYTES"]
 
@@ -83,6 +83,7 @@ _META_CHUNK = 8192  # rows per chunk of the per-sample datasets
 _BLOCK_BYTES = 16 << 20  # flush the buffer at this many payload bytes ...
 _BLOCK_SAMPLES = 8192  # ... or at this many samples (checkpoint_samples overrides it)
 _STR = h5py.string_dtype("utf-8")
+_SPACE_MARGIN = 1 << 20  # free space kept for HDF5's metadata writes
 _META_NAMES = ("labels", "shapes", "crc32c", "key_crc32c")
 
 # The resume log: records of one type byte and a uint64 body length, then the body.
@@ -237,10 +238,21 @@ class HDF5Writer(Writer):
                 raise OSError(f"HDF5 did not allocate chunk {c} of /images in {self._partial()}")
             self._chunk_addrs.append(int(info.byte_offset))
 
+    def _ensure_space(self, nbytes: int) -> None:
+        """Refuse to start a write HDF5 would fail for lack of space: HDF5 2.0 cannot recover from
+        a failed write (closing the file fails again, and the interpreter crashes at exit), so
+        room for the data plus 1 MiB of metadata is checked first and ENOSPC (or EFBIG, for a
+        process file size limit) raised here instead."""
+        err = no_room(self._partial(), nbytes, _SPACE_MARGIN)
+        if err is not None:
+            raise err
+
     def _flush(self, final: bool = False) -> None:
         """Write the buffered metadata, and the payload in whole chunks (all of it when ``final``)."""
         if self._f is None:
             return
+        self._ensure_space(self._pending_bytes + len(self._carry) + sum(len(r) for r in self._rows)
+                           + 64 * len(self._pending) + sum(len(p[0]) for p in self._pending))
         if self._pending:
             keys, labels, hs, ws, crcs, kcrcs = zip(*self._pending)
             self._f["keys"].resize(self._written + len(keys), axis=0)
@@ -286,6 +298,7 @@ class HDF5Writer(Writer):
         old = self._f
         assert old is not None
         old_path = self._partial()
+        self._ensure_space(os.path.getsize(old_path))
         self._generation += 1
         self._crcs.clear()
         self._payload_end = 0
@@ -478,12 +491,30 @@ class HDF5Writer(Writer):
             self._log = None
 
     def abort(self) -> None:
-        """Close the partial file and the log (the engine removes the folder or keeps it to resume)."""
+        """Close the partial file and the log (the engine keeps the folder to resume)."""
         self._close_log()
         if self._f is not None:
             try:
                 self._f.close()
-            except Exception:  # noqa: BLE001 - already failing; the folder is removed or resumed next
+            except Exception:  # noqa: BLE001 - already failing; the folder is resumed from the log
+                pass
+            self._f = None
+
+    def discard(self) -> None:
+        """Close without caring for the contents (the folder is deleted next). The partial file is
+        emptied first: after a write failed for lack of space, HDF5 retries its metadata writes
+        when the file is closed, and a file it cannot close crashes the interpreter at exit
+        (HDF5 2.0). An emptied file gives those writes room."""
+        self._close_log()
+        if self._f is not None:
+            for path in {self._partial(), *(p for _, p in self._stale)}:
+                try:
+                    os.truncate(path, 0)
+                except OSError:
+                    pass
+            try:
+                self._f.close()
+            except Exception:  # noqa: BLE001 - already failing; the folder is removed next
                 pass
             self._f = None
 

@@ -16,6 +16,7 @@ transactions and map sizes), and pages a killed transaction may have left are ne
 
 from __future__ import annotations
 
+import errno
 import os
 from typing import Any
 
@@ -26,7 +27,7 @@ from packer.imageproc import ProcessedImage
 from packer.manifest import FileEntry, file_sha256, fsync_dir
 from packer.record import pack_record, unpack_record
 
-from .base import Writer, WriterOptions
+from .base import Writer, WriterOptions, no_room
 
 __all__ = ["LMDBWriter", "lmdb_key", "DATA_FILE", "CHECKPOINT_SAMPLES"]
 
@@ -97,9 +98,18 @@ class LMDBWriter(Writer):
                 self._map_size *= 2
                 env.set_mapsize(self._map_size)
                 continue
+            except lmdb.Error as e:
+                raise self._os_error(e, self._batch_bytes) from e
             self._committed += len(self._batch)
             self._batch.clear()
             self._batch_bytes = 0
+
+    def _os_error(self, e: lmdb.Error, need: int) -> OSError:
+        """An LMDB failure as the OSError it is: LMDB reports a disk that fills up in the middle of
+        a write as EIO (a short write), so low free space makes it ENOSPC."""
+        if "No space left" in str(e):
+            return OSError(errno.ENOSPC, "No space left on device", self.path(PARTIAL))
+        return no_room(self.path(PARTIAL), need) or OSError(errno.EIO, f"LMDB: {e}", self.path(PARTIAL))
 
     # -- resume ------------------------------------------------------------------------------------
     def checkpoint_due(self) -> bool:
@@ -110,7 +120,10 @@ class LMDBWriter(Writer):
         """Sync the committed transactions to disk; the state is the committed sample count."""
         self._due = False
         if self._env is not None:
-            self._env.sync(True)
+            try:
+                self._env.sync(True)
+            except lmdb.Error as e:
+                raise self._os_error(e, 0) from e
         return {"samples": self._committed, "map_size": self._map_size}
 
     def resume(self, state: dict[str, Any]) -> None:
@@ -168,7 +181,10 @@ class LMDBWriter(Writer):
         """Commit the last batch, sync, close, rename ``data.mdb.partial`` to ``data.mdb``."""
         env = self._open()
         self._commit()
-        env.sync(True)
+        try:
+            env.sync(True)
+        except lmdb.Error as e:
+            raise self._os_error(e, 0) from e
         env.close()
         self._env = None
         data = self.path(DATA_FILE)

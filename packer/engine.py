@@ -264,9 +264,16 @@ _NO_SPACE = {errno.ENOSPC: "no space left on device", errno.EDQUOT: "disk quota 
 _NO_SPACE_TEXT = ("No space left on device", "Disk quota exceeded", "File too large")
 
 
-def _no_space(exc: BaseException | None) -> tuple[str, str | None] | None:
+def _no_space(exc: BaseException | None, tmp: str) -> tuple[str, str | None] | None:
     """(reason, file) when ``exc`` or an exception it chains to is a full disk (ENOSPC, EDQUOT,
-    EFBIG; also LMDB's and HDF5's errors, which carry only the text)."""
+    EFBIG; also HDF5's errors, which carry only the text), or is an I/O error on a file system
+    with less than 1 MiB left (some libraries report a short write as EIO)."""
+    from .converters.base import free_bytes
+
+    if isinstance(exc, (OSError, RuntimeError)) and getattr(exc, "errno", None) not in _NO_SPACE:
+        free = free_bytes(tmp if os.path.isdir(tmp) else os.path.dirname(tmp))
+        if 0 <= free < (1 << 20) and not isinstance(exc, (FileNotFoundError, FileExistsError, PermissionError)):
+            return _NO_SPACE[errno.ENOSPC], getattr(exc, "filename", None)
     seen: set[int] = set()
     while exc is not None and id(exc) not in seen:
         seen.add(id(exc))
@@ -286,13 +293,14 @@ def _disk_full_error(reason: str, name: str | None, tmp: str, dst: str) -> DiskF
 
     parent = os.path.dirname(os.path.abspath(dst))
     try:
-        free = f"{format_size(shutil.disk_usage(parent).free)} free"
+        free = f"{format_size(shutil.disk_usage(parent).free)} free there now"
     except OSError:
         free = "free space unknown"
     where = name or tmp
+    what = "file size limit" if reason == _NO_SPACE[errno.EFBIG] else "disk full"
     return DiskFullError(
-        f"disk full: {reason} while writing {where} ({parent}: {free}); the partial output was removed "
-        f"and {dst} was left as it was", path=where,
+        f"{what}: {reason} while writing {where}; the partial output was removed ({free}) and {dst} was "
+        f"left as it was", path=where,
     )
 
 
@@ -450,18 +458,18 @@ def write_packed_result(
         remove_journal(tmp)
         publish(tmp, dst, options.overwrite)
     except BaseException as e:
+        full = _no_space(e, tmp)
+        kept = full is None and (
+            isinstance(e, ResumeError)  # the partial output stays for the user to inspect
+            or (resumable and not isinstance(e, (SourceError, ImageError)) and _has_checkpoint(tmp))
+        )
         if writer is not None and not closed:
             try:
-                writer.abort()
+                writer.abort() if kept else writer.discard()
             except Exception:  # noqa: BLE001 - already failing
                 pass
-        full = _no_space(e)
         if isinstance(e, ResumeError) and full is None:
-            raise  # the partial output stays for the user to inspect; the message says what to do
-        kept = (
-            resumable and full is None and not isinstance(e, (SourceError, ImageError))
-            and _has_checkpoint(tmp)
-        )
+            raise
         if kept:
             e.partial_output = tmp  # type: ignore[attr-defined]
             if hasattr(e, "add_note"):

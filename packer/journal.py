@@ -59,7 +59,7 @@ class Journal:
 
     def dumps(self) -> bytes:
         """The journal's JSON bytes."""
-        return (json.dumps(asdict(self), ensure_ascii=False, sort_keys=True) + "\n").encode("utf-8")
+        return (json.dumps(asdict(self), ensure_ascii=False) + "\n").encode("utf-8")  # key order kept: the manifest is rebuilt from it
 
 
 def read_journal(directory: str) -> Journal | None:

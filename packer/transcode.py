@@ -161,9 +161,16 @@ def reprocess(rec: Record, opts: ProcessOptions) -> ProcessedImage:
 
 
 def _read(ds: Any, i: int) -> tuple[Record | None, str | None]:
+    """A sample's record, or the reason it cannot be read (a skip). Damage to a whole file (no
+    sample named: an unreadable LMDB or HDF5 file, a shard that is a git-LFS pointer) is not a
+    bad sample but a broken source, and raises SourceError."""
     try:
         return ds.read_record(i), None
-    except (CorruptDataError, OSError) as e:
+    except CorruptDataError as e:
+        if e.sample is None:
+            raise SourceError(str(e)) from None
+        return None, str(e)
+    except OSError as e:
         return None, str(e)
 
 

@@ -1,0 +1,539 @@
+"""Fault injection shared by tests/test_faults.py and tools/fault_table.py: kill the converter at
+chosen moments, flip or cut bytes of payload files, and check what readers, ``verify`` and
+``--resume`` make of it. Every trial returns a small record; the tests assert on them and the
+table tool counts them."""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import io
+import os
+import random
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+
+import numpy as np
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+if HERE not in sys.path:
+    sys.path.insert(0, HERE)
+
+from conftest import make_folder  # noqa: E402
+
+from packer.cli import main as cli_main  # noqa: E402
+from packer.errors import CorruptDataError  # noqa: E402
+from packer.manifest import MANIFEST_NAME, read_manifest  # noqa: E402
+
+FORMATS = ("lmdb", "hdf5", "tar", "tfrecord")
+#: Small checkpoint intervals, so a run of ~120 images has a dozen resume points in every format.
+FORMAT_OPTIONS = {
+    "lmdb": ["--checkpoint-samples", "10"],
+    "hdf5": ["--checkpoint-samples", "10"],
+    "tar": ["--shard-samples", "10"],
+    "tfrecord": ["--shard-samples", "10"],
+}
+
+
+def make_source(root: str, n: int = 120, seed: int = 0, lo: int = 200, hi: int = 320) -> str:
+    """An ImageFolder of ``n`` images (4 classes, a third PNG) of lo..hi pixels a side."""
+    rng = np.random.default_rng(seed)
+    per = n // 4
+    classes = {
+        f"c{k}": [(f"{i}.{'png' if i % 3 == 0 else 'jpg'}", int(rng.integers(lo, hi)), int(rng.integers(lo, hi)))
+                  for i in range(per)]
+        for k in range(4)
+    }
+    make_folder(root, classes, seed=seed)
+    return root
+
+
+def convert_argv(fmt: str, src: str, dst: str, *extra: str, workers: int = 1) -> list[str]:
+    """The CLI call of one conversion (PNG re-encode: slow enough to be killed mid-way)."""
+    return [sys.executable, "-m", "packer", "convert", "imagefolder", fmt, src, dst, "--workers", str(workers),
+            "--encode", "png", "-q", *FORMAT_OPTIONS[fmt], *extra]
+
+
+def tmp_of(dst: str) -> str:
+    parent, name = os.path.split(os.path.abspath(dst))
+    return os.path.join(parent, f".{name}.packer-tmp")
+
+
+def identical_dirs(a: str, b: str) -> bool:
+    """Same file names and byte-identical contents."""
+    names = sorted(os.listdir(a))
+    if names != sorted(os.listdir(b)):
+        return False
+    for n in names:
+        with open(os.path.join(a, n), "rb") as fa, open(os.path.join(b, n), "rb") as fb:
+            if fa.read() != fb.read():
+                return False
+    return True
+
+
+def snapshot(path: str) -> list[tuple[str, int, str]]:
+    """(key, label, SHA-256 of the decoded pixels) of every sample, read through the reader."""
+    from packer.datasets import open_dataset
+
+    out = []
+    with open_dataset(path, output="numpy") as ds:
+        for i in range(len(ds)):
+            rec = ds.read_record(i)
+            rgb = ds.decode(rec, i)
+            out.append((rec.key, rec.label, hashlib.sha256(rgb.tobytes()).hexdigest()))
+    return out
+
+
+def verify_cli(path: str) -> tuple[int, str]:
+    """Exit status and stderr+stdout of ``packer verify PATH``."""
+    buf = io.StringIO()
+    with contextlib.redirect_stderr(buf), contextlib.redirect_stdout(buf):
+        rc = cli_main(["verify", path])
+    return rc, buf.getvalue()
+
+
+# -- SIGKILL ---------------------------------------------------------------------------------------
+@dataclass
+class KillTrial:
+    fmt: str
+    delay: float
+    outcome: str = ""  # "absent" (killed before publishing) or "complete"
+    dst_ok: bool = False  # DST absent, or complete and equal to the reference
+    tmp_refused: bool = True  # a reader refuses the temporary folder (or it is complete)
+    resumed: int = -1  # samples kept by --resume (-1: not resumed, 0: started over)
+    resume_ok: bool = False  # --resume finished with the reference's samples and manifest
+    identical: bool = False  # ... and byte-identical files
+    lost: int = 0  # samples missing or wrong in the end result
+    errors: list[str] = field(default_factory=list)
+
+
+def _killpg(proc: subprocess.Popen, delay: float) -> None:
+    deadline = time.monotonic() + delay
+    while time.monotonic() < deadline and proc.poll() is None:
+        time.sleep(min(0.005, max(0.0, deadline - time.monotonic())))
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait()
+
+
+def kill_trial(fmt: str, src: str, ref: str, ref_snapshot: list, work: str, delay: float,
+               workers: int = 1, old: str | None = None) -> KillTrial:
+    """Convert ``src`` to ``work/out``, SIGKILL the process group after ``delay`` seconds, check
+    the destination, then ``--resume`` and compare with the reference ``ref``. With ``old`` (a
+    finished dataset), the destination starts as a copy of it and the run uses ``--overwrite``:
+    then DST must be the old dataset or the new one at every moment."""
+    from packer.datasets import open_dataset
+
+    t = KillTrial(fmt, delay)
+    dst = os.path.join(work, "out")
+    shutil.rmtree(work, ignore_errors=True)
+    os.makedirs(work)
+    extra = ["--overwrite"] if old else []
+    if old:
+        shutil.copytree(old, dst)
+    proc = subprocess.Popen(convert_argv(fmt, src, dst, *extra, workers=workers), stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL, start_new_session=True)
+    _killpg(proc, delay)
+    if os.path.exists(dst):
+        t.outcome = "complete"
+        try:
+            got = snapshot(dst)
+            rc, _ = verify_cli(dst)
+            same_as_ref = got == ref_snapshot and identical_dirs(dst, ref)
+            same_as_old = bool(old) and identical_dirs(dst, old)
+            t.dst_ok = rc == 0 and (same_as_ref or same_as_old)
+            if old and same_as_old:
+                t.outcome = "old"
+        except Exception as e:  # noqa: BLE001 - any failure to read a published dataset is a finding
+            t.errors.append(f"published dataset unreadable: {type(e).__name__}: {e}")
+    else:
+        t.outcome = "absent"
+        t.dst_ok = True
+    tmp = tmp_of(dst)
+    if os.path.isdir(tmp):
+        try:
+            with open_dataset(tmp) as ds:
+                t.tmp_refused = os.path.exists(os.path.join(tmp, MANIFEST_NAME)) and len(ds) == len(ref_snapshot)
+        except (FileNotFoundError, CorruptDataError):
+            t.tmp_refused = True
+        except Exception as e:  # noqa: BLE001
+            t.tmp_refused = False
+            t.errors.append(f"temp folder: {type(e).__name__}: {e}")
+    if t.outcome != "complete":
+        r = subprocess.run(convert_argv(fmt, src, dst, "--resume", *extra, workers=workers),
+                           capture_output=True, text=True)
+        if r.returncode != 0:
+            t.errors.append(f"--resume failed: {r.stderr.strip()}")
+            t.lost = len(ref_snapshot)
+            return t
+        t.resumed = 0
+        for line in r.stderr.splitlines():
+            if line.startswith("packer: resumed: kept "):
+                t.resumed = int(line.split()[3])
+    try:
+        got = snapshot(dst)
+    except Exception as e:  # noqa: BLE001
+        t.errors.append(f"result unreadable: {type(e).__name__}: {e}")
+        t.lost = len(ref_snapshot)
+        return t
+    t.lost = sum(1 for a, b in zip(got, ref_snapshot) if a != b) + abs(len(got) - len(ref_snapshot))
+    with open(os.path.join(dst, MANIFEST_NAME), "rb") as a, open(os.path.join(ref, MANIFEST_NAME), "rb") as b:
+        same_manifest = a.read() == b.read()
+    t.resume_ok = t.lost == 0 and same_manifest and verify_cli(dst)[0] == 0
+    t.identical = identical_dirs(dst, ref)
+    leftovers = [n for n in os.listdir(work) if n != "out"]
+    if leftovers:
+        t.errors.append(f"left behind: {leftovers}")
+    return t
+
+
+def kill_delays(n: int, duration: float, seed: int) -> list[float]:
+    """``n`` kill times spread over a run of ``duration`` seconds: one in each of ``n`` equal
+    slices, at a random point of the slice (fixed seed)."""
+    rng = random.Random(seed)
+    return [duration * (i + rng.random()) / n for i in range(n)]
+
+
+def timed_run(fmt: str, src: str, dst: str, workers: int = 1) -> float:
+    """Seconds an uninterrupted conversion takes, start-up included."""
+    t0 = time.monotonic()
+    subprocess.run(convert_argv(fmt, src, dst, workers=workers), check=True, capture_output=True)
+    return time.monotonic() - t0
+
+
+# -- flipped and cut bytes -------------------------------------------------------------------------
+@dataclass
+class ByteTrial:
+    fmt: str
+    file: str
+    offset: int
+    kind: str = "flip"  # or "truncate"
+    expected_sample: int | None = None  # the sample the byte belongs to, when the test can tell
+    verify_rc: int = 0
+    verify_named_file: bool = False
+    verify_named_sample: bool = True  # only meaningful when expected_sample is not None
+    reader: str = ""  # "refused" (raised at open), "raised" (some samples), "correct", "wrong", "leak"
+    raised_samples: int = 0
+    errors: list[str] = field(default_factory=list)
+
+    @property
+    def detected(self) -> bool:
+        return self.verify_rc != 0 and self.verify_named_file and self.verify_named_sample
+
+    @property
+    def reader_ok(self) -> bool:
+        return self.reader in ("refused", "raised", "correct")
+
+
+def sample_regions(path: str) -> dict[str, list[tuple[int, int, int]]]:
+    """file name -> [(start, end, sample)] byte ranges that belong to one sample, where the test
+    can tell from the layout (tar and TFRecord: all of a sample's bytes, index lines and entries;
+    LMDB: each record; HDF5: each payload and each key that occurs once in the file)."""
+    m = read_manifest(path)
+    out: dict[str, list[tuple[int, int, int]]] = {}
+    if m.format == "tar":
+        from packer.converters.tar import INDEX_ENTRY, INDEX_HEADER, unpack_index
+
+        for f in m.files:
+            if not f.name.endswith(".idx"):
+                continue
+            with open(os.path.join(path, f.name), "rb") as fh:
+                first, e, keys = unpack_index(fh.read(), f.name)
+            shard = f.name[:-4] + ".tar"
+            starts = [int(o) - 512 for o in e["offset"]]
+            ends = starts[1:] + [_tar_members_end(os.path.join(path, shard), starts[-1])]
+            out[shard] = [(a, b, first + j) for j, (a, b) in enumerate(zip(starts, ends))]
+            n = len(e)
+            idx = [(INDEX_HEADER.size + j * INDEX_ENTRY.itemsize, INDEX_HEADER.size + (j + 1) * INDEX_ENTRY.itemsize,
+                    first + j) for j in range(n)]
+            base, prev = INDEX_HEADER.size + n * INDEX_ENTRY.itemsize, 0
+            for j, ke in enumerate(e["key_end"]):
+                idx.append((base + prev, base + int(ke), first + j))
+                prev = int(ke)
+            out[f.name] = idx
+    elif m.format == "tfrecord":
+        for f in m.files:
+            if not f.name.endswith(".idx"):
+                continue
+            with open(os.path.join(path, f.name), "rb") as fh:
+                lines = fh.read().splitlines(keepends=True)
+            pos, idx, rec = 0, [], []
+            for j, line in enumerate(lines):
+                idx.append((pos, pos + len(line), f.first + j))
+                pos += len(line)
+                off, length = map(int, line.split())
+                rec.append((off, off + length, f.first + j))
+            out[f.name] = idx
+            if not m.layout.get("gzip"):
+                out[f.name[:-4] + ".tfrecord"] = rec
+    elif m.format == "lmdb":
+        from packer.datasets import open_dataset
+        from packer.record import pack_record
+
+        with open(os.path.join(path, "data.mdb"), "rb") as fh:
+            data = fh.read()
+        regions = []
+        with open_dataset(path) as ds:
+            for i in range(len(ds)):
+                r = ds.read_record(i)
+                value = pack_record(r.key, r.label, r.codec, r.height, r.width, bytes(r.payload))
+                at = data.find(value[:64])
+                if at >= 0 and data.count(value[:64]) == 1:
+                    regions.append((at, at + len(value), i))
+        out["data.mdb"] = regions
+    elif m.format == "hdf5":
+        import h5py
+
+        fp = os.path.join(path, "data.h5")
+        with open(fp, "rb") as fh:
+            data = fh.read()
+        regions = []
+        with h5py.File(fp, "r") as f:
+            images = f["images"]
+            per = images.chunks[0] * int(np.prod(images.chunks[1:]))
+            table = {}
+            images.id.chunk_iter(lambda info: table.__setitem__(info.chunk_offset[0] // images.chunks[0],
+                                                                info.byte_offset))
+            if f.attrs["storage"] == "flat":
+                offs = f["offsets"][:].astype(np.int64)
+            else:
+                row = int(np.prod(images.shape[1:]))
+                offs = np.arange(images.shape[0] + 1, dtype=np.int64) * row
+            for i in range(len(offs) - 1):
+                a = int(offs[i])
+                while a < offs[i + 1]:
+                    c, r = divmod(a, per)
+                    b = min(int(offs[i + 1]), (c + 1) * per)
+                    regions.append((table[c] + r, table[c] + r + (b - a), i))
+                    a = b
+            for i, k in enumerate(f["keys"].asstr()[:].tolist()):
+                raw = k.encode("utf-8")
+                if data.count(raw) == 1:
+                    at = data.find(raw)
+                    regions.append((at, at + len(raw), i))
+        out["data.h5"] = regions
+    return out
+
+
+def _tar_members_end(path: str, start: int) -> int:
+    """End of the last sample's three members (header + data + padding each) starting at ``start``."""
+    with open(path, "rb") as fh:
+        pos = start
+        for _ in range(3):
+            fh.seek(pos)
+            head = fh.read(512)
+            size = int(head[124:135].rstrip(b"\0 ") or b"0", 8)
+            pos += 512 + -(-size // 512) * 512
+    return pos
+
+
+def _owner(regions: list[tuple[int, int, int]], offset: int) -> int | None:
+    for a, b, s in regions:
+        if a <= offset < b:
+            return s
+    return None
+
+
+def check_reader(path: str, ref_snapshot: list) -> tuple[str, int, list[str]]:
+    """What a reader makes of a damaged dataset: "refused" at open, "raised" CorruptDataError for
+    some samples and returned every other one correctly, "correct" everywhere, "wrong" (returned
+    different data without an error) or "leak" (raised something other than CorruptDataError)."""
+    from packer.datasets import open_dataset
+
+    try:
+        ds = open_dataset(path, output="numpy")
+    except CorruptDataError:
+        return "refused", 0, []
+    except Exception as e:  # noqa: BLE001 - the finding
+        return "leak", 0, [f"open: {type(e).__name__}: {e}"]
+    raised, problems = 0, []
+    with ds:
+        for i in range(len(ds)):
+            try:
+                rec = ds.read_record(i)
+                rgb = ds.decode(rec, i)
+                rgb2, label2 = ds.load(i)
+            except CorruptDataError:
+                raised += 1
+                continue
+            except Exception as e:  # noqa: BLE001
+                problems.append(f"sample {i}: {type(e).__name__}: {e}")
+                continue
+            got = (rec.key, rec.label, hashlib.sha256(rgb.tobytes()).hexdigest())
+            if got != ref_snapshot[i] or label2 != rec.label or not np.array_equal(rgb, rgb2):
+                problems.append(f"sample {i}: wrong data {got[:2]} != {ref_snapshot[i][:2]}")
+    if any("wrong data" in p for p in problems):
+        return "wrong", raised, problems
+    if problems:
+        return "leak", raised, problems
+    return ("raised" if raised else "correct"), raised, problems
+
+
+def byte_trial(pristine: str, work: str, ref_snapshot: list, regions: dict, name: str, offset: int,
+               kind: str = "flip", rng: random.Random | None = None) -> ByteTrial:
+    """Copy ``pristine`` to ``work``, flip one byte (xor with a random non-zero value) or truncate
+    file ``name`` at ``offset``, then run ``packer verify`` and a reader over it."""
+    m = read_manifest(pristine)
+    t = ByteTrial(m.format, name, offset, kind)
+    shutil.rmtree(work, ignore_errors=True)
+    shutil.copytree(pristine, work)
+    fp = os.path.join(work, name)
+    if kind == "flip":
+        with open(fp, "r+b") as fh:
+            fh.seek(offset)
+            b = fh.read(1)[0]
+            fh.seek(offset)
+            fh.write(bytes([b ^ (rng or random.Random(offset)).randint(1, 255)]))
+        t.expected_sample = _owner(regions.get(name, []), offset)
+    else:  # a cut file: verify must name the file; which samples are lost is the reader's business
+        os.truncate(fp, offset)
+    rc, text = verify_cli(work)
+    t.verify_rc = rc
+    t.verify_named_file = name in text
+    if t.expected_sample is not None:
+        t.verify_named_sample = f"sample {t.expected_sample}:" in text
+    t.reader, t.raised_samples, t.errors = check_reader(work, ref_snapshot)
+    return t
+
+
+def flip_offsets(pristine: str, trials: int, seed: int) -> list[tuple[str, int]]:
+    """``trials`` (file, offset) pairs: files in turn (the manifest's order), offsets uniform."""
+    m = read_manifest(pristine)
+    rng = random.Random(seed)
+    files = [f for f in m.files if f.bytes > 0]
+    out = []
+    for i in range(trials):
+        f = files[i % len(files)]
+        out.append((f.name, rng.randrange(f.bytes)))
+    return out
+
+
+def payload_ranges(path: str, regions: dict) -> dict[str, list[tuple[int, int]]]:
+    """file name -> byte ranges holding image data (tar: image members' data; TFRecord: whole
+    records; LMDB: whole records; HDF5: payload bytes), to aim flips at everything else."""
+    m = read_manifest(path)
+    out: dict[str, list[tuple[int, int]]] = {}
+    if m.format == "tar":
+        from packer.converters.tar import unpack_index
+
+        for f in m.files:
+            if f.name.endswith(".idx"):
+                with open(os.path.join(path, f.name), "rb") as fh:
+                    _, e, _ = unpack_index(fh.read(), f.name)
+                out[f.name[:-4] + ".tar"] = [(int(o), int(o) + int(s)) for o, s in zip(e["offset"], e["size"])]
+    elif m.format == "hdf5":
+        import h5py
+
+        with h5py.File(os.path.join(path, "data.h5"), "r") as f:
+            keys = {k.encode("utf-8") for k in f["keys"].asstr()[:].tolist()}
+        with open(os.path.join(path, "data.h5"), "rb") as fh:
+            data = fh.read()
+        out["data.h5"] = [(a, b) for a, b, _ in regions.get("data.h5", []) if data[a:b] not in keys]
+    else:
+        for name, rs in regions.items():
+            if not name.endswith(".idx"):
+                out[name] = [(a, b) for a, b, _ in rs]
+    return out
+
+
+def structural_offsets(pristine: str, regions: dict, trials: int, seed: int) -> list[tuple[str, int]]:
+    """``trials`` (file, offset) pairs outside image data (headers, indexes, B-trees, padding)."""
+    m = read_manifest(pristine)
+    rng = random.Random(seed)
+    payload = payload_ranges(pristine, regions)
+    pools = []
+    for f in m.files:
+        mask = np.ones(f.bytes, bool)
+        for a, b in payload.get(f.name, []):
+            mask[a:b] = False
+        free = np.flatnonzero(mask)
+        if len(free):
+            pools.append((f.name, free))
+    out = []
+    for i in range(trials):
+        name, free = pools[i % len(pools)] if i % 2 else pools[rng.randrange(len(pools))]
+        out.append((name, int(free[rng.randrange(len(free))])))
+    return out
+
+
+def lmdb_structure(path: str) -> list[tuple[int, int]]:
+    """Byte ranges of data.mdb that LMDB reads to find a value: both meta pages, the header, node
+    pointers and nodes of every branch and leaf page, and each overflow run's page header (free
+    space inside pages and the unused tail of overflow runs are left out)."""
+    fp = os.path.join(path, "data.mdb")
+    with open(fp, "rb") as fh:
+        data = fh.read()
+    psize = 4096
+    out = []
+    pg = 0
+    while pg * psize < len(data):
+        base = pg * psize
+        flags, lower, upper = int.from_bytes(data[base + 10:base + 12], "little"), \
+            int.from_bytes(data[base + 12:base + 14], "little"), int.from_bytes(data[base + 14:base + 16], "little")
+        if pg < 2 or flags & 0x08:  # meta: header + MDB_meta (about 136 bytes)
+            out.append((base, base + 16 + 136))
+            pg += 1
+        elif flags & 0x04:  # overflow run: header only; mp_pages at offset 12
+            out.append((base, base + 16))
+            pg += max(1, int.from_bytes(data[base + 12:base + 16], "little"))
+        elif flags & 0x03:  # branch or leaf
+            out.append((base, base + lower))
+            out.append((base + upper, base + psize))
+            pg += 1
+        else:
+            pg += 1
+    return out
+
+
+def hdf5_slack(path: str) -> list[tuple[int, int]]:
+    """Byte ranges of data.h5 allocated to dataset chunks but beyond the data (the unused end of
+    a dataset's last chunk): bytes no reader looks at."""
+    import h5py
+
+    out = []
+    with h5py.File(os.path.join(path, "data.h5"), "r") as f:
+        for _name, d in f.items():
+            if not isinstance(d, h5py.Dataset) or d.chunks is None:
+                continue
+            rows = d.chunks[0]
+            row_bytes = d.dtype.itemsize * int(np.prod(d.chunks[1:])) if d.dtype.kind != "O" else 16
+            n = d.shape[0]
+
+            def visit(info, rows=rows, row_bytes=row_bytes, n=n):
+                start = info.chunk_offset[0]
+                used = max(0, min(rows, n - start)) * row_bytes
+                if used < info.size:
+                    out.append((info.byte_offset + used, info.byte_offset + info.size))
+
+            d.id.chunk_iter(visit)
+    return out
+
+
+def structure_offsets(pristine: str, regions: dict, trials: int, seed: int) -> list[tuple[str, int]]:
+    """``trials`` (file, offset) pairs in the bytes a format's own structures use: tar member
+    headers, .cls/.json, index files; TFRecord index files; LMDB meta, branch and leaf pages and
+    overflow headers; HDF5 everything but payload and the unused ends of chunks."""
+    m = read_manifest(pristine)
+    rng = random.Random(seed)
+    if m.format == "lmdb":
+        pools = [("data.mdb", lmdb_structure(pristine))]
+    elif m.format == "hdf5":
+        size = os.path.getsize(os.path.join(pristine, "data.h5"))
+        mask = np.ones(size, bool)
+        for a, b in [*payload_ranges(pristine, regions)["data.h5"], *hdf5_slack(pristine)]:
+            mask[a:b] = False
+        free = np.flatnonzero(mask)
+        pools = [("data.h5", [(int(x), int(x) + 1) for x in free])]
+    else:
+        return structural_offsets(pristine, regions, trials, seed)
+    out = []
+    for _ in range(trials):
+        name, ranges = pools[0]
+        weights = np.array([b - a for a, b in ranges], np.float64)
+        a, b = ranges[int(np.searchsorted(np.cumsum(weights), rng.random() * weights.sum(), side="right"))]
+        out.append((name, a + rng.randrange(b - a)))
+    return out

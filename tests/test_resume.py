@@ -1,0 +1,310 @@
+"""``--resume``: what an interrupted conversion keeps, when resuming is refused, what the user is
+told, and crash safety of publishing (``--overwrite`` included). The SIGKILL sweeps are in
+test_faults.py; here interruptions are injected in-process at chosen samples, so every case is
+exact."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import replace
+
+import faultlib as fl
+import pytest
+from conftest import make_folder
+
+import packer.engine as engine
+from packer.cli import main
+from packer.converters.base import WriterOptions
+from packer.datasets import open_dataset
+from packer.engine import ConvertOptions, convert_imagefolder, recover_publish, temp_dir_for
+from packer.errors import ResumeError, UnfinishedDatasetError
+from packer.imageproc import ProcessOptions, parse_encoding
+from packer.journal import JOURNAL_NAME, read_journal
+from packer.manifest import read_manifest
+from packer.registry import writer_class
+from packer.transcode import convert_dataset
+
+FORMATS = fl.FORMATS
+
+
+def options(fmt: str, **kw) -> ConvertOptions:
+    w = WriterOptions(shard_samples=5) if fmt in ("tar", "tfrecord") else WriterOptions(checkpoint_samples=5)
+    return ConvertOptions(processing=ProcessOptions(encoding=parse_encoding("png")), writer=w, workers=1, **kw)
+
+
+@pytest.fixture(scope="module")
+def src(tmp_path_factory):
+    root = str(tmp_path_factory.mktemp("resume") / "src")
+    make_folder(root, {c: [(f"{i}.png", 24 + i, 30) for i in range(9)] for c in ("a", "b", "c")})
+    return root
+
+
+@pytest.fixture(scope="module")
+def refs(src, tmp_path_factory):
+    base = tmp_path_factory.mktemp("refs")
+    return {fmt: convert_imagefolder(src, str(base / fmt), fmt, options(fmt)).output for fmt in FORMATS}
+
+
+def interrupt_after(monkeypatch, fmt: str, n: int, exc: BaseException | None = None) -> None:
+    """Make the ``fmt`` writer raise (KeyboardInterrupt by default) on its ``n + 1``-th add."""
+    cls = writer_class(fmt)
+    orig = cls.add
+    count = [0]
+
+    def add(self, *a, **kw):
+        count[0] += 1
+        if count[0] > n:
+            raise exc if exc is not None else KeyboardInterrupt
+        return orig(self, *a, **kw)
+
+    monkeypatch.setattr(cls, "add", add)
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+@pytest.mark.parametrize("at", [3, 12, 26])
+def test_interrupted_then_resumed_equals_uninterrupted(fmt, at, src, refs, tmp_path, monkeypatch):
+    dst = str(tmp_path / "out")
+    interrupt_after(monkeypatch, fmt, at)
+    with pytest.raises(KeyboardInterrupt) as info:
+        convert_imagefolder(src, dst, fmt, options(fmt))
+    monkeypatch.undo()
+    tmp = temp_dir_for(dst)
+    assert not os.path.exists(dst)
+    assert os.path.exists(tmp) == (at >= 5)  # kept only when a checkpoint makes it worth resuming
+    if at >= 5:
+        with pytest.raises(UnfinishedDatasetError):
+            open_dataset(tmp)
+    kept = read_journal(tmp)
+    if at >= 5:
+        assert kept is not None and kept.written >= 5 and info.value.partial_output == tmp
+    report = convert_imagefolder(src, dst, fmt, options(fmt, resume=True))
+    assert fl.identical_dirs(dst, refs[fmt])
+    assert report.resumed is None if kept is None else report.resumed["written"] == kept.written
+    assert not os.path.exists(tmp)
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_resume_refuses_other_options_or_source(fmt, src, tmp_path, monkeypatch):
+    dst = str(tmp_path / "out")
+    interrupt_after(monkeypatch, fmt, 12)
+    with pytest.raises(KeyboardInterrupt):
+        convert_imagefolder(src, dst, fmt, options(fmt))
+    monkeypatch.undo()
+    tmp = temp_dir_for(dst)
+    before = sorted(os.listdir(tmp))
+    with pytest.raises(ResumeError, match="the options changed.*without --resume"):
+        convert_imagefolder(src, dst, fmt, options(fmt, resume=True, seed=1))
+    changed = tmp_path / "src2"
+    shutil.copytree(src, changed)
+    with open(changed / "a" / "0.png", "ab") as f:
+        f.write(b"\0")
+    with pytest.raises(ResumeError, match="the source changed"):
+        convert_imagefolder(str(changed), dst, fmt, options(fmt, resume=True))
+    assert sorted(os.listdir(tmp)) == before  # refusing touches nothing
+    convert_imagefolder(src, dst, fmt, options(fmt))  # without --resume: starts over
+    assert len(open_dataset(dst)) == 27 and not os.path.exists(tmp)
+
+
+def test_resume_with_nothing_to_resume_starts_over(src, refs, tmp_path, capsys):
+    dst = tmp_path / "out"
+    rc = main(["convert", "imagefolder", "tar", src, str(dst), "--workers", "1", "--encode", "png",
+               "--shard-samples", "5", "--resume"])
+    err = capsys.readouterr().err
+    assert rc == 0 and "nothing to resume" in err
+    assert fl.identical_dirs(str(dst), refs["tar"])
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_killed_after_the_last_journal_finishes_on_resume(fmt, src, refs, tmp_path, monkeypatch):
+    """Killed between the final journal and the manifest (or the publish): resume only checks the
+    files and publishes."""
+    dst = str(tmp_path / "out")
+
+    def boom(*a, **kw):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(engine, "write_manifest", boom)
+    with pytest.raises(KeyboardInterrupt):
+        convert_imagefolder(src, dst, fmt, options(fmt))
+    monkeypatch.undo()
+    assert read_journal(temp_dir_for(dst)).phase == "closed"
+    report = convert_imagefolder(src, dst, fmt, options(fmt, resume=True))
+    assert report.resumed["written"] == 27 and fl.identical_dirs(dst, refs[fmt])
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_killed_while_resuming_resumes_again(fmt, src, refs, tmp_path, monkeypatch):
+    dst = str(tmp_path / "out")
+    interrupt_after(monkeypatch, fmt, 16)
+    with pytest.raises(KeyboardInterrupt):
+        convert_imagefolder(src, dst, fmt, options(fmt))
+    monkeypatch.undo()
+    # the resume is interrupted too: while replaying (LMDB, HDF5) or right after it
+    interrupt_after(monkeypatch, fmt, 8)
+    with pytest.raises(KeyboardInterrupt):
+        convert_imagefolder(src, dst, fmt, options(fmt, resume=True))
+    monkeypatch.undo()
+    convert_imagefolder(src, dst, fmt, options(fmt, resume=True))
+    assert fl.identical_dirs(dst, refs[fmt])
+
+
+@pytest.mark.parametrize("fmt", ["lmdb", "hdf5"])
+def test_commits_after_the_last_journal_are_dropped(fmt, src, refs, tmp_path, monkeypatch):
+    """Killed after a commit but before its journal: the extra samples are not trusted."""
+    dst = str(tmp_path / "out")
+    orig = engine.write_journal
+    calls = [0]
+
+    def journal(*a, **kw):
+        calls[0] += 1
+        if calls[0] == 3:
+            raise KeyboardInterrupt
+        return orig(*a, **kw)
+
+    monkeypatch.setattr(engine, "write_journal", journal)
+    with pytest.raises(KeyboardInterrupt):
+        convert_imagefolder(src, dst, fmt, options(fmt))
+    monkeypatch.undo()
+    assert read_journal(temp_dir_for(dst)).written == 10  # the third commit (15) is not journaled
+    report = convert_imagefolder(src, dst, fmt, options(fmt, resume=True))
+    assert report.resumed["written"] == 10 and fl.identical_dirs(dst, refs[fmt])
+
+
+def test_skips_before_the_interruption_are_kept(tmp_path, monkeypatch):
+    root = tmp_path / "src"
+    make_folder(str(root), {"a": [(f"{i}.png", 20, 20) for i in range(12)]})
+    (root / "a" / "00bad.png").write_bytes(b"not an image")
+    (root / "a" / "01bad.png").write_bytes(b"")
+    opts = options("tar", shuffle=False)
+    ref = convert_imagefolder(str(root), str(tmp_path / "ref"), "tar", opts)
+    interrupt_after(monkeypatch, "tar", 11)
+    with pytest.raises(KeyboardInterrupt):
+        convert_imagefolder(str(root), str(tmp_path / "out"), "tar", opts)
+    monkeypatch.undo()
+    assert len(read_journal(temp_dir_for(str(tmp_path / "out"))).skipped) == 2
+    report = convert_imagefolder(str(root), str(tmp_path / "out"), "tar", replace(opts, resume=True))
+    assert [s.path for s in report.skipped] == [s.path for s in ref.skipped] == ["a/00bad.png", "a/01bad.png"]
+    assert fl.identical_dirs(str(tmp_path / "out"), str(tmp_path / "ref"))
+
+
+def test_strict_or_empty_source_errors_remove_the_partial_output(src, tmp_path, monkeypatch):
+    from packer.errors import ImageError
+
+    dst = str(tmp_path / "out")
+    interrupt_after(monkeypatch, "tar", 12, ImageError("bad image"))
+    with pytest.raises(ImageError):
+        convert_imagefolder(src, dst, "tar", options("tar"))
+    assert not os.path.exists(temp_dir_for(dst))
+
+
+def test_other_errors_keep_resumable_output_and_say_so(src, refs, tmp_path, monkeypatch, capsys):
+    dst = str(tmp_path / "out")
+    interrupt_after(monkeypatch, "lmdb", 12, OSError(5, "Input/output error"))
+    rc = main(["convert", "imagefolder", "lmdb", src, dst, "--workers", "1", "--encode", "png",
+               "--checkpoint-samples", "5"])
+    err = capsys.readouterr().err.strip().splitlines()
+    tmp = temp_dir_for(dst)
+    assert rc == 1 and len(err) == 1
+    assert err[0] == (f"packer: error: [Errno 5] Input/output error; partial output kept in {tmp}; "
+                      f"run again with --resume to continue")
+    monkeypatch.undo()
+    rc = main(["convert", "imagefolder", "lmdb", src, dst, "--workers", "1", "--encode", "png",
+               "--checkpoint-samples", "5", "--resume"])
+    err = capsys.readouterr().err
+    assert rc == 0 and "resumed: kept 10 samples" in err
+    assert fl.identical_dirs(dst, refs["lmdb"])
+
+
+def test_ctrl_c_keeps_resumable_output_and_says_so(tmp_path):
+    root = tmp_path / "src"
+    make_folder(str(root), {"a": [(f"{i}.png", 300, 300) for i in range(150)]})
+    dst = str(tmp_path / "out")
+    argv = [sys.executable, "-m", "packer", "convert", "imagefolder", "tar", str(root), dst, "--workers", "1",
+            "--encode", "png", "--shard-samples", "5"]
+    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    journal = os.path.join(temp_dir_for(dst), JOURNAL_NAME)
+    deadline = time.time() + 60
+    while not os.path.exists(journal) and time.time() < deadline and proc.poll() is None:
+        time.sleep(0.01)
+    proc.send_signal(signal.SIGINT)
+    out, err = proc.communicate(timeout=60)
+    tmp = temp_dir_for(dst)
+    assert proc.returncode == 130, err
+    assert err.strip().splitlines()[-1] == (f"packer: interrupted; partial output kept in {tmp}; "
+                                            f"run again with --resume to continue")
+    r = subprocess.run(argv + ["--resume"], capture_output=True, text=True)
+    assert r.returncode == 0 and "resumed: kept" in r.stderr
+    ref = tmp_path / "ref"
+    subprocess.run(argv[:7] + [str(ref)] + argv[8:], check=True, capture_output=True)
+    assert fl.identical_dirs(dst, str(ref))
+
+
+def test_packed_to_packed_resumes_and_imagefolder_refuses(refs, tmp_path, monkeypatch):
+    src = refs["lmdb"]
+    want = str(tmp_path / "want")
+    convert_dataset(src, want, "lmdb", "tar", replace(options("tar"), processing=ProcessOptions(
+        encoding=parse_encoding("keep"))))
+    dst = str(tmp_path / "out")
+    opts = replace(options("tar"), processing=ProcessOptions(encoding=parse_encoding("keep")))
+    interrupt_after(monkeypatch, "tar", 13)
+    with pytest.raises(KeyboardInterrupt):
+        convert_dataset(src, dst, "lmdb", "tar", opts)
+    monkeypatch.undo()
+    report = convert_dataset(src, dst, "lmdb", "tar", replace(opts, resume=True))
+    assert report.resumed["written"] == 10 and fl.identical_dirs(dst, want)
+    with pytest.raises(ResumeError, match="imagefolder"):
+        convert_dataset(src, str(tmp_path / "folder"), "lmdb", "imagefolder", replace(opts, resume=True))
+
+
+def test_checkpoint_samples_is_a_recorded_option(src, tmp_path, capsys):
+    rc = main(["convert", "imagefolder", "tar", src, str(tmp_path / "x"), "--checkpoint-samples", "5"])
+    assert rc == 2 and "lmdb and hdf5 output only" in capsys.readouterr().err
+    convert_imagefolder(src, str(tmp_path / "a"), "lmdb", options("lmdb"))
+    assert read_manifest(tmp_path / "a").layout["checkpoint_samples"] == 5
+
+
+def test_overwrite_is_atomic_and_a_crash_between_renames_is_repaired(src, refs, tmp_path, monkeypatch):
+    dst = str(tmp_path / "out")
+    shutil.copytree(refs["tar"], dst)
+    old_manifest = read_manifest(dst)
+    # Without RENAME_EXCHANGE: a crash after the old dataset moved aside and before the new one
+    # moved in leaves no DST; the next conversion puts the old one back first.
+    monkeypatch.setattr(engine, "_exchange", lambda a, b: False)
+    real_replace = os.replace
+
+    def replace_then_crash(a, b):
+        real_replace(a, b)
+        if b.endswith(".packer-old"):
+            raise KeyboardInterrupt
+
+    monkeypatch.setattr(engine.os, "replace", replace_then_crash)
+    with pytest.raises(KeyboardInterrupt):
+        convert_imagefolder(src, dst, "lmdb", options("lmdb", overwrite=True))
+    monkeypatch.undo()
+    assert not os.path.exists(dst)
+    recover_publish(dst)
+    assert read_manifest(dst) == old_manifest
+    # With the exchange (Linux), DST always names a complete dataset; leftovers are cleaned up.
+    convert_imagefolder(src, dst, "lmdb", options("lmdb", overwrite=True))
+    assert fl.identical_dirs(dst, refs["lmdb"])
+    assert sorted(os.listdir(tmp_path)) == ["out"]
+
+
+def test_journal_is_json_and_never_published(src, tmp_path, monkeypatch):
+    dst = str(tmp_path / "out")
+    interrupt_after(monkeypatch, "hdf5", 12)
+    with pytest.raises(KeyboardInterrupt):
+        convert_imagefolder(src, dst, "hdf5", options("hdf5"))
+    with open(os.path.join(temp_dir_for(dst), JOURNAL_NAME)) as f:
+        j = json.load(f)
+    assert j["version"] == 1 and j["phase"] == "writing" and j["written"] == 10
+    assert set(j["fingerprint"]) == {"source", "options"} and j["writer"]["samples"] == 10
+    monkeypatch.undo()
+    convert_imagefolder(src, dst, "hdf5", options("hdf5", resume=True))
+    assert sorted(os.listdir(dst)) == ["data.h5", "manifest.json"]
