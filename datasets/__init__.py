@@ -18,7 +18,9 @@ from .seeding import seed_everything, seed_worker, worker_rng
 from .streaming import StreamingDataset
 
 __all__ = ["open_dataset", "PackedDataset", "OUTPUTS", "StreamingDataset", "SharedCache",
-           "prefetch_to_device", "seed_everything", "seed_worker", "worker_rng"]
+           "prefetch_to_device", "seed_everything", "seed_worker", "worker_rng",
+           # the format readers, resolved lazily through the registry by __getattr__ below
+           "LMDBDataset", "HDF5Dataset", "TarDataset", "TFRecordDataset"]
 
 
 def open_dataset(path: str | os.PathLike[str], *, format: str | None = None, **kwargs: Any) -> PackedDataset:
