@@ -39,7 +39,7 @@ FORMAT_OPTIONS = {
 }
 
 
-def make_source(root: str, n: int = 120, seed: int = 0, lo: int = 200, hi: int = 320) -> str:
+def make_source(root: str, n: int = 150, seed: int = 0, lo: int = 240, hi: int = 360) -> str:
     """An ImageFolder of ``n`` images (4 classes, a third PNG) of lo..hi pixels a side."""
     rng = np.random.default_rng(seed)
     per = n // 4
@@ -191,18 +191,34 @@ def kill_trial(fmt: str, src: str, ref: str, ref_snapshot: list, work: str, dela
     return t
 
 
-def kill_delays(n: int, duration: float, seed: int) -> list[float]:
-    """``n`` kill times spread over a run of ``duration`` seconds: one in each of ``n`` equal
-    slices, at a random point of the slice (fixed seed)."""
+def kill_delays(n: int, timing: tuple[float, float], seed: int) -> list[float]:
+    """``n`` kill times over a run that starts writing at ``timing[0]`` and ends at ``timing[1]``
+    seconds: a fifth of them during start-up (scan, imports), the rest spread over the writing
+    and a little beyond its end; one kill in each equal slice, at a random point of it (fixed seed)."""
     rng = random.Random(seed)
-    return [duration * (i + rng.random()) / n for i in range(n)]
+    start, end = timing
+    early = max(1, n // 5) if n > 2 else 0
+    late = n - early
+    out = [start * (i + rng.random()) / early for i in range(early)]
+    out += [start + (end * 1.05 - start) * (i + rng.random()) / late for i in range(late)]
+    return out
 
 
-def timed_run(fmt: str, src: str, dst: str, workers: int = 1) -> float:
-    """Seconds an uninterrupted conversion takes, start-up included."""
+def timed_run(fmt: str, src: str, dst: str, workers: int = 1) -> tuple[float, float]:
+    """(seconds until the conversion creates its temporary folder, seconds it takes in all) of an
+    uninterrupted run, start-up included."""
     t0 = time.monotonic()
-    subprocess.run(convert_argv(fmt, src, dst, workers=workers), check=True, capture_output=True)
-    return time.monotonic() - t0
+    proc = subprocess.Popen(convert_argv(fmt, src, dst, workers=workers), stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL)
+    tmp, first = tmp_of(dst), None
+    while proc.poll() is None:
+        if first is None and os.path.exists(tmp):
+            first = time.monotonic() - t0
+        time.sleep(0.002)
+    total = time.monotonic() - t0
+    if proc.returncode != 0:
+        raise RuntimeError(f"reference conversion to {fmt} failed")
+    return (first if first is not None else total / 2), total
 
 
 # -- flipped and cut bytes -------------------------------------------------------------------------

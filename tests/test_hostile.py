@@ -286,9 +286,9 @@ def payload_files(path):
 
 
 @pytest.mark.parametrize("fmt", FORMATS)
-@pytest.mark.parametrize("kind,text,words", [("lfs", LFS, "git-LFS pointer"), ("html", HTML, "HTML")])
+@pytest.mark.parametrize("text,words", [(LFS, "git-LFS pointer"), (HTML, "HTML")], ids=["lfs", "html"])
 @pytest.mark.parametrize("which", ["first", "all"])
-def test_placeholder_payload_files_are_named(packed, tmp_path, fmt, kind, text, words, which):
+def test_placeholder_payload_files_are_named(packed, tmp_path, fmt, text, words, which):
     path = copy(packed[1][fmt], tmp_path)
     names = payload_files(path)
     for name in names if which == "all" else names[:1]:

@@ -1,0 +1,188 @@
+"""Run the fault-injection sweeps of tests/test_faults.py (same seeds, same trial counts) and the
+hostile-input tests, and print the tables of docs/reliability.md.
+
+    python tools/fault_table.py [--quick]
+
+Each SIGKILL trial kills a real conversion (``python -m packer convert``, 120 images, PNG) at a
+moment spread over its run, then runs ``--resume``; each byte trial flips one byte (or cuts the
+file) in a copy of a finished dataset and runs ``packer verify`` and a reader over every sample.
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import os
+import random
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+TESTS = os.path.join(os.path.dirname(HERE), "tests")
+sys.path.insert(0, TESTS)
+
+import faultlib as fl  # noqa: E402
+
+
+def kill_rows(src: str, work: str, kills: int, overwrite: int, two_workers: int) -> list[list[str]]:
+    rows = []
+    for fmt in fl.FORMATS:
+        ref = os.path.join(work, f"ref-{fmt}")
+        timing = fl.timed_run(fmt, src, ref)
+        snap = fl.snapshot(ref)
+        runs = [("", 1, None, fl.kill_delays(kills, timing, 2024))]
+        if overwrite:
+            old = os.path.join(work, f"old-{fmt}")
+            subprocess.run(fl.convert_argv(fmt, src, old, "--resize", "shorter:64"), check=True, capture_output=True)
+            runs.append((" --overwrite", 1, old, fl.kill_delays(overwrite, timing, 99)))
+        if two_workers and fmt in ("lmdb", "tar"):
+            t2 = fl.timed_run(fmt, src, os.path.join(work, f"timed2-{fmt}"), workers=2)
+            runs.append((" --workers 2", 2, None, fl.kill_delays(two_workers, t2, 5)))
+        for label, workers, old, delays in runs:
+            start, end = timing if workers == 1 else t2
+            c: collections.Counter = collections.Counter()
+            kept = []
+            for k, delay in enumerate(delays):
+                t = fl.kill_trial(fmt, src, ref, snap, os.path.join(work, f"k-{fmt}-{k}"), delay, workers=workers,
+                                  old=old)
+                c[t.outcome] += 1
+                c["lost"] += t.lost
+                c["bad"] += (not t.dst_ok) + (not t.tmp_refused) + bool(t.errors) + (not t.resume_ok)
+                c["identical"] += t.identical
+                if t.resumed > 0:
+                    kept.append(t.resumed)
+            n = len(delays)
+            rows.append([
+                f"{fmt}{label}", str(n), f"{start:.2f} / {end:.2f} s", f"{c['absent']} / {c['complete'] + c['old']}",
+                f"{len(kept)} (median {sorted(kept)[len(kept) // 2] if kept else 0} of {len(snap)})",
+                str(c["lost"]), f"{c['identical']}/{n}", str(c["bad"]),
+            ])
+    return rows
+
+
+def byte_rows(work: str, src: str, uniform: int, structure: int, cuts: int) -> list[list[str]]:
+    rows = []
+    for fmt in fl.FORMATS:
+        ref = os.path.join(work, f"ref-{fmt}")
+        if not os.path.exists(ref):
+            subprocess.run(fl.convert_argv(fmt, src, ref), check=True, capture_output=True)
+        snap, regions = fl.snapshot(ref), fl.sample_regions(ref)
+        rng = random.Random(2024)
+        plans = [("flip, uniform", fl.flip_offsets(ref, uniform, 2024), "flip"),
+                 ("flip, structures", fl.structure_offsets(ref, regions, structure, 2024), "flip"),
+                 ("cut short", fl.flip_offsets(ref, cuts, 2025), "truncate")]
+        for label, offsets, kind in plans:
+            c: collections.Counter = collections.Counter()
+            for name, off in offsets:
+                t = fl.byte_trial(ref, os.path.join(work, "w"), snap, regions, name, off, kind=kind, rng=rng)
+                c["verify"] += t.verify_rc != 0 and t.verify_named_file
+                if t.expected_sample is not None:
+                    c["attributable"] += 1
+                    c["named"] += t.verify_named_sample
+                c[t.reader] += 1
+            n = len(offsets)
+            rows.append([
+                fmt, label, str(n), f"{c['verify']}/{n}", f"{c['named']}/{c['attributable']}",
+                f"{c['refused']} / {c['raised']} / {c['correct']}", str(c["wrong"] + c["leak"]),
+                str(n - c["verify"] + c["wrong"] + c["leak"]),
+            ])
+    return rows
+
+
+#: test in tests/test_hostile.py -> (hostile input, what must happen)
+HOSTILE = {
+    "test_no_unsafe_deserialisation_in_any_reader": (
+        "code paths that could run code from data (pickle, marshal, torch.load, yaml.load, eval, np.load "
+        "without allow_pickle=False)", "none in packer/, converters/, datasets/ (AST scan)"),
+    "test_npy_member_with_object_dtype_is_refused": (
+        "foreign tar whose .npy member declares an object array (a pickle payload)", "CorruptDataError, nothing unpickled"),
+    "test_hdf5_non_integer_datasets_are_refused": (
+        "HDF5 /labels, /shapes, /crc32c, /images replaced by string, float, vlen datasets",
+        "CorruptDataError naming the dataset"),
+    "test_tar_member_names_are_keys_never_paths": (
+        "foreign tar with '../x', '/abs/x', backslash names, symlink and hardlink members, unpacked to an "
+        "imagefolder", "links are not samples; every file written inside DST, no link created, renames reported"),
+    "test_crafted_tfrecord_length_is_refused_before_allocating": (
+        "foreign TFRecord with a 1 TiB length field (valid length CRC), and a bad length CRC",
+        "CorruptDataError at open, < 50 MB allocated"),
+    "test_hostile_index_and_manifest_cannot_make_a_reader_allocate": (
+        "TFRecord .idx, tar index and HDF5 /offsets forged with valid checksums (and the manifest) to promise 1 TiB",
+        "CorruptDataError on read, < 50 MB allocated"),
+    "test_images_above_the_pixel_limit_are_refused_before_decoding": (
+        "source PNG whose header claims 100,000 x 100,000 pixels; --max-pixels below every image",
+        "skipped before the decoder sees it, with the reason; one-line error when nothing is left"),
+    "test_placeholder_payload_files_are_named": (
+        "a git-LFS pointer or an HTML error page in place of data.mdb, data.h5, a shard or an index",
+        "one-line CorruptDataError saying what the file is; verify exits 1"),
+    "test_placeholder_foreign_shards_are_named": (
+        "git-LFS pointer saved as a foreign .tar / .tfrecord", "one-line error naming it"),
+    "test_converting_from_a_placeholder_source_is_one_line": (
+        "packer convert from an LMDB whose data.mdb is a git-LFS pointer", "exit 1, one line"),
+    "test_disk_full_on_a_small_tmpfs": (
+        "DST on a 2 MB tmpfs (real ENOSPC)", "exit 1, one line 'disk full ... while writing PATH', nothing left, "
+        "source unchanged"),
+    "test_file_size_limit_in_a_subprocess": (
+        "RLIMIT_FSIZE of 1 MiB (EFBIG)", "exit 1, one line 'file size limit ...', nothing left"),
+    "test_injected_enospc_in_process": (
+        "ENOSPC injected into shard writes after checkpoints exist", "DiskFullError, partial output removed, not kept"),
+}
+
+
+def hostile_rows() -> list[list[str]]:
+    import pytest
+
+    results: dict[str, collections.Counter] = collections.defaultdict(collections.Counter)
+
+    class Collect:
+        def pytest_runtest_logreport(self, report):  # noqa: ANN001
+            if report.when == "call" or (report.when == "setup" and report.outcome != "passed"):
+                results[report.nodeid.split("::", 1)[1].split("[")[0]][report.outcome] += 1
+
+    pytest.main([os.path.join(TESTS, "test_hostile.py"), "-q", "-p", "no:cacheprovider", "-o", "addopts="],
+                plugins=[Collect()])
+    rows = []
+    for name, c in results.items():
+        what, want = HOSTILE.get(name, (name, ""))
+        n = sum(c.values())
+        outcome = f"{c['passed']}/{n} as required" + (f", {c['skipped']} skipped" if c["skipped"] else "")
+        rows.append([what, want, outcome + (f", {c['failed']} FAILED" if c["failed"] else "")])
+    return rows
+
+
+def table(head: list[str], rows: list[list[str]]) -> str:
+    lines = ["| " + " | ".join(head) + " |", "|" + "|".join("---" for _ in head) + "|"]
+    lines += ["| " + " | ".join(r) + " |" for r in rows]
+    return "\n".join(lines)
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--quick", action="store_true", help="2 kills, 3 flips, 2 cuts per format (the default test run)")
+    a = p.parse_args()
+    kills, overwrite, two, uniform, structure, cuts = (2, 0, 0, 2, 1, 2) if a.quick else (20, 5, 5, 20, 20, 10)
+    t0 = time.time()
+    work = tempfile.mkdtemp(prefix="packer-faults-")
+    try:
+        src = fl.make_source(os.path.join(work, "src"))
+        krows = kill_rows(src, work, kills, overwrite, two)
+        brows = byte_rows(work, src, uniform, structure, cuts)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    hrows = hostile_rows()
+    print("\n## SIGKILL during conversion, then --resume\n")
+    print(table(["format", "kills", "writing starts / run ends", "DST absent / complete", "resumes that kept samples",
+                 "samples lost", "byte-identical after resume", "failures"], krows))
+    print("\n## Damaged payload files\n")
+    print(table(["format", "fault", "trials", "verify fails naming the file", "verify names the sample",
+                 "reader: refused / raised / correct", "reader wrong or leaked", "undetected"], brows))
+    print("\n## Hostile inputs (tests/test_hostile.py)\n")
+    print(table(["hostile input", "required", "outcome"], hrows))
+    print(f"\n({time.time() - t0:.0f} s, python {sys.version.split()[0]}, {os.cpu_count()} cores)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
