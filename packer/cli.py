@@ -95,6 +95,8 @@ def _convert_options(a: argparse.Namespace):  # noqa: ANN202 - ConvertOptions, i
         raise UsageError("packer convert: --gzip applies to tfrecord output only")
     if a.shard_samples is not None and a.shard_samples < 1:
         raise UsageError("packer convert: --shard-samples must be at least 1")
+    if a.resume and a.dst_format == "imagefolder":
+        raise UsageError("packer convert: --resume applies to packed output (lmdb, hdf5, tar, tfrecord) only")
     if a.checkpoint_samples is not None:
         if a.dst_format not in ("lmdb", "hdf5"):
             raise UsageError("packer convert: --checkpoint-samples applies to lmdb and hdf5 output only "

@@ -308,3 +308,29 @@ def test_journal_is_json_and_never_published(src, tmp_path, monkeypatch):
     monkeypatch.undo()
     convert_imagefolder(src, dst, "hdf5", options("hdf5", resume=True))
     assert sorted(os.listdir(dst)) == ["data.h5", "manifest.json"]
+
+
+@pytest.mark.parametrize("at", [7, 11, 12, 14, 16])
+def test_hdf5_resume_across_the_switch_to_flat_storage(tmp_path, monkeypatch, at):
+    """Raw samples of one shape start an (N, H, W, 3) array; sample 11 has another shape and moves
+    everything into a new file. Interrupted before, at and after the switch, resume still gives
+    the uninterrupted bytes."""
+    root = tmp_path / "src"
+    make_folder(str(root), {"a": [(f"{i:02d}.png", 16, 16) for i in range(11)] + [("11.png", 17, 16)]
+                            + [(f"{i:02d}.png", 16, 16) for i in range(12, 20)]})
+    o = ConvertOptions(processing=ProcessOptions(encoding=parse_encoding("raw")),
+                       writer=WriterOptions(checkpoint_samples=5), workers=1, shuffle=False)
+    convert_imagefolder(str(root), str(tmp_path / "ref"), "hdf5", o)
+    assert read_manifest(tmp_path / "ref").layout["storage"] == "flat"
+    dst = str(tmp_path / "out")
+    interrupt_after(monkeypatch, "hdf5", at)
+    with pytest.raises(KeyboardInterrupt):
+        convert_imagefolder(str(root), dst, "hdf5", o)
+    monkeypatch.undo()
+    convert_imagefolder(str(root), dst, "hdf5", replace(o, resume=True))
+    assert fl.identical_dirs(dst, str(tmp_path / "ref"))
+
+
+def test_resume_to_an_imagefolder_is_a_usage_error(refs, tmp_path, capsys):
+    rc = main(["convert", "lmdb", "imagefolder", refs["lmdb"], str(tmp_path / "x"), "--resume"])
+    assert rc == 2 and "--resume applies to packed output" in capsys.readouterr().err
