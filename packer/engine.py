@@ -124,11 +124,24 @@ def _process_chunk(paths: Sequence[str], opts: ProcessOptions) -> list[Result]:
     return [_process_file(p, opts) for p in paths]
 
 
-def _init_worker() -> None:
+def _init_worker(parent: int | None = None) -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent handles Ctrl-C and stops us
+    if parent is not None:
+        import threading
+
+        threading.Thread(target=_exit_with_parent, args=(parent,), daemon=True, name="packer-orphan-watch").start()
     import cv2
 
     cv2.setNumThreads(1)
+
+
+def _exit_with_parent(parent: int) -> None:
+    """Exit when the converter is gone (SIGKILL, OOM killer): a pool worker blocks on its task
+    queue forever otherwise, since it holds that queue's write end itself."""
+    while True:
+        time.sleep(0.5)
+        if os.getppid() != parent:
+            os._exit(1)
 
 
 def ordered_map(
@@ -146,7 +159,7 @@ def ordered_map(
     window = workers * 4
     pending: collections.deque[tuple[int, Future[list[R]]]] = collections.deque()
     it = iter(range(0, len(items), _CHUNK))
-    with ProcessPoolExecutor(workers, mp_context=ctx, initializer=_init_worker) as pool:
+    with ProcessPoolExecutor(workers, mp_context=ctx, initializer=_init_worker, initargs=(os.getpid(),)) as pool:
         try:
             for start in it:
                 pending.append((start, pool.submit(fn, items[start : start + _CHUNK])))

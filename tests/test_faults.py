@@ -138,3 +138,28 @@ def test_reference_runs_are_spread(refs):
     for fmt, (ref, (start, end), snap, _) in refs.items():
         assert len(snap) == 148 and 0 < start < end, fmt  # 4 classes of 37
         assert not any(n.startswith(".") for n in os.listdir(ref)), fmt
+
+
+def test_workers_exit_when_the_converter_is_killed(source, tmp_path):
+    """SIGKILL of the converter alone (as the OOM killer does): its worker processes exit too."""
+    import signal
+    import subprocess
+    import time
+
+    psutil = pytest.importorskip("psutil")
+    dst = str(tmp_path / "out")
+    proc = subprocess.Popen(fl.convert_argv("lmdb", source, dst, workers=2), stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL)
+    parent = psutil.Process(proc.pid)
+    deadline = time.time() + 30
+    workers = []
+    while time.time() < deadline and proc.poll() is None:
+        workers = [c for c in parent.children() if "spawn_main" in " ".join(c.cmdline())]
+        if len(workers) == 2:
+            break
+        time.sleep(0.01)
+    assert len(workers) == 2, "the workers did not start"
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.wait()
+    gone, alive = psutil.wait_procs(workers, timeout=10)
+    assert not alive, f"orphaned workers still running: {[p.pid for p in alive]}"
