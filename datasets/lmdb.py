@@ -30,7 +30,7 @@ import struct
 from packer.converters.lmdb import DATA_FILE, lmdb_key
 from packer.errors import CorruptDataError
 from packer.placeholder import file_placeholder_reason
-from packer.record import HEADER, MAGIC, Record, unpack_record
+from packer.record import MAGIC, Record, unpack_record
 
 from .base import PackedDataset
 
@@ -46,6 +46,8 @@ _NODE = struct.Struct("<HHHH")  # lo, hi, flags, key size
 _P_BRANCH, _P_LEAF, _P_OVERFLOW, _P_META = 0x01, 0x02, 0x04, 0x08
 _F_BIGDATA = 0x01
 _P_INVALID = 0xFFFFFFFFFFFFFFFF
+_KLEN = struct.Struct("<H")  # key length, at byte 6 of a packer record
+_PLEN = struct.Struct("<I")  # payload length, at byte 24
 
 
 class LMDBFile:
@@ -61,6 +63,9 @@ class LMDBFile:
             raise
         self._leaf_no = -1
         self._leaf = b""
+        self._leaf_range = (0, 0)
+        self._ptrs: tuple[int, ...] = ()
+        self._upper = 0
 
     def close(self) -> None:
         """Close the file descriptor."""
@@ -176,47 +181,62 @@ class LMDBFile:
                 first = int(key)
             self._walk(child, depth - 1, first)
 
-    def read(self, index: int) -> bytes:
-        """The value (a packer record) of sample ``index``, every LMDB structure on its way checked."""
-        k = bisect.bisect_right(self.firsts, index) - 1
-        if k < 0:
-            raise self._bad("sample index not in the LMDB B-tree", index)
+    def _load_leaf(self, k: int, index: int) -> None:
+        """Read and check leaf ``k`` once; reads stay on it while they can."""
         pgno = self.leaves[k]
-        if pgno != self._leaf_no:
-            self._leaf, self._leaf_no = self._page(pgno, index), pgno
-        page = self._leaf
-        flags, lower = _PAGE.unpack_from(page)[2], _PAGE.unpack_from(page)[3]
+        page = self._page(pgno, index)
+        flags, lower, upper = _PAGE.unpack_from(page)[2:]
         n = (lower - _PAGE.size) // 2
-        slot = index - self.firsts[k]
         end = self.firsts[k + 1] if k + 1 < len(self.firsts) else self.entries
         if not flags & _P_LEAF or n != end - self.firsts[k]:
             raise self._bad(f"LMDB leaf page {pgno} holds {n} keys, the B-tree above it {end - self.firsts[k]}",
                             index, pgno * self.psize)
-        size, _, nflags, key, data = self._node(page, pgno, slot, index)
-        if key != lmdb_key(index):
-            raise self._bad(f"LMDB leaf page {pgno} holds key {key[:16]!r} where {lmdb_key(index)!r} belongs "
-                            f"(damaged B-tree)", index, pgno * self.psize)
-        if nflags & _F_BIGDATA:
-            if data + 8 > self.psize:
-                raise self._bad(f"LMDB node of page {pgno} runs past the page", index, pgno * self.psize)
+        self._leaf, self._leaf_no = page, k
+        self._leaf_range = (self.firsts[k], end)
+        self._ptrs = struct.unpack_from(f"<{n}H", page, _PAGE.size)
+        self._upper = upper
+
+    def read(self, index: int) -> bytes:
+        """The value (a packer record) of sample ``index``, every LMDB structure on its way checked."""
+        lo, hi = self._leaf_range
+        if not lo <= index < hi:
+            k = bisect.bisect_right(self.firsts, index) - 1
+            if k < 0:
+                raise self._bad("sample index not in the LMDB B-tree", index)
+            self._load_leaf(k, index)
+            lo, hi = self._leaf_range
+        page, psize = self._leaf, self.psize
+        base = self.leaves[self._leaf_no] * psize
+        ptr = self._ptrs[index - lo]
+        if not self._upper <= ptr <= psize - _NODE.size - 10:
+            raise self._bad(f"LMDB node {index - lo} of the leaf at {base} points outside its page", index, base)
+        size_lo, size_hi, nflags, ksize = _NODE.unpack_from(page, ptr)
+        size = size_lo | size_hi << 16
+        data = ptr + _NODE.size + ksize
+        key = lmdb_key(index)
+        if ksize != 10 or page[ptr + _NODE.size : data] != key:
+            raise self._bad(f"LMDB leaf holds key {page[ptr + _NODE.size : ptr + _NODE.size + min(ksize, 16)]!r} "
+                            f"where {key!r} belongs (damaged B-tree)", index, base + ptr)
+        if nflags == _F_BIGDATA:
+            if data + 8 > psize:
+                raise self._bad("LMDB node runs past its page", index, base + ptr)
             (opg,) = struct.unpack_from("<Q", page, data)
-            npages = -(-(_PAGE.size + size) // self.psize)
-            if opg < 2 or opg + npages > self.pages:
-                raise self._bad(f"LMDB value pages {opg}..{opg + npages - 1} out of range", index, pgno * self.psize)
-            raw = self._pread(_PAGE.size + size, opg * self.psize, index)
+            if opg < 2 or opg * psize + _PAGE.size + size > self.pages * psize:
+                raise self._bad(f"LMDB value at page {opg}, {size} bytes, lies outside the file's pages", index,
+                                base + ptr)
+            raw = self._pread(_PAGE.size + size, opg * psize, index)
             own, _, oflags, _, _ = _PAGE.unpack_from(raw)
             if own != opg or not oflags & _P_OVERFLOW:
                 raise self._bad(f"LMDB value page {opg} is damaged (says it is page {own}, flags {oflags:#x})",
-                                index, opg * self.psize)
-            value, where = raw[_PAGE.size :], opg * self.psize + _PAGE.size
+                                index, opg * psize)
+            value, where = raw[_PAGE.size :], opg * psize + _PAGE.size
+        elif nflags == 0 and data + size <= psize:
+            value, where = page[data : data + size], base + data
         else:
-            if nflags or data + size > self.psize:
-                raise self._bad(f"LMDB node of page {pgno} is damaged (flags {nflags:#x}, size {size})", index,
-                                pgno * self.psize)
-            value, where = page[data : data + size], pgno * self.psize + data
+            raise self._bad(f"LMDB node is damaged (flags {nflags:#x}, size {size})", index, base + ptr)
         if len(value) < 32 or value[:4] != MAGIC:
             raise self._bad(f"LMDB value is not a packer record (magic {value[:4]!r})", index, where)
-        _, _, _, klen, _, _, _, plen = HEADER.unpack_from(value)
+        klen, plen = _KLEN.unpack_from(value, 6)[0], _PLEN.unpack_from(value, 24)[0]
         if 32 + klen + plen != len(value):
             raise self._bad(f"record header says {32 + klen + plen} bytes, the LMDB node {len(value)}", index, where)
         return value
