@@ -185,6 +185,11 @@ def kill_trial(fmt: str, src: str, ref: str, ref_snapshot: list, work: str, dela
         same_manifest = a.read() == b.read()
     t.resume_ok = t.lost == 0 and same_manifest and verify_cli(dst)[0] == 0
     t.identical = identical_dirs(dst, ref)
+    # A kill while the replaced dataset was being deleted leaves .out.packer-trash; the next
+    # conversion to DST deletes it first (recover_publish), as it does here.
+    from packer.engine import recover_publish
+
+    recover_publish(dst)
     leftovers = [n for n in os.listdir(work) if n != "out"]
     if leftovers:
         t.errors.append(f"left behind: {leftovers}")
