@@ -35,13 +35,20 @@ import time
 import cv2
 import numpy as np
 
-from packer.datasets import open_dataset
 from packer.engine import ConvertOptions, convert_imagefolder
 from packer.imageproc import ProcessOptions, parse_encoding, parse_resize, process_image
 from packer.registry import format_names
 from packer.scan import scan_imagefolder
 
 RESIZE, JPEG = "shorter:256", "jpeg:90"
+
+
+def open_dataset(*args, **kwargs):  # noqa: ANN002, ANN003, ANN201
+    """packer.datasets.open_dataset, imported on first use: the conversion's spawned workers
+    re-import this script, and must not pay for importing torch (the CLI's workers do not)."""
+    from packer.datasets import open_dataset as real
+
+    return real(*args, **kwargs)
 
 
 def options(encode: str = JPEG, workers: int = 1) -> ConvertOptions:
