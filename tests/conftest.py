@@ -65,3 +65,16 @@ def psnr(a: np.ndarray, b: np.ndarray) -> float:
     """Peak signal-to-noise ratio in dB between two uint8 arrays of the same shape."""
     mse = np.mean((a.astype(np.float64) - b.astype(np.float64)) ** 2)
     return float("inf") if mse == 0 else 10 * np.log10(255.0**2 / mse)
+
+
+@pytest.fixture
+def messy_folder(tmp_path):
+    """Good images plus every kind of bad file that carries an image extension."""
+    root = tmp_path / "messy"
+    make_folder(str(root), {"a": [("ok1.jpg", 20, 20), ("ok2.png", 20, 20)], "b": [("ok3.jpg", 20, 20)]})
+    good = (root / "a" / "ok1.jpg").read_bytes()
+    (root / "a" / "zero.jpg").write_bytes(b"")
+    (root / "a" / "text.png").write_text("not an image")
+    (root / "b" / "trunc.jpg").write_bytes(good[: len(good) // 2])
+    (root / "b" / "garbage.jpg").write_bytes(good[:200] + bytes(range(256)) * 4)
+    return str(root)

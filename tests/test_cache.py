@@ -12,12 +12,13 @@ import textwrap
 import time
 
 import numpy as np
-import packer.datasets.cache as cache_module
 import psutil
 import pytest
 import torch
-from packer.datasets.cache import SharedCache
 from torch.utils.data import DataLoader, Dataset, get_worker_info
+
+import packer.datasets.cache as cache_module
+from packer.datasets.cache import SharedCache
 
 MiB = 2**20
 SHM = "/dev/shm"

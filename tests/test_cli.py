@@ -33,19 +33,6 @@ def convert(capsys, src, dst, *extra, fmt=FMT):
     return run(capsys, "convert", "imagefolder", fmt, src, dst, "--workers", "1", *extra)
 
 
-@pytest.fixture
-def messy(tmp_path):
-    """Good images plus every kind of bad file that carries an image extension."""
-    root = tmp_path / "messy"
-    make_folder(str(root), {"a": [("ok1.jpg", 20, 20), ("ok2.png", 20, 20)], "b": [("ok3.jpg", 20, 20)]})
-    good = (root / "a" / "ok1.jpg").read_bytes()
-    (root / "a" / "zero.jpg").write_bytes(b"")
-    (root / "a" / "text.png").write_text("not an image")
-    (root / "b" / "trunc.jpg").write_bytes(good[: len(good) // 2])
-    (root / "b" / "garbage.jpg").write_bytes(good[:200] + bytes(range(256)) * 4)
-    return root
-
-
 BAD = {"a/zero.jpg", "a/text.png", "b/trunc.jpg", "b/garbage.jpg"}
 
 
@@ -112,8 +99,8 @@ def test_empty_source_and_no_class_folders(tmp_path, capsys):
     assert not (tmp_path / "out").exists()
 
 
-def test_bad_images_are_skipped_listed_and_exit_3(messy, tmp_path, capsys):
-    rc, _, err = convert(capsys, messy, tmp_path / "out")
+def test_bad_images_are_skipped_listed_and_exit_3(messy_folder, tmp_path, capsys):
+    rc, _, err = convert(capsys, messy_folder, tmp_path / "out")
     assert rc == 3
     assert {line.split(" ", 1)[1].split(":")[0] for line in err if line.startswith("skipped ")} == BAD
     assert err[-1] == "4 file(s) skipped; exit status 3"
@@ -121,14 +108,14 @@ def test_bad_images_are_skipped_listed_and_exit_3(messy, tmp_path, capsys):
     assert {s.path for s in m.skipped} == BAD and m.num_samples == 3
 
 
-def test_strict_makes_a_bad_image_fatal(messy, tmp_path, capsys):
-    rc, _, err = convert(capsys, messy, tmp_path / "out", "--strict")
+def test_strict_makes_a_bad_image_fatal(messy_folder, tmp_path, capsys):
+    rc, _, err = convert(capsys, messy_folder, tmp_path / "out", "--strict")
     assert rc == 1 and len(err) == 1 and err[0].startswith("packer: error:")
     assert any(name in err[0] for name in ("zero", "text", "trunc", "garbage"))
     assert not (tmp_path / "out").exists() and not os.path.exists(temp_dir_for(str(tmp_path / "out")))
 
 
-def test_destination_exists_and_overwrite_is_atomic(tiny_folder, messy, tmp_path, capsys):
+def test_destination_exists_and_overwrite_is_atomic(tiny_folder, messy_folder, tmp_path, capsys):
     src, pixels = tiny_folder
     dst = tmp_path / "out"
     assert convert(capsys, src, dst)[0] == 0
@@ -136,12 +123,12 @@ def test_destination_exists_and_overwrite_is_atomic(tiny_folder, messy, tmp_path
     rc, _, err = convert(capsys, src, dst)
     assert rc == 1 and len(err) == 1 and "destination exists" in err[0] and "--overwrite" in err[0]
     # A replacement that fails leaves the old dataset as it was.
-    rc, _, err = convert(capsys, messy, dst, "--overwrite", "--strict")
+    rc, _, err = convert(capsys, messy_folder, dst, "--overwrite", "--strict")
     assert rc == 1 and (dst / MANIFEST_NAME).read_bytes() == before
     rc, _, err = convert(capsys, tmp_path / "missing", dst, "--overwrite")
     assert rc == 1 and (dst / MANIFEST_NAME).read_bytes() == before
     assert len(open_dataset(dst)) == len(pixels)
-    rc, _, _ = convert(capsys, messy, dst, "--overwrite")
+    rc, _, _ = convert(capsys, messy_folder, dst, "--overwrite")
     assert rc == 3 and read_manifest(dst).num_samples == 3
     assert sorted(os.listdir(tmp_path)) == ["messy", "out", "src"]
 

@@ -10,9 +10,9 @@ import numpy as np
 import pytest
 import torch
 from conftest import psnr
-from packer.datasets import open_dataset
 from torch.utils.data import DataLoader
 
+from packer.datasets import open_dataset
 from packer.engine import ConvertOptions, convert_imagefolder
 from packer.errors import UnfinishedDatasetError
 from packer.imageproc import ProcessOptions, parse_encoding, parse_resize
@@ -144,3 +144,23 @@ def test_unfinished_directory_is_refused(tiny_folder, tmp_path, fmt):
     os.remove(tmp_path / "partial" / MANIFEST_NAME)
     with pytest.raises(UnfinishedDatasetError, match="did not finish"):
         open_dataset(tmp_path / "partial")
+
+
+@pytest.mark.parametrize("fmt", [f for f in ("tar", "tfrecord") if f in FORMATS])
+def test_sharded_readers_do_one_pread_per_sample(tiny_folder, tmp_path, monkeypatch, fmt):
+    from packer.converters.base import WriterOptions
+
+    src, _ = tiny_folder
+    convert(src, tmp_path / "out", fmt, writer=WriterOptions(shard_samples=4))
+    ds = open_dataset(tmp_path / "out")
+    calls = []
+    real = os.pread
+
+    def spy(fd, n, offset):
+        calls.append((n, offset))
+        return real(fd, n, offset)
+
+    monkeypatch.setattr(os, "pread", spy)
+    for i in range(len(ds)):
+        ds[i]
+    assert len(calls) == len(ds)

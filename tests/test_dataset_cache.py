@@ -7,9 +7,9 @@ import os
 import numpy as np
 import pytest
 import torch
-from packer.datasets import open_dataset
 from torch.utils.data import DataLoader
 
+from packer.datasets import open_dataset
 from packer.engine import ConvertOptions, convert_imagefolder
 from packer.imageproc import ProcessOptions, parse_encoding, parse_resize
 from packer.manifest import read_manifest

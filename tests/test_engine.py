@@ -11,24 +11,12 @@ import time
 
 import pytest
 from conftest import make_folder
-from packer.datasets import open_dataset
 
+from packer.datasets import open_dataset
 from packer.engine import ConvertOptions, _results, convert_imagefolder, temp_dir_for
 from packer.errors import ImageError, PackerError, SourceError
 from packer.manifest import read_manifest
 from packer.scan import scan_imagefolder
-
-
-@pytest.fixture
-def messy_folder(tmp_path):
-    root = tmp_path / "src"
-    make_folder(str(root), {"a": [("ok1.jpg", 20, 20), ("ok2.png", 20, 20)], "b": [("ok3.jpg", 20, 20)]})
-    good = (root / "a" / "ok1.jpg").read_bytes()
-    (root / "a" / "zero.jpg").write_bytes(b"")
-    (root / "a" / "text.png").write_text("not an image")
-    (root / "b" / "trunc.jpg").write_bytes(good[: len(good) // 2])
-    (root / "b" / "garbage.jpg").write_bytes(good[:200] + bytes(range(256)) * 4)
-    return str(root)
 
 
 @pytest.mark.parametrize("workers", [1, 2])

@@ -13,13 +13,13 @@ import pytest
 import torch
 import webdataset as wds
 from conftest import draw
-from packer.converters.base import WriterOptions
-from packer.datasets import open_dataset
 from tfrecord.reader import tfrecord_loader
 from tfrecord.torch.dataset import TFRecordDataset as TFRecordPackageDataset
 from tfrecord.writer import TFRecordWriter as TFRecordPackageWriter
 from torch.utils.data import DataLoader
 
+from packer.converters.base import WriterOptions
+from packer.datasets import open_dataset
 from packer.engine import ConvertOptions, convert_imagefolder
 from packer.errors import CorruptDataError
 from packer.imageproc import ProcessOptions, parse_encoding, parse_resize

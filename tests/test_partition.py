@@ -13,6 +13,8 @@ import random
 import numpy as np
 import pytest
 import torch
+from torch.utils.data import DataLoader, IterableDataset
+
 from packer.datasets.partition import (
     EpochCounts,
     World,
@@ -25,7 +27,6 @@ from packer.datasets.partition import (
     shuffle_buffer,
     worker_indices,
 )
-from torch.utils.data import DataLoader, IterableDataset
 
 # --------------------------------------------------------------------------------------------
 # Helpers: independent re-implementations of what the code under test must agree with.

@@ -7,8 +7,9 @@ import time
 
 import pytest
 import torch
-from packer.datasets.prefetch import DevicePrefetcher, prefetch_to_device
 from torch.utils.data import DataLoader, TensorDataset
+
+from packer.datasets.prefetch import DevicePrefetcher, prefetch_to_device
 
 MEAN = (0.485, 0.456, 0.406)
 STD = (0.229, 0.224, 0.225)

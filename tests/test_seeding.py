@@ -8,13 +8,14 @@ import random
 import numpy as np
 import pytest
 import torch
+from torch.utils.data import DataLoader, Dataset, get_worker_info
+
 from packer.datasets.seeding import (
     reseed_dataset_generators,
     seed_everything,
     seed_worker,
     worker_rng,
 )
-from torch.utils.data import DataLoader, Dataset, get_worker_info
 
 # Four forked workers on a two-core machine are fine for these tiny loaders.
 pytestmark = pytest.mark.filterwarnings("ignore:This DataLoader will create:UserWarning")

@@ -13,11 +13,11 @@ import crc32c
 import cv2
 import numpy as np
 import pytest
+
 from packer.converters.base import WriterOptions
 from packer.converters.shards import DEFAULT_SHARD_BYTES
 from packer.converters.tar import TarWriter, npy_header, unpack_index
 from packer.datasets import open_dataset
-
 from packer.engine import ConvertOptions, convert_imagefolder
 from packer.errors import CorruptDataError
 from packer.imageproc import ProcessedImage, ProcessOptions, parse_encoding
@@ -219,23 +219,6 @@ def test_corrupt_index_is_refused_at_open(tiny_folder, tmp_path):
     idx.write_bytes(b"nonsense")
     with pytest.raises(CorruptDataError, match="shorter than its header"):
         open_dataset(tmp_path / "out")
-
-
-def test_one_pread_per_sample(tiny_folder, tmp_path, monkeypatch):
-    src, _ = tiny_folder
-    convert(src, tmp_path / "out", shard_samples=4)
-    ds = open_dataset(tmp_path / "out")
-    calls = []
-    real = os.pread
-
-    def spy(fd, n, offset):
-        calls.append((n, offset))
-        return real(fd, n, offset)
-
-    monkeypatch.setattr(os, "pread", spy)
-    for i in range(len(ds)):
-        ds[i]
-    assert len(calls) == len(ds)
 
 
 def test_abort_leaves_no_files(tmp_path):

@@ -11,12 +11,12 @@ import zlib
 import cv2
 import numpy as np
 import pytest
-from packer.converters.base import WriterOptions
-from packer.converters.tfrecord import TFRecordWriter, masked_crc32c, unpack_zindex
-from packer.datasets import open_dataset
 from tfrecord import example_pb2
 from tfrecord.writer import TFRecordWriter as PackageWriter
 
+from packer.converters.base import WriterOptions
+from packer.converters.tfrecord import TFRecordWriter, masked_crc32c, unpack_zindex
+from packer.datasets import open_dataset
 from packer.engine import ConvertOptions, convert_imagefolder
 from packer.errors import CorruptDataError
 from packer.imageproc import ProcessedImage, ProcessOptions, parse_encoding
@@ -242,23 +242,6 @@ def test_tampered_idx_is_refused_at_open(tiny_folder, tmp_path):
     idx.write_text("\n".join(lines) + "\n")
     with pytest.raises(CorruptDataError, match="not contiguous.*shard-000000.idx"):
         open_dataset(tmp_path / "out")
-
-
-def test_one_pread_per_sample(tiny_folder, tmp_path, monkeypatch):
-    src, _ = tiny_folder
-    convert(src, tmp_path / "out", shard_samples=4)
-    ds = open_dataset(tmp_path / "out")
-    calls = []
-    real = os.pread
-
-    def spy(fd, n, offset):
-        calls.append((n, offset))
-        return real(fd, n, offset)
-
-    monkeypatch.setattr(os, "pread", spy)
-    for i in range(len(ds)):
-        ds[i]
-    assert len(calls) == len(ds)
 
 
 def test_abort_leaves_no_files(tmp_path):
