@@ -201,8 +201,9 @@ def _run_verify(a: argparse.Namespace) -> int:
         _say(line)
     if len(report.problems) > 50:
         _say(f"... and {len(report.problems) - 50} more problems")
-    print(f"{a.path}: {report.files_ok}/{report.files} files intact, {report.samples_ok}/{report.samples} samples "
-          f"decoded" + ("" if report.ok else " -- CORRUPT"))
+    samples = (f"{report.samples_ok}/{report.samples} samples decoded" if not a.no_decode
+               else "samples not decoded (--no-decode)")
+    print(f"{a.path}: {report.files_ok}/{report.files} files intact, {samples}" + ("" if report.ok else " -- CORRUPT"))
     return EXIT_OK if report.ok else EXIT_ERROR
 
 
@@ -296,6 +297,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt as e:
         _say("packer: interrupted" + _partial_note(e))
         return EXIT_INTERRUPTED
+    except BrokenPipeError:
+        # The reader of our output went away (`packer info DST | head`): stop quietly, and keep
+        # Python from complaining again while it flushes stdout at exit.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return EXIT_ERROR
     except (PackerError, OSError, ValueError) as e:
         _say(f"packer: error: {e}" + _partial_note(e))
         return EXIT_ERROR

@@ -14,7 +14,7 @@ from conftest import make_folder
 
 from packer.cli import main
 from packer.datasets import open_dataset
-from packer.engine import temp_dir_for
+from packer.engine import ConvertOptions, convert_imagefolder, temp_dir_for
 from packer.manifest import MANIFEST_NAME, read_manifest
 from packer.registry import format_names
 
@@ -240,7 +240,18 @@ def test_verify_names_the_corrupt_sample(tiny_folder, tmp_path, capsys, fmt):
     assert rc == 1 and "CORRUPT" in out
     assert any("SHA-256" in line for line in err)
     assert any(line.startswith(f"sample {victim}:") and "checksum" in line for line in err)
-    rc, _, _ = run(capsys, "verify", dst, "--no-decode")
-    assert rc == 1
+    rc, out, _ = run(capsys, "verify", dst, "--no-decode")
+    assert rc == 1 and "samples not decoded (--no-decode)" in out
     rc, _, err = run(capsys, "info", tmp_path / "nothing")
     assert rc == 1 and len(err) == 1
+
+
+def test_a_closed_output_pipe_is_not_an_error_message(tiny_folder, tmp_path):
+    src, _ = tiny_folder
+    convert_imagefolder(src, tmp_path / "out", "lmdb", ConvertOptions())
+    proc = subprocess.Popen([sys.executable, "-m", "packer", "info", str(tmp_path / "out")],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    proc.stdout.close()  # like `packer info DST | head -0`
+    err = proc.stderr.read().decode()
+    proc.wait(timeout=60)
+    assert "Broken pipe" not in err and "Traceback" not in err
