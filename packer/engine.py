@@ -61,7 +61,7 @@ __all__ = [
     "options_fingerprint",
 ]
 
-_CHUNK = 16  # samples per task sent to a worker
+_CHUNK = 32  # samples per task sent to a worker (32 measured ~2% faster than 16 on 2 cores)
 T = TypeVar("T")
 R = TypeVar("R")
 
