@@ -40,11 +40,15 @@ def open_dataset(path: str | os.PathLike[str], *, format: str | None = None, **k
         manifest = read_manifest(path)
         if format is not None and manifest.format != format:
             raise ValueError(f"{os.fspath(path)} holds a {manifest.format!r} dataset, not {format!r}")
-        return reader_class(manifest.format)(path, manifest=manifest, **kwargs)
+        ds = reader_class(manifest.format)(path, manifest=manifest, **kwargs)
+        ds._ensure_cache()
+        return ds
     open_foreign = getattr(reader_class(format), "open_foreign", None)
     if open_foreign is None:
         raise ValueError(f"format {format!r} cannot be read without a packer manifest")
-    return open_foreign(path, **kwargs)
+    ds = open_foreign(path, **kwargs)
+    ds._ensure_cache()
+    return ds
 
 
 def __getattr__(name: str) -> Any:

@@ -99,20 +99,40 @@ class PackedDataset(Dataset):
             raise ValueError(f"cache must be None, 'encoded' or 'decoded', not {cache!r}")
         self.cache_mode = cache
         self.cache: SharedCache | None = None
+        # The cache is created in this (the constructing) process once the format reader is fully
+        # built: by open_dataset, or else at the first item read or pickling here. Workers never
+        # create one: a reader built directly and first used inside forked workers reads uncached.
+        self._cache_request: tuple[int, int | None] | None = None
         if cache is not None:
-            need = parse_size(cache_bytes) if cache_bytes is not None else self._cache_estimate(cache)
-            self.cache = SharedCache(len(self), need)
+            self._cache_request = (os.getpid(), parse_size(cache_bytes) if cache_bytes is not None else None)
+
+    def _ensure_cache(self) -> None:
+        """Create the requested cache if this is the process that constructed the dataset."""
+        request = self._cache_request
+        if request is None or request[0] != os.getpid():
+            return
+        self._cache_request = None
+        need = request[1] if request[1] is not None else self._cache_estimate(str(self.cache_mode))
+        self.cache = SharedCache(self.manifest.num_samples, need)
 
     def _cache_estimate(self, mode: str) -> int:
-        """Bytes the whole dataset takes in the cache (an estimate where the manifest lacks it)."""
-        stats = getattr(self.manifest, "stats", None) or {}
-        payload = int(stats.get("payload_bytes") or sum(f.bytes for f in self.manifest.files))
+        """Bytes the whole dataset takes in the cache, with a small margin.
+
+        Encoded: the payload files' size plus room for each entry's header, key and alignment.
+        Decoded: the mean pixel size of up to 64 samples spread over the dataset (headers only
+        for raw; reading a few records costs milliseconds), times the sample count, plus 5%.
+        """
+        n = self.manifest.num_samples
+        payload = sum(f.bytes for f in self.manifest.files)
         if mode == "encoded":
-            return payload + 64 * len(self) + (1 << 20)
-        decoded = stats.get("decoded_bytes")
-        if decoded is None:  # older manifests: assume JPEG's typical 10:1 ratio
-            decoded = payload if "raw" in str(self.manifest.processing.get("encoding")) else payload * 10
-        return int(decoded) + (_META.size + 64) * len(self) + (1 << 20)
+            return payload + 192 * n + (1 << 20)
+        probe = sorted({int(i) for i in np.linspace(0, n - 1, num=min(n, 64))})
+        sizes = []
+        for i in probe:
+            rec = self.read_record(i)
+            sizes.append(rec.height * rec.width * 3)
+        mean = sum(sizes) / len(sizes)
+        return int(mean * n * 1.05) + (_META.size + 64) * n + (1 << 20)
 
     # -- what a format implements -------------------------------------------------------------
     def _open(self) -> None:
@@ -167,6 +187,8 @@ class PackedDataset(Dataset):
 
     def load(self, index: int) -> tuple[np.ndarray, int]:
         """Sample ``index`` as (RGB uint8 H x W x 3 array, label), before output conversion."""
+        if self._cache_request is not None:
+            self._ensure_cache()
         cache = self.cache
         if cache is None:
             rec = self.read_record(index)
@@ -226,6 +248,7 @@ class PackedDataset(Dataset):
             self.cache = None
 
     def __getstate__(self) -> dict[str, Any]:
+        self._ensure_cache()
         state = self.__dict__.copy()
         state["_pid"] = None
         state["_lock"] = None

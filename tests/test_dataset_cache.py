@@ -82,3 +82,14 @@ def test_bad_cache_mode_is_refused(tiny_folder, tmp_path):
     src, _ = tiny_folder
     with pytest.raises(ValueError, match="cache must be"):
         open_dataset(_packed(src, tmp_path / "out", "lmdb"), cache="all")
+
+
+@pytest.mark.parametrize("fmt", format_names())
+def test_default_decoded_capacity_holds_the_whole_dataset(tiny_folder, tmp_path, fmt):
+    src, pixels = tiny_folder
+    convert_imagefolder(src, tmp_path / "out", fmt, ConvertOptions())  # sizes differ per image
+    ds = open_dataset(tmp_path / "out", cache="decoded")
+    for i in range(len(ds)):
+        ds[i]
+    assert len(ds.cache) == len(pixels) and ds.cache.rejected == 0
+    ds.close()
