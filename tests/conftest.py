@@ -78,3 +78,39 @@ def messy_folder(tmp_path):
     (root / "b" / "trunc.jpg").write_bytes(good[: len(good) // 2])
     (root / "b" / "garbage.jpg").write_bytes(good[:200] + bytes(range(256)) * 4)
     return str(root)
+
+
+def pack(src, dst, fmt, encode="jpeg:90", resize="none", writer=None, **options):
+    """Convert ``src`` to ``fmt`` at ``dst``: image options as CLI strings, ``writer`` as a dict of
+    WriterOptions fields, anything else as ConvertOptions fields (workers, seed, shuffle, ...)."""
+    from packer.converters.base import WriterOptions
+    from packer.engine import ConvertOptions, convert_imagefolder
+    from packer.imageproc import ProcessOptions, parse_encoding, parse_resize
+
+    opts = ConvertOptions(processing=ProcessOptions(resize=parse_resize(resize), encoding=parse_encoding(encode)),
+                          writer=WriterOptions(**(writer or {})), **options)
+    return convert_imagefolder(src, dst, fmt, opts)
+
+
+def records_by_key(ds):
+    """key -> (RGB array, label) for every sample, read through read_record (keys are in records)."""
+    out = {}
+    for i in range(len(ds)):
+        rec = ds.read_record(i)
+        out[rec.key] = (ds.decode(rec, i), rec.label)
+    return out
+
+
+def fixed_image() -> np.ndarray:
+    """A fixed 8x8 RGB array, for exact-bytes tests of the on-disk layouts."""
+    return (np.arange(8 * 8 * 3, dtype=np.uint16).reshape(8, 8, 3) * 5 % 256).astype(np.uint8)
+
+
+@pytest.fixture
+def one_image(tmp_path):
+    """One 8x8 PNG made from fixed_image(), in class folder ``cls``; returns the source root."""
+    os.makedirs(tmp_path / "src" / "cls")
+    ok, buf = cv2.imencode(".png", cv2.cvtColor(fixed_image(), cv2.COLOR_RGB2BGR))
+    assert ok
+    (tmp_path / "src" / "cls" / "img.png").write_bytes(buf.tobytes())
+    return str(tmp_path / "src")

@@ -9,31 +9,17 @@ import shutil
 import numpy as np
 import pytest
 import torch
+from conftest import pack as convert
 from conftest import psnr
+from conftest import records_by_key as by_key
 from torch.utils.data import DataLoader
 
 from packer.datasets import open_dataset
-from packer.engine import ConvertOptions, convert_imagefolder
 from packer.errors import UnfinishedDatasetError
-from packer.imageproc import ProcessOptions, parse_encoding, parse_resize
 from packer.manifest import MANIFEST_NAME, read_manifest
 from packer.registry import format_names
 
 FORMATS = format_names()
-
-
-def convert(src, dst, fmt, encode="jpeg:90", resize="none", **kw):
-    opts = ConvertOptions(processing=ProcessOptions(resize=parse_resize(resize), encoding=parse_encoding(encode)), **kw)
-    return convert_imagefolder(src, dst, fmt, opts)
-
-
-def by_key(ds):
-    """key -> (rgb, label) for every sample, read through read_record (keys are in records)."""
-    out = {}
-    for i in range(len(ds)):
-        rec = ds.read_record(i)
-        out[rec.key] = (ds.decode(rec, i), rec.label)
-    return out
 
 
 @pytest.mark.parametrize("fmt", FORMATS)
@@ -148,10 +134,8 @@ def test_unfinished_directory_is_refused(tiny_folder, tmp_path, fmt):
 
 @pytest.mark.parametrize("fmt", [f for f in ("tar", "tfrecord") if f in FORMATS])
 def test_sharded_readers_do_one_pread_per_sample(tiny_folder, tmp_path, monkeypatch, fmt):
-    from packer.converters.base import WriterOptions
-
     src, _ = tiny_folder
-    convert(src, tmp_path / "out", fmt, writer=WriterOptions(shard_samples=4))
+    convert(src, tmp_path / "out", fmt, writer={"shard_samples": 4})
     ds = open_dataset(tmp_path / "out")
     calls = []
     real = os.pread

@@ -12,34 +12,18 @@ import numpy as np
 import pytest
 import torch
 import webdataset as wds
-from conftest import draw
+from conftest import draw, pack, records_by_key
 from tfrecord.reader import tfrecord_loader
 from tfrecord.torch.dataset import TFRecordDataset as TFRecordPackageDataset
 from tfrecord.writer import TFRecordWriter as TFRecordPackageWriter
 from torch.utils.data import DataLoader
 
-from packer.converters.base import WriterOptions
 from packer.datasets import open_dataset
-from packer.engine import ConvertOptions, convert_imagefolder
 from packer.errors import CorruptDataError
-from packer.imageproc import ProcessOptions, parse_encoding, parse_resize
 
 
 def convert(src, dst, fmt, encode="jpeg:90", resize="none", **writer):
-    opts = ConvertOptions(
-        processing=ProcessOptions(resize=parse_resize(resize), encoding=parse_encoding(encode)),
-        writer=WriterOptions(**writer),
-    )
-    return convert_imagefolder(src, dst, fmt, opts)
-
-
-def ours_by_key(ds):
-    """key -> (RGB array, label) through our reader."""
-    out = {}
-    for i in range(len(ds)):
-        rec = ds.read_record(i)
-        out[rec.key] = (ds.decode(rec, i), rec.label)
-    return out
+    return pack(src, dst, fmt, encode, resize, writer=writer)
 
 
 def encode_rgb(rgb, ext):
@@ -56,7 +40,7 @@ def test_webdataset_reads_our_shards(tiny_folder, tmp_path, encode, ext):
     urls = sorted(glob.glob(str(tmp_path / "out" / "*.tar")))
     assert len(urls) == 4
     pipeline = wds.WebDataset(urls, shardshuffle=False, empty_check=False).decode("rgb8").to_tuple(ext, "cls", "json", "__key__")
-    ours = ours_by_key(open_dataset(tmp_path / "out"))
+    ours = records_by_key(open_dataset(tmp_path / "out"))
     seen = []
     for image, label, meta, wkey in pipeline:
         assert image.dtype == np.uint8 and image.ndim == 3 and image.shape[2] == 3

@@ -8,38 +8,23 @@ import os
 import struct
 import zlib
 
-import cv2
 import numpy as np
 import pytest
+from conftest import fixed_image, pack
 from tfrecord import example_pb2
 from tfrecord.writer import TFRecordWriter as PackageWriter
 
 from packer.converters.base import WriterOptions
 from packer.converters.tfrecord import TFRecordWriter, masked_crc32c, unpack_zindex
 from packer.datasets import open_dataset
-from packer.engine import ConvertOptions, convert_imagefolder
 from packer.errors import CorruptDataError
-from packer.imageproc import ProcessedImage, ProcessOptions, parse_encoding
+from packer.imageproc import ProcessedImage
 from packer.manifest import file_sha256, read_manifest
 from packer.tfexample import encode_example, parse_example
 
 
 def convert(src, dst, encode="jpeg:90", shuffle=True, **writer):
-    opts = ConvertOptions(processing=ProcessOptions(encoding=parse_encoding(encode)),
-                          writer=WriterOptions(**writer), shuffle=shuffle)
-    return convert_imagefolder(src, dst, "tfrecord", opts)
-
-
-def fixed_image() -> np.ndarray:
-    return (np.arange(8 * 8 * 3, dtype=np.uint16).reshape(8, 8, 3) * 5 % 256).astype(np.uint8)
-
-
-@pytest.fixture
-def one_image(tmp_path):
-    os.makedirs(tmp_path / "src" / "cls")
-    ok, buf = cv2.imencode(".png", cv2.cvtColor(fixed_image(), cv2.COLOR_RGB2BGR))
-    (tmp_path / "src" / "cls" / "img.png").write_bytes(buf.tobytes())
-    return str(tmp_path / "src")
+    return pack(src, dst, "tfrecord", encode, shuffle=shuffle, writer=writer)
 
 
 def walk(data: bytes):
