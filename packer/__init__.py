@@ -2,25 +2,7 @@
 
 __version__ = "0.1.0"
 
-from .errors import (  # noqa: E402 - after __version__, which setup.cfg reads
-    CorruptDataError,
-    DiskFullError,
-    ImageError,
-    ManifestError,
-    PackerError,
-    ResumeError,
-    SourceError,
-    UnfinishedDatasetError,
-)
+from .errors import *  # noqa: E402, F403 - after __version__, which setup.cfg reads
+from .errors import __all__ as _error_names  # noqa: E402
 
-__all__ = [
-    "__version__",
-    "PackerError",
-    "SourceError",
-    "UnfinishedDatasetError",
-    "ManifestError",
-    "CorruptDataError",
-    "ImageError",
-    "DiskFullError",
-    "ResumeError",
-]
+__all__ = ["__version__", *_error_names]
