@@ -12,12 +12,13 @@ from packer.manifest import MANIFEST_NAME, read_manifest
 from packer.registry import reader_class
 
 from .base import OUTPUTS, PackedDataset
+from .batching import collate
 from .cache import SharedCache
 from .prefetch import prefetch_to_device
 from .seeding import seed_everything, seed_worker, worker_rng
 from .streaming import StreamingDataset
 
-__all__ = ["open_dataset", "PackedDataset", "OUTPUTS", "StreamingDataset", "SharedCache",
+__all__ = ["open_dataset", "PackedDataset", "OUTPUTS", "StreamingDataset", "SharedCache", "collate",
            "prefetch_to_device", "seed_everything", "seed_worker", "worker_rng",
            # the format readers, resolved lazily through the registry by __getattr__ below
            "LMDBDataset", "HDF5Dataset", "TarDataset", "TFRecordDataset"]

@@ -1,0 +1,194 @@
+"""packer.datasets.collate: default_collate's batches, built in reused shared memory."""
+
+from __future__ import annotations
+
+import collections
+import gc
+import os
+
+import numpy as np
+import pytest
+import torch
+from torch.utils.data import DataLoader, Dataset, default_collate
+
+from packer.datasets import batching, collate, open_dataset
+
+from conftest import pack
+
+Point = collections.namedtuple("Point", "x y")
+
+
+class Structured(Dataset):
+    """Samples of every kind default_collate handles, reproducible from the index."""
+
+    def __init__(self, n: int = 37, side: int = 24) -> None:
+        self.n, self.side = n, side
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, i: int):  # noqa: ANN204
+        rng = np.random.default_rng(i)
+        image = torch.from_numpy(rng.integers(0, 256, (self.side, self.side + 3, 3), dtype=np.uint8)).permute(2, 0, 1)
+        return (
+            image,  # a strided CHW view, as the readers return
+            i,
+            float(i) / 3,
+            f"key{i}",
+            {"mask": rng.random((4, 5), dtype=np.float32), "pos": torch.tensor([i, -i], dtype=torch.int16)},
+            Point(np.int32(i), [i, i + 1]),
+        )
+
+
+def _assert_same(a, b) -> None:  # noqa: ANN001
+    assert type(a) is type(b) or (isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor))
+    if isinstance(a, torch.Tensor):
+        assert type(a) is torch.Tensor, f"a {type(a).__name__} reached the main process"
+        assert a.dtype == b.dtype and a.shape == b.shape
+        assert torch.equal(a, b)
+    elif isinstance(a, dict):
+        assert a.keys() == b.keys()
+        for k in a:
+            _assert_same(a[k], b[k])
+    elif isinstance(a, (list, tuple)):
+        assert len(a) == len(b)
+        for x, y in zip(a, b):
+            _assert_same(x, y)
+    else:
+        assert a == b
+
+
+def _expected(ds, batch_size):  # noqa: ANN001, ANN202
+    return [default_collate([ds[i] for i in range(s, min(s + batch_size, len(ds)))]) for s in range(0, len(ds), batch_size)]
+
+
+@pytest.mark.parametrize("ctx", ["fork", "spawn"])
+@pytest.mark.parametrize("persistent", [False, True])
+def test_same_batches_as_default_collate(ctx, persistent):
+    ds = Structured()
+    expected = _expected(ds, 5)
+    loader = DataLoader(ds, batch_size=5, num_workers=2, collate_fn=collate, multiprocessing_context=ctx,
+                        persistent_workers=persistent)
+    for _ in range(2):
+        got = list(loader) if not persistent else [b for b in loader]
+        assert len(got) == len(expected)
+        for g, e in zip(got, expected):
+            _assert_same(g, e)
+
+
+def test_main_process_is_default_collate():
+    ds = Structured(n=6)
+    samples = [ds[i] for i in range(6)]
+    _assert_same(collate(samples), default_collate(samples))
+
+
+def test_packed_dataset_batches_equal_default_loader(tiny_folder, tmp_path):
+    dst = str(tmp_path / "lmdb")
+    pack(tiny_folder[0], dst, "lmdb", resize="16x16")
+    ds = open_dataset(dst)
+    plain = list(DataLoader(ds, batch_size=3, num_workers=2))
+    ours = list(DataLoader(ds, batch_size=3, num_workers=2, collate_fn=collate))
+    assert len(plain) == len(ours)
+    for (xa, ya), (xb, yb) in zip(plain, ours):
+        assert torch.equal(xa, xb) and torch.equal(ya, yb)
+
+
+def test_slots_are_reused_across_batches():
+    """100 batches from 2 workers go through a handful of slots, not 100 segments."""
+    ds = Structured(n=500, side=64)
+    before = set(batching._rx)
+    seen = set()
+    for batch in DataLoader(ds, batch_size=5, num_workers=2, collate_fn=collate, persistent_workers=True):
+        seen |= set(batching._rx) - before
+        _assert_same(batch[0], default_collate([ds[i] for i in batch[1].tolist()])[0])
+    assert 2 <= len(seen) <= 2 * 5, f"{len(seen)} slots for 100 batches"
+
+
+def test_held_batches_are_never_overwritten():
+    """Holding every batch exhausts the slots: later batches fall back, earlier ones stay intact."""
+    ds = Structured(n=120, side=32)
+    expected = _expected(ds, 4)
+    got = list(DataLoader(ds, batch_size=4, num_workers=2, collate_fn=collate))
+    assert len(got) == 30 > 2 * batching.MAX_SLOTS
+    for g, e in zip(got, expected):
+        _assert_same(g, e)
+
+
+def test_a_view_keeps_its_slot():
+    """A slice kept after its batch is dropped must not see later batches written over it."""
+    ds = Structured(n=200, side=32)
+    kept = []
+    for k, batch in enumerate(DataLoader(ds, batch_size=4, num_workers=2, collate_fn=collate)):
+        if k % 10 == 0:
+            kept.append((batch[0][1:3, :, 5:20], batch[1].tolist()))
+    for view, labels in kept:
+        assert torch.equal(view, torch.stack([ds[i][0] for i in labels[1:3]])[:, :, 5:20])
+
+
+def test_in_place_changes_in_the_main_process_do_not_leak_into_later_batches():
+    ds = Structured(n=80, side=16)
+    expected = _expected(ds, 4)
+    for batch, e in zip(DataLoader(ds, batch_size=4, num_workers=2, collate_fn=collate), expected):
+        _assert_same(batch, e)
+        batch[0].fill_(255)
+        batch[1].zero_()
+
+
+def _unsent(batch):  # noqa: ANN001, ANN202
+    """A collate_fn that builds our batch, then returns copies: the slots are never sent."""
+    images, labels = collate([(x, y) for x, y, *_ in batch])
+    return images.clone(), labels.clone(), torch.tensor(len(batching._pool.slots))
+
+
+def test_slots_of_unsent_batches_are_freed_in_the_worker():
+    ds = Structured(n=400, side=16)
+    counts = []
+    for images, labels, slots in DataLoader(ds, batch_size=4, num_workers=1, collate_fn=_unsent):
+        assert torch.equal(images, torch.stack([ds[i][0] for i in labels.tolist()]))
+        counts.append(int(slots))
+    assert max(counts) <= 2, counts
+
+
+def _fds() -> int:
+    return len(os.listdir("/proc/self/fd"))
+
+
+def _slot_maps() -> int:
+    with open("/proc/self/maps") as maps:
+        return sum("packer-batch" in line for line in maps)
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/self/maps"), reason="needs /proc")
+def test_no_mapping_or_descriptor_survives_finished_loaders():
+    ds = Structured(n=60, side=32)
+    gc.collect()
+    fds, maps = _fds(), _slot_maps()
+    for _ in range(4):  # non-persistent workers: new slots every epoch
+        for batch in DataLoader(ds, batch_size=5, num_workers=2, collate_fn=collate):
+            del batch
+        gc.collect()  # the workers have exited and marked their slots closed
+    assert _slot_maps() == maps
+    assert _fds() <= fds + 1
+
+
+def test_mismatched_shapes_raise_like_default_collate():
+    class Ragged(Dataset):
+        def __len__(self) -> int:
+            return 4
+
+        def __getitem__(self, i: int) -> torch.Tensor:
+            return torch.zeros(3, 8 + i)
+
+    with pytest.raises(RuntimeError, match="stack expects each tensor to be equal size"):
+        list(DataLoader(Ragged(), batch_size=4, num_workers=1, collate_fn=collate))
+
+
+def test_streaming_dataset_with_collate(tiny_folder, tmp_path):
+    from packer.datasets import StreamingDataset
+
+    dst = str(tmp_path / "tar")
+    pack(tiny_folder[0], dst, "tar", resize="16x16")
+    plain = list(DataLoader(StreamingDataset(dst, batch_size=3), batch_size=3, num_workers=2))
+    ours = list(DataLoader(StreamingDataset(dst, batch_size=3), batch_size=3, num_workers=2, collate_fn=collate))
+    assert [y.tolist() for _, y in plain] == [y.tolist() for _, y in ours]
+    assert all(torch.equal(a, b) for (a, _), (b, _) in zip(plain, ours))
