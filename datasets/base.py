@@ -27,6 +27,7 @@ from packer.record import Record, pack_record, unpack_record
 from packer.sizes import parse_size
 
 from .cache import SharedCache
+from .worker_memory import tune_worker_malloc
 
 __all__ = ["PackedDataset", "OUTPUTS"]
 
@@ -171,6 +172,7 @@ class PackedDataset(Dataset):
             with self._lock:
                 if self._pid != pid:
                     self._pid = None  # a handle inherited across fork is never used
+                    tune_worker_malloc()  # in DataLoader workers only; see worker_memory
                     self._open()
                     self._pid = pid
 

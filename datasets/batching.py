@@ -58,6 +58,8 @@ from torch.utils.data import default_collate, get_worker_info
 from torch.utils.data._utils.collate import collate as _torch_collate
 from torch.utils.data._utils.collate import collate_tensor_fn, default_collate_fn_map
 
+from .worker_memory import tune_worker_malloc
+
 __all__ = ["collate", "release_unused", "MAX_SLOTS"]
 
 #: Slots per worker process. Steady state needs about ``prefetch_factor`` + 2.
@@ -197,6 +199,7 @@ _pool: _Pool | None = None
 def _worker_pool() -> _Pool:
     global _pool
     if _pool is None:
+        tune_worker_malloc()
         _pool = _Pool()
     return _pool
 

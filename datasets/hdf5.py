@@ -219,8 +219,9 @@ class HDF5Dataset(PackedDataset):
         return ("_meta", "_file", "_h5", "_keys")
 
     # -- reading ---------------------------------------------------------------------------------
-    def _pread(self, start: int, end: int, index: int) -> tuple[bytes, int]:
-        """Bytes [start, end) of the logical /images byte stream, and the file offset of ``start``."""
+    def _pread(self, start: int, end: int, index: int) -> tuple[bytes | memoryview, int]:
+        """Bytes [start, end) of the logical /images byte stream (in a new writable buffer), and
+        the file offset of ``start``."""
         m = self._meta
         fd = self._file.fileno()
         if m.base is not None:
@@ -242,16 +243,19 @@ class HDF5Dataset(PackedDataset):
             if off < 0 or off + n > m.size:
                 raise CorruptDataError(f"sample data at {off}..{off + n} lies outside the file ({m.size} bytes; "
                                        f"truncated?)", path=self._path, sample=index, offset=off)
-        try:
-            out = [os.pread(fd, n, off) for off, n in parts]
-        except OSError as e:
-            raise CorruptDataError(f"cannot read sample data ({e})", path=self._path, sample=index) from None
-        for (off, n), got in zip(parts, out):
-            if len(got) != n:
+        buf = memoryview(np.empty(end - start, np.uint8))
+        pos = 0
+        for off, n in parts:
+            try:
+                got = os.preadv(fd, [buf[pos : pos + n]], off)
+            except OSError as e:
+                raise CorruptDataError(f"cannot read sample data ({e})", path=self._path, sample=index) from None
+            if got != n:
                 raise CorruptDataError(
-                    f"file truncated: read {len(got)} of {n} bytes", path=self._path, sample=index, offset=off
+                    f"file truncated: read {got} of {n} bytes", path=self._path, sample=index, offset=off
                 )
-        return (out[0] if len(out) == 1 else b"".join(out)), (parts[0][0] if parts else -1)
+            pos += n
+        return buf, (parts[0][0] if parts else -1)
 
     def _h5_bytes(self, start: int, end: int, index: int) -> bytes:
         images = self._h5["images"]

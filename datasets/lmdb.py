@@ -28,6 +28,7 @@ import os
 import struct
 
 from packer.converters.lmdb import DATA_FILE, lmdb_key
+from packer.fileio import pread_buffer
 from packer.errors import CorruptDataError
 from packer.placeholder import file_placeholder_reason
 from packer.record import MAGIC, Record, unpack_record
@@ -74,12 +75,14 @@ class LMDBFile:
     def _bad(self, what: str, sample: int | None = None, offset: int | None = None) -> CorruptDataError:
         return CorruptDataError(what, path=self.path, sample=sample, offset=offset)
 
-    def _pread(self, n: int, offset: int, sample: int | None = None) -> bytes:
+    def _pread(self, n: int, offset: int, sample: int | None = None, fresh: bool = False) -> bytes | memoryview:
+        """``n`` bytes at ``offset``: ``bytes``, or with ``fresh`` a new writable buffer (values:
+        slicing the record out of it and handing raw pixels on cost no copy)."""
         if offset < 0 or n < 0 or offset + n > self.size:
             raise self._bad(f"LMDB structure points to bytes {offset}..{offset + n}, past the end of the "
                             f"file ({self.size} bytes; truncated?)", sample, offset)
         try:
-            data = os.pread(self.fd, n, offset)
+            data = pread_buffer(self.fd, n, offset) if fresh else os.pread(self.fd, n, offset)
         except OSError as e:
             raise self._bad(f"cannot read ({e})", sample, offset) from None
         if len(data) != n:
@@ -196,7 +199,7 @@ class LMDBFile:
         self._ptrs = struct.unpack_from(f"<{n}H", page, _PAGE.size)
         self._upper = upper
 
-    def read(self, index: int) -> bytes:
+    def read(self, index: int) -> bytes | memoryview:
         """The value (a packer record) of sample ``index``, every LMDB structure on its way checked."""
         lo, hi = self._leaf_range
         if not lo <= index < hi:
@@ -224,7 +227,7 @@ class LMDBFile:
             if opg < 2 or opg * psize + _PAGE.size + size > self.pages * psize:
                 raise self._bad(f"LMDB value at page {opg}, {size} bytes, lies outside the file's pages", index,
                                 base + ptr)
-            raw = self._pread(_PAGE.size + size, opg * psize, index)
+            raw = self._pread(_PAGE.size + size, opg * psize, index, fresh=True)
             own, _, oflags, _, _ = _PAGE.unpack_from(raw)
             if own != opg or not oflags & _P_OVERFLOW:
                 raise self._bad(f"LMDB value page {opg} is damaged (says it is page {own}, flags {oflags:#x})",

@@ -12,6 +12,7 @@ from __future__ import annotations
 import os
 from typing import Any
 
+from packer.fileio import pread_buffer
 from packer.errors import CorruptDataError
 from packer.manifest import FileEntry, Manifest
 from packer.placeholder import file_placeholder_reason
@@ -89,9 +90,10 @@ class ShardedDataset(PackedDataset):
             fds[shard] = fd
         return fd
 
-    def _pread(self, shard: int, size: int, offset: int, sample: int) -> bytes:
-        """Exactly ``size`` bytes at ``offset`` of shard ``shard``; CorruptDataError when the file
-        does not hold them (checked before anything is allocated) or cannot be read."""
+    def _pread(self, shard: int, size: int, offset: int, sample: int) -> memoryview:
+        """Exactly ``size`` bytes at ``offset`` of shard ``shard``, in a new writable buffer;
+        CorruptDataError when the file does not hold them (checked before anything is allocated)
+        or cannot be read."""
         fd = self._fd(shard)
         end = self._fsizes[shard]  # type: ignore[index]
         if offset < 0 or size < 0 or offset + size > end:
@@ -100,7 +102,7 @@ class ShardedDataset(PackedDataset):
                 path=self._shard_paths[shard], sample=sample, offset=offset,
             )
         try:
-            data = os.pread(fd, size, offset)
+            data = pread_buffer(fd, size, offset)
         except OSError as e:
             raise CorruptDataError(f"cannot read ({e})", path=self._shard_paths[shard], sample=sample,
                                    offset=offset) from None

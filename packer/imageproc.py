@@ -253,7 +253,9 @@ def decode_payload(
     """Decode a stored payload to an RGB ``uint8`` array of shape (H, W, 3) that the caller owns.
 
     ``raw`` payloads need ``height`` and ``width``; a size mismatch or an undecodable payload
-    raises CorruptDataError naming ``path`` and ``sample``.
+    raises CorruptDataError naming ``path`` and ``sample``. A ``raw`` payload in a *writable*
+    buffer (the readers' fresh read buffers) is taken as the caller's own and wrapped without a
+    copy; read-only ones (``bytes``, cache views) are copied.
     """
     if codec == "raw":
         if len(payload) != height * width * 3:
@@ -261,7 +263,8 @@ def decode_payload(
                 f"raw payload has {len(payload)} bytes, expected {height}x{width}x3",
                 path=path, sample=sample,
             )
-        return np.frombuffer(payload, np.uint8).reshape(height, width, 3).copy()
+        pixels = np.frombuffer(payload, np.uint8).reshape(height, width, 3)
+        return pixels if pixels.flags.writeable else pixels.copy()
     rgb = cv2.imdecode(np.frombuffer(payload, np.uint8), cv2.IMREAD_COLOR_RGB)
     if rgb is None:
         raise CorruptDataError(f"cannot decode {codec} payload of {len(payload)} bytes", path=path, sample=sample)

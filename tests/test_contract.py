@@ -138,13 +138,18 @@ def test_sharded_readers_do_one_pread_per_sample(tiny_folder, tmp_path, monkeypa
     convert(src, tmp_path / "out", fmt, writer={"shard_samples": 4})
     ds = open_dataset(tmp_path / "out")
     calls = []
-    real = os.pread
+    real, real_v = os.pread, os.preadv
 
     def spy(fd, n, offset):
         calls.append((n, offset))
         return real(fd, n, offset)
 
+    def spy_v(fd, buffers, offset):
+        calls.append((sum(len(b) for b in buffers), offset))
+        return real_v(fd, buffers, offset)
+
     monkeypatch.setattr(os, "pread", spy)
+    monkeypatch.setattr(os, "preadv", spy_v)
     for i in range(len(ds)):
         ds[i]
     assert len(calls) == len(ds)

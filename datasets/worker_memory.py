@@ -1,0 +1,66 @@
+"""glibc malloc settings for DataLoader worker processes, applied by packer's readers and collate.
+
+A worker allocates and frees the same large buffers over and over: a read buffer and a decoded
+image per sample (~200 kB for 256 x 341 RGB), 64 of them alive until the batch is collated. glibc
+serves blocks above its mmap threshold (128 kB, raised dynamically only up to the largest block
+freed so far) with ``mmap`` and gives freed memory at the top of the heap back to the kernel
+above its trim threshold (twice the mmap threshold). Either way the next buffer is fresh memory
+that the kernel zero-fills one 4 kB page fault at a time: ~50 faults per image. Measured on the
+2-core reference machine, a DataLoader over ``raw`` data with 2 workers ran at 8,400-9,500
+images/s with glibc's defaults and 15,000-17,000 with the settings below; JPEG data gained 5%.
+
+In a DataLoader worker (``get_worker_info()`` is set), on glibc, the first read or collate sets
+``M_MMAP_THRESHOLD`` to 4 MiB and ``M_TRIM_THRESHOLD`` to 64 MiB, so freed buffers are reused
+without faults; a worker then keeps up to 64 MiB of freed heap instead of returning it at once.
+The main process is never changed. Set ``PACKER_MALLOC_TUNING=0`` to opt out; a process started
+with glibc's own ``MALLOC_MMAP_THRESHOLD_`` or ``MALLOC_TRIM_THRESHOLD_`` is left alone.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+
+from torch.utils.data import get_worker_info
+
+__all__ = ["tune_worker_malloc", "MMAP_THRESHOLD", "TRIM_THRESHOLD"]
+
+MMAP_THRESHOLD = 4 << 20
+TRIM_THRESHOLD = 64 << 20
+_M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD = -1, -3  # glibc's mallopt parameter numbers
+
+_tuned_pid: int | None = None
+
+
+def _glibc() -> bool:
+    try:
+        return os.confstr("CS_GNU_LIBC_VERSION").startswith("glibc")  # type: ignore[union-attr]
+    except (AttributeError, ValueError, OSError):
+        return False
+
+
+def tune_worker_malloc() -> bool:
+    """Apply the settings above once per process; return whether they are in effect here.
+
+    Does nothing outside DataLoader workers, off glibc, with ``PACKER_MALLOC_TUNING=0`` or when
+    the process was started with glibc's malloc environment variables.
+    """
+    global _tuned_pid
+    pid = os.getpid()
+    if _tuned_pid == pid:
+        return True
+    if get_worker_info() is None or os.environ.get("PACKER_MALLOC_TUNING", "1") == "0":
+        return False
+    if "MALLOC_MMAP_THRESHOLD_" in os.environ or "MALLOC_TRIM_THRESHOLD_" in os.environ or not _glibc():
+        return False
+    _tuned_pid = pid  # once per process, whatever the outcome
+    return _apply()
+
+
+def _apply() -> bool:
+    try:
+        mallopt = ctypes.CDLL(None).mallopt
+    except (OSError, AttributeError):
+        return False
+    mallopt.argtypes, mallopt.restype = (ctypes.c_int, ctypes.c_int), ctypes.c_int
+    return bool(mallopt(_M_MMAP_THRESHOLD, MMAP_THRESHOLD)) and bool(mallopt(_M_TRIM_THRESHOLD, TRIM_THRESHOLD))
