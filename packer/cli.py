@@ -236,6 +236,8 @@ def _add_bench(p: argparse.ArgumentParser) -> None:
     p.add_argument("--pin-memory", default=None, choices=["on", "off", "both"],
                    help="pin_memory values (default: both with CUDA, off without)")
     p.add_argument("--cache", default="none,decoded", help="cache modes: none, encoded, decoded (default: none,decoded)")
+    p.add_argument("--collate", default="packer,default",
+                   help="collate_fn: packer (packer.datasets.collate), default (torch's) (default: both)")
     p.add_argument("--samples", type=int, default=2000, help="samples read per configuration (default: 2000)")
     p.add_argument("--crop", type=int, default=224, help="center crop so batches collate (default: 224)")
     p.add_argument("--json", action="store_true", help="print JSON instead of a table")
@@ -245,21 +247,26 @@ def _run_bench(a: argparse.Namespace) -> int:
     from .loaderbench import format_table, recommend, run_bench, to_json
     from .manifest import read_manifest
 
-    read_manifest(a.path)  # a clear error before any worker starts
     caches = [c for c in a.cache.split(",") if c]
     if any(c not in ("none", "encoded", "decoded") for c in caches):
         raise UsageError(f"packer bench: --cache takes none, encoded, decoded; got {a.cache!r}")
+    collates = [c for c in a.collate.split(",") if c]
+    if not collates or any(c not in ("packer", "default") for c in collates):
+        raise UsageError(f"packer bench: --collate takes packer, default; got {a.collate!r}")
+    read_manifest(a.path)  # a clear error before any worker starts
     pin = {"on": [True], "off": [False], "both": [False, True], None: None}[a.pin_memory]
     rows = run_bench(a.path, workers=_int_list(a.workers) if a.workers else None, pin=pin,
-                     batch_sizes=_int_list(a.batch_sizes), caches=caches, samples=a.samples, crop=a.crop,
+                     batch_sizes=_int_list(a.batch_sizes), caches=caches, collates=collates,
+                     samples=a.samples, crop=a.crop,
                      progress=not a.json and sys.stderr.isatty())
     best = recommend(rows)
     if a.json:
         print(to_json(rows, best))
         return EXIT_OK
     print(format_table(rows))
+    collate_arg = ", collate_fn=packer.datasets.collate" if best.collate == "packer" else ""
     print(f"\nrecommended: DataLoader(num_workers={best.num_workers}, pin_memory={best.pin_memory}, "
-          f"batch_size={best.batch_size})" + (f" with open_dataset(..., cache={best.cache!r})" if best.cache != "none" else "")
+          f"batch_size={best.batch_size}{collate_arg})" + (f" with open_dataset(..., cache={best.cache!r})" if best.cache != "none" else "")
           + f": {best.images_per_s:.0f} images/s (fewest workers within 5% of the fastest)")
     return EXIT_OK
 

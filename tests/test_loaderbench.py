@@ -18,8 +18,9 @@ def test_bench_json_covers_the_grid(tiny_folder, tmp_path, capsys):
                "--cache", "none,decoded", "--samples", "10", "--crop", "32", "--json"])
     assert rc == 0
     out = json.loads(capsys.readouterr().out)
-    grid = {(r["cache"], r["num_workers"], r["batch_size"]) for r in out["rows"]}
-    assert grid == {(c, w, b) for c in ("none", "decoded") for w in (0, 2) for b in (4, 8)}
+    grid = {(r["cache"], r["num_workers"], r["batch_size"], r["collate"]) for r in out["rows"]}
+    assert grid == {(c, w, b, k) for c in ("none", "decoded") for w in (0, 2) for b in (4, 8)
+                    for k in (("packer", "default") if w else ("default",))}
     assert all(r["images_per_s"] > 0 and r["mb_per_s"] > 0 for r in out["rows"])
     assert out["recommended"] in out["rows"]
 
@@ -27,14 +28,23 @@ def test_bench_json_covers_the_grid(tiny_folder, tmp_path, capsys):
 def test_bench_refuses_bad_arguments(tmp_path, capsys):
     assert main(["bench", str(tmp_path), "--cache", "all"]) in (1, 2)
     assert main(["bench", str(tmp_path / "nope")]) == 1
+    assert main(["bench", str(tmp_path), "--collate", "fast"]) in (1, 2)
     err = capsys.readouterr().err.strip().splitlines()
-    assert len(err) == 2 and all("Traceback" not in e for e in err)
+    assert "--collate" in err[2]
+    assert len(err) == 3 and all("Traceback" not in e for e in err)
 
 
 def test_recommend_prefers_fewer_workers_within_five_percent():
     rows = [BenchRow(8, False, 64, "none", 1000, 1, 0), BenchRow(2, False, 64, "none", 960, 1, 0),
             BenchRow(0, False, 64, "none", 500, 1, 0)]
     assert recommend(rows).num_workers == 2
+
+
+def test_recommend_prefers_torchs_collate_unless_packers_is_faster():
+    rows = [BenchRow(2, False, 64, "none", 1000, 1, 0, "packer"), BenchRow(2, False, 64, "none", 980, 1, 0, "default")]
+    assert recommend(rows).collate == "default"
+    rows[1].images_per_s = 700
+    assert recommend(rows).collate == "packer"
 
 
 def test_center_crop_pad():

@@ -18,7 +18,9 @@ Rows:
   bare decode              one process, the shared decode over pre-resized JPEG bytes held in
                            memory: the per-core ceiling
   packer <format>          every format in packer's registry, converted with packer's engine
-                           (2 workers) and read with the shared decode (see packer_rows)
+                           (2 workers) and read with the shared decode (see packer_rows), with
+                           collate_fn=packer.datasets.collate (batches in reused shared memory);
+                           one lmdb row repeats the read with torch's default_collate
 
 Method:
   * Each system runs in its own child process, so a crash or hang costs one row (the error is
@@ -369,8 +371,14 @@ def time_epochs(
     return out
 
 
-def _loader_kwargs(cfg: BenchConfig) -> dict[str, Any]:
-    return {"batch_size": cfg.batch_size, "num_workers": cfg.workers, "worker_init_fn": worker_init}
+def _loader_kwargs(cfg: BenchConfig, packer_collate: bool = False) -> dict[str, Any]:
+    """The DataLoader arguments every system gets; packer's rows add ``packer.datasets.collate``."""
+    kwargs = {"batch_size": cfg.batch_size, "num_workers": cfg.workers, "worker_init_fn": worker_init}
+    if packer_collate:
+        from packer.datasets import collate
+
+        kwargs["collate_fn"] = collate
+    return kwargs
 
 
 def converted_row(
@@ -618,7 +626,7 @@ def _packer_raw_row(cfg: BenchConfig) -> dict[str, Any]:
     n = report.manifest.num_samples
     ds = open_dataset(out, transform=_Crop224())
     read = time_epochs(
-        lambda: torch.utils.data.DataLoader(ds, shuffle=False, **_loader_kwargs(cfg)), cfg.epochs, n
+        lambda: torch.utils.data.DataLoader(ds, shuffle=False, **_loader_kwargs(cfg, True)), cfg.epochs, n
     )
     read["note"] = join_notes("raw pixels, packer's own reader (no decode)", read["note"])
     return converted_row("packer lmdb raw", n, conv, dir_size(out), read)
@@ -650,14 +658,20 @@ def _packer_format_rows(cfg: BenchConfig, fmt: str) -> list[dict[str, Any]]:
     n = report.manifest.num_samples
     ds = _PackerSharedDecode(reader_class(fmt)(out))
     read = time_epochs(
-        lambda: torch.utils.data.DataLoader(ds, shuffle=False, **_loader_kwargs(cfg)), cfg.epochs, n
+        lambda: torch.utils.data.DataLoader(ds, shuffle=False, **_loader_kwargs(cfg, True)), cfg.epochs, n
     )
     if report.skipped:
         read["note"] = join_notes(f"{len(report.skipped)} images skipped", read["note"])
     rows = [converted_row(f"packer {fmt}", n, conv, dir_size(out), read)]
+    if fmt == "lmdb":  # what packer.datasets.collate buys: the same row with torch's default_collate
+        plain = time_epochs(
+            lambda: torch.utils.data.DataLoader(ds, shuffle=False, **_loader_kwargs(cfg)), cfg.epochs, n
+        )
+        plain["note"] = join_notes("torch's default_collate instead of packer.datasets.collate", plain["note"])
+        rows.append(converted_row(f"packer {fmt}, default_collate", n, conv, dir_size(out), plain))
     stream = StreamingDataset(out, shuffle=False, batch_size=64, transform=_Crop224())
     sread = time_epochs(
-        lambda: torch.utils.data.DataLoader(stream, **_loader_kwargs(cfg)), cfg.epochs, n
+        lambda: torch.utils.data.DataLoader(stream, **_loader_kwargs(cfg, True)), cfg.epochs, n
     )
     sread["note"] = join_notes("streaming, no shuffle", sread["note"])
     rows.append(converted_row(f"packer {fmt} streaming", n, conv, dir_size(out), sread))
