@@ -76,6 +76,26 @@ def test_same_batches_as_default_collate(ctx, persistent):
             _assert_same(g, e)
 
 
+class MixedLayouts(Dataset):
+    """Images that are CHW views of HWC pixels (cropped or not), contiguous CHW, and other dtypes."""
+
+    def __len__(self) -> int:
+        return 12
+
+    def __getitem__(self, i: int):  # noqa: ANN204
+        rng = np.random.default_rng(i)
+        hwc = torch.from_numpy(rng.integers(0, 256, (20, 31, 3), dtype=np.uint8))
+        view = hwc.permute(2, 0, 1)[:, 2:18, 5:25]  # what a reader + center crop returns
+        image = view if i % 3 else view.contiguous()
+        return image, hwc.permute(2, 0, 1)[:2], view.float()
+
+
+def test_interleaved_views_are_split_into_planes():
+    ds = MixedLayouts()
+    for ctx_batch, expected in zip(DataLoader(ds, batch_size=4, num_workers=1, collate_fn=collate), _expected(ds, 4)):
+        _assert_same(ctx_batch, expected)
+
+
 def test_main_process_is_default_collate():
     ds = Structured(n=6)
     samples = [ds[i] for i in range(6)]

@@ -18,9 +18,10 @@ Rows:
   bare decode              one process, the shared decode over pre-resized JPEG bytes held in
                            memory: the per-core ceiling
   packer <format>          every format in packer's registry, converted with packer's engine
-                           (2 workers) and read with the shared decode (see packer_rows), with
-                           collate_fn=packer.datasets.collate (batches in reused shared memory);
-                           one lmdb row repeats the read with torch's default_collate
+                           (2 workers) and read by packer's reader (the same cv2.imdecode to RGB
+                           and 224 center crop, identical tensors) with
+                           collate_fn=packer.datasets.collate; two lmdb rows repeat the read with
+                           the shared decode function and with torch's default_collate
 
 Method:
   * Each system runs in its own child process, so a crash or hang costs one row (the error is
@@ -574,7 +575,8 @@ def packer_rows(cfg: BenchConfig) -> list[dict[str, Any]]:
     """One row per format in packer's registry, same protocol as the peers.
 
     Converts with packer's engine (``workers=cfg.workers``, shorter:256, jpeg:90) and reads the
-    packed dataset map-style (no shuffle) with the shared decode over its stored payloads.
+    packed dataset map-style (no shuffle) and streaming with packer's reader (see
+    _packer_format_rows).
     Returns [] when packer is not importable here or registers no format yet; a format that fails
     gives an error row. New formats appear here by being registered, with no change to this file.
     """
@@ -633,8 +635,11 @@ def _packer_raw_row(cfg: BenchConfig) -> dict[str, Any]:
 
 
 def _packer_format_rows(cfg: BenchConfig, fmt: str) -> list[dict[str, Any]]:
-    """Map-style with the shared decode, then streaming (``StreamingDataset``, packer's own
-    decode: the same ``cv2.imdecode`` to RGB, then the same 224 center crop)."""
+    """Map-style and streaming (``StreamingDataset``) through packer's own reader: the same
+    ``cv2.imdecode`` to RGB and the same 224 center crop as the shared decode, giving the same
+    uint8 CHW tensors, but without its extra HWC -> CHW copy (``packer.datasets.collate`` writes
+    the channels straight into the batch). For lmdb, two more rows isolate the parts: the
+    shared decode function itself, and torch's default_collate."""
     import torch
 
     from packer.datasets import StreamingDataset
@@ -656,14 +661,22 @@ def _packer_format_rows(cfg: BenchConfig, fmt: str) -> list[dict[str, Any]]:
     with Monitor() as conv:
         report = convert_imagefolder(cfg.src, out, fmt, opts)
     n = report.manifest.num_samples
-    ds = _PackerSharedDecode(reader_class(fmt)(out))
+    ds = reader_class(fmt)(out, transform=_Crop224())
     read = time_epochs(
         lambda: torch.utils.data.DataLoader(ds, shuffle=False, **_loader_kwargs(cfg, True)), cfg.epochs, n
     )
     if report.skipped:
         read["note"] = join_notes(f"{len(report.skipped)} images skipped", read["note"])
     rows = [converted_row(f"packer {fmt}", n, conv, dir_size(out), read)]
-    if fmt == "lmdb":  # what packer.datasets.collate buys: the same row with torch's default_collate
+    if fmt == "lmdb":
+        # Transparency rows: the shared decode function over packer's stored payloads (the exact
+        # code the peers run), and packer's reader with torch's default_collate.
+        shared = _PackerSharedDecode(reader_class(fmt)(out))
+        same = time_epochs(
+            lambda: torch.utils.data.DataLoader(shared, shuffle=False, **_loader_kwargs(cfg, True)), cfg.epochs, n
+        )
+        same["note"] = join_notes("the peers' decode_center_crop over packer's payloads", same["note"])
+        rows.append(converted_row(f"packer {fmt}, shared decode", n, conv, dir_size(out), same))
         plain = time_epochs(
             lambda: torch.utils.data.DataLoader(ds, shuffle=False, **_loader_kwargs(cfg)), cfg.epochs, n
         )
