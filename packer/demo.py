@@ -86,7 +86,7 @@ def run_demo(workdir: str | None = None, classes: int = 8, per_class: int = 64, 
     import torch
     from torch.utils.data import DataLoader
 
-    from packer.datasets import open_dataset
+    from packer.datasets import collate, open_dataset
     from packer.engine import ConvertOptions, convert_imagefolder
     from packer.imageproc import ProcessOptions, parse_encoding, parse_resize
 
@@ -109,14 +109,15 @@ def run_demo(workdir: str | None = None, classes: int = 8, per_class: int = 64, 
               f"in {report.seconds:.2f} s = {report.rate:.0f} img/s, {size / 1e6:.1f} MB at {dst}")
         ds = open_dataset(dst, transform=_CenterCrop(128))
         loader = DataLoader(ds, batch_size=64, shuffle=True, num_workers=workers, pin_memory=False,
-                            generator=torch.Generator().manual_seed(0))
+                            generator=torch.Generator().manual_seed(0), collate_fn=collate)
         seen: list[int] = []
         t0 = time.perf_counter()
         for images, labels in loader:  # noqa: B007 - the last batch is described below
             seen.extend(labels.tolist())
         dt = time.perf_counter() - t0
         counts = np.bincount(seen, minlength=classes).tolist()
-        print(f"3. read one epoch through DataLoader(batch_size=64, num_workers={workers}): {len(seen)} images "
+        print(f"3. read one epoch through DataLoader(batch_size=64, num_workers={workers}, "
+              f"collate_fn=packer.datasets.collate): {len(seen)} images "
               f"in {dt:.2f} s = {len(seen) / dt:.0f} img/s (includes worker start-up), "
               f"batches of {tuple(images.shape)} {images.dtype}")
         print(f"   images per class: {dict(zip(ds.classes, counts))}")
