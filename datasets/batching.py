@@ -284,7 +284,7 @@ def _deinterleave_into(batch: list[torch.Tensor], out: torch.Tensor) -> None:
             continue
         dst = [planes[i, 0], planes[i, 1], planes[i, 2]]
         got = cv2.split(np.ascontiguousarray(x.permute(1, 2, 0).numpy()), dst)
-        if any(g.ctypes.data != d.ctypes.data for g, d in zip(got, dst)):  # pragma: no cover - OpenCV reallocated
+        if not (got[0] is dst[0] and got[1] is dst[1] and got[2] is dst[2]):  # pragma: no cover - OpenCV reallocated
             out[i].copy_(x)
 
 
