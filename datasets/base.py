@@ -205,8 +205,7 @@ class PackedDataset(Dataset):
         rec = self.read_record(index)
         rgb = self.decode(rec, index)
         if self.cache_mode == "decoded":
-            meta = np.frombuffer(_META.pack(rgb.shape[0], rgb.shape[1], rec.label), np.uint8)
-            cache.put(index, np.concatenate([meta, rgb.reshape(-1)]))
+            cache.put(index, (_META.pack(rgb.shape[0], rgb.shape[1], rec.label), rgb))
         else:
             cache.put(index, pack_record(rec.key, rec.label, rec.codec, rec.height, rec.width, bytes(rec.payload)))
         return rgb, rec.label

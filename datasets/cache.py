@@ -375,7 +375,9 @@ class SharedCache:
         return view.data
 
     def put(
-        self, index: int, data: bytes | bytearray | memoryview | np.ndarray | torch.Tensor
+        self,
+        index: int,
+        data: bytes | bytearray | memoryview | np.ndarray | torch.Tensor | tuple,
     ) -> bool:
         """Store the bytes of sample ``index``; return whether they are cached now.
 
@@ -387,11 +389,12 @@ class SharedCache:
             index: the sample number.
             data: a bytes-like object, or a NumPy array or CPU tensor (its raw C-order bytes are
                 stored; the dtype and shape are not, so keep them elsewhere or store encoded
-                bytes).
+                bytes), or a tuple of those, stored one after the other as one entry
+                (a header and pixels without first joining them in a new buffer).
         """
         index = self._check_index(index)
-        source = _as_bytes(data, index)
-        length = source.size
+        parts = [_as_bytes(d, index) for d in data] if isinstance(data, tuple) else [_as_bytes(data, index)]
+        length = sum(part.size for part in parts)
         with self._lock.hold():
             state = int(self._entries[index, 2])
             if state != _EMPTY:
@@ -404,7 +407,10 @@ class SharedCache:
             self._header[_PTR] = min(-(-end // _ALIGN) * _ALIGN, self._capacity)
             self._entries[index] = (offset, length, _WRITING)
         try:
-            self._arena[offset:end] = source
+            at = offset
+            for part in parts:
+                self._arena[at : at + part.size] = part
+                at += part.size
         except BaseException:
             with self._lock.hold():
                 self._entries[index, 2] = _EMPTY

@@ -81,6 +81,19 @@ def test_put_get_roundtrip() -> None:
     cache.close()
 
 
+def test_put_of_parts_stores_them_back_to_back() -> None:
+    cache = SharedCache(3, 4096)
+    pixels = np.arange(24, dtype=np.uint8).reshape(2, 4, 3)[:, ::2]  # not contiguous
+    assert cache.put(0, (b"head", pixels, memoryview(b"!")))
+    assert bytes(cache.get(0)) == b"head" + pixels.tobytes() + b"!"
+    assert cache.put(1, (b"", b"")) and bytes(cache.get(1)) == b""
+    assert not cache.put(2, (b"x" * 3000, b"y" * 3000)), "the bound counts every part"
+    with pytest.raises(TypeError, match="str"):
+        cache.put(2, (b"ok", "text"))
+    assert 2 not in cache
+    cache.close()
+
+
 def test_bound_is_honoured_and_data_stays_intact() -> None:
     cache = SharedCache(10, 1000)
     stored = [cache.put(i, payload(i, 300)) for i in range(10)]
