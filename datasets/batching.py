@@ -143,7 +143,9 @@ class _Pool:
         self.taken: list[_Slot] = []
         self.expect = 0  # bytes the previous batch needed: new slots are sized for a whole batch
         self.used = 0
-        util.Finalize(self, _retire_all, args=(self.slots,), exitpriority=10)
+        # At worker exit, after multiprocessing has flushed the result queue (its feeder thread is
+        # joined at exitpriority -5), so no batch is still being pickled from a closed slot.
+        util.Finalize(self, _retire_all, args=(self.slots,), exitpriority=-10)
 
     def begin(self) -> None:
         self.taken = []
