@@ -28,8 +28,8 @@ import os
 import struct
 
 from packer.converters.lmdb import DATA_FILE, lmdb_key
-from packer.fileio import pread_buffer
 from packer.errors import CorruptDataError
+from packer.fileio import pread_buffer
 from packer.placeholder import file_placeholder_reason
 from packer.record import MAGIC, Record, unpack_record
 

@@ -12,8 +12,8 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from packer.fileio import pread_buffer
 from packer.errors import CorruptDataError
+from packer.fileio import pread_buffer
 from packer.manifest import FileEntry, Manifest
 from packer.placeholder import file_placeholder_reason
 

@@ -41,6 +41,7 @@ import numpy as np
 
 from . import __version__
 from .converters.base import WriterOptions
+from .destination import check_destination, claim_destination, holding_claim, sibling_path
 from .errors import DiskFullError, ImageError, PackerError, ResumeError, SourceError
 from .imageproc import ProcessedImage, ProcessOptions, process_image
 from .journal import JOURNAL_NAME, Journal, digest, read_journal, remove_journal, write_journal
@@ -197,9 +198,7 @@ def temp_dir_for(dst: str) -> str:
     return os.path.join(parent, f".{name}.packer-tmp")
 
 
-def _sibling(dst: str, what: str) -> str:
-    parent, name = os.path.split(os.path.abspath(dst))
-    return os.path.join(parent, f".{name}.packer-{what}")
+_sibling = sibling_path
 
 
 _RENAME_EXCHANGE = 2
@@ -364,6 +363,7 @@ def write_packed(
     return write_packed_result(dst, fmt, items, template, options, total, source, fingerprint)[0]
 
 
+@holding_claim
 def write_packed_result(
     dst: str,
     fmt: str,
@@ -532,14 +532,18 @@ def convert_imagefolder(
     raises ImageError). Raises SourceError for an unusable source and FileExistsError when ``dst``
     exists and ``overwrite`` is false.
     """
-    t0 = time.perf_counter()
     src, dst = os.fspath(src), os.fspath(dst)
     writer_class(fmt)  # an unknown format fails before any work
+    check_destination(src, dst)
+    with claim_destination(dst):
+        return _convert_imagefolder_claimed(src, dst, fmt, options)
+
+
+def _convert_imagefolder_claimed(src: str, dst: str, fmt: str, options: ConvertOptions) -> ConvertReport:
+    t0 = time.perf_counter()
     recover_publish(dst)
     if os.path.lexists(dst) and not options.overwrite:
         raise FileExistsError(f"destination exists: {dst} (use --overwrite to replace it)")
-    if os.path.abspath(dst).startswith(os.path.abspath(src) + os.sep):
-        raise SourceError(f"destination {dst} is inside the source folder {src}")
     scan = scan_imagefolder(src)
     if options.strict and scan.errors:
         path, reason = scan.errors[0]

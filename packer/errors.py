@@ -16,11 +16,24 @@ __all__ = [
     "ImageError",
     "DiskFullError",
     "ResumeError",
+    "DestinationBusyError",
+    "DatasetChangedError",
 ]
 
 
 class PackerError(Exception):
     """Base class of every error packer raises on purpose."""
+
+
+class _PathError(PackerError):
+    """An error about one file or folder, named by ``path``; pickles with it (DataLoader workers)."""
+
+    def __init__(self, message: str, *, path: str | None = None) -> None:
+        super().__init__(message)
+        self.path = path
+
+    def __reduce__(self) -> tuple[object, ...]:
+        return _rebuild, (type(self), self.args, {"path": self.path})
 
 
 class SourceError(PackerError, ValueError):
@@ -66,19 +79,40 @@ class CorruptDataError(PackerError, ValueError):
         self.sample = sample
         self.offset = offset
 
+    def __reduce__(self) -> tuple[object, ...]:
+        return _rebuild, (type(self), self.args, {"path": self.path, "sample": self.sample, "offset": self.offset})
 
-class DiskFullError(PackerError, OSError):
+
+class DiskFullError(_PathError, OSError):
     """The file system ran out of space (or hit a file size limit) while a conversion was writing.
 
     The partial output has been removed and the destination left as it was; ``path`` names the
     file being written when the space ran out, where known.
     """
 
-    def __init__(self, message: str, *, path: str | None = None) -> None:
-        super().__init__(message)
-        self.path = path
-
 
 class ResumeError(PackerError, ValueError):
     """``--resume`` cannot continue: the source or the options changed since the interrupted run,
     or the partial output does not match its journal. Run again without ``--resume`` to start over."""
+
+
+class DestinationBusyError(_PathError, RuntimeError):
+    """Another conversion is writing the same destination (its pid and host are in the message).
+
+    A conversion owns its destination until it has published; the claim ends with the process that
+    holds it, so one left by a killed run never blocks a new run or ``--resume``.
+    """
+
+
+class DatasetChangedError(_PathError, RuntimeError):
+    """The dataset directory a reader was opened on now holds another dataset (it was replaced, e.g.
+    by a conversion with ``--overwrite``, or deleted). A reader only ever reads the dataset it
+    opened: open the new one with a new reader."""
+
+
+def _rebuild(cls: type, args: tuple[object, ...], fields: dict[str, object]) -> BaseException:
+    """Unpickle an error with its keyword-only fields (they cross DataLoader workers intact)."""
+    err = cls.__new__(cls)
+    Exception.__init__(err, *args)
+    err.__dict__.update(fields)
+    return err

@@ -32,6 +32,7 @@ from typing import Any
 import cv2
 
 from . import __version__
+from .destination import check_destination, claim_destination
 from .engine import (
     ConvertOptions,
     ConvertReport,
@@ -352,13 +353,6 @@ def _unpack(items: Iterator[Item], tmp: str, classes: list[str]) -> tuple[int, l
 
 # -- the entry point -------------------------------------------------------------------------------
 def _check_paths(src: str, dst: str, overwrite: bool) -> None:
-    a, b = os.path.realpath(src), os.path.realpath(dst)
-    if a == b:
-        raise SourceError(f"destination {dst} is the source")
-    if b.startswith(a + os.sep):
-        raise SourceError(f"destination {dst} is inside the source {src}")
-    if a.startswith(b + os.sep):
-        raise SourceError(f"source {src} is inside the destination {dst}")
     if os.path.lexists(dst) and not overwrite:
         raise FileExistsError(f"destination exists: {dst} (use --overwrite to replace it)")
 
@@ -396,6 +390,14 @@ def convert_dataset(
     elif options.resume:
         raise ResumeError("--resume is not supported when unpacking to an imagefolder (the unpacked files are "
                           "not journaled); run without --resume")
+    check_destination(src, dst)
+    with claim_destination(dst):
+        return _convert_dataset_claimed(src, dst, src_format, dst_format, options, t0)
+
+
+def _convert_dataset_claimed(
+    src: str, dst: str, src_format: str, dst_format: str, options: ConvertOptions, t0: float
+) -> ConvertReport:
     recover_publish(dst)
     _check_paths(src, dst, options.overwrite)
     ds = _open_source(src, src_format)

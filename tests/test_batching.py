@@ -9,11 +9,10 @@ import os
 import numpy as np
 import pytest
 import torch
+from conftest import pack
 from torch.utils.data import DataLoader, Dataset, default_collate
 
 from packer.datasets import batching, collate, open_dataset
-
-from conftest import pack
 
 Point = collections.namedtuple("Point", "x y")
 
