@@ -20,9 +20,12 @@ import numpy as np
 import torch
 from torch.utils.data import Dataset
 
+from packer.datasetdir import DatasetDir
 from packer.errors import CorruptDataError
+from packer.fileio import open_regular
 from packer.imageproc import decode_payload
 from packer.manifest import Manifest, read_manifest
+from packer.placeholder import placeholder_reason
 from packer.record import Record, pack_record, unpack_record
 from packer.sizes import parse_size
 
@@ -95,6 +98,7 @@ class PackedDataset(Dataset):
         self.on_error = on_error
         self.errors = 0
         self._pid: int | None = None
+        self._dir: DatasetDir | None = None
         self._lock = threading.Lock()
         if cache not in (None, "encoded", "decoded"):
             raise ValueError(f"cache must be None, 'encoded' or 'decoded', not {cache!r}")
@@ -173,8 +177,36 @@ class PackedDataset(Dataset):
                 if self._pid != pid:
                     self._pid = None  # a handle inherited across fork is never used
                     tune_worker_malloc()  # in DataLoader workers only; see worker_memory
+                    if self._dir is not None:
+                        self._dir.close()  # this process's copy of an inherited descriptor
+                    # Every file is opened through the directory as it was when bound to our manifest.
+                    self._dir = DatasetDir(self.root, self.manifest, bound=not self.manifest.layout.get("foreign"))
                     self._open()
                     self._pid = pid
+
+    def _read_small_file(self, name: str, what: str) -> bytes:
+        """The whole of the dataset's (index) file ``name``, read at construction: a regular file
+        inside the dataset, of the manifest's size, or CorruptDataError naming it as ``what``."""
+        path = os.path.join(self.root, name)
+        try:
+            fd = open_regular(path)
+        except FileNotFoundError:
+            raise CorruptDataError(f"{what} is missing", path=path) from None
+        with os.fdopen(fd, "rb") as f:
+            want = next((e.bytes for e in self.manifest.files if e.name == name), None)
+            size = os.fstat(f.fileno()).st_size
+            data = f.read(min(size, 256) if want is not None and size != want else -1)
+        if want is not None and size != want:
+            why = placeholder_reason(data[:256])
+            raise CorruptDataError(f"{path} is {why}" if why else f"file is {size} bytes, the manifest says "
+                                   f"{want}", path=path)
+        return data
+
+    def _open_file(self, name: str) -> int:
+        """A descriptor of the dataset's file ``name``, opened through the bound directory (for
+        ``_open`` and lazy opens): a regular file inside the dataset, of the manifest's size."""
+        assert self._dir is not None, "_open_file outside _open"
+        return self._dir.open(name)
 
     def read_record(self, index: int) -> Record:
         """The raw record of sample ``index`` (payload still encoded), checksum verified."""
@@ -243,6 +275,9 @@ class PackedDataset(Dataset):
         """Close handles in this process (they reopen on the next access) and release the cache."""
         if self._pid == os.getpid():
             self._close()
+            if self._dir is not None:
+                self._dir.close()
+        self._dir = None
         self._pid = None
         if self.cache is not None:
             self.cache.close()
@@ -253,6 +288,7 @@ class PackedDataset(Dataset):
         state = self.__dict__.copy()
         state["_pid"] = None
         state["_lock"] = None
+        state["_dir"] = None
         for k in self._handle_attrs():
             state[k] = None
         return state

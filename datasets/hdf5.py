@@ -28,7 +28,6 @@ and HDF5 errors become CorruptDataError naming the file (and the sample where th
 
 from __future__ import annotations
 
-import json
 import os
 from typing import Any
 
@@ -50,9 +49,14 @@ _KEY_BLOCK = 8192
 _CODEC_NAMES = {v: k for k, v in CODEC_IDS.items()}
 
 
-def _h5open(path: str) -> h5py.File:
+def _h5open(path: str, fd: int | None = None) -> h5py.File:
     """Open read-only without HDF5 file locks; if this process already has the file open with
-    locking (a user's own ``h5py.File``), HDF5 requires the same flag, so follow it."""
+    locking (a user's own ``h5py.File``), HDF5 requires the same flag, so follow it.
+
+    With ``fd`` (Linux), HDF5 opens that very file through ``/proc/self/fd``, not whatever the
+    path names by now."""
+    if fd is not None and os.path.isdir("/proc/self/fd"):
+        path = f"/proc/self/fd/{fd}"
     try:
         return h5py.File(path, "r", locking=False)
     except OSError as e:
@@ -64,10 +68,11 @@ def _h5open(path: str) -> h5py.File:
 class _Meta:
     """What one process needs to read samples: per-sample arrays and where ``/images`` lives."""
 
-    def __init__(self, path: str, num_samples: int, verify: bool) -> None:
+    def __init__(self, path: str, num_samples: int, verify: bool, fd: int | None = None) -> None:
         self.path = path
+        self.fd = fd
         try:
-            f = _h5open(path)
+            f = _h5open(path, fd)
         except Exception as e:  # noqa: BLE001 - any h5py/HDF5 failure to open is a bad file
             why = file_placeholder_reason(path)
             raise CorruptDataError(f"{path} is {why}" if why else f"unreadable HDF5 file ({type(e).__name__}: {e})",
@@ -102,7 +107,7 @@ class _Meta:
             if name in f and (not isinstance(f[name], h5py.Dataset) or f[name].dtype.kind not in "iu"):
                 raise CorruptDataError(f"/{name} is not an integer dataset (dtype "
                                        f"{getattr(f[name], 'dtype', 'group')})", path=self.path)
-        self.size = os.path.getsize(self.path)
+        self.size = os.fstat(self.fd).st_size if self.fd is not None else os.path.getsize(self.path)
         self.labels = self._check(f, "labels", f["labels"][:], verify).astype(np.int64, copy=False)
         self.shapes = self._check(f, "shapes", f["shapes"][:], verify)
         self.crcs = self._check(f, "crc32c", f["crc32c"][:], verify)
@@ -193,12 +198,10 @@ class HDF5Dataset(PackedDataset):
     def _open(self) -> None:
         self._drop()  # anything inherited through fork belongs to the parent: never used
         path = self._path
-        if not os.path.exists(path):
-            raise CorruptDataError("HDF5 data file is missing", path=path)
-        meta = _Meta(path, len(self), self.verify)
-        self._file = open(path, "rb", buffering=0)  # noqa: SIM115 - closed in _close
+        self._file = os.fdopen(self._open_file(DATA_FILE), "rb", buffering=0)
+        meta = _Meta(path, len(self), self.verify, self._file.fileno())
         if meta.base is None and meta.table is None:
-            self._h5 = _h5open(path)
+            self._h5 = _h5open(path, self._file.fileno())
         self._meta = meta
         self._keys = {}
 
@@ -293,7 +296,7 @@ class HDF5Dataset(PackedDataset):
         if keys is None:
             start = block * _KEY_BLOCK
             try:
-                with _h5open(self._path) as f:
+                with _h5open(self._path, self._file.fileno()) as f:
                     keys = f["keys"].asstr(errors="replace")[start : start + _KEY_BLOCK].tolist()
             except Exception as e:  # noqa: BLE001 - h5py reports damage as OSError, KeyError, ...
                 raise CorruptDataError(f"cannot read /keys ({type(e).__name__}: {e})", path=self._path,
@@ -316,18 +319,10 @@ class HDF5Dataset(PackedDataset):
 
     def load(self, index: int) -> tuple[np.ndarray, int]:
         """Sample ``index`` as (RGB uint8 H x W x 3 array, label); the fast path skips the key."""
-        if getattr(self, "cache", None) is not None:
+        if self._cache_request is not None or self.cache is not None:
             return super().load(index)  # the shared cache stores whole records
         if not 0 <= index < len(self):
             raise IndexError(f"sample {index} out of range for {len(self)} samples in {self.root}")
         self._ensure_open()
         payload, codec, h, w = self._payload(index)
         return decode_payload(payload, codec, h, w, path=self._path, sample=index), int(self._meta.labels[index])
-
-    def file_attributes(self) -> dict[str, Any]:
-        """The root attributes of ``data.h5``, with ``manifest`` parsed from its JSON."""
-        with _h5open(self._path) as f:
-            attrs = {k: (v.item() if isinstance(v, np.generic) else v) for k, v in f.attrs.items()}
-        if isinstance(attrs.get("manifest"), str):
-            attrs["manifest"] = json.loads(attrs["manifest"])
-        return attrs

@@ -29,7 +29,7 @@ import struct
 
 from packer.converters.lmdb import DATA_FILE, lmdb_key
 from packer.errors import CorruptDataError
-from packer.fileio import pread_buffer
+from packer.fileio import open_regular, pread_buffer
 from packer.placeholder import file_placeholder_reason
 from packer.record import MAGIC, Record, unpack_record
 
@@ -54,9 +54,9 @@ _PLEN = struct.Struct("<I")  # payload length, at byte 24
 class LMDBFile:
     """A packed LMDB data file opened for reading (see the module docstring)."""
 
-    def __init__(self, path: str, num_samples: int) -> None:
+    def __init__(self, path: str, num_samples: int, fd: int | None = None) -> None:
         self.path = path
-        self.fd = os.open(path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
+        self.fd = fd if fd is not None else open_regular(path)
         try:
             self._load(num_samples)
         except BaseException:
@@ -254,9 +254,7 @@ class LMDBDataset(PackedDataset):
     def _open(self) -> None:
         self._drop()  # a handle inherited through fork belongs to the parent
         path = os.path.join(self.root, DATA_FILE)
-        if not os.path.exists(path):
-            raise CorruptDataError("LMDB data file is missing", path=path)
-        self._file = LMDBFile(path, len(self))
+        self._file = LMDBFile(path, len(self), self._open_file(DATA_FILE))
 
     def _drop(self) -> None:
         if self._file is not None:

@@ -15,7 +15,6 @@ from typing import Any
 from packer.errors import CorruptDataError
 from packer.fileio import pread_buffer
 from packer.manifest import FileEntry, Manifest
-from packer.placeholder import file_placeholder_reason
 
 from .base import PackedDataset
 
@@ -75,18 +74,8 @@ class ShardedDataset(PackedDataset):
         fds: list[int | None] = self._fds  # type: ignore[assignment]  # set by _ensure_open
         fd = fds[shard]
         if fd is None:
-            path = self._shard_paths[shard]
-            try:
-                fd = os.open(path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
-            except FileNotFoundError:
-                raise CorruptDataError("shard file is missing", path=path) from None
-            size = os.fstat(fd).st_size
-            if size != self._bytes[shard]:
-                why = file_placeholder_reason(path)
-                if why:
-                    os.close(fd)
-                    raise CorruptDataError(f"{path} is {why}", path=path)
-            self._fsizes[shard] = size  # type: ignore[index]  # set with _fds
+            fd = self._open_file(os.path.basename(self._shard_paths[shard]))
+            self._fsizes[shard] = os.fstat(fd).st_size  # type: ignore[index]  # set with _fds
             fds[shard] = fd
         return fd
 

@@ -120,11 +120,7 @@ class TarDataset(ShardedDataset):
             path = os.path.join(self.root, idx_name)
             if idx_name not in names:
                 raise ManifestError(f"{self.root}: manifest lists {f.name} without its index {idx_name}")
-            try:
-                with open(path, "rb") as fh:
-                    data = fh.read()
-            except FileNotFoundError:
-                raise CorruptDataError("tar index file is missing", path=path) from None
+            data = self._read_small_file(idx_name, "tar index file")
             try:
                 first, e, k = unpack_index(data, path)
             except CorruptDataError:

@@ -105,14 +105,9 @@ class TFRecordDataset(ShardedDataset):
 
     # -- index --------------------------------------------------------------------------------
     def _read_small(self, name: str) -> bytes:
-        path = os.path.join(self.root, name)
         if name not in {f.name for f in self.manifest.files}:
             raise ManifestError(f"{self.root}: manifest does not list the index file {name}")
-        try:
-            with open(path, "rb") as fh:
-                return fh.read()
-        except FileNotFoundError:
-            raise CorruptDataError("TFRecord index file is missing", path=path) from None
+        return self._read_small_file(name, "TFRecord index file")
 
     def _load_index(self, entries: list[FileEntry]) -> dict[str, np.ndarray]:
         cols = _empty_columns(sum(f.samples for f in entries))

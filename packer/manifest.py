@@ -13,7 +13,8 @@ import os
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from .errors import ManifestError, UnfinishedDatasetError
+from .errors import CorruptDataError, ManifestError, UnfinishedDatasetError
+from .fileio import open_regular
 
 __all__ = [
     "MANIFEST_NAME",
@@ -30,6 +31,7 @@ __all__ = [
 
 MANIFEST_NAME = "manifest.json"
 MANIFEST_VERSION = 1
+MAX_MANIFEST_BYTES = 1 << 30  # a manifest lists every file and skip: ~100 bytes each
 
 
 @dataclass
@@ -110,28 +112,69 @@ class Manifest:
                 f"(it reads version {MANIFEST_VERSION}); upgrade packer or re-convert"
             )
         try:
-            files = [FileEntry(**f) for f in d["files"]]
+            files = [_file_entry(f) for f in _typed(d["files"], list, "files")]
             m = cls(
-                format=str(d["format"]),
-                num_samples=int(d["num_samples"]),
-                classes=[str(c) for c in d["classes"]],
-                processing=dict(d["processing"]),
+                format=_typed(d["format"], str, "format"),
+                num_samples=_count(d["num_samples"], "num_samples"),
+                classes=_class_names(d["classes"]),
+                processing=dict(_typed(d["processing"], dict, "processing")),
                 files=files,
                 shuffle_seed=d.get("shuffle_seed"),
-                skipped=[Skipped(**s) for s in d.get("skipped", [])],
-                ignored=dict(d.get("ignored", {})),
-                layout=dict(d.get("layout", {})),
-                source=dict(d.get("source", {})),
+                skipped=[Skipped(**s) for s in _typed(d.get("skipped", []), list, "skipped")],
+                ignored=dict(_typed(d.get("ignored", {}), dict, "ignored")),
+                layout=dict(_typed(d.get("layout", {}), dict, "layout")),
+                source=dict(_typed(d.get("source", {}), dict, "source")),
                 created_by=str(d.get("created_by", "")),
                 version=version,
             )
         except (KeyError, TypeError, ValueError) as e:
             raise ManifestError(f"{path}: malformed manifest ({type(e).__name__}: {e})") from e
+        names = [f.name for f in files]
+        if len(set(names)) != len(names):
+            dup = next(n for n in names if names.count(n) > 1)
+            raise ManifestError(f"{path}: the file {dup!r} is listed twice")
         if sum(f.samples for f in files) != m.num_samples:
             raise ManifestError(
                 f"{path}: files hold {sum(f.samples for f in files)} samples but num_samples is {m.num_samples}"
             )
         return m
+
+
+_MAX_COUNT = (1 << 63) - 1
+
+
+def _typed(value: Any, kind: type, what: str) -> Any:
+    if not isinstance(value, kind):
+        raise TypeError(f"{what} must be a {kind.__name__}, not {type(value).__name__}")
+    return value
+
+
+def _count(value: Any, what: str) -> int:
+    """A non-negative integer that fits in int64 (no bool, float or string)."""
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= _MAX_COUNT:
+        shown = repr(value) if len(repr(value)) <= 40 else f"{repr(value)[:40]}..."
+        raise ValueError(f"{what} must be an integer from 0 to 2^63-1, not {shown}")
+    return value
+
+
+def _class_names(value: Any) -> list[str]:
+    names = _typed(value, list, "classes")
+    for c in names:
+        _typed(c, str, "each class name")
+    if len(set(names)) != len(names):
+        raise ValueError(f"class {next(c for c in names if names.count(c) > 1)!r} is listed twice")
+    return names
+
+
+def _file_entry(f: Any) -> FileEntry:
+    """One ``files[]`` entry: a plain file name inside the dataset folder, with sane counts."""
+    _typed(f, dict, "each files[] entry")
+    name = _typed(f["name"], str, "files[].name")
+    if name in ("", ".", "..") or "/" in name or "\\" in name or "\0" in name or name != name.strip("\n"):
+        raise ValueError(f"files[].name {name!r} is not a plain file name inside the dataset folder")
+    return FileEntry(name=name, samples=_count(f["samples"], "files[].samples"), bytes=_count(f["bytes"], "files[].bytes"),
+                     sha256=_typed(f.get("sha256", ""), str, "files[].sha256"),
+                     first=_count(f.get("first", 0), "files[].first"))
 
 
 def fsync_dir(path: str) -> None:
@@ -172,8 +215,12 @@ def read_manifest(directory: str | os.PathLike[str]) -> Manifest:
         raise FileNotFoundError(f"no packed dataset at {directory}")
     path = os.path.join(directory, MANIFEST_NAME)
     try:
-        with open(path, "rb") as f:
+        with os.fdopen(open_regular(path), "rb") as f:
+            if os.fstat(f.fileno()).st_size > MAX_MANIFEST_BYTES:
+                raise ManifestError(f"{path}: larger than {MAX_MANIFEST_BYTES >> 20} MiB; not a packer manifest")
             raw = f.read()
+    except CorruptDataError as e:
+        raise ManifestError(str(e)) from None
     except FileNotFoundError:
         raise UnfinishedDatasetError(
             f"{directory} has no {MANIFEST_NAME}: the conversion did not finish (or this is not a "
@@ -181,8 +228,10 @@ def read_manifest(directory: str | os.PathLike[str]) -> Manifest:
         ) from None
     try:
         d = json.loads(raw)
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise ManifestError(f"{path}: not valid JSON ({e})") from e
+    except ValueError as e:  # also UnicodeDecodeError, and integers of more than 4300 digits
+        raise ManifestError(f"{path}: not valid JSON ({str(e)[:200]})") from None
+    except RecursionError:
+        raise ManifestError(f"{path}: JSON nested too deeply; not a packer manifest") from None
     return Manifest.from_json(d, path)
 
 

@@ -23,6 +23,7 @@ from __future__ import annotations
 import gzip
 import json
 import os
+import stat
 import struct
 import zlib
 from dataclasses import dataclass, field
@@ -68,12 +69,17 @@ def verify_dataset(path: str | os.PathLike[str], decode: bool = True) -> VerifyR
     intact: set[str] = set()
     for f in m.files:
         fp = os.path.join(root, f.name)
-        if not os.path.exists(fp):
+        try:
+            st = os.lstat(fp)
+        except FileNotFoundError:
             rep.problems.append(f"{fp}: missing payload file")
             rep.bad_files.append(f.name)
             continue
-        size = os.path.getsize(fp)
-        if size != f.bytes:
+        size = st.st_size
+        if not stat.S_ISREG(st.st_mode):
+            rep.problems.append(f"{fp}: not a regular file (a symlink, FIFO, device or folder); not read")
+            rep.bad_files.append(f.name)
+        elif size != f.bytes:
             rep.problems.append(f"{fp}: {size} bytes, manifest says {f.bytes} (truncated or appended)")
             rep.bad_files.append(f.name)
         elif file_sha256(fp) != f.sha256:
@@ -83,7 +89,8 @@ def verify_dataset(path: str | os.PathLike[str], decode: bool = True) -> VerifyR
             rep.files_ok += 1
             intact.add(f.name)
     for f in m.files:
-        if f.name not in intact and os.path.exists(os.path.join(root, f.name)):
+        if f.name not in intact and os.path.isfile(os.path.join(root, f.name)) and not os.path.islink(
+                os.path.join(root, f.name)):
             try:
                 _locate(root, m, f, intact, rep)
             except (OSError, ValueError, struct.error, zlib.error, EOFError) as e:

@@ -92,6 +92,19 @@ def pack(src, dst, fmt, encode="jpeg:90", resize="none", writer=None, **options)
     return convert_imagefolder(src, dst, fmt, opts)
 
 
+def forge_manifest_sizes(path) -> None:
+    """Record the files' current sizes and checksums in the manifest of the dataset at ``path``:
+    a tampered file with a manifest forged to match, so a test reaches the checks behind the
+    reader's size check at open."""
+    from packer.manifest import file_sha256, read_manifest, write_manifest
+
+    m = read_manifest(path)
+    for f in m.files:
+        full = os.path.join(str(path), f.name)
+        f.bytes, f.sha256 = os.path.getsize(full), file_sha256(full)
+    write_manifest(str(path), m)
+
+
 def records_by_key(ds):
     """key -> (RGB array, label) for every sample, read through read_record (keys are in records)."""
     out = {}

@@ -13,7 +13,7 @@ import crc32c
 import cv2
 import numpy as np
 import pytest
-from conftest import fixed_image, pack
+from conftest import fixed_image, forge_manifest_sizes, pack
 
 from packer.converters.base import WriterOptions
 from packer.converters.shards import DEFAULT_SHARD_BYTES
@@ -180,7 +180,7 @@ def test_flipped_payload_byte_is_detected_with_file_sample_offset(tiny_folder, t
     assert skip[i][1] == ds[i + 1][1] and skip.errors == 1
 
 
-def test_truncated_shard_is_a_short_read(tiny_folder, tmp_path):
+def test_truncated_shard_is_refused_before_reading(tiny_folder, tmp_path):
     src, _ = tiny_folder
     convert(src, tmp_path / "out")
     path = tmp_path / "out" / "shard-000000.tar"
@@ -188,8 +188,11 @@ def test_truncated_shard_is_a_short_read(tiny_folder, tmp_path):
     _, entries, _ = unpack_index((tmp_path / "out" / "shard-000000.idx").read_bytes(), "idx")
     cut = int(entries[-1]["offset"]) + 10
     os.truncate(path, cut)
-    with pytest.raises(CorruptDataError, match=rf"short read.*sample 13, offset {int(entries[-1]['offset'])}"):
+    with pytest.raises(CorruptDataError, match=f"file is {cut} bytes, the manifest says"):
         ds[13]
+    forge_manifest_sizes(tmp_path / "out")
+    with pytest.raises(CorruptDataError, match="tar index points past the end of its shard"):
+        open_dataset(tmp_path / "out")
 
 
 def test_corrupt_index_is_refused_at_open(tiny_folder, tmp_path):
@@ -202,6 +205,9 @@ def test_corrupt_index_is_refused_at_open(tiny_folder, tmp_path):
     with pytest.raises(CorruptDataError, match="index checksum mismatch.*shard-000000.idx"):
         open_dataset(tmp_path / "out")
     idx.write_bytes(b"nonsense")
+    with pytest.raises(CorruptDataError, match="file is 8 bytes, the manifest says"):
+        open_dataset(tmp_path / "out")
+    forge_manifest_sizes(tmp_path / "out")
     with pytest.raises(CorruptDataError, match="shorter than its header"):
         open_dataset(tmp_path / "out")
 

@@ -10,7 +10,7 @@ import zlib
 
 import numpy as np
 import pytest
-from conftest import fixed_image, pack
+from conftest import fixed_image, forge_manifest_sizes, pack
 from tfrecord import example_pb2
 from tfrecord.writer import TFRecordWriter as PackageWriter
 
@@ -225,6 +225,9 @@ def test_tampered_idx_is_refused_at_open(tiny_folder, tmp_path):
     lines = idx.read_text().splitlines()
     lines[3] = "5 100"
     idx.write_text("\n".join(lines) + "\n")
+    with pytest.raises(CorruptDataError, match="the manifest says.*shard-000000.idx"):
+        open_dataset(tmp_path / "out")
+    forge_manifest_sizes(tmp_path / "out")
     with pytest.raises(CorruptDataError, match="not contiguous.*shard-000000.idx"):
         open_dataset(tmp_path / "out")
 

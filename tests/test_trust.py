@@ -4,6 +4,7 @@ conversion owns a destination, and a reader only reads the dataset it opened."""
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -173,3 +174,157 @@ def test_concurrent_conversions_never_publish_a_mismatched_dataset(tmp_path, fmt
         assert rc == 0 or (rc == 1 and "being written by another conversion" in err), err
     r = subprocess.run([sys.executable, "-m", "packer", "verify", dst], cwd=ROOT, capture_output=True, text=True)
     assert r.returncode == 0, r.stdout + r.stderr
+
+
+# -- a reader reads only the dataset it opened ---------------------------------------------------
+def _two_datasets(tmp_path, fmt):
+    """``dst`` packed from one source, and a second conversion of another source ready to replace it."""
+    a = str(tmp_path / "a")
+    b = str(tmp_path / "b")
+    make_folder(a, {"x": [(f"{i}.png", 16, 16) for i in range(6)], "y": [(f"{i}.png", 16, 16) for i in range(6)]}, seed=1)
+    make_folder(b, {"x": [(f"{i}.png", 16, 16) for i in range(6)], "y": [(f"{i}.png", 16, 16) for i in range(6)]}, seed=2)
+    dst = str(tmp_path / "out")
+    pack(a, dst, fmt, encode="png", shuffle=False)
+    return dst, lambda: pack(b, dst, fmt, encode="png", shuffle=False, overwrite=True)
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_overwrite_under_an_open_reader_fails_clearly_in_new_workers(tmp_path, fmt):
+    import torch
+
+    from packer.datasets import open_dataset
+    from packer.errors import DatasetChangedError
+
+    dst, replace = _two_datasets(tmp_path, fmt)
+    ds = open_dataset(dst, output="numpy")
+    old = [ds[i][0].copy() for i in range(len(ds))]
+    replace()
+    new = open_dataset(dst, output="numpy")
+    assert any(not (new[i][0] == old[i]).all() for i in range(len(ds)))
+    # This process's open handles still read the dataset it opened, never the new one.
+    assert all((ds[i][0] == old[i]).all() for i in range(len(ds)))
+    # A non-persistent worker opens the path again: it must refuse, not read the new dataset.
+    loader = torch.utils.data.DataLoader(ds, batch_size=4, num_workers=1, persistent_workers=False)
+    with pytest.raises(DatasetChangedError, match="after this reader opened it"):
+        list(loader)
+    ds.close()  # and reopening in this process is refused too
+    with pytest.raises(DatasetChangedError):
+        ds[0]
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_overwrite_under_a_streaming_dataset_fails_clearly(tmp_path, fmt):
+    import torch
+
+    from packer.datasets import StreamingDataset
+    from packer.errors import DatasetChangedError
+
+    dst, replace = _two_datasets(tmp_path, fmt)
+    sds = StreamingDataset(dst, shuffle=False)
+    replace()
+    loader = torch.utils.data.DataLoader(sds, batch_size=4, num_workers=1)
+    with pytest.raises(DatasetChangedError):
+        list(loader)
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_payload_file_from_another_conversion_is_refused_at_open(tmp_path, fmt):
+    from packer.datasets import open_dataset
+    from packer.errors import CorruptDataError
+
+    dst, _ = _two_datasets(tmp_path, fmt)
+    other = str(tmp_path / "other")
+    make_folder(str(tmp_path / "c"), {"x": [(f"{i}.png", 20, 24) for i in range(5)]}, seed=3)
+    pack(str(tmp_path / "c"), other, fmt, encode="png")
+    payload = open_dataset(dst).manifest.files[0].name
+    shutil.copyfile(os.path.join(other, payload), os.path.join(dst, payload))
+    with pytest.raises(CorruptDataError, match="the manifest says"):
+        open_dataset(dst)[0]
+
+
+# -- only regular files inside the dataset are read -----------------------------------------------
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_manifest_file_names_outside_the_dataset_are_refused(tmp_path, fmt):
+    from packer.manifest import read_manifest, write_manifest
+
+    dst, _ = _two_datasets(tmp_path, fmt)
+    m = read_manifest(dst)
+    name = m.files[0].name
+    shutil.copyfile(os.path.join(dst, name), tmp_path / name)
+    for bad in (f"../{name}", str(tmp_path / name), "", "..", "a\\b"):
+        m.files[0].name = bad
+        write_manifest(dst, m)
+        r = subprocess.run([sys.executable, "-m", "packer", "verify", dst], cwd=ROOT, capture_output=True, text=True)
+        assert r.returncode == 1 and "not a plain file name" in r.stderr and "Traceback" not in r.stderr
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_symlinked_payload_is_refused(tmp_path, fmt):
+    from packer.datasets import open_dataset
+    from packer.errors import CorruptDataError
+
+    dst, _ = _two_datasets(tmp_path, fmt)
+    name = open_dataset(dst).manifest.files[0].name
+    os.rename(os.path.join(dst, name), tmp_path / "moved")
+    os.symlink(tmp_path / "moved", os.path.join(dst, name))
+    with pytest.raises(CorruptDataError, match="regular file|symlink"):
+        open_dataset(dst)[0]
+    r = subprocess.run([sys.executable, "-m", "packer", "verify", dst], cwd=ROOT, capture_output=True, text=True)
+    assert r.returncode == 1 and "not a regular file" in r.stdout + r.stderr
+
+
+@pytest.mark.parametrize("what", ["manifest", "index"])
+def test_fifo_in_place_of_a_packed_file_does_not_hang(tmp_path, what):
+    fmt = "tfrecord" if what == "index" else "lmdb"
+    dst, _ = _two_datasets(tmp_path, fmt)
+    name = "manifest.json" if what == "manifest" else "shard-000000.idx"
+    if what == "index":
+        assert name in os.listdir(dst)
+    os.remove(os.path.join(dst, name))
+    os.mkfifo(os.path.join(dst, name))
+    for cmd in (["info", dst], ["verify", dst]) if what == "manifest" else (["verify", dst],):
+        r = subprocess.run([sys.executable, "-m", "packer", *cmd], cwd=ROOT, capture_output=True, text=True,
+                           timeout=60)
+        out = r.stdout + r.stderr
+        assert r.returncode == 1 and "regular file" in out and "Traceback" not in out, out
+
+
+@pytest.mark.parametrize("classes", [["a", "a"], "ab", {"a": 0}, [1, 2], None])
+def test_malformed_class_lists_are_refused(tmp_path, classes):
+    import json
+
+    from packer.errors import ManifestError
+    from packer.manifest import read_manifest
+
+    dst, _ = _two_datasets(tmp_path, "tar")
+    path = os.path.join(dst, "manifest.json")
+    d = json.load(open(path))
+    d["classes"] = classes
+    json.dump(d, open(path, "w"))
+    with pytest.raises(ManifestError, match="classes|class"):
+        read_manifest(dst)
+
+
+@pytest.mark.parametrize("literal", ["-1", "1e400", "1" + "0" * 5000, '"12"', "true", str(2**63), "2.0"],
+                         ids=["negative", "1e400", "5000-digits", "string", "bool", "2^63", "float"])
+def test_malformed_sample_counts_are_refused(tmp_path, literal):
+    import json
+
+    dst, _ = _two_datasets(tmp_path, "lmdb")
+    path = os.path.join(dst, "manifest.json")
+    text = open(path).read()
+    d = json.loads(text)
+    d["num_samples"] = "__N__"
+    open(path, "w").write(json.dumps(d).replace('"__N__"', literal))
+    r = subprocess.run([sys.executable, "-m", "packer", "info", dst], cwd=ROOT, capture_output=True, text=True,
+                       timeout=60)
+    assert r.returncode == 1 and ("num_samples" in r.stderr or "digits" in r.stderr), r.stderr
+    assert "Traceback" not in r.stderr and len(r.stderr.strip().splitlines()) == 1
+
+
+def test_deeply_nested_manifest_is_refused(tmp_path):
+    dst, _ = _two_datasets(tmp_path, "lmdb")
+    open(os.path.join(dst, "manifest.json"), "w").write("[" * 100_000 + "]" * 100_000)
+    r = subprocess.run([sys.executable, "-m", "packer", "verify", dst], cwd=ROOT, capture_output=True, text=True,
+                       timeout=60)
+    assert r.returncode == 1 and "nested too deeply" in r.stderr and "Traceback" not in r.stderr, r.stderr
