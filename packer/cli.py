@@ -52,6 +52,9 @@ def _add_convert(p: argparse.ArgumentParser) -> None:
     g.add_argument("--max-pixels", type=int, default=None, help="refuse larger images (decompression bombs)")
     g.add_argument("--exact-decode", action="store_true",
                    help="always decode JPEGs at full size (default: libjpeg's reduced-size decode when the target allows)")
+    g.add_argument("--keep-damaged-jpeg", action="store_true",
+                   help="keep JPEGs that libjpeg decodes only with a warning (truncated, garbled data; default: skip "
+                        "them with the warning as the reason)")
     g = p.add_argument_group("conversion")
     g.add_argument("--workers", type=int, default=os.cpu_count() or 1, help="worker processes (default: all cores)")
     g.add_argument("--seed", type=int, default=0, help="seed of the write-time shuffle (default: 0)")
@@ -83,6 +86,7 @@ def _convert_options(a: argparse.Namespace):  # noqa: ANN202 - ConvertOptions, i
             upscale=a.upscale,
             max_pixels=a.max_pixels if a.max_pixels is not None else DEFAULT_MAX_PIXELS,
             reduced_decode=not a.exact_decode,
+            keep_damaged_jpeg=a.keep_damaged_jpeg,
         )
         shard_bytes = parse_size(a.shard_size) if a.shard_size is not None else None
     except ValueError as e:

@@ -446,8 +446,8 @@ def write_packed_result(
         with bar:
             pos = consumed
             for key, label, image, reason in stream:
-                if image is None:
-                    skipped.append((pos, Skipped(key, reason or "unknown error")))
+                if image is None or not image.payload:  # a 0-byte image is never stored
+                    skipped.append((pos, Skipped(key, reason or "empty image payload (0 bytes)")))
                 else:
                     positions[index] = pos
                     writer.add(index, key, label, image)

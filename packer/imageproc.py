@@ -7,7 +7,12 @@ turned RGB only for ``raw`` storage and on read (``IMREAD_COLOR_RGB`` decodes st
 
 from __future__ import annotations
 
+import contextlib
+import os
 import re
+import sys
+import tempfile
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 import cv2
@@ -27,6 +32,8 @@ __all__ = [
     "target_size",
     "process_image",
     "decode_payload",
+    "check_encoded",
+    "libjpeg_warnings",
     "DEFAULT_MAX_PIXELS",
 ]
 
@@ -76,6 +83,9 @@ class ProcessOptions:
     #: Let libjpeg decode at 1/2, 1/4 or 1/8 scale when the target is at most that size.
     #: Several times faster for large JPEGs; the result is then resized with INTER_AREA as usual.
     reduced_decode: bool = True
+    #: Keep JPEGs that libjpeg decodes with a warning (damaged data it papers over with grey or
+    #: repeated blocks). Off by default: such files are skipped with the warning as the reason.
+    keep_damaged_jpeg: bool = False
 
     def to_json(self) -> dict:
         """The manifest's ``processing`` entry."""
@@ -87,6 +97,7 @@ class ProcessOptions:
             "reduced_decode": self.reduced_decode,
             "color": "RGB",
             "interpolation": "INTER_AREA when shrinking, INTER_CUBIC when enlarging",
+            **({"keep_damaged_jpeg": True} if self.keep_damaged_jpeg else {}),
         }
 
     @classmethod
@@ -98,6 +109,7 @@ class ProcessOptions:
             upscale=bool(d.get("upscale", False)),
             max_pixels=int(d.get("max_pixels", DEFAULT_MAX_PIXELS)),
             reduced_decode=bool(d.get("reduced_decode", True)),
+            keep_damaged_jpeg=bool(d.get("keep_damaged_jpeg", False)),
         )
 
 
@@ -219,7 +231,13 @@ def process_image(data: bytes, opts: ProcessOptions) -> ProcessedImage:
     if info.format == "jpeg" and data.rfind(b"\xff\xd9") < data.rfind(b"\xff\xda"):
         raise ImageError("truncated JPEG (no end-of-image marker after the last scan)")
     buf = np.frombuffer(data, np.uint8)
-    bgr = cv2.imdecode(buf, _decode_flag(info, opts))
+    if info.format == "jpeg" and not opts.keep_damaged_jpeg:
+        with libjpeg_warnings() as warnings:
+            bgr = cv2.imdecode(buf, _decode_flag(info, opts))
+        if warnings:
+            raise ImageError(f"damaged JPEG: libjpeg warns {warnings[0]!r} (--keep-damaged-jpeg keeps such files)")
+    else:
+        bgr = cv2.imdecode(buf, _decode_flag(info, opts))
     if bgr is None or bgr.size == 0:
         raise ImageError(f"OpenCV could not decode this {info.format} file (corrupt or truncated)")
     h, w = bgr.shape[:2]
@@ -241,6 +259,26 @@ def process_image(data: bytes, opts: ProcessOptions) -> ProcessedImage:
     return ProcessedImage(codec, _encode(bgr, codec, quality), th, tw)
 
 
+def check_encoded(data: bytes, keep_damaged_jpeg: bool = False) -> tuple[int, int]:
+    """Check bytes that are to be stored unchanged (a copy from another tool's shards) as
+    :func:`process_image` checks a source file; return their (height, width) as decoded (EXIF
+    orientation applied). Raises ImageError with the reason. JPEGs are decoded once to catch
+    damage libjpeg only warns about, unless ``keep_damaged_jpeg``."""
+    info = sniff(data)
+    if info is None:
+        raise ImageError(describe_non_image(data))
+    if info.width <= 0 or info.height <= 0:
+        raise ImageError(f"header says {info.width}x{info.height} pixels")
+    if info.format == "jpeg" and not keep_damaged_jpeg:
+        with libjpeg_warnings() as warnings:
+            bgr = cv2.imdecode(np.frombuffer(data, np.uint8), cv2.IMREAD_REDUCED_COLOR_8)
+        if bgr is None:
+            raise ImageError("OpenCV could not decode this jpeg file (corrupt or truncated)")
+        if warnings:
+            raise ImageError(f"damaged JPEG: libjpeg warns {warnings[0]!r} (--keep-damaged-jpeg keeps such files)")
+    return (info.width, info.height) if info.orientation >= 5 else (info.height, info.width)
+
+
 def decode_payload(
     payload: bytes | memoryview,
     codec: str,
@@ -257,6 +295,8 @@ def decode_payload(
     buffer (the readers' fresh read buffers) is taken as the caller's own and wrapped without a
     copy; read-only ones (``bytes``, cache views) are copied.
     """
+    if len(payload) == 0:
+        raise CorruptDataError("empty image payload (0 bytes)", path=path, sample=sample)
     if codec == "raw":
         if len(payload) != height * width * 3:
             raise CorruptDataError(
@@ -265,7 +305,66 @@ def decode_payload(
             )
         pixels = np.frombuffer(payload, np.uint8).reshape(height, width, 3)
         return pixels if pixels.flags.writeable else pixels.copy()
-    rgb = cv2.imdecode(np.frombuffer(payload, np.uint8), cv2.IMREAD_COLOR_RGB)
+    try:
+        rgb = cv2.imdecode(np.frombuffer(payload, np.uint8), cv2.IMREAD_COLOR_RGB)
+    except cv2.error as e:
+        raise CorruptDataError(f"cannot decode {codec} payload of {len(payload)} bytes ({str(e).strip()[-120:]})",
+                               path=path, sample=sample) from None
     if rgb is None:
         raise CorruptDataError(f"cannot decode {codec} payload of {len(payload)} bytes", path=path, sample=sample)
     return rgb
+
+
+# -- libjpeg's warnings ------------------------------------------------------------------------------
+# libjpeg decodes a damaged JPEG (truncated with an end marker appended, garbled scan data) with a
+# *warning*, filling what is missing with grey or repeated blocks, and OpenCV returns that image as
+# if nothing happened. libjpeg prints its first warning per decode on the C-level stderr, so the
+# decode runs with descriptor 2 pointed at a private file for its duration (a few system calls,
+# microseconds; a second decoder doing a strict pass would cost ~16% of a conversion's processing).
+# What is printed meanwhile by anything else is passed on to the real stderr.
+_LIBJPEG_WARNING = re.compile(
+    rb"^(Corrupt JPEG data.*|Premature end of JPEG file|Invalid .*|Inconsistent progression sequence.*|"
+    rb"Warning: .*|Unsupported marker type.*|Bogus .*)$"
+)
+_capture: tuple[int, int] | None = None  # (pid, descriptor of the capture file)
+
+
+def _capture_fd() -> int:
+    global _capture
+    if _capture is None or _capture[0] != os.getpid():
+        if hasattr(os, "memfd_create"):
+            fd = os.memfd_create("packer-libjpeg", os.MFD_CLOEXEC)
+        else:
+            f = tempfile.TemporaryFile()
+            fd = os.dup(f.fileno())
+            f.close()
+        _capture = (os.getpid(), fd)
+    return _capture[1]
+
+
+@contextlib.contextmanager
+def libjpeg_warnings() -> Iterator[list[str]]:
+    """Collect the warnings libjpeg prints while the block decodes (the list is filled on exit)."""
+    found: list[str] = []
+    cap = _capture_fd()
+    with contextlib.suppress(Exception):
+        sys.stderr.flush()
+    saved = os.dup(2)
+    os.ftruncate(cap, 0)
+    os.lseek(cap, 0, os.SEEK_SET)
+    os.dup2(cap, 2)
+    try:
+        yield found
+    finally:
+        os.dup2(saved, 2)
+        os.close(saved)
+        size = os.fstat(cap).st_size
+        if size:
+            other = []
+            for line in os.pread(cap, min(size, 1 << 16), 0).splitlines():
+                if _LIBJPEG_WARNING.match(line.strip()):
+                    found.append(line.strip().decode("ascii", "replace"))
+                elif line.strip():
+                    other.append(line + b"\n")
+            if other:
+                os.write(2, b"".join(other))

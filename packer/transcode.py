@@ -51,6 +51,7 @@ from .imageproc import (
     Encoding,
     ProcessedImage,
     ProcessOptions,
+    check_encoded,
     decode_payload,
     parse_encoding,
     parse_resize,
@@ -175,13 +176,20 @@ def _read(ds: Any, i: int) -> tuple[Record | None, str | None]:
         return None, str(e)
 
 
-def _reprocess_one(ds: Any, i: int, opts: ProcessOptions | None) -> Item:
+def _reprocess_one(ds: Any, i: int, opts: ProcessOptions, copy: bool = False) -> Item:
+    """Sample ``i`` of ``ds`` as an engine item: its stored bytes (``copy``; those written by another
+    tool checked first) or processed again with ``opts``; a skip with the reason when it cannot be."""
     rec, reason = _read(ds, i)
     if rec is None:
         return f"sample {i}", -1, None, reason
-    if opts is None:
-        return rec.key, rec.label, ProcessedImage(rec.codec, bytes(rec.payload), rec.height, rec.width), None
+    if len(rec.payload) == 0:
+        return rec.key, rec.label, None, "empty image payload (0 bytes)"
     try:
+        if copy:
+            h, w = rec.height, rec.width
+            if ds.manifest.layout.get("foreign") and rec.codec != "raw":
+                h, w = check_encoded(bytes(rec.payload), opts.keep_damaged_jpeg)
+            return rec.key, rec.label, ProcessedImage(rec.codec, bytes(rec.payload), h, w), None
         return rec.key, rec.label, reprocess(rec, opts), None
     except ImageError as e:
         return rec.key, rec.label, None, str(e)
@@ -199,8 +207,7 @@ def _items(ds: Any, src: str, src_format: str, options: ConvertOptions, copy: bo
     first bad one raises."""
     n = len(ds)
     if copy or options.workers <= 1:
-        opts = None if copy else options.processing
-        results: Iterator[Item] = (_reprocess_one(ds, i, opts) for i in range(start, n))
+        results: Iterator[Item] = (_reprocess_one(ds, i, options.processing, copy) for i in range(start, n))
     else:
         fn = functools.partial(_reprocess_chunk, src=src, src_format=src_format, opts=options.processing)
         results = ordered_map(fn, list(range(start, n)), options.workers, lambda i: f"sample {start + i} of {src}")
