@@ -1,0 +1,63 @@
+"""Datasets written by earlier releases stay readable: a tiny dataset of every format of every
+on-disk version is kept in tests/data and read here, pixel for pixel."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import subprocess
+import sys
+import tarfile
+
+import pytest
+
+from packer.datasets import StreamingDataset, open_dataset
+from packer.registry import format_names
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+DATA = os.path.join(ROOT, "tests", "data")
+
+#: (key, label, decoded shape, first 16 hex digits of the SHA-256 of the decoded RGB pixels); the
+#: same three PNG-encoded images in every format and version.
+EXPECTED = [
+    ("cat/a.png", 0, (12, 10, 3), "5c554a4c443d3370"),
+    ("cat/b.jpg", 0, (9, 14, 3), "e19a827d69701050"),
+    ("dog/c.png", 1, (8, 8, 3), "a42f13a66d648f41"),
+]
+VERSIONS = {1: "v1-datasets.tar.gz"}
+
+
+@pytest.fixture(scope="module")
+def archived(tmp_path_factory):
+    root = tmp_path_factory.mktemp("versions")
+    for archive in VERSIONS.values():
+        with tarfile.open(os.path.join(DATA, archive)) as tf:
+            tf.extractall(root, filter="data")
+    return root
+
+
+@pytest.mark.parametrize("version", sorted(VERSIONS))
+@pytest.mark.parametrize("fmt", format_names())
+def test_old_versions_read_pixel_for_pixel(archived, version, fmt):
+    path = str(archived / f"v{version}" / fmt)
+    ds = open_dataset(path, output="numpy")
+    assert ds.manifest.version == version and len(ds) == len(EXPECTED)
+    got = []
+    for i in range(len(ds)):
+        img, label = ds[i]
+        got.append((ds.read_record(i).key, label, img.shape, hashlib.sha256(img.tobytes()).hexdigest()[:16]))
+    assert got == EXPECTED
+    assert sorted(label for _, label in StreamingDataset(path, shuffle=False)) == [0, 0, 1]
+    r = subprocess.run([sys.executable, "-m", "packer", "verify", path], cwd=ROOT, capture_output=True, text=True)
+    assert r.returncode == 0, r.stdout + r.stderr
+
+
+@pytest.mark.parametrize("fmt", format_names())
+def test_old_versions_convert_to_the_current_one(archived, tmp_path, fmt):
+    from packer.manifest import MANIFEST_VERSION
+    from packer.transcode import convert_dataset
+
+    rep = convert_dataset(str(archived / "v1" / fmt), str(tmp_path / "new"), fmt, fmt)
+    ds = open_dataset(str(tmp_path / "new"), output="numpy")
+    assert rep.manifest.version == MANIFEST_VERSION == ds.manifest.version
+    assert [(ds.read_record(i).key, ds[i][1]) for i in range(len(ds))] == [(k, lab) for k, lab, _, _ in EXPECTED]
