@@ -69,6 +69,7 @@ import numpy as np
 from packer.errors import ResumeError
 from packer.imageproc import ProcessedImage
 from packer.manifest import FileEntry, file_sha256, fsync_dir
+from packer.placement import file_id, place_seed
 from packer.record import CODEC_IDS
 
 from .base import Writer, WriterOptions, no_room
@@ -76,7 +77,8 @@ from .base import Writer, WriterOptions, no_room
 __all__ = ["HDF5Writer", "DATA_FILE", "LAYOUT_VERSION", "CHUNK_BYTES"]
 
 DATA_FILE = "data.h5"
-LAYOUT_VERSION = 1
+LAYOUT_VERSION = 2  # 2: /crc32c seeded with each sample's place (packer.placement); also the file id
+LAYOUT_VERSIONS = (1, 2)  # readable
 CHUNK_BYTES = 1 << 20  # payload chunk size
 LIBVER = ("earliest", "v110")
 _META_CHUNK = 8192  # rows per chunk of the per-sample datasets
@@ -128,6 +130,7 @@ class HDF5Writer(Writer):
         self._shape: tuple[int, int] = (0, 0)  # (H, W) of "array" storage
         self._codec_ids = bytearray()  # one per sample; written only when codecs are mixed
         self._count = 0  # samples added
+        self._fid = ""  # the file's identity, from its first sample (packer.placement)
         self._written = 0  # samples whose metadata is in the file
         self._payload_written = 0  # bytes ("flat") or rows ("array") in /images
         self._payload_end = 0  # offset after the last payload added ("flat")
@@ -210,7 +213,9 @@ class HDF5Writer(Writer):
             self._to_flat()
         text = _key_text(key)
         kraw = text.encode("utf-8")
-        crc, kcrc = crc32c.crc32c(payload), crc32c.crc32c(kraw)
+        if index == 0:
+            self._fid = file_id(0, text, payload)
+        crc, kcrc = crc32c.crc32c(payload, place_seed(self._fid, index)), crc32c.crc32c(kraw)
         codec_id = CODEC_IDS[image.codec]
         self._codec_ids.append(codec_id)
         self._pending.append((text, int(label), image.height, image.width, crc, kcrc))
@@ -415,7 +420,8 @@ class HDF5Writer(Writer):
             for i in range(want):
                 label, h, w, crc, codec_id, plen, key = samples[i]
                 payload = reader.take(plen)
-                if crc32c.crc32c(payload) != crc or codec_id not in names:
+                fid = file_id(0, key, payload) if i == 0 else self._fid
+                if crc32c.crc32c(payload, place_seed(fid, i)) != crc or codec_id not in names:
                     raise ResumeError(f"cannot resume: sample {i} in {partial} does not match its checksum; "
                                       f"run without --resume to start over")
                 self.add(i, key, label, ProcessedImage(names[codec_id], payload, h, w))
@@ -458,7 +464,7 @@ class HDF5Writer(Writer):
         if self._storage == "array":
             layout["image_shape"] = [*self._shape, 3]
         attrs = {"packer_layout": LAYOUT_VERSION, "storage": self._storage, "codec": codec,
-                 "num_samples": self._count, "chunk_bytes": CHUNK_BYTES}
+                 "num_samples": self._count, "chunk_bytes": CHUNK_BYTES, "file_id": self._fid}
         for k, v in attrs.items():
             f.attrs[k] = v
         manifest = {**self._info, "num_samples": self._count, "layout": layout}
@@ -474,7 +480,7 @@ class HDF5Writer(Writer):
         os.replace(partial, final)
         self._close_log()
         fsync_dir(self.directory)
-        return [FileEntry(DATA_FILE, self._count, os.path.getsize(final), file_sha256(final))], layout
+        return [FileEntry(DATA_FILE, self._count, os.path.getsize(final), file_sha256(final), id=self._fid)], layout
 
     def forget_checkpoints(self) -> None:
         """Delete the resume log, earlier generations and resume sources (after the final journal)."""

@@ -25,6 +25,7 @@ import lmdb
 from packer.errors import CorruptDataError, ResumeError
 from packer.imageproc import ProcessedImage
 from packer.manifest import FileEntry, file_sha256, fsync_dir
+from packer.placement import file_id, place_seed
 from packer.record import pack_record, unpack_record
 
 from .base import Writer, WriterOptions, no_room
@@ -61,6 +62,7 @@ class LMDBWriter(Writer):
         self._batch_bytes = 0
         self._count = 0
         self._committed = 0
+        self._fid = ""  # the file's identity, from its first sample (packer.placement)
         self._due = False
 
     def _open(self) -> lmdb.Environment:
@@ -76,7 +78,10 @@ class LMDBWriter(Writer):
 
     def add(self, index: int, key: str, label: int, image: ProcessedImage) -> None:
         """Queue one sample; commits every ``checkpoint_samples`` samples or 64 MB."""
-        self._put(index, pack_record(key, label, image.codec, image.height, image.width, image.payload))
+        if index == 0:
+            self._fid = file_id(0, key, image.payload)
+        seed = place_seed(self._fid, index)
+        self._put(index, pack_record(key, label, image.codec, image.height, image.width, image.payload, seed))
 
     def _put(self, index: int, value: bytes) -> None:
         self._open()
@@ -161,7 +166,10 @@ class LMDBWriter(Writer):
                         raise ResumeError(f"cannot resume: {partial} holds fewer samples than its journal "
                                           f"({i} of {want}); run without --resume to start over")
                     try:
-                        unpack_record(value, path=partial, sample=i)
+                        if i == 0:
+                            first = unpack_record(value, verify=False)
+                            self._fid = file_id(0, first.key, first.payload)
+                        unpack_record(value, path=partial, sample=i, seed=place_seed(self._fid, i))
                     except CorruptDataError as e:
                         raise ResumeError(f"cannot resume: {e}; run without --resume to start over") from None
                     self._put(i, value)
@@ -190,8 +198,8 @@ class LMDBWriter(Writer):
         data = self.path(DATA_FILE)
         os.replace(self.path(PARTIAL), data)
         fsync_dir(self.directory)
-        entry = FileEntry(DATA_FILE, self._count, os.path.getsize(data), file_sha256(data))
-        return [entry], {"key_format": "%010d", "value": "packer record v1 (docs/FORMATS.md)",
+        entry = FileEntry(DATA_FILE, self._count, os.path.getsize(data), file_sha256(data), id=self._fid)
+        return [entry], {"key_format": "%010d", "value": "packer record v2 (docs/FORMATS.md)",
                          "checkpoint_samples": self._batch_samples}
 
     def abort(self) -> None:

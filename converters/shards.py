@@ -95,13 +95,14 @@ class ShardFile:
         self.size += len(data)
         return offset
 
-    def finish(self, samples: int, first: int) -> FileEntry:
-        """Flush, fsync, close and rename to the final name; return its manifest entry."""
+    def finish(self, samples: int, first: int, fid: str = "") -> FileEntry:
+        """Flush, fsync, close and rename to the final name; return its manifest entry (with the
+        file's identity ``fid``, packer.placement)."""
         self._f.flush()
         os.fsync(self._f.fileno())
         self._f.close()
         os.replace(self.temp, self.final)
-        return FileEntry(self.name, samples, self.size, self._sha.hexdigest(), first)
+        return FileEntry(self.name, samples, self.size, self._sha.hexdigest(), first, fid)
 
     def discard(self) -> None:
         """Close and delete the unfinished file."""

@@ -17,7 +17,7 @@ fetches an image with one ``pread`` and never parses tar. All integers little-en
 
     header, 32 bytes
     0    4   magic b"PKTI"
-    4    2   version (1)
+    4    2   version (2; 1 in version 1 datasets)
     6    2   entry size in bytes (48)
     8    8   N, samples in the shard (uint64)
     16   8   global index of the shard's first sample (uint64)
@@ -29,7 +29,8 @@ fetches an image with one ``pread`` and never parses tar. All integers little-en
     16   8   label (int64)
     24   4   stored height (uint32)
     28   4   stored width (uint32)
-    32   4   CRC32C of the image member's data (uint32)
+    32   4   CRC32C of the image member's data, seeded with the sample's place (version 2,
+             packer.placement: the shard's id and the position in the shard; version 1: not seeded)
     36   4   end of this sample's key in the key blob (uint32; it starts where the previous ends)
     40   1   codec id (packer.record.CODEC_IDS: 0 raw, 1 jpeg, 2 png, 3 webp, ...)
     41   1   channels (3)
@@ -52,6 +53,7 @@ import numpy as np
 from packer.errors import CorruptDataError
 from packer.imageproc import CODECS, ProcessedImage
 from packer.manifest import FileEntry
+from packer.placement import file_id, place_seed
 from packer.record import CODEC_IDS
 
 from .base import Writer, WriterOptions
@@ -79,7 +81,8 @@ BLOCK = 512
 RECORD = 20 * BLOCK  # tar's default blocking factor: archives are padded to a multiple of this
 
 INDEX_MAGIC = b"PKTI"
-INDEX_VERSION = 1
+INDEX_VERSION = 2
+INDEX_VERSIONS = (1, 2)  # readable
 INDEX_HEADER = struct.Struct("<4sHHQQII")  # 32 bytes; the CRC is the last field
 INDEX_ENTRY = np.dtype([
     ("offset", "<u8"), ("size", "<u8"), ("label", "<i8"), ("height", "<u4"), ("width", "<u4"),
@@ -141,10 +144,10 @@ def npy_header(height: int, width: int, channels: int = 3) -> bytes:
     return b"\x93NUMPY\x01\x00" + struct.pack("<H", len(text)) + text.encode("latin-1")
 
 
-def pack_index(first: int, entries: np.ndarray, keys: bytes) -> bytes:
-    """Serialise a shard index (layout in the module doc)."""
+def pack_index(first: int, entries: np.ndarray, keys: bytes, version: int = INDEX_VERSION) -> bytes:
+    """Serialise a shard index (layout in the module doc; ``version`` 1 only to rebuild old ones)."""
     body = entries.astype(INDEX_ENTRY, copy=False).tobytes() + keys
-    head = INDEX_HEADER.pack(INDEX_MAGIC, INDEX_VERSION, INDEX_ENTRY.itemsize, len(entries), first, len(keys), 0)
+    head = INDEX_HEADER.pack(INDEX_MAGIC, version, INDEX_ENTRY.itemsize, len(entries), first, len(keys), 0)
     crc = crc32c.crc32c(body, crc32c.crc32c(head[:28]))
     return head[:28] + struct.pack("<I", crc) + body
 
@@ -159,7 +162,7 @@ def unpack_index(data: bytes, path: str) -> tuple[int, np.ndarray, bytes]:
     magic, version, entry_size, n, first, klen, crc = INDEX_HEADER.unpack_from(data)
     if magic != INDEX_MAGIC:
         raise CorruptDataError(f"not a packer tar index (magic {magic!r})", path=path, offset=0)
-    if version != INDEX_VERSION or entry_size != INDEX_ENTRY.itemsize:
+    if version not in INDEX_VERSIONS or entry_size != INDEX_ENTRY.itemsize:
         raise CorruptDataError(
             f"tar index version {version} with {entry_size}-byte entries is not supported (this packer "
             f"reads version {INDEX_VERSION}); upgrade packer or re-convert", path=path, offset=4,
@@ -223,6 +226,7 @@ class TarWriter(Writer):
         self._rows: list[tuple[Any, ...]] = []
         self._keys: list[bytes] = []
         self._key_end = 0
+        self._fid = ""  # the open shard's identity (packer.placement)
         self._due = False
 
     def add(self, index: int, key: str, label: int, image: ProcessedImage) -> None:
@@ -235,8 +239,10 @@ class TarWriter(Writer):
         if self._shard is not None and self._limits.full(len(self._rows), _final_size(self._shard.size + len(blob))):
             self._finish_shard()
         if self._shard is None:
-            self._shard = ShardFile(self.directory, shard_name(len(self._files) // 2, TAR_SUFFIX))
+            number = len(self._files) // 2
+            self._shard = ShardFile(self.directory, shard_name(number, TAR_SUFFIX))
             self._first = index
+            self._fid = file_id(number, key, payload)
         start = self._shard.write(blob)
         k = key.encode("utf-8")
         self._keys.append(k)
@@ -244,14 +250,15 @@ class TarWriter(Writer):
         if self._key_end > 0xFFFFFFFF:
             raise ValueError("sample keys of one shard exceed 4 GiB; set a smaller shard size")
         self._rows.append((
-            start + BLOCK, len(payload), label, image.height, image.width, crc32c.crc32c(payload),
+            start + BLOCK, len(payload), label, image.height, image.width,
+            crc32c.crc32c(payload, place_seed(self._fid, index - self._first)),
             self._key_end, CODEC_IDS[image.codec], image.channels, b"",
         ))
 
     def _finish_shard(self) -> None:
         shard: ShardFile = self._shard  # type: ignore[assignment]  # called with a shard open
         shard.write(end_of_archive(shard.size))
-        self._files.append(shard.finish(len(self._rows), self._first))
+        self._files.append(shard.finish(len(self._rows), self._first, self._fid))
         self._shard = None
         index = pack_index(self._first, np.array(self._rows, dtype=INDEX_ENTRY), b"".join(self._keys))
         name = shard.name[: -len(TAR_SUFFIX)] + INDEX_SUFFIX
@@ -280,7 +287,7 @@ class TarWriter(Writer):
             self._finish_shard()
         layout = {
             "shards": "shard-NNNNNN.tar",
-            "index": "shard-NNNNNN.idx (packer tar index v1, docs/FORMATS.md)",
+            "index": "shard-NNNNNN.idx (packer tar index v2, docs/FORMATS.md)",
             "key_format": "%010d",
             "members": ["KEY.<codec extension>", "KEY.cls", "KEY.json"],
             **self._limits.to_json(),

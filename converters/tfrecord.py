@@ -11,9 +11,11 @@ sample in sample order. Each record is framed as TensorFlow writes it::
 
 The Example holds ``image/encoded`` (bytes: the payload; H*W*3 RGB bytes for raw),
 ``image/format`` (b"jpeg", b"png", b"webp", b"raw", ...), ``image/class/label``,
-``image/height``, ``image/width``, ``image/channels`` (int64) and ``image/filename`` (bytes: the
-source path relative to the source root, UTF-8), serialised deterministically
-(packer/tfexample.py).
+``image/height``, ``image/width``, ``image/channels`` (int64), ``image/filename`` (bytes: the
+source path relative to the source root, UTF-8) and ``packer/place`` (bytes: the sample's place
+seed, packer.placement, as uint32 LE; version 2), serialised deterministically with sorted keys
+(packer/tfexample.py), so ``packer/place`` is the last 4 bytes of the data. Readers of other
+ecosystems ignore it.
 
 Next to each file goes ``shard-000000.idx``, the text index DALI and the ``tfrecord`` package
 read: one line ``"<offset> <length>\\n"`` per record, offset of the record's first byte and its
@@ -50,6 +52,7 @@ import crc32c
 from packer.errors import CorruptDataError
 from packer.imageproc import ProcessedImage
 from packer.manifest import FileEntry
+from packer.placement import file_id, place_seed
 from packer.tfexample import encode_example
 
 from .base import Writer, WriterOptions
@@ -96,9 +99,15 @@ def frame_record(data: bytes) -> bytes:
     return b"".join((head, _U32.pack(masked_crc32c(head)), data, _U32.pack(masked_crc32c(data))))
 
 
-def image_example(key: str, label: int, image: ProcessedImage) -> bytes:
-    """The serialised Example of one sample (keys as in the module doc)."""
+PLACE_FEATURE = "packer/place"
+
+
+def image_example(key: str, label: int, image: ProcessedImage, place: int | None = None) -> bytes:
+    """The serialised Example of one sample (keys as in the module doc); ``place`` (the sample's
+    place seed) is the last 4 bytes, so it can be patched once the sample's shard is known."""
+    extra = {PLACE_FEATURE: _U32.pack(place)} if place is not None else {}
     return encode_example({
+        **extra,
         "image/encoded": image.payload,
         "image/format": image.codec.encode("ascii"),
         "image/class/label": label,
@@ -152,15 +161,19 @@ class TFRecordWriter(Writer):
         self._zoffsets: list[int] = []
         self._zcrc = 0
         self._z: Any = None
+        self._fid = ""  # the open file's identity (packer.placement)
         self._due = False
 
     def add(self, index: int, key: str, label: int, image: ProcessedImage) -> None:
         """Append one record, starting a new file first when this one is full."""
-        record = frame_record(image_example(key, label, image))
-        if self._shard is not None and self._limits.full(self._count, self._stream + len(record)):
+        example = bytearray(image_example(key, label, image, place=0))
+        if self._shard is not None and self._limits.full(self._count, self._stream + len(example) + 16):
             self._finish_shard()
         if self._shard is None:
             self._open_shard(index)
+            self._fid = file_id(self._number, key, image.payload)
+        example[-4:] = _U32.pack(place_seed(self._fid, index - self._first))
+        record = frame_record(example)
         shard: ShardFile = self._shard  # type: ignore[assignment]
         self._index.append(b"%d %d\n" % (self._stream, len(record)))
         self._stream += len(record)
@@ -185,7 +198,7 @@ class TFRecordWriter(Writer):
         if self._gzip:
             self._zoffsets.append(shard.size)
             shard.write(self._z.flush(zlib.Z_FINISH) + struct.pack("<II", self._zcrc, self._stream & 0xFFFFFFFF))
-        self._files.append(shard.finish(self._count, self._first))
+        self._files.append(shard.finish(self._count, self._first, self._fid))
         self._shard = None
         stem = shard_name(self._number, "")
         self._number += 1
@@ -222,7 +235,7 @@ class TFRecordWriter(Writer):
                      + (", uncompressed offsets" if self._gzip else "") + ")",
             "gzip": self._gzip,
             "features": ["image/encoded", "image/format", "image/class/label", "image/height",
-                         "image/width", "image/channels", "image/filename"],
+                         "image/width", "image/channels", "image/filename", PLACE_FEATURE],
             **self._limits.to_json(),
         }
         if self._gzip:

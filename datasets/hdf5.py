@@ -35,10 +35,11 @@ import crc32c
 import h5py
 import numpy as np
 
-from packer.converters.hdf5 import DATA_FILE, LAYOUT_VERSION
+from packer.converters.hdf5 import DATA_FILE, LAYOUT_VERSIONS
 from packer.errors import CorruptDataError
 from packer.imageproc import decode_payload
 from packer.placeholder import file_placeholder_reason
+from packer.placement import place_seed
 from packer.record import CODEC_IDS, Record
 
 from .base import PackedDataset
@@ -100,8 +101,9 @@ class _Meta:
 
     def _load(self, f: h5py.File, n: int, verify: bool) -> None:
         version = f.attrs.get("packer_layout")
-        if version != LAYOUT_VERSION:
-            raise CorruptDataError(f"HDF5 layout version {version!r} is not {LAYOUT_VERSION}", path=self.path)
+        if version not in LAYOUT_VERSIONS:
+            raise CorruptDataError(f"HDF5 layout version {version!r} is not one of {LAYOUT_VERSIONS}", path=self.path)
+        self.file_id = str(f.attrs.get("file_id", ""))
         self.storage = str(f.attrs["storage"])
         for name in ("labels", "shapes", "crc32c", "offsets", "codecs", "key_crc32c", "images"):
             if name in f and (not isinstance(f[name], h5py.Dataset) or f[name].dtype.kind not in "iu"):
@@ -200,6 +202,10 @@ class HDF5Dataset(PackedDataset):
         path = self._path
         self._file = os.fdopen(self._open_file(DATA_FILE), "rb", buffering=0)
         meta = _Meta(path, len(self), self.verify, self._file.fileno())
+        self._fid = self.manifest.files[0].id if self.manifest.files else ""
+        if self._fid != meta.file_id:  # the file's identity, cheap to check at open
+            raise CorruptDataError(f"{path} is another file than the manifest names (file id "
+                                   f"{meta.file_id or 'none'}, the manifest says {self._fid or 'none'})", path=path)
         if meta.base is None and meta.table is None:
             self._h5 = _h5open(path, self._file.fileno())
         self._meta = meta
@@ -279,11 +285,12 @@ class HDF5Dataset(PackedDataset):
             start, end = index * m.row, (index + 1) * m.row
         payload, offset = self._pread(start, end, index)
         if self.verify:
-            actual = crc32c.crc32c(payload)
+            actual = crc32c.crc32c(payload, place_seed(self._fid, index))
             stored = int(m.crcs[index])
             if actual != stored:
                 raise CorruptDataError(
-                    f"payload checksum mismatch (stored {stored:08x}, computed {actual:08x})",
+                    f"payload checksum mismatch (stored {stored:08x}, computed {actual:08x}; damaged, or a "
+                    f"sample from another place)",
                     path=self._path, sample=index, offset=offset if offset >= 0 else None,
                 )
         codec = m.codec if m.codec is not None else _CODEC_NAMES[int(m.codecs[index])]

@@ -31,7 +31,8 @@ from packer.converters.lmdb import DATA_FILE, lmdb_key
 from packer.errors import CorruptDataError
 from packer.fileio import open_regular, pread_buffer
 from packer.placeholder import file_placeholder_reason
-from packer.record import MAGIC, Record, unpack_record
+from packer.placement import place_seed
+from packer.record import MAGICS, Record, unpack_record
 
 from .base import PackedDataset
 
@@ -237,7 +238,7 @@ class LMDBFile:
             value, where = page[data : data + size], base + data
         else:
             raise self._bad(f"LMDB node is damaged (flags {nflags:#x}, size {size})", index, base + ptr)
-        if len(value) < 32 or value[:4] != MAGIC:
+        if len(value) < 32 or value[:4] not in MAGICS:
             raise self._bad(f"LMDB value is not a packer record (magic {value[:4]!r})", index, where)
         klen, plen = _KLEN.unpack_from(value, 6)[0], _PLEN.unpack_from(value, 24)[0]
         if 32 + klen + plen != len(value):
@@ -274,4 +275,6 @@ class LMDBDataset(PackedDataset):
         f = self._file
         assert f is not None
         value = f.read(index)
-        return unpack_record(value, verify=self.verify, path=f.path, sample=index)
+        fid = self.manifest.files[0].id if self.manifest.files else ""
+        return unpack_record(value, verify=self.verify, path=f.path, sample=index,
+                             seed=place_seed(fid, index) if fid else None)

@@ -15,6 +15,7 @@ from typing import Any
 from packer.errors import CorruptDataError
 from packer.fileio import pread_buffer
 from packer.manifest import FileEntry, Manifest
+from packer.placement import place_seed
 
 from .base import PackedDataset
 
@@ -40,6 +41,12 @@ class ShardedDataset(PackedDataset):
         self._shard_paths = [os.path.join(self.root, f.name) for f in entries]
         self._sizes = [f.samples for f in entries]
         self._bytes = [f.bytes for f in entries]
+        self._fids = [f.id for f in entries]  # version 2: each shard's identity (packer.placement)
+        self._firsts = [f.first for f in entries]
+
+    def _seed(self, shard: int, index: int) -> int:
+        """The checksum seed of sample ``index`` in shard ``shard``: its place (0 in version 1)."""
+        return place_seed(self._fids[shard], index - self._firsts[shard])
 
     @property
     def shard_sizes(self) -> list[int]:

@@ -196,10 +196,11 @@ class TarDataset(ShardedDataset):
         buf = self._pread(shard, int(self._size[index]), offset, index)
         if self.verify and self._has_crc:
             stored = int(self._crc[index])
-            actual = crc32c.crc32c(buf)
+            actual = crc32c.crc32c(buf, self._seed(shard, index))
             if actual != stored:
                 raise CorruptDataError(
-                    f"image data checksum mismatch (stored {stored:08x}, computed {actual:08x})",
+                    f"image data checksum mismatch (stored {stored:08x}, computed {actual:08x}; damaged, or a "
+                    f"sample from another place)",
                     path=self._shard_paths[shard], sample=index, offset=offset,
                 )
         codec = _CODEC_NAMES[self._codec[index]]

@@ -29,6 +29,7 @@ import numpy as np
 from packer.converters.tfrecord import (
     GZIP_SUFFIX,
     INDEX_SUFFIX,
+    PLACE_FEATURE,
     TFRECORD_SUFFIX,
     ZINDEX_SUFFIX,
     masked_crc32c,
@@ -215,11 +216,15 @@ class TFRecordDataset(ShardedDataset):
             if masked_crc32c(mv[12 : n - 4]) != _U32.unpack_from(buf, n - 4)[0]:
                 raise CorruptDataError("record data checksum mismatch", path=self._shard_paths[shard],
                                        sample=index, offset=offset + 12)
-        return _image_record(example_class(), mv[12 : n - 4], self._shard_paths[shard], index, offset + 12)
+        place = self._seed(shard, index) if self._fids[shard] and self.verify else None
+        return _image_record(example_class(), mv[12 : n - 4], self._shard_paths[shard], index, offset + 12, place)
 
 
-def _image_record(example_cls: Any, data: memoryview, path: str, index: int | str, offset: int) -> Record:
-    """The sample in a serialised Example (CorruptDataError when it is not an image Example)."""
+def _image_record(
+    example_cls: Any, data: memoryview, path: str, index: int | str, offset: int, place: int | None = None
+) -> Record:
+    """The sample in a serialised Example (CorruptDataError when it is not an image Example, or,
+    with ``place``, when its ``packer/place`` feature is not that seed: a sample from another place)."""
     msg = example_cls()
     try:
         msg.ParseFromString(data)
@@ -237,6 +242,13 @@ def _image_record(example_cls: Any, data: memoryview, path: str, index: int | st
     except (AttributeError, IndexError):
         raise CorruptDataError("record has no image/encoded bytes or no image/class/label",
                                path=path, sample=index, offset=offset) from None
+    if place is not None:
+        tag = get(PLACE_FEATURE)
+        got = tag.bytes_list.value[0] if tag is not None and tag.bytes_list.value else b""
+        if got != struct.pack("<I", place):
+            raise CorruptDataError(f"record belongs to another place (packer/place {got.hex() or 'missing'}, "
+                                   f"expected {struct.pack('<I', place).hex()}): shards swapped, renamed or copied "
+                                   f"from another dataset", path=path, sample=index, offset=offset)
     v: Any = fmt.bytes_list.value if fmt is not None else ()
     codec = _CODECS.get(v[0], "jpeg") if v else "jpeg"  # any encoded image decodes; only raw needs to be known
     v = height.int64_list.value if height is not None else ()

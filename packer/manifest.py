@@ -15,6 +15,7 @@ from typing import Any
 
 from .errors import CorruptDataError, ManifestError, UnfinishedDatasetError
 from .fileio import open_regular
+from .placement import is_file_id
 
 __all__ = [
     "MANIFEST_NAME",
@@ -30,7 +31,9 @@ __all__ = [
 ]
 
 MANIFEST_NAME = "manifest.json"
-MANIFEST_VERSION = 1
+MANIFEST_VERSION = 2
+#: Versions this packer reads: 1 (packer 0.1), 2 (payload files carry ids that bind samples to their place).
+READABLE_VERSIONS = (1, 2)
 MAX_MANIFEST_BYTES = 1 << 30  # a manifest lists every file and skip: ~100 bytes each
 
 
@@ -43,10 +46,14 @@ class FileEntry:
     bytes: int
     sha256: str
     first: int = 0  # global index of its first sample
+    id: str = ""  # version 2: the file's identity (packer.placement); "" for index files and version 1
 
     def to_json(self) -> dict[str, Any]:
-        """The JSON form written in the manifest."""
-        return asdict(self)
+        """The JSON form written in the manifest (no ``id`` key where there is none)."""
+        d = asdict(self)
+        if not self.id:
+            del d["id"]
+        return d
 
 
 @dataclass
@@ -106,10 +113,10 @@ class Manifest:
         if not isinstance(d, dict):
             raise ManifestError(f"{path}: expected a JSON object")
         version = d.get("version")
-        if version != MANIFEST_VERSION:
+        if isinstance(version, bool) or version not in READABLE_VERSIONS:
             raise ManifestError(
                 f"{path}: manifest version {version!r} is not supported by this packer "
-                f"(it reads version {MANIFEST_VERSION}); upgrade packer or re-convert"
+                f"(it reads versions {', '.join(map(str, READABLE_VERSIONS))}); upgrade packer or re-convert"
             )
         try:
             files = [_file_entry(f) for f in _typed(d["files"], list, "files")]
@@ -129,6 +136,11 @@ class Manifest:
             )
         except (KeyError, TypeError, ValueError) as e:
             raise ManifestError(f"{path}: malformed manifest ({type(e).__name__}: {e})") from e
+        for f in files:
+            if version >= 2 and f.samples and not is_file_id(f.id):
+                raise ManifestError(f"{path}: payload file {f.name!r} has no valid id (16 hex digits)")
+            if version < 2 and f.id:
+                raise ManifestError(f"{path}: version {version} manifests have no file ids ({f.name!r} has one)")
         names = [f.name for f in files]
         if len(set(names)) != len(names):
             dup = next(n for n in names if names.count(n) > 1)
@@ -174,7 +186,7 @@ def _file_entry(f: Any) -> FileEntry:
         raise ValueError(f"files[].name {name!r} is not a plain file name inside the dataset folder")
     return FileEntry(name=name, samples=_count(f["samples"], "files[].samples"), bytes=_count(f["bytes"], "files[].bytes"),
                      sha256=_typed(f.get("sha256", ""), str, "files[].sha256"),
-                     first=_count(f.get("first", 0), "files[].first"))
+                     first=_count(f.get("first", 0), "files[].first"), id=_typed(f.get("id", ""), str, "files[].id"))
 
 
 def fsync_dir(path: str) -> None:

@@ -2,7 +2,7 @@
 record is needed). No pickle: fixed little-endian header, then the key, then the payload.
 
     offset size  field
-    0      4     magic b"PKS1"
+    0      4     magic b"PKS2" (b"PKS1" in version 1 datasets)
     4      1     codec id (0 raw, 1 jpeg, 2 png, 3 webp, 4 bmp, 5 tiff, 6 pnm, 7 gif)
     5      1     channels (3)
     6      2     key length K in bytes (uint16)
@@ -10,7 +10,8 @@ record is needed). No pickle: fixed little-endian header, then the key, then the
     16     4     height (uint32)
     20     4     width (uint32)
     24     4     payload length P (uint32)
-    28     4     CRC32C of bytes [0, 28) + key + payload (uint32)
+    28     4     CRC32C of bytes [0, 28) + key + payload, seeded with the sample's place
+                 (packer.placement; PKS1: not seeded) (uint32)
     32     K     key, UTF-8 (the source path relative to the source root, '/'-separated)
     32+K   P     payload: encoded image bytes, or H*W*3 RGB uint8 for raw
 
@@ -26,9 +27,11 @@ import crc32c
 
 from .errors import CorruptDataError
 
-__all__ = ["MAGIC", "HEADER", "CODEC_IDS", "Record", "pack_record", "unpack_record"]
+__all__ = ["MAGIC", "MAGICS", "HEADER", "CODEC_IDS", "Record", "pack_record", "unpack_record"]
 
-MAGIC = b"PKS1"
+MAGIC = b"PKS2"
+MAGIC_V1 = b"PKS1"
+MAGICS = (MAGIC, MAGIC_V1)
 HEADER = struct.Struct("<4sBBHqIII")  # everything before the CRC: 28 bytes
 _CRC = struct.Struct("<I")
 CODEC_IDS = {"raw": 0, "jpeg": 1, "png": 2, "webp": 3, "bmp": 4, "tiff": 5, "pnm": 6, "gif": 7}
@@ -48,26 +51,41 @@ class Record:
     channels: int = 3
 
 
-def pack_record(key: str, label: int, codec: str, height: int, width: int, payload: bytes) -> bytes:
-    """Serialise one sample into the record layout above."""
+def pack_record(
+    key: str, label: int, codec: str, height: int, width: int, payload: bytes, seed: int | None = None
+) -> bytes:
+    """Serialise one sample into the record layout above: ``PKS2`` with its place ``seed``
+    (:func:`packer.placement.place_seed`), or ``PKS1`` without one (records that never leave
+    memory, such as the RAM cache's)."""
     k = key.encode("utf-8")
     if len(k) > 0xFFFF:
         raise ValueError(f"sample key longer than 65535 bytes: {key[:80]}...")
-    head = HEADER.pack(MAGIC, CODEC_IDS[codec], 3, len(k), label, height, width, len(payload))
-    crc = crc32c.crc32c(payload, crc32c.crc32c(k, crc32c.crc32c(head)))
+    magic = MAGIC_V1 if seed is None else MAGIC
+    head = HEADER.pack(magic, CODEC_IDS[codec], 3, len(k), label, height, width, len(payload))
+    crc = crc32c.crc32c(payload, crc32c.crc32c(k, crc32c.crc32c(head, seed or 0)))
     return b"".join((head, _CRC.pack(crc), k, payload))
 
 
 def unpack_record(
-    buf: bytes | memoryview, *, verify: bool = True, path: str | None = None, sample: int | None = None
+    buf: bytes | memoryview,
+    *,
+    verify: bool = True,
+    path: str | None = None,
+    sample: int | None = None,
+    seed: int | None = None,
 ) -> Record:
-    """Parse a record; with ``verify`` check its CRC32C. Raises CorruptDataError with context."""
+    """Parse a record; with ``verify`` check its CRC32C, from ``seed`` (the sample's place in a
+    version 2 dataset; None for version 1, whose records are ``PKS1``). Raises CorruptDataError
+    with context, also for a record of the other version."""
     mv = memoryview(buf)
     if len(mv) < 32:
         raise CorruptDataError(f"record of {len(mv)} bytes is shorter than its 32-byte header", path=path, sample=sample)
     magic, codec_id, channels, klen, label, height, width, plen = HEADER.unpack_from(mv, 0)
-    if magic != MAGIC:
+    if magic not in MAGICS:
         raise CorruptDataError(f"bad record magic {bytes(magic)!r}", path=path, sample=sample, offset=0)
+    if verify and (magic == MAGIC) != (seed is not None):
+        raise CorruptDataError(f"a {bytes(magic).decode()} record in a version {2 if seed is not None else 1} "
+                               f"dataset (a record from another dataset?)", path=path, sample=sample, offset=0)
     end = 32 + klen + plen
     if end != len(mv) or codec_id not in _CODEC_NAMES:
         raise CorruptDataError(
@@ -76,10 +94,11 @@ def unpack_record(
         )
     if verify:
         (stored,) = _CRC.unpack_from(mv, 28)
-        actual = crc32c.crc32c(mv[32:], crc32c.crc32c(mv[:28]))
+        actual = crc32c.crc32c(mv[32:], crc32c.crc32c(mv[:28], seed or 0))
         if actual != stored:
             raise CorruptDataError(
-                f"record checksum mismatch (stored {stored:08x}, computed {actual:08x})",
+                f"record checksum mismatch (stored {stored:08x}, computed {actual:08x}; damaged, or a "
+                f"sample from another place)",
                 path=path, sample=sample, offset=28,
             )
     key = bytes(mv[32 : 32 + klen]).decode("utf-8", "replace")

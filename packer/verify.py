@@ -33,6 +33,7 @@ import numpy as np
 
 from .errors import CorruptDataError
 from .manifest import FileEntry, Manifest, file_sha256, read_manifest
+from .placement import place_seed
 
 __all__ = ["VerifyReport", "verify_dataset"]
 
@@ -129,7 +130,7 @@ def verify_dataset(path: str | os.PathLike[str], decode: bool = True) -> VerifyR
 # -- locating damage in a file whose checksum failed ------------------------------------------------
 def _locate(root: str, m: Manifest, f: FileEntry, intact: set[str], rep: VerifyReport) -> None:
     if m.format == "tar":
-        _locate_tar(root, f, intact, rep)
+        _locate_tar(root, m, f, intact, rep)
     elif m.format == "tfrecord":
         _locate_tfrecord(root, m, f, intact, rep)
 
@@ -156,7 +157,7 @@ def _diff(a: bytes, b: bytes) -> np.ndarray:
     return d
 
 
-def _locate_tar(root: str, f: FileEntry, intact: set[str], rep: VerifyReport) -> None:
+def _locate_tar(root: str, m: Manifest, f: FileEntry, intact: set[str], rep: VerifyReport) -> None:
     from packer.converters.tar import (
         INDEX_ENTRY,
         INDEX_HEADER,
@@ -190,7 +191,7 @@ def _locate_tar(root: str, f: FileEntry, intact: set[str], rep: VerifyReport) ->
             bad = _diff(got, want)
             if len(bad):
                 _report(rep, path, first + j, pos + int(bad[0]), "bytes differ from what the index implies")
-            elif crc32c.crc32c(payload) != int(e["crc"]):
+            elif crc32c.crc32c(payload, place_seed(f.id, j)) != int(e["crc"]):
                 _report(rep, path, first + j, off, "image data checksum mismatch")
             pos += len(want)
         bad = _diff(data[pos:], end_of_archive(pos))
@@ -204,7 +205,8 @@ def _locate_tar(root: str, f: FileEntry, intact: set[str], rep: VerifyReport) ->
         return
     rows, blob = [], []
     key_end = 0
-    for _stem, members in _tar_samples(os.path.join(root, tar_name)):
+    fid = next((e.id for e in m.files if e.name == tar_name), "")
+    for j, (_stem, members) in enumerate(_tar_samples(os.path.join(root, tar_name))):
         meta = json.loads(members["json"][1])
         ext = next(x for x in members if x not in ("cls", "json"))
         off, payload = members[ext]
@@ -213,8 +215,8 @@ def _locate_tar(root: str, f: FileEntry, intact: set[str], rep: VerifyReport) ->
         blob.append(k)
         codec = {v: k for k, v in CODECS.items()}.get(ext, ext)
         rows.append((off, len(payload), int(meta["label"]), int(meta["height"]), int(meta["width"]),
-                     crc32c.crc32c(payload), key_end, CODEC_IDS[codec], 3, b""))
-    want = pack_index(f.first, np.array(rows, dtype=INDEX_ENTRY), b"".join(blob))
+                     crc32c.crc32c(payload, place_seed(fid, j)), key_end, CODEC_IDS[codec], 3, b""))
+    want = pack_index(f.first, np.array(rows, dtype=INDEX_ENTRY), b"".join(blob), version=2 if m.version >= 2 else 1)
     got = _read(path)
     n = len(rows)
     ends = np.array([r[6] for r in rows], np.int64)

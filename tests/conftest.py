@@ -114,6 +114,18 @@ def records_by_key(ds):
     return out
 
 
+def place_seed_by_spec(ordinal: int, first_key: str, first_payload: bytes, position: int) -> tuple[str, int]:
+    """(file id, seed) as docs/FORMATS.md specifies them, written out here independently of packer."""
+    import hashlib
+    import struct
+
+    import crc32c
+
+    fid = hashlib.sha256(b"packer file" + struct.pack("<Q", ordinal) + first_key.encode() + b"\0"
+                         + first_payload).hexdigest()[:16]
+    return fid, crc32c.crc32c(b"PKPL" + bytes.fromhex(fid) + struct.pack("<Q", position))
+
+
 def fixed_image() -> np.ndarray:
     """A fixed 8x8 RGB array, for exact-bytes tests of the on-disk layouts."""
     return (np.arange(8 * 8 * 3, dtype=np.uint16).reshape(8, 8, 3) * 5 % 256).astype(np.uint8)

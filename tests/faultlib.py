@@ -293,6 +293,7 @@ def sample_regions(path: str) -> dict[str, list[tuple[int, int, int]]]:
                 out[f.name[:-4] + ".tfrecord"] = rec
     elif m.format == "lmdb":
         from packer.datasets import open_dataset
+        from packer.placement import place_seed
         from packer.record import pack_record
 
         with open(os.path.join(path, "data.mdb"), "rb") as fh:
@@ -301,7 +302,8 @@ def sample_regions(path: str) -> dict[str, list[tuple[int, int, int]]]:
         with open_dataset(path) as ds:
             for i in range(len(ds)):
                 r = ds.read_record(i)
-                value = pack_record(r.key, r.label, r.codec, r.height, r.width, bytes(r.payload))
+                value = pack_record(r.key, r.label, r.codec, r.height, r.width, bytes(r.payload),
+                                    place_seed(m.files[0].id, i))
                 at = data.find(value[:64])
                 if at >= 0 and data.count(value[:64]) == 1:
                     regions.append((at, at + len(value), i))

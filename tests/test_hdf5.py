@@ -8,12 +8,13 @@ import multiprocessing
 import os
 import pickle
 import shutil
+import struct
 
 import crc32c
 import h5py
 import numpy as np
 import pytest
-from conftest import draw, forge_manifest_sizes, make_folder
+from conftest import draw, forge_manifest_sizes, make_folder, place_seed_by_spec
 
 import packer.converters.hdf5 as hdf5_writer
 from packer.converters.base import WriterOptions
@@ -56,7 +57,10 @@ def test_flat_layout_reads_with_h5py_alone(tiny_folder, tmp_path):
     ds = open_dataset(tmp_path / "out", output="numpy")
     with h5(tmp_path / "out") as f:
         n = len(pixels)
-        assert f.attrs["packer_layout"] == 1 and f.attrs["storage"] == "flat" and f.attrs["codec"] == "jpeg"
+        assert f.attrs["packer_layout"] == 2 and f.attrs["storage"] == "flat" and f.attrs["codec"] == "jpeg"
+        fid = f.attrs["file_id"]
+        assert fid == m.files[0].id == place_seed_by_spec(0, keys_of(f)[0], first_payload(f), 0)[0]
+        seed = lambda i: crc32c.crc32c(b"PKPL" + bytes.fromhex(fid) + struct.pack("<Q", i))  # noqa: E731
         assert f.attrs["num_samples"] == n
         images, offsets = f["images"], f["offsets"]
         assert images.dtype == np.uint8 and images.ndim == 1 and images.chunks == (hdf5_writer.CHUNK_BYTES,)
@@ -74,10 +78,18 @@ def test_flat_layout_reads_with_h5py_alone(tiny_folder, tmp_path):
         for i in range(n):
             payload = images[offsets[i]:offsets[i + 1]].tobytes()
             rec = ds.read_record(i)
-            assert bytes(rec.payload) == payload and crc32c.crc32c(payload) == f["crc32c"][i]
+            assert bytes(rec.payload) == payload and crc32c.crc32c(payload, seed(i)) == f["crc32c"][i]
             assert rec.key == keys[i] and rec.label == f["labels"][i]
             assert (rec.height, rec.width) == tuple(f["shapes"][i])
         assert sorted(keys) == sorted(k.replace(os.sep, "/") for k in pixels)
+
+
+def keys_of(f):
+    return f["keys"].asstr()[:].tolist()
+
+
+def first_payload(f):
+    return f["images"][int(f["offsets"][0]) : int(f["offsets"][1])].tobytes()
 
 
 def test_raw_of_one_shape_is_an_n_h_w_3_array(tiny_folder, tmp_path):
@@ -88,9 +100,11 @@ def test_raw_of_one_shape_is_an_n_h_w_3_array(tiny_folder, tmp_path):
         assert f.attrs["storage"] == "array" and "offsets" not in f
         images = f["images"]
         assert images.shape == (len(ds), 12, 20, 3) and images.chunks[1:] == (12, 20, 3)
+        fid = f.attrs["file_id"]
         for i in range(len(ds)):
             np.testing.assert_array_equal(images[i], ds[i][0])
-            assert crc32c.crc32c(images[i].tobytes()) == f["crc32c"][i]
+            seed = crc32c.crc32c(b"PKPL" + bytes.fromhex(fid) + struct.pack("<Q", i))
+            assert crc32c.crc32c(images[i].tobytes(), seed) == f["crc32c"][i]
     assert read_manifest(tmp_path / "out").layout["image_shape"] == [12, 20, 3]
 
 

@@ -13,7 +13,7 @@ import crc32c
 import cv2
 import numpy as np
 import pytest
-from conftest import fixed_image, forge_manifest_sizes, pack
+from conftest import fixed_image, forge_manifest_sizes, pack, place_seed_by_spec
 
 from packer.converters.base import WriterOptions
 from packer.converters.shards import DEFAULT_SHARD_BYTES
@@ -66,13 +66,15 @@ def test_exact_bytes_of_one_raw_sample(one_image, tmp_path):
     # the .npy member is a plain NumPy file, readable without pickle
     arr = np.load(io.BytesIO(npy), allow_pickle=False)
     np.testing.assert_array_equal(arr, fixed_image())
-    head = struct.pack("<4sHHQQI", b"PKTI", 1, 48, 1, 0, 11)
-    entry = struct.pack("<QQqIIII BB6x", 512, len(npy), 0, 8, 8, crc32c.crc32c(npy), 11, 0, 3)
+    fid, seed = place_seed_by_spec(0, "cls/img.png", npy, 0)
+    assert read_manifest(tmp_path / "out").files[0].id == fid
+    head = struct.pack("<4sHHQQI", b"PKTI", 2, 48, 1, 0, 11)
+    entry = struct.pack("<QQqIIII BB6x", 512, len(npy), 0, 8, 8, crc32c.crc32c(npy, seed), 11, 0, 3)
     body = entry + b"cls/img.png"
     assert idx == head + struct.pack("<I", crc32c.crc32c(body, crc32c.crc32c(head))) + body
     # any change to the layout must be deliberate: update these together with docs/FORMATS.md
     assert hashlib.sha256(tar).hexdigest() == "4cac7ad250d19038c2cc3482d05bf4f3161e7aed3af3b8d3222edb72dbadc681"
-    assert hashlib.sha256(idx).hexdigest() == "013e74b57197c457f4cac639df2d4e334c104a397cbc0ac1cc911fb20be56d3b"
+    assert hashlib.sha256(idx).hexdigest() == "d76030ea53596046424b6596fb56a601d2f0066d4f8f829c598e2decd05306ca"
     rgb, label = open_dataset(tmp_path / "out", output="numpy")[0]
     np.testing.assert_array_equal(rgb, fixed_image())
     assert label == 0
@@ -106,7 +108,12 @@ def test_members_headers_and_index_agree_with_tarfile(tiny_folder, tmp_path):
                 img, cls, meta = members[3 * i : 3 * i + 3]
                 assert (int(e["offset"]), int(e["size"])) == (img.offset_data, img.size)
                 data = tf.extractfile(img).read()
-                assert crc32c.crc32c(data) == int(e["crc"])
+                info = json.loads(tf.extractfile(meta).read())
+                if i == 0:
+                    fid, _ = place_seed_by_spec(int(f.name[6:12]), info["key"], data, 0)
+                    assert f.id == fid
+                seed = crc32c.crc32c(b"PKPL" + bytes.fromhex(f.id) + struct.pack("<Q", i))
+                assert crc32c.crc32c(data, seed) == int(e["crc"])
                 label = int(tf.extractfile(cls).read())
                 info = json.loads(tf.extractfile(meta).read())
                 assert label == int(e["label"]) == info["label"]

@@ -8,9 +8,10 @@ import os
 import struct
 import zlib
 
+import crc32c
 import numpy as np
 import pytest
-from conftest import fixed_image, forge_manifest_sizes, pack
+from conftest import fixed_image, forge_manifest_sizes, pack, place_seed_by_spec
 from tfrecord import example_pb2
 from tfrecord.writer import TFRecordWriter as PackageWriter
 
@@ -57,17 +58,21 @@ def reference_example(**features) -> bytes:
 def test_exact_bytes_of_one_raw_sample(one_image, tmp_path):
     convert(one_image, tmp_path / "out", encode="raw", shuffle=False)
     data = (tmp_path / "out" / "shard-000000.tfrecord").read_bytes()
+    fid, seed = place_seed_by_spec(0, "cls/img.png", fixed_image().tobytes(), 0)
+    assert read_manifest(tmp_path / "out").files[0].id == fid
     example = reference_example(**{
         "image/encoded": fixed_image().tobytes(), "image/format": b"raw", "image/class/label": 0,
         "image/height": 8, "image/width": 8, "image/channels": 3, "image/filename": b"cls/img.png",
+        "packer/place": struct.pack("<I", seed),
     })
     length = struct.pack("<Q", len(example))
     assert data == length + PackageWriter.masked_crc(length) + example + PackageWriter.masked_crc(example)
-    assert len(example) == 380 and data[:12].hex() == "7c01000000000000cf135722"
-    assert example[:2] == b"\x0a\xf9"  # Example.features, 377 bytes; entries follow in key order
-    assert (tmp_path / "out" / "shard-000000.idx").read_bytes() == b"0 396\n"
+    assert len(example) == 406 and data[:12].hex() == "96010000000000004ab9e695"
+    assert example[:3] == b"\x0a\x93\x03"  # Example.features, 403 bytes; entries follow in key order
+    assert example[-4:] == struct.pack("<I", seed)  # packer/place sorts last
+    assert (tmp_path / "out" / "shard-000000.idx").read_bytes() == b"0 422\n"
     # any change to the layout must be deliberate: update these together with docs/FORMATS.md
-    assert hashlib.sha256(data).hexdigest() == "1ab4556b05ca4a0c140d6ec98b3b0ee4f251e251c73a112a16bae330ea975687"
+    assert hashlib.sha256(data).hexdigest() == "919ad29d0919f281a45583945fab49707122dcbc779d07ea5d53e713a9e3bd1b"
     rgb, label = open_dataset(tmp_path / "out", output="numpy")[0]
     np.testing.assert_array_equal(rgb, fixed_image())
 
@@ -118,7 +123,9 @@ def test_records_idx_and_examples(tiny_folder, tmp_path):
             assert ex.SerializeToString(deterministic=True) == example
             feat = ex.features.feature
             assert sorted(feat) == sorted(["image/encoded", "image/format", "image/class/label", "image/height",
-                                           "image/width", "image/channels", "image/filename"])
+                                           "image/width", "image/channels", "image/filename", "packer/place"])
+            seed = crc32c.crc32c(b"PKPL" + bytes.fromhex(f.id) + struct.pack("<Q", i))
+            assert feat["packer/place"].bytes_list.value[0] == struct.pack("<I", seed)
             rec = ds.read_record(f.first + i)
             assert feat["image/encoded"].bytes_list.value[0] == bytes(rec.payload)
             assert feat["image/filename"].bytes_list.value[0].decode() == rec.key

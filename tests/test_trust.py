@@ -428,3 +428,81 @@ def test_empty_payload_in_a_packed_dataset_is_an_error_at_read_and_in_verify(tmp
         ds[1]
     r = subprocess.run([sys.executable, "-m", "packer", "verify", dst], cwd=ROOT, capture_output=True, text=True)
     assert r.returncode == 1 and "empty image payload" in r.stdout + r.stderr and "Traceback" not in r.stderr
+
+
+# -- integrity binds content to its place -----------------------------------------------------------
+def _raw_pair(tmp_path, fmt, **kw):
+    """Two conversions of different pixels with the same names and sizes (raw: equal file sizes)."""
+    outs = []
+    for seed in (1, 2):
+        src = str(tmp_path / f"s{seed}")
+        make_folder(src, {"x": [(f"{i}.png", 16, 16) for i in range(6)], "y": [(f"{i}.png", 16, 16) for i in range(6)]},
+                    seed=seed)
+        outs.append(str(tmp_path / f"o{seed}"))
+        pack(src, outs[-1], fmt, encode="raw", shuffle=False, **kw)
+    return outs
+
+
+def _read_all(path):
+    from packer.datasets import open_dataset
+
+    ds = open_dataset(path)
+    for i in range(len(ds)):
+        ds[i]
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_payload_file_of_equal_size_from_another_conversion_is_refused(tmp_path, fmt):
+    from packer.errors import CorruptDataError
+    from packer.manifest import read_manifest
+
+    a, b = _raw_pair(tmp_path, fmt)
+    for f in read_manifest(a).files:  # every file of b, under a's names: sizes all agree
+        assert os.path.getsize(os.path.join(a, f.name)) == os.path.getsize(os.path.join(b, f.name))
+        shutil.copyfile(os.path.join(b, f.name), os.path.join(a, f.name))
+    with pytest.raises(CorruptDataError, match="another place|another file"):
+        _read_all(a)
+
+
+@pytest.mark.parametrize("fmt", ["tfrecord", "tar"])
+def test_shards_of_equal_size_swapped_on_disk_are_refused(tmp_path, fmt):
+    from packer.errors import CorruptDataError
+    from packer.manifest import read_manifest
+
+    a, _ = _raw_pair(tmp_path, fmt, writer={"shard_samples": 6})
+    m = read_manifest(a)
+    pairs = {}
+    for f in m.files:
+        stem, ext = f.name.split(".", 1)
+        pairs.setdefault(ext, []).append(f.name)
+    for names in pairs.values():  # swap shard 0 and 1 with their index files, as a careless copy would
+        x, y = (os.path.join(a, n) for n in names[:2])
+        assert os.path.getsize(x) == os.path.getsize(y)
+        os.rename(x, x + ".tmp")
+        os.rename(y, x)
+        os.rename(x + ".tmp", y)
+    with pytest.raises(CorruptDataError, match="another place|first sample|index"):
+        _read_all(a)
+
+
+def test_lmdb_record_reached_through_a_wrong_pointer_is_refused(tmp_path):
+    """What a flipped B-tree or overflow page number does: key i leads to sample j's intact record."""
+    import lmdb
+
+    from packer.errors import CorruptDataError
+
+    a, _ = _raw_pair(tmp_path, "lmdb")
+    env = lmdb.open(a, subdir=True, lock=False)
+    with env.begin(write=True) as txn:
+        other = txn.get(b"%010d" % 7)
+        txn.put(b"%010d" % 3, other)
+    env.close()
+    from conftest import forge_manifest_sizes
+
+    forge_manifest_sizes(a)
+    from packer.datasets import open_dataset
+
+    ds = open_dataset(a)
+    ds[2]
+    with pytest.raises(CorruptDataError, match="another place.*sample 3"):
+        ds[3]
