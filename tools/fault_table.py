@@ -1,5 +1,5 @@
-"""Run the fault-injection sweeps of tests/test_faults.py (same seeds, same trial counts) and the
-hostile-input tests, and print the tables of docs/reliability.md.
+"""Run the fault-injection sweeps of tests/test_faults.py (same seeds, same trial counts), the
+hostile-input tests and the trust tests, and print the tables of docs/reliability.md.
 
     python tools/fault_table.py [--quick]
 
@@ -131,8 +131,66 @@ HOSTILE = {
 }
 
 
-def hostile_rows() -> list[list[str]]:
+TRUST = {
+    "test_destination_overlapping_source_is_refused": (
+        "DST equal to SRC (also with '/', '..', a symlink), SRC's parent, inside SRC, inside a symlink to SRC; "
+        "--overwrite; 4 formats", "exit 1, one line, no file of SRC deleted or written"),
+    "test_packed_source_overlapping_destination_is_refused": (
+        "packed SRC converted or unpacked onto itself, its parent, inside itself", "exit 1, nothing changed"),
+    "test_check_destination_by_identity_bind_or_hardlinked_path": (
+        "the same folder spelled another way", "refused by path and by inode"),
+    "test_second_conversion_to_a_claimed_destination_fails_at_once": (
+        "a second conversion to a DST another process is converting to; 4 formats",
+        "exit 1 within 5 s naming the owner's pid; a killed owner's claim does not block"),
+    "test_stale_claim_of_a_killed_conversion_does_not_block_resume": (
+        "SIGKILL mid-conversion, then --resume", "the stale claim is taken over, the resume completes"),
+    "test_claim_is_exclusive_between_processes_and_reentrant_within_one": (
+        "claims from two processes; nested in one", "the second process is refused; nesting works; no file left"),
+    "test_concurrent_conversions_never_publish_a_mismatched_dataset": (
+        "three CLI conversions to one DST at once, --overwrite; 4 formats",
+        "each exits 0 or names the other; the published dataset verifies"),
+    "test_overwrite_under_an_open_reader_fails_clearly_in_new_workers": (
+        "--overwrite while a map-style reader is open; non-persistent DataLoader workers; 4 formats",
+        "open handles read the old data; new opens raise DatasetChangedError, never the new data"),
+    "test_overwrite_under_a_streaming_dataset_fails_clearly": (
+        "--overwrite under a StreamingDataset; 4 formats", "DatasetChangedError in the workers"),
+    "test_payload_file_from_another_conversion_is_refused_at_open": (
+        "a payload file replaced by the same-named file of another conversion; 4 formats",
+        "CorruptDataError at open (size)"),
+    "test_payload_file_of_equal_size_from_another_conversion_is_refused": (
+        "every file replaced by another conversion's file of equal size (raw); 4 formats",
+        "CorruptDataError (file id at open for HDF5, place check per sample otherwise)"),
+    "test_shards_of_equal_size_swapped_on_disk_are_refused": (
+        "two shards of equal size swapped with their indexes; tar, TFRecord", "CorruptDataError"),
+    "test_lmdb_record_reached_through_a_wrong_pointer_is_refused": (
+        "an LMDB key leading to another sample's intact record (what a flipped page number does)",
+        "CorruptDataError naming the sample"),
+    "test_manifest_file_names_outside_the_dataset_are_refused": (
+        "files[].name of '../x', an absolute path, '', '..', a backslash; 4 formats", "verify exits 1, one line"),
+    "test_symlinked_payload_is_refused": ("a payload file that is a symlink; 4 formats",
+                                          "CorruptDataError; verify reports it"),
+    "test_fifo_in_place_of_a_packed_file_does_not_hang": (
+        "a FIFO as manifest.json or .idx", "info/verify exit 1 at once"),
+    "test_malformed_class_lists_are_refused": (
+        "classes duplicated, a string, an object, numbers, null", "ManifestError"),
+    "test_malformed_sample_counts_are_refused": (
+        "num_samples of -1, 1e400, 5,000 digits, a string, true, 2^63, 2.0", "exit 1, one line"),
+    "test_deeply_nested_manifest_is_refused": ("manifest.json nested 100,000 deep", "exit 1, one line"),
+    "test_jpegs_libjpeg_only_warns_about_are_skipped_with_the_warning": (
+        "JPEG truncated with an end marker appended; garbled scan data (OpenCV decodes both silently)",
+        "skipped with libjpeg's warning, 1 and 2 workers; --keep-damaged-jpeg keeps them"),
+    "test_empty_and_damaged_foreign_payloads_are_skipped_not_copied": (
+        "a WebDataset tar with a 0-byte and a garbled .jpg, copied to lmdb, tar, imagefolder",
+        "both skipped with the reason (exit 3); sizes from the header"),
+    "test_empty_payload_in_a_packed_dataset_is_an_error_at_read_and_in_verify": (
+        "a packed sample with a 0-byte payload (CRC 0)", "CorruptDataError at read; verify reports it"),
+}
+
+
+def hostile_rows(test_file: str = "test_hostile.py", names: dict | None = None) -> list[list[str]]:
     import pytest
+
+    names = HOSTILE if names is None else names
 
     results: dict[str, collections.Counter] = collections.defaultdict(collections.Counter)
 
@@ -141,11 +199,13 @@ def hostile_rows() -> list[list[str]]:
             if report.when == "call" or (report.when == "setup" and report.outcome != "passed"):
                 results[report.nodeid.split("::", 1)[1].split("[")[0]][report.outcome] += 1
 
-    pytest.main([os.path.join(TESTS, "test_hostile.py"), "-q", "-p", "no:cacheprovider", "-o", "addopts="],
+    pytest.main([os.path.join(TESTS, test_file), "-q", "-p", "no:cacheprovider", "-o", "addopts="],
                 plugins=[Collect()])
     rows = []
     for name, c in results.items():
-        what, want = HOSTILE.get(name, (name, ""))
+        if name not in names:
+            continue
+        what, want = names[name]
         n = sum(c.values())
         outcome = f"{c['passed']}/{n} as required" + (f", {c['skipped']} skipped" if c["skipped"] else "")
         rows.append([what, want, outcome + (f", {c['failed']} FAILED" if c["failed"] else "")])
@@ -172,6 +232,7 @@ def main() -> int:
     finally:
         shutil.rmtree(work, ignore_errors=True)
     hrows = hostile_rows()
+    trows = hostile_rows("test_trust.py", TRUST)
     print("\n## SIGKILL during conversion, then --resume\n")
     print(table(["format", "kills", "writing starts / run ends", "DST absent / complete", "resumes that kept samples",
                  "samples lost", "byte-identical after resume", "failures"], krows))
@@ -180,6 +241,8 @@ def main() -> int:
                  "reader: refused / raised / correct", "reader wrong or leaked", "undetected"], brows))
     print("\n## Hostile inputs (tests/test_hostile.py)\n")
     print(table(["hostile input", "required", "outcome"], hrows))
+    print("\n## Sources, destinations, readers and places (tests/test_trust.py)\n")
+    print(table(["fault", "required", "outcome"], trows))
     print(f"\n({time.time() - t0:.0f} s, python {sys.version.split()[0]}, {os.cpu_count()} cores)")
     return 0
 
