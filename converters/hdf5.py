@@ -1,42 +1,5 @@
-"""HDF5 writer: one file, ``data.h5``, written as ``data.h5.partial`` and renamed once complete.
-
-Layout (``packer_layout`` 1; docs/FORMATS.md repeats it for people reading with only ``h5py``)::
-
-    /images    storage "flat":  uint8 (total payload bytes,), chunks (1 MiB,), unlimited;
-                                sample i is images[offsets[i]:offsets[i+1]] (encoded bytes, or raw
-                                H x W x 3 RGB bytes when raw images differ in size)
-               storage "array": uint8 (N, H, W, 3) RGB, chunks (k, H, W, 3) with
-                                k = max(1, 1 MiB // (H*W*3)); used when every sample is raw and of
-                                one shape (encoding raw with resize WxH, or a source of one size)
-    /offsets   uint64 (N+1,)   "flat" only: byte offsets of the samples in /images
-    /labels    int64 (N,)
-    /shapes    uint32 (N, 2)   stored height, width
-    /crc32c    uint32 (N,)     CRC32C (Castagnoli) of each sample's payload bytes
-    /keys      UTF-8 variable-length strings (N,): source path relative to the source root (an
-               HDF5 string cannot hold NUL: NUL and unencodable characters become U+FFFD)
-    /key_crc32c uint32 (N,)    CRC32C of each key's UTF-8 bytes (keys live in HDF5's global heap,
-               which has no checksum of its own)
-    /codecs    uint8 (N,)      only when the root attribute codec is "mixed" (ids of packer.record)
-    /classes   UTF-8 variable-length strings (C,): class names in label order
-
-    root attributes: packer_layout (1), storage, codec (one name, or "mixed"), num_samples,
-                     chunk_bytes, manifest (JSON, see below)
-    /labels, /offsets, /shapes, /crc32c, /key_crc32c, /codecs carry attribute crc32c: the CRC32C
-    of the dataset's little-endian bytes, checked by the reader when it opens the file.
-
-Why a flat byte array plus offsets instead of a variable-length uint8 dataset: measured on the
-reference machine with 27 kB JPEGs, h5py reads one vlen element in 40 us and one slice of a flat
-dataset in 24 us, against 240 us to decode the JPEG; ``vlen + decode`` runs at 0.83x a bare
-``cv2.imdecode`` loop. Flat storage also lets the reader skip h5py on the hot path: unfiltered
-chunks are plain bytes in the file, so it maps each chunk to its file address once and reads a
-sample with one ``os.pread`` (3.4 us; ``ds[i]`` then runs at about 0.97x the bare decode loop).
-Any h5py user still reads a sample with one slice. No compression filter is set: payloads are
-already compressed, and a filter would force every read through HDF5.
-
-The ``manifest`` attribute holds the manifest facts that exist while this file is written
-(version, format, created_by, num_samples, classes, processing, shuffle_seed, source, layout); the
-per-file SHA-256, the skip list and ignored counts exist only after the file is finished, so they
-live in manifest.json alone, which stays the authority.
+"""The HDF5 writer: ``data.h5``, written as ``data.h5.partial`` and renamed once complete (layout:
+packer.layouts.hdf5).
 
 Determinism: samples are buffered and written in blocks whose boundaries depend only on the data
 (``checkpoint_samples``, default 8192, or 16 MB of payload), object modification times are off
@@ -68,19 +31,15 @@ import numpy as np
 
 from packer.errors import ResumeError
 from packer.imageproc import ProcessedImage
+from packer.layouts.hdf5 import CHUNK_BYTES, DATA_FILE, LAYOUT_VERSION, LIBVER
 from packer.manifest import FileEntry, file_sha256, fsync_dir
 from packer.placement import file_id, place_seed
 from packer.record import CODEC_IDS
 
 from .base import Writer, WriterOptions, no_room
 
-__all__ = ["HDF5Writer", "DATA_FILE", "LAYOUT_VERSION", "CHUNK_BYTES"]
+__all__ = ["HDF5Writer"]
 
-DATA_FILE = "data.h5"
-LAYOUT_VERSION = 2  # 2: /crc32c seeded with each sample's place (packer.placement); also the file id
-LAYOUT_VERSIONS = (1, 2)  # readable
-CHUNK_BYTES = 1 << 20  # payload chunk size
-LIBVER = ("earliest", "v110")
 _META_CHUNK = 8192  # rows per chunk of the per-sample datasets
 _BLOCK_BYTES = 16 << 20  # flush the buffer at this many payload bytes ...
 _BLOCK_SAMPLES = 8192  # ... or at this many samples (checkpoint_samples overrides it)

@@ -1,6 +1,4 @@
-"""LMDB writer: one environment, key ``%010d`` per sample in sample order, value = packer record.
-
-The value layout is :mod:`packer.record` (header, key, payload, CRC32C; no pickle). Samples are
+"""The LMDB writer (layout: packer.layouts.lmdb). Samples are
 appended in write transactions of ``checkpoint_samples`` samples (default 1024) or 64 MB; when the
 memory map is full the transaction is retried after doubling the map, so users never see
 ``MDB_MAP_FULL``.
@@ -24,25 +22,20 @@ import lmdb
 
 from packer.errors import CorruptDataError, ResumeError
 from packer.imageproc import ProcessedImage
+from packer.layouts.lmdb import DATA_FILE, lmdb_key
 from packer.manifest import FileEntry, file_sha256, fsync_dir
 from packer.placement import file_id, place_seed
 from packer.record import pack_record, unpack_record
 
 from .base import Writer, WriterOptions, no_room
 
-__all__ = ["LMDBWriter", "lmdb_key", "DATA_FILE", "CHECKPOINT_SAMPLES"]
+__all__ = ["LMDBWriter", "CHECKPOINT_SAMPLES"]
 
-DATA_FILE = "data.mdb"
 PARTIAL = DATA_FILE + ".partial"
 _RESUME_SOURCE = ".data.mdb.resume"
 _INITIAL_MAP = 1 << 30
 _BATCH_BYTES = 64 << 20
 CHECKPOINT_SAMPLES = 1024  # default samples per transaction
-
-
-def lmdb_key(index: int) -> bytes:
-    """The LMDB key of sample ``index``: ten ASCII digits, so byte order is sample order."""
-    return b"%010d" % index
 
 
 class LMDBWriter(Writer):

@@ -1,45 +1,4 @@
-"""TFRecord writer: ``tf.train.Example`` records with the conventional image keys, plus ``.idx``.
-
-Files are ``shard-000000.tfrecord`` (``shard-000000.tfrecord.gz`` with ``gzip``), one record per
-sample in sample order. Each record is framed as TensorFlow writes it::
-
-    uint64  length of the data (little-endian)
-    uint32  masked CRC32C of the 8 length bytes
-    bytes   data: a serialised tf.train.Example
-    uint32  masked CRC32C of the data
-    masked(crc) = ((crc >> 15) | (crc << 17)) + 0xa282ead8, modulo 2**32
-
-The Example holds ``image/encoded`` (bytes: the payload; H*W*3 RGB bytes for raw),
-``image/format`` (b"jpeg", b"png", b"webp", b"raw", ...), ``image/class/label``,
-``image/height``, ``image/width``, ``image/channels`` (int64), ``image/filename`` (bytes: the
-source path relative to the source root, UTF-8) and ``packer/place`` (bytes: the sample's place
-seed, packer.placement, as uint32 LE; version 2), serialised deterministically with sorted keys
-(packer/tfexample.py), so ``packer/place`` is the last 4 bytes of the data. Readers of other
-ecosystems ignore it.
-
-Next to each file goes ``shard-000000.idx``, the text index DALI and the ``tfrecord`` package
-read: one line ``"<offset> <length>\\n"`` per record, offset of the record's first byte and its
-whole framed length (data + 16), decimal.
-
-With ``gzip`` the file is one standard gzip member (header with mtime 0 and OS 255, so output is
-reproducible; zlib level 6) that any gzip reader, ``tf.data`` with ``compression_type="GZIP"``
-and the ``tfrecord`` package read. Offsets in ``.idx`` then refer to the *uncompressed* stream
-(what the ``tfrecord`` package seeks to through ``gzip.open``; DALI does not read compressed
-TFRecord at all). For random access the compressor is fully flushed (``Z_FULL_FLUSH``) after
-every record, so each record's compressed bytes start on a byte boundary with a fresh dictionary,
-and ``shard-000000.zidx`` records where (all little-endian)::
-
-    0        4        magic b"PKGZ"
-    4        2        version (1)
-    6        2        zero
-    8        8        N, records (uint64)
-    16       8(N+1)   compressed offsets: record i is the raw deflate data in [c[i], c[i+1])
-    16+8(N+1) 4       CRC32C of all preceding bytes (uint32)
-
-so a reader inflates one record (``zlib.decompressobj(-15)``) from one ``pread``. Shard limits
-(``shard_bytes``) then bound the uncompressed stream; the compressed file is no larger except
-for a few bytes per record on incompressible data.
-"""
+"""The TFRecord writer: Example records, ``.idx`` and ``.zidx`` files (layout: packer.layouts.tfrecord)."""
 
 from __future__ import annotations
 
@@ -47,98 +6,28 @@ import struct
 import zlib
 from typing import Any
 
-import crc32c
-
-from packer.errors import CorruptDataError
 from packer.imageproc import ProcessedImage
+from packer.layouts.tfrecord import (
+    GZIP_HEADER,
+    GZIP_LEVEL,
+    GZIP_SUFFIX,
+    INDEX_SUFFIX,
+    PLACE_FEATURE,
+    TFRECORD_SUFFIX,
+    ZINDEX_SUFFIX,
+    frame_record,
+    image_example,
+    pack_zindex,
+)
 from packer.manifest import FileEntry
 from packer.placement import file_id, place_seed
-from packer.tfexample import encode_example
 
 from .base import Writer, WriterOptions
 from .shards import ShardFile, ShardLimits, keep_shards, shard_name, shard_state, write_small_file
 
-__all__ = [
-    "TFRecordWriter",
-    "TFRECORD_SUFFIX",
-    "GZIP_SUFFIX",
-    "INDEX_SUFFIX",
-    "ZINDEX_SUFFIX",
-    "ZINDEX_MAGIC",
-    "masked_crc32c",
-    "frame_record",
-    "image_example",
-    "pack_zindex",
-    "unpack_zindex",
-]
+__all__ = ["TFRecordWriter"]
 
-TFRECORD_SUFFIX = ".tfrecord"
-GZIP_SUFFIX = ".tfrecord.gz"
-INDEX_SUFFIX = ".idx"
-ZINDEX_SUFFIX = ".zidx"
-ZINDEX_MAGIC = b"PKGZ"
-ZINDEX_VERSION = 1
-GZIP_LEVEL = 6
-
-_MASK_DELTA = 0xA282EAD8
-_LENGTH = struct.Struct("<Q")
 _U32 = struct.Struct("<I")
-#: gzip member header: magic, deflate, no flags, mtime 0, no extra flags, OS unknown.
-_GZIP_HEADER = b"\x1f\x8b\x08\x00\x00\x00\x00\x00\x00\xff"
-
-
-def masked_crc32c(data: bytes | bytearray | memoryview) -> int:
-    """TFRecord's masked CRC32C of ``data``."""
-    crc = crc32c.crc32c(data)
-    return ((((crc >> 15) | (crc << 17)) & 0xFFFFFFFF) + _MASK_DELTA) & 0xFFFFFFFF
-
-
-def frame_record(data: bytes) -> bytes:
-    """One framed TFRecord: length, its masked CRC, the data, its masked CRC."""
-    head = _LENGTH.pack(len(data))
-    return b"".join((head, _U32.pack(masked_crc32c(head)), data, _U32.pack(masked_crc32c(data))))
-
-
-PLACE_FEATURE = "packer/place"
-
-
-def image_example(key: str, label: int, image: ProcessedImage, place: int | None = None) -> bytes:
-    """The serialised Example of one sample (keys as in the module doc); ``place`` (the sample's
-    place seed) is the last 4 bytes, so it can be patched once the sample's shard is known."""
-    extra = {PLACE_FEATURE: _U32.pack(place)} if place is not None else {}
-    return encode_example({
-        **extra,
-        "image/encoded": image.payload,
-        "image/format": image.codec.encode("ascii"),
-        "image/class/label": label,
-        "image/height": image.height,
-        "image/width": image.width,
-        "image/channels": image.channels,
-        "image/filename": key.encode("utf-8"),
-    })
-
-
-def pack_zindex(offsets: list[int]) -> bytes:
-    """Serialise a gzip offset index from the N + 1 compressed offsets."""
-    body = struct.pack(f"<4sHHQ{len(offsets)}Q", ZINDEX_MAGIC, ZINDEX_VERSION, 0, len(offsets) - 1, *offsets)
-    return body + _U32.pack(crc32c.crc32c(body))
-
-
-def unpack_zindex(data: bytes, path: str) -> list[int]:
-    """Parse and check a gzip offset index; return the N + 1 offsets (CorruptDataError if bad)."""
-    if len(data) < 28 or data[:4] != ZINDEX_MAGIC:
-        raise CorruptDataError("not a packer gzip index", path=path, offset=0)
-    _, version, _, n = struct.unpack_from("<4sHHQ", data)
-    if version != ZINDEX_VERSION:
-        raise CorruptDataError(f"gzip index version {version} is not supported", path=path, offset=4)
-    if len(data) != 16 + 8 * (n + 1) + 4:
-        raise CorruptDataError(f"gzip index is {len(data)} bytes for {n} records", path=path, offset=8)
-    if crc32c.crc32c(memoryview(data)[:-4]) != _U32.unpack_from(data, len(data) - 4)[0]:
-        raise CorruptDataError("gzip index checksum mismatch", path=path, offset=len(data) - 4)
-    offsets = list(struct.unpack_from(f"<{n + 1}Q", data, 16))
-    if any(b < a for a, b in zip(offsets, offsets[1:])):
-        raise CorruptDataError("gzip index offsets are not increasing", path=path, offset=16)
-    return offsets
 
 
 class TFRecordWriter(Writer):
@@ -191,7 +80,7 @@ class TFRecordWriter(Writer):
         if self._gzip:
             self._z = zlib.compressobj(GZIP_LEVEL, zlib.DEFLATED, -zlib.MAX_WBITS)
             self._zcrc = 0
-            self._shard.write(_GZIP_HEADER)
+            self._shard.write(GZIP_HEADER)
 
     def _finish_shard(self) -> None:
         shard: ShardFile = self._shard  # type: ignore[assignment]

@@ -1,4 +1,4 @@
-"""``HDF5Dataset``: map-style reader for packed HDF5 files (layout: packer.converters.hdf5).
+"""``HDF5Dataset``: map-style reader for packed HDF5 files (layout: packer.layouts.hdf5).
 
 Reading a sample does not go through h5py. When a process first reads, the small per-sample
 datasets (labels, offsets, shapes, CRCs) are loaded into NumPy arrays and checked against their
@@ -35,9 +35,9 @@ import crc32c
 import h5py
 import numpy as np
 
-from packer.converters.hdf5 import DATA_FILE, LAYOUT_VERSIONS
 from packer.errors import CorruptDataError
 from packer.imageproc import decode_payload
+from packer.layouts.hdf5 import DATA_FILE, LAYOUT_VERSIONS
 from packer.placeholder import file_placeholder_reason
 from packer.placement import place_seed
 from packer.record import CODEC_IDS, Record

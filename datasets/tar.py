@@ -1,6 +1,6 @@
 """``TarDataset``: map-style reader for tar shards, ours (with ``.idx`` files) or WebDataset's.
 
-For packer's shards the per-shard index files (layout in packer/converters/tar.py and
+For packer's shards the per-shard index files (layout in packer.layouts.tar and
 docs/FORMATS.md) are read once at construction into numpy arrays; ``ds[i]`` is then one
 ``os.pread`` of the image member's data, checked against its CRC32C when ``verify`` is on.
 
@@ -15,65 +15,30 @@ extensions). The arrays pickle with the dataset, so workers never rescan.
 from __future__ import annotations
 
 import os
-import re
-import struct
-import tarfile
 from collections.abc import Callable
 from typing import Any
 
 import crc32c
 import numpy as np
 
-from packer.converters.tar import INDEX_SUFFIX, TAR_SUFFIX, unpack_index
 from packer.errors import CorruptDataError, ManifestError
+from packer.layouts.tar import (
+    IMAGE_EXTENSIONS,
+    INDEX_SUFFIX,
+    TAR_SUFFIX,
+    npy_payload,
+    scan_shard,
+    unpack_index,
+)
 from packer.manifest import FileEntry
-from packer.placeholder import file_placeholder_reason, placeholder_reason
+from packer.placeholder import placeholder_reason
 from packer.record import CODEC_IDS, Record
 
 from .shards import ShardedDataset, foreign_manifest
 
 __all__ = ["TarDataset", "IMAGE_EXTENSIONS"]
 
-#: Member extensions read as the image of a foreign sample, in order of preference -> codec.
-IMAGE_EXTENSIONS = {
-    "jpg": "jpeg", "jpeg": "jpeg", "png": "png", "webp": "webp", "npy": "raw",
-    "bmp": "bmp", "tif": "tiff", "tiff": "tiff", "ppm": "pnm", "pgm": "pnm", "pnm": "pnm", "gif": "gif",
-}
 _CODEC_NAMES = tuple(sorted(CODEC_IDS, key=CODEC_IDS.get))  # type: ignore[arg-type]
-_KEY_EXT = re.compile(r"^((?:.*/|)[^.]+)[.]([^/]*)$")  # WebDataset's split: key = up to the first dot
-_META = re.compile(r"__[^/]*__($|/)")  # WebDataset skips members such as __index__
-
-
-def _npy_payload(buf: bytes, height: int, width: int, path: str, sample: int, offset: int) -> tuple[memoryview, int, int]:
-    """Pixels of a ``.npy`` member as a view, with (height, width); checks the header is a C-order
-    uint8 (H, W, 3) array. No pickle: only the header dict is parsed, by numpy's literal parser."""
-    mv = memoryview(buf)
-    if height and width:  # ours: the header length is implied by the known pixel count
-        start = len(buf) - height * width * 3
-        if start >= 10 and buf[:6] == b"\x93NUMPY" and buf[6] == 1 and 10 + struct.unpack_from("<H", buf, 8)[0] == start:
-            return mv[start:], height, width
-    import io
-
-    from numpy.lib import format as npformat
-
-    f = io.BytesIO(buf)
-    try:
-        version = npformat.read_magic(f)
-        if version == (1, 0):
-            shape, fortran, dtype = npformat.read_array_header_1_0(f)
-        else:
-            shape, fortran, dtype = npformat.read_array_header_2_0(f)
-    except ValueError as e:
-        raise CorruptDataError(f"bad .npy header ({e})", path=path, sample=sample, offset=offset) from None
-    if dtype != np.uint8 or fortran or len(shape) != 3 or shape[2] != 3:
-        raise CorruptDataError(
-            f".npy member holds {dtype} {shape}{' (Fortran order)' if fortran else ''}, expected uint8 (H, W, 3)",
-            path=path, sample=sample, offset=offset,
-        )
-    start = f.tell()
-    return mv[start:], int(shape[0]), int(shape[1])
-
-
 class TarDataset(ShardedDataset):
     """Map-style dataset over tar shards (see :class:`PackedDataset` for the options).
 
@@ -172,7 +137,7 @@ class TarDataset(ShardedDataset):
         files = []
         for s, name in enumerate(names):
             before = len(rows)
-            _scan_shard(os.path.join(root, name), s, rows, keys)
+            scan_shard(os.path.join(root, name), s, rows, keys)
             files.append(FileEntry(name, len(rows) - before, os.path.getsize(os.path.join(root, name)), "", before))
         cols = _empty_columns(len(rows))
         if rows:
@@ -207,7 +172,7 @@ class TarDataset(ShardedDataset):
         height, width = int(self._height[index]), int(self._width[index])
         payload: bytes | memoryview = buf
         if codec == "raw":
-            payload, height, width = _npy_payload(buf, height, width, self._shard_paths[shard], index, offset)
+            payload, height, width = npy_payload(buf, height, width, self._shard_paths[shard], index, offset)
         start = int(self._key_end[index - 1]) if index else 0
         key = self._keys[start : int(self._key_end[index])].decode("utf-8", "replace")
         return Record(codec, int(self._label[index]), height, width, key, payload)
@@ -219,59 +184,3 @@ def _empty_columns(n: int) -> dict[str, Any]:
         "height": np.zeros(n, np.uint32), "width": np.zeros(n, np.uint32), "crc": np.zeros(n, np.uint32),
         "codec": np.zeros(n, np.uint8), "shard": np.zeros(n, np.uint32), "key_end": np.zeros(n, np.int64),
     }
-
-
-def _scan_shard(path: str, shard: int, rows: list[tuple[int, int, int, int, int]], keys: list[bytes]) -> None:
-    """Append one row per sample of a tar shard: image data offset/size, label, codec, shard."""
-    size = os.path.getsize(path)
-    with open(path, "rb") as f:
-        try:
-            tf = tarfile.open(fileobj=f, mode="r:")
-        except tarfile.TarError as e:
-            why = file_placeholder_reason(path)
-            raise CorruptDataError(f"{path} is {why}" if why else f"not a readable tar file ({e})", path=path) from None
-        fd = f.fileno()
-        key: str | None = None
-        members: dict[str, tuple[int, int]] = {}
-        first_offset = 0
-
-        def flush() -> None:
-            if key is None:
-                return
-            image = next((ext for ext in IMAGE_EXTENSIONS if ext in members), None)
-            where = f"tar key {key!r} (members {', '.join(sorted(members))})"
-            if image is None:
-                raise CorruptDataError(f"{where} has no image member", path=path, offset=first_offset)
-            if "cls" not in members:
-                raise CorruptDataError(f"{where} has no .cls label member", path=path, offset=first_offset)
-            off, n = members["cls"]
-            text = os.pread(fd, min(n, 32), off)
-            try:
-                if n > 32:
-                    raise ValueError
-                label = int(text.strip())
-            except ValueError:
-                raise CorruptDataError(f"{where}: .cls member {text[:32]!r} is not an integer",
-                                       path=path, offset=off) from None
-            img_off, img_size = members[image]
-            rows.append((img_off, img_size, label, CODEC_IDS[IMAGE_EXTENSIONS[image]], shard))
-            keys.append(key.encode("utf-8"))
-
-        try:
-            while (ti := tf.next()) is not None:
-                tf.members.clear()  # a sequential scan; do not keep every TarInfo
-                if not ti.isreg() or _META.search(ti.name):
-                    continue
-                m = _KEY_EXT.match(ti.name)
-                if m is None:
-                    continue
-                if ti.offset_data + ti.size > size:
-                    raise CorruptDataError(f"member {ti.name!r} runs past the end of the file (truncated)",
-                                           path=path, offset=ti.offset)
-                if m.group(1) != key:
-                    flush()
-                    key, members, first_offset = m.group(1), {}, ti.offset
-                members[m.group(2).lower()] = (ti.offset_data, ti.size)
-            flush()
-        except tarfile.TarError as e:
-            raise CorruptDataError(f"cannot read tar headers ({e})", path=path) from None

@@ -1,7 +1,7 @@
 """``TFRecordDataset``: map-style reader for TFRecord files of ``tf.train.Example`` images.
 
 For packer's files the ``.idx`` text indexes (and ``.zidx`` for gzip; layouts in
-packer/converters/tfrecord.py and docs/FORMATS.md) are read once at construction into numpy
+packer.layouts.tfrecord and docs/FORMATS.md) are read once at construction into numpy
 arrays; ``ds[i]`` is then one ``os.pread`` of exactly the record's bytes as the index gives them
 (and one inflate for gzip). The length field is checked against the index before anything is
 trusted, so a crafted length can never make the reader allocate or read more than the index
@@ -26,50 +26,29 @@ from typing import Any
 
 import numpy as np
 
-from packer.converters.tfrecord import (
+from packer.errors import CorruptDataError, ManifestError
+from packer.layouts.tfrecord import (
+    FOREIGN_SUFFIXES,
     GZIP_SUFFIX,
+    HEAD,
     INDEX_SUFFIX,
-    PLACE_FEATURE,
     TFRECORD_SUFFIX,
     ZINDEX_SUFFIX,
+    image_record,
     masked_crc32c,
+    parse_idx,
+    scan_file,
     unpack_zindex,
 )
-from packer.errors import CorruptDataError, ManifestError
 from packer.manifest import FileEntry
-from packer.placeholder import file_placeholder_reason, placeholder_reason
-from packer.record import CODEC_IDS, Record
+from packer.record import Record
 from packer.tfexample import example_class
 
 from .shards import ShardedDataset, foreign_manifest
 
 __all__ = ["TFRecordDataset", "FOREIGN_SUFFIXES"]
 
-#: File endings taken as TFRecord files when a foreign directory is opened.
-FOREIGN_SUFFIXES = (".tfrecord", ".tfrecords", ".tfr")
-
-_HEAD = struct.Struct("<QI")
 _U32 = struct.Struct("<I")
-_CODECS = {name.encode(): name for name in CODEC_IDS} | {b"jpg": "jpeg", b"JPEG": "jpeg", b"PNG": "png"}
-
-
-def _check_idx(text: bytes, path: str) -> np.ndarray:
-    """Parse an ``.idx`` text index into an (N, 2) int64 array of (offset, length)."""
-    why = placeholder_reason(text[:256]) if text else None
-    if why:
-        raise CorruptDataError(f"{path} is {why}", path=path)
-    try:
-        values = np.array(text.split(), dtype=np.int64)
-    except ValueError:
-        raise CorruptDataError("TFRecord index is not decimal 'offset length' lines", path=path) from None
-    if len(values) % 2:
-        raise CorruptDataError("TFRecord index has an odd number of fields", path=path)
-    pairs = values.reshape(-1, 2)
-    if len(pairs):
-        offsets, lengths = pairs[:, 0], pairs[:, 1]
-        if offsets[0] != 0 or np.any(lengths < 16) or np.any(offsets[1:] != offsets[:-1] + lengths[:-1]):
-            raise CorruptDataError("TFRecord index records are not contiguous from offset 0", path=path)
-    return pairs
 
 
 class TFRecordDataset(ShardedDataset):
@@ -117,7 +96,7 @@ class TFRecordDataset(ShardedDataset):
             gz = f.name.endswith(GZIP_SUFFIX)
             stem = f.name[: -len(GZIP_SUFFIX if gz else TFRECORD_SUFFIX)]
             idx_path = os.path.join(self.root, stem + INDEX_SUFFIX)
-            pairs = _check_idx(self._read_small(stem + INDEX_SUFFIX), idx_path)
+            pairs = parse_idx(self._read_small(stem + INDEX_SUFFIX), idx_path)
             if len(pairs) != f.samples:
                 raise CorruptDataError(f"TFRecord index lists {len(pairs)} records, the manifest {f.samples}",
                                        path=idx_path)
@@ -168,7 +147,7 @@ class TFRecordDataset(ShardedDataset):
                     raise ValueError(f"{fp} is gzip-compressed; without a packer manifest it cannot be read "
                                      f"randomly; decompress it (gunzip) first")
             before = len(rows)
-            max_label = max(max_label, _scan_file(fp, rows, example))
+            max_label = max(max_label, scan_file(fp, rows, example))
             files.append(FileEntry(name, len(rows) - before, os.path.getsize(fp), "", before))
         cols = _empty_columns(len(rows))
         if rows:
@@ -204,7 +183,7 @@ class TFRecordDataset(ShardedDataset):
     def _read(self, index: int) -> Record:
         buf, shard, offset = self._record(index)
         n = len(buf)
-        length, length_crc = _HEAD.unpack_from(buf)
+        length, length_crc = HEAD.unpack_from(buf)
         if length != n - 16:
             raise CorruptDataError(f"record length field says {length} bytes, the index {n - 16}",
                                    path=self._shard_paths[shard], sample=index, offset=offset)
@@ -217,47 +196,7 @@ class TFRecordDataset(ShardedDataset):
                 raise CorruptDataError("record data checksum mismatch", path=self._shard_paths[shard],
                                        sample=index, offset=offset + 12)
         place = self._seed(shard, index) if self._fids[shard] and self.verify else None
-        return _image_record(example_class(), mv[12 : n - 4], self._shard_paths[shard], index, offset + 12, place)
-
-
-def _image_record(
-    example_cls: Any, data: memoryview, path: str, index: int | str, offset: int, place: int | None = None
-) -> Record:
-    """The sample in a serialised Example (CorruptDataError when it is not an image Example, or,
-    with ``place``, when its ``packer/place`` feature is not that seed: a sample from another place)."""
-    msg = example_cls()
-    try:
-        msg.ParseFromString(data)
-    except Exception as e:  # noqa: BLE001 - protobuf's DecodeError is not a ValueError
-        raise CorruptDataError(f"record is not a valid tf.train.Example ({e})", path=path, sample=index,
-                               offset=offset) from None
-    get = msg.features.feature.get
-    encoded, label, fmt, height, width, name = (
-        get("image/encoded"), get("image/class/label"), get("image/format"),
-        get("image/height"), get("image/width"), get("image/filename"),
-    )
-    try:
-        payload = encoded.bytes_list.value[0]  # type: ignore[union-attr]
-        target = label.int64_list.value[0]  # type: ignore[union-attr]
-    except (AttributeError, IndexError):
-        raise CorruptDataError("record has no image/encoded bytes or no image/class/label",
-                               path=path, sample=index, offset=offset) from None
-    if place is not None:
-        tag = get(PLACE_FEATURE)
-        got = tag.bytes_list.value[0] if tag is not None and tag.bytes_list.value else b""
-        if got != struct.pack("<I", place):
-            raise CorruptDataError(f"record belongs to another place (packer/place {got.hex() or 'missing'}, "
-                                   f"expected {struct.pack('<I', place).hex()}): shards swapped, renamed or copied "
-                                   f"from another dataset", path=path, sample=index, offset=offset)
-    v: Any = fmt.bytes_list.value if fmt is not None else ()
-    codec = _CODECS.get(v[0], "jpeg") if v else "jpeg"  # any encoded image decodes; only raw needs to be known
-    v = height.int64_list.value if height is not None else ()
-    h = v[0] if v else 0
-    v = width.int64_list.value if width is not None else ()
-    w = v[0] if v else 0
-    v = name.bytes_list.value if name is not None else ()
-    key = v[0].decode("utf-8", "replace") if v else f"{os.path.basename(path)}:{index}"
-    return Record(codec, target, h, w, key, payload)
+        return image_record(example_class(), mv[12 : n - 4], self._shard_paths[shard], index, offset + 12, place)
 
 
 def _empty_columns(n: int) -> dict[str, np.ndarray]:
@@ -265,37 +204,3 @@ def _empty_columns(n: int) -> dict[str, np.ndarray]:
         "shard": np.zeros(n, np.uint32), "offset": np.zeros(n, np.uint64), "length": np.zeros(n, np.uint64),
         "zstart": np.zeros(n, np.uint64), "zend": np.zeros(n, np.uint64),
     }
-
-
-def _scan_file(path: str, rows: list[tuple[int, int]], example_cls: Any) -> int:
-    """Append (offset, framed length) for every record of a TFRecord file; return its largest label.
-
-    Each length field is checked against its CRC and against the bytes left in the file before
-    the record is read, so a crafted length cannot make the scan allocate more than the file holds.
-    """
-    size = os.path.getsize(path)
-    max_label = -1
-    with open(path, "rb", buffering=1 << 20) as f:
-        pos = 0
-        while pos < size:
-            head = f.read(12)
-            if len(head) != 12:
-                why = file_placeholder_reason(path) if pos == 0 else None
-                raise CorruptDataError(f"{path} is {why}" if why else "truncated record header", path=path,
-                                       sample=len(rows), offset=pos)
-            length, length_crc = _HEAD.unpack(head)
-            if masked_crc32c(head[:8]) != length_crc:
-                why = file_placeholder_reason(path) if pos == 0 else None
-                if why:
-                    raise CorruptDataError(f"{path} is {why}", path=path)
-                raise CorruptDataError("record length checksum mismatch", path=path, sample=len(rows), offset=pos + 8)
-            if length > size - pos - 16:
-                raise CorruptDataError(f"record length {length} runs past the end of the file ({size} bytes)",
-                                       path=path, sample=len(rows), offset=pos)
-            data = f.read(length)
-            f.read(4)
-            record = _image_record(example_cls, memoryview(data), path, len(rows), pos + 12)
-            max_label = max(max_label, record.label)
-            rows.append((pos, length + 16))
-            pos += length + 16
-    return max_label

@@ -257,7 +257,7 @@ def sample_regions(path: str) -> dict[str, list[tuple[int, int, int]]]:
     m = read_manifest(path)
     out: dict[str, list[tuple[int, int, int]]] = {}
     if m.format == "tar":
-        from packer.converters.tar import INDEX_ENTRY, INDEX_HEADER, unpack_index
+        from packer.layouts.tar import INDEX_ENTRY, INDEX_HEADER, unpack_index
 
         for f in m.files:
             if not f.name.endswith(".idx"):
@@ -441,7 +441,7 @@ def payload_ranges(path: str, regions: dict) -> dict[str, list[tuple[int, int]]]
     m = read_manifest(path)
     out: dict[str, list[tuple[int, int]]] = {}
     if m.format == "tar":
-        from packer.converters.tar import unpack_index
+        from packer.layouts.tar import unpack_index
 
         for f in m.files:
             if f.name.endswith(".idx"):

@@ -26,12 +26,12 @@ from conftest import make_folder
 
 from packer.cli import main
 from packer.converters.base import WriterOptions
-from packer.converters.tar import INDEX_HEADER, pack_index, unpack_index
-from packer.converters.tfrecord import masked_crc32c
 from packer.datasets import open_dataset
 from packer.engine import ConvertOptions, convert_imagefolder, temp_dir_for
 from packer.errors import CorruptDataError, DiskFullError, SourceError
 from packer.imageproc import ProcessOptions, parse_encoding
+from packer.layouts.tar import INDEX_HEADER, pack_index, unpack_index
+from packer.layouts.tfrecord import masked_crc32c
 from packer.manifest import read_manifest, write_manifest
 from packer.registry import format_names
 from packer.transcode import convert_dataset

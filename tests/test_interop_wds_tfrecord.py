@@ -230,7 +230,7 @@ def test_open_foreign_tfrecord_with_crafted_length_is_refused(tmp_path):
     data = bytearray(path.read_bytes())
     first = int.from_bytes(data[:8], "little")
     second = 16 + first  # offset of the second record
-    from packer.converters.tfrecord import masked_crc32c
+    from packer.layouts.tfrecord import masked_crc32c
 
     huge = (1 << 60).to_bytes(8, "little")
     data[second : second + 12] = huge + masked_crc32c(huge).to_bytes(4, "little")  # a valid CRC, a lie

@@ -17,10 +17,11 @@ from conftest import fixed_image, forge_manifest_sizes, pack, place_seed_by_spec
 
 from packer.converters.base import WriterOptions
 from packer.converters.shards import DEFAULT_SHARD_BYTES
-from packer.converters.tar import TarWriter, npy_header, unpack_index
+from packer.converters.tar import TarWriter
 from packer.datasets import open_dataset
 from packer.errors import CorruptDataError
 from packer.imageproc import ProcessedImage
+from packer.layouts.tar import npy_header, unpack_index
 from packer.manifest import file_sha256, read_manifest
 
 

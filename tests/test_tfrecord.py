@@ -16,10 +16,11 @@ from tfrecord import example_pb2
 from tfrecord.writer import TFRecordWriter as PackageWriter
 
 from packer.converters.base import WriterOptions
-from packer.converters.tfrecord import TFRecordWriter, masked_crc32c, unpack_zindex
+from packer.converters.tfrecord import TFRecordWriter
 from packer.datasets import open_dataset
 from packer.errors import CorruptDataError
 from packer.imageproc import ProcessedImage
+from packer.layouts.tfrecord import masked_crc32c, unpack_zindex
 from packer.manifest import file_sha256, read_manifest
 from packer.tfexample import encode_example, parse_example
 

@@ -1,0 +1,247 @@
+"""The LMDB layout: one environment, key ``%010d`` per sample in sample order, value = packer record
+(:mod:`packer.record`), and a read-only parser of the LMDB data file.
+
+The one home of the format's on-disk knowledge: the writer (packer.converters.lmdb), the reader
+(packer.datasets.lmdb), ``verify`` and the tests import it.
+
+The writer uses LMDB itself (py-lmdb); :class:`LMDBFile` parses the data file directly, read-only,
+with ``os.pread``: the LMDB 0.9 on-disk format is small and stable (two meta pages, branch and leaf
+pages of sorted nodes, overflow pages for large values; docs/FORMATS.md), and our environments
+use only its simplest part (one unnamed database, no duplicates, one 10-digit key per sample).
+
+Why not py-lmdb for reading: it trusts the file. py-lmdb touches every page of a value before
+returning it, so one damaged byte in a B-tree node's size field makes it read past the file and
+kill the process with SIGSEGV or SIGBUS. Here every number is checked before it is used: meta
+page magic and version, the page count against the file size, each page's own number and type,
+node offsets against the page, the node's key against the sample's key, value sizes against the
+pages they claim and the record header; any failure is a CorruptDataError naming the file, the
+sample (when the damage is in its path) and the byte offset.
+"""
+
+from __future__ import annotations
+
+import bisect
+import os
+import struct
+
+from packer.errors import CorruptDataError
+from packer.fileio import open_regular, pread_buffer
+from packer.placeholder import file_placeholder_reason
+from packer.record import MAGICS
+
+__all__ = ["DATA_FILE", "lmdb_key", "LMDBFile"]
+
+DATA_FILE = "data.mdb"
+
+
+def lmdb_key(index: int) -> bytes:
+    """The LMDB key of sample ``index``: ten ASCII digits, so byte order is sample order."""
+    return b"%010d" % index
+
+
+_MDB_MAGIC = 0xBEEFC0DE
+_MDB_VERSION = 1
+_PAGE = struct.Struct("<QHHHH")  # page number, pad, flags, lower, upper (pages: lower | upper << 16)
+_META = struct.Struct("<II8xQ")  # magic, version, (address), map size
+_DB = struct.Struct("<IHHQQQQQ")  # pad (psize in the free DB), flags, depth, branch, leaf, overflow, entries, root
+_META_TAIL = struct.Struct("<QQ")  # last page, txnid
+_NODE = struct.Struct("<HHHH")  # lo, hi, flags, key size
+_P_BRANCH, _P_LEAF, _P_OVERFLOW, _P_META = 0x01, 0x02, 0x04, 0x08
+_F_BIGDATA = 0x01
+_P_INVALID = 0xFFFFFFFFFFFFFFFF
+_KLEN = struct.Struct("<H")  # key length, at byte 6 of a packer record
+_PLEN = struct.Struct("<I")  # payload length, at byte 24
+
+
+class LMDBFile:
+    """A packed LMDB data file opened for reading (see the module docstring)."""
+
+    def __init__(self, path: str, num_samples: int, fd: int | None = None) -> None:
+        self.path = path
+        self.fd = fd if fd is not None else open_regular(path)
+        try:
+            self._load(num_samples)
+        except BaseException:
+            os.close(self.fd)
+            raise
+        self._leaf_no = -1
+        self._leaf = b""
+        self._leaf_range = (0, 0)
+        self._ptrs: tuple[int, ...] = ()
+        self._upper = 0
+
+    def close(self) -> None:
+        """Close the file descriptor."""
+        os.close(self.fd)
+
+    def _bad(self, what: str, sample: int | None = None, offset: int | None = None) -> CorruptDataError:
+        return CorruptDataError(what, path=self.path, sample=sample, offset=offset)
+
+    def _pread(self, n: int, offset: int, sample: int | None = None, fresh: bool = False) -> bytes | memoryview:
+        """``n`` bytes at ``offset``: ``bytes``, or with ``fresh`` a new writable buffer (values:
+        slicing the record out of it and handing raw pixels on cost no copy)."""
+        if offset < 0 or n < 0 or offset + n > self.size:
+            raise self._bad(f"LMDB structure points to bytes {offset}..{offset + n}, past the end of the "
+                            f"file ({self.size} bytes; truncated?)", sample, offset)
+        try:
+            data = pread_buffer(self.fd, n, offset) if fresh else os.pread(self.fd, n, offset)
+        except OSError as e:
+            raise self._bad(f"cannot read ({e})", sample, offset) from None
+        if len(data) != n:
+            raise self._bad(f"short read: {len(data)} of {n} bytes (file truncated?)", sample, offset)
+        return data
+
+    def _load(self, num_samples: int) -> None:
+        self.size = os.fstat(self.fd).st_size
+        head = os.pread(self.fd, 512, 0)
+        if len(head) < _PAGE.size + 136:
+            why = file_placeholder_reason(self.path)
+            raise self._bad(f"{self.path} is {why}" if why else f"not an LMDB file ({self.size} bytes)", offset=0)
+        psize = _DB.unpack_from(head, _PAGE.size + _META.size)[0]
+        if psize < 512 or psize > 65536 or psize & (psize - 1):
+            why = file_placeholder_reason(self.path)
+            raise self._bad(f"{self.path} is {why}" if why else f"not an LMDB file (page size {psize})", offset=16)
+        self.psize = psize
+        metas = [self._meta(pg) for pg in (0, 1)]
+        meta = max(metas, key=lambda m: m[3])  # LMDB uses the meta page with the larger txnid
+        main, last_pg = meta[1], meta[2]
+        _, flags, depth, _, _, _, entries, root = main
+        if (last_pg + 1) * psize > self.size:
+            raise self._bad(f"LMDB file truncated: {self.size} bytes, its meta page claims {last_pg + 1} pages "
+                            f"of {psize} bytes", offset=self.size)
+        self.pages = last_pg + 1
+        if flags != 0:
+            raise self._bad(f"the LMDB database has flags {flags:#x}; a packer dataset uses none", offset=psize)
+        if entries != num_samples:
+            raise self._bad(f"the LMDB database holds {entries} entries, the manifest {num_samples} samples")
+        self.firsts: list[int] = []
+        self.leaves: list[int] = []
+        if entries:
+            if root == _P_INVALID or depth < 1 or depth > 16:
+                raise self._bad(f"LMDB root page {root} at depth {depth} is not valid")
+            self._walk(root, depth, 0)
+            if self.firsts[0] != 0:
+                raise self._bad("LMDB B-tree does not start at sample 0")
+        self.entries = entries
+
+    def _meta(self, pg: int) -> tuple[int, tuple[int, ...], int, int]:
+        off = pg * self.psize
+        page = self._pread(_PAGE.size + 136, off)
+        pgno, _, flags, _, _ = _PAGE.unpack_from(page)
+        magic, version, _ = _META.unpack_from(page, _PAGE.size)
+        if not flags & _P_META or magic != _MDB_MAGIC or version != _MDB_VERSION:
+            raise self._bad(f"LMDB meta page {pg} is damaged (flags {flags:#x}, magic {magic:#x}, version {version})",
+                            offset=off)
+        main = _DB.unpack_from(page, _PAGE.size + _META.size + _DB.size)
+        last_pg, txnid = _META_TAIL.unpack_from(page, _PAGE.size + _META.size + 2 * _DB.size)
+        return pgno, main, last_pg, txnid
+
+    def _page(self, pgno: int, sample: int | None = None) -> bytes:
+        if pgno < 2 or pgno >= self.pages:
+            raise self._bad(f"LMDB page number {pgno} out of range (2..{self.pages - 1})", sample)
+        page = self._pread(self.psize, pgno * self.psize, sample)
+        own, _, flags, lower, upper = _PAGE.unpack_from(page)
+        if own != pgno or not flags & (_P_BRANCH | _P_LEAF):
+            raise self._bad(f"LMDB page {pgno} is damaged (says it is page {own}, flags {flags:#x})", sample,
+                            pgno * self.psize)
+        if not _PAGE.size <= lower <= upper <= self.psize or lower % 2:
+            raise self._bad(f"LMDB page {pgno} has bad bounds ({lower}, {upper})", sample, pgno * self.psize + 12)
+        return page
+
+    def _node(self, page: bytes, pgno: int, k: int, sample: int | None = None) -> tuple[int, int, int, bytes, int]:
+        """(lo | hi << 16, hi, flags, key, data offset) of node ``k`` of a page."""
+        (ptr,) = struct.unpack_from("<H", page, _PAGE.size + 2 * k)
+        lower, upper = struct.unpack_from("<HH", page, 12)
+        if not upper <= ptr <= self.psize - _NODE.size:
+            raise self._bad(f"LMDB node {k} of page {pgno} points outside the page", sample, pgno * self.psize)
+        lo, hi, flags, ksize = _NODE.unpack_from(page, ptr)
+        start = ptr + _NODE.size
+        if start + ksize > self.psize:
+            raise self._bad(f"LMDB node {k} of page {pgno} runs past the page", sample, pgno * self.psize + ptr)
+        return lo | hi << 16, hi, flags, page[start : start + ksize], start + ksize
+
+    def _walk(self, pgno: int, depth: int, first: int) -> None:
+        page = self._page(pgno)
+        flags, lower = _PAGE.unpack_from(page)[2], _PAGE.unpack_from(page)[3]
+        n = (lower - _PAGE.size) // 2
+        if n < 1:
+            raise self._bad(f"LMDB page {pgno} is empty", offset=pgno * self.psize)
+        if depth == 1:
+            if not flags & _P_LEAF:
+                raise self._bad(f"LMDB page {pgno} should be a leaf (flags {flags:#x})", offset=pgno * self.psize)
+            if self.firsts and first <= self.firsts[-1]:
+                raise self._bad(f"LMDB leaf page {pgno} is out of order", offset=pgno * self.psize)
+            self.firsts.append(first)
+            self.leaves.append(pgno)
+            return
+        if not flags & _P_BRANCH:
+            raise self._bad(f"LMDB page {pgno} should be a branch page (flags {flags:#x})", offset=pgno * self.psize)
+        for k in range(n):
+            size, _, nflags, key, _ = self._node(page, pgno, k)
+            child = size | nflags << 32
+            if k:
+                if len(key) != 10 or not key.isdigit():
+                    raise self._bad(f"LMDB branch page {pgno} holds a damaged key {key[:16]!r}",
+                                    offset=pgno * self.psize)
+                first = int(key)
+            self._walk(child, depth - 1, first)
+
+    def _load_leaf(self, k: int, index: int) -> None:
+        """Read and check leaf ``k`` once; reads stay on it while they can."""
+        pgno = self.leaves[k]
+        page = self._page(pgno, index)
+        flags, lower, upper = _PAGE.unpack_from(page)[2:]
+        n = (lower - _PAGE.size) // 2
+        end = self.firsts[k + 1] if k + 1 < len(self.firsts) else self.entries
+        if not flags & _P_LEAF or n != end - self.firsts[k]:
+            raise self._bad(f"LMDB leaf page {pgno} holds {n} keys, the B-tree above it {end - self.firsts[k]}",
+                            index, pgno * self.psize)
+        self._leaf, self._leaf_no = page, k
+        self._leaf_range = (self.firsts[k], end)
+        self._ptrs = struct.unpack_from(f"<{n}H", page, _PAGE.size)
+        self._upper = upper
+
+    def read(self, index: int) -> bytes | memoryview:
+        """The value (a packer record) of sample ``index``, every LMDB structure on its way checked."""
+        lo, hi = self._leaf_range
+        if not lo <= index < hi:
+            k = bisect.bisect_right(self.firsts, index) - 1
+            if k < 0:
+                raise self._bad("sample index not in the LMDB B-tree", index)
+            self._load_leaf(k, index)
+            lo, hi = self._leaf_range
+        page, psize = self._leaf, self.psize
+        base = self.leaves[self._leaf_no] * psize
+        ptr = self._ptrs[index - lo]
+        if not self._upper <= ptr <= psize - _NODE.size - 10:
+            raise self._bad(f"LMDB node {index - lo} of the leaf at {base} points outside its page", index, base)
+        size_lo, size_hi, nflags, ksize = _NODE.unpack_from(page, ptr)
+        size = size_lo | size_hi << 16
+        data = ptr + _NODE.size + ksize
+        key = lmdb_key(index)
+        if ksize != 10 or page[ptr + _NODE.size : data] != key:
+            raise self._bad(f"LMDB leaf holds key {page[ptr + _NODE.size : ptr + _NODE.size + min(ksize, 16)]!r} "
+                            f"where {key!r} belongs (damaged B-tree)", index, base + ptr)
+        if nflags == _F_BIGDATA:
+            if data + 8 > psize:
+                raise self._bad("LMDB node runs past its page", index, base + ptr)
+            (opg,) = struct.unpack_from("<Q", page, data)
+            if opg < 2 or opg * psize + _PAGE.size + size > self.pages * psize:
+                raise self._bad(f"LMDB value at page {opg}, {size} bytes, lies outside the file's pages", index,
+                                base + ptr)
+            raw = self._pread(_PAGE.size + size, opg * psize, index, fresh=True)
+            own, _, oflags, _, _ = _PAGE.unpack_from(raw)
+            if own != opg or not oflags & _P_OVERFLOW:
+                raise self._bad(f"LMDB value page {opg} is damaged (says it is page {own}, flags {oflags:#x})",
+                                index, opg * psize)
+            value, where = raw[_PAGE.size :], opg * psize + _PAGE.size
+        elif nflags == 0 and data + size <= psize:
+            value, where = page[data : data + size], base + data
+        else:
+            raise self._bad(f"LMDB node is damaged (flags {nflags:#x}, size {size})", index, base + ptr)
+        if len(value) < 32 or value[:4] not in MAGICS:
+            raise self._bad(f"LMDB value is not a packer record (magic {value[:4]!r})", index, where)
+        klen, plen = _KLEN.unpack_from(value, 6)[0], _PLEN.unpack_from(value, 24)[0]
+        if 32 + klen + plen != len(value):
+            raise self._bad(f"record header says {32 + klen + plen} bytes, the LMDB node {len(value)}", index, where)
+        return value

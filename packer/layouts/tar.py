@@ -1,0 +1,406 @@
+"""The tar layout: WebDataset-convention shards plus a binary index per shard for random access.
+
+The one home of the format's on-disk knowledge: the writer (packer.converters.tar), the reader
+(packer.datasets.tar), ``verify`` and the tests import it. docs/FORMATS.md is the user's reference.
+
+Each sample is three consecutive members named by its key, the 10-digit sample index::
+
+    0000000042.jpg    the image payload (.png, .webp, ...; raw pixels as .npy, no pickle)
+    0000000042.cls    the label as ASCII decimal, e.g. b"3"
+    0000000042.json   {"key": source relpath, "label": 3, "height": H, "width": W}
+
+so ``webdataset.WebDataset(urls).decode("rgb8").to_tuple("jpg", "cls")`` reads the shards as
+they are. Headers are POSIX ustar, written here byte by byte (mode 0644, uid/gid 0, empty owner
+names, mtime 0, no pax records), and every shard ends with two zero blocks padded to a 10240-byte
+record, as tar(1) writes it: the same samples give the same bytes.
+
+Next to ``shard-000000.tar`` goes ``shard-000000.idx`` (layout below): where each sample's image
+data starts, its size, label, stored size, codec and CRC32C, and the sample keys, so the reader
+fetches an image with one ``pread`` and never parses tar. All integers little-endian::
+
+    header, 32 bytes
+    0    4   magic b"PKTI"
+    4    2   version (2; 1 in version 1 datasets)
+    6    2   entry size in bytes (48)
+    8    8   N, samples in the shard (uint64)
+    16   8   global index of the shard's first sample (uint64)
+    24   4   K, byte length of the key blob (uint32)
+    28   4   CRC32C of header bytes [0, 28), all entries and the key blob (uint32)
+    entries, N x 48 bytes
+    0    8   offset in the tar of the image member's data (uint64)
+    8    8   size of the image member's data (uint64)
+    16   8   label (int64)
+    24   4   stored height (uint32)
+    28   4   stored width (uint32)
+    32   4   CRC32C of the image member's data, seeded with the sample's place (version 2,
+             packer.placement: the shard's id and the position in the shard; version 1: not seeded)
+    36   4   end of this sample's key in the key blob (uint32; it starts where the previous ends)
+    40   1   codec id (packer.record.CODEC_IDS: 0 raw, 1 jpeg, 2 png, 3 webp, ...)
+    41   1   channels (3)
+    42   6   zero
+    key blob, K bytes: the UTF-8 source keys, concatenated
+
+For ``raw`` the image member is a complete ``.npy`` file (format 1.0, dtype ``|u1``, shape
+(H, W, 3), C order) and the offset, size and CRC cover the whole file, header included.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import struct
+import tarfile
+
+import crc32c
+import numpy as np
+
+from packer.damage import Report, byte_diff, read_all
+from packer.errors import CorruptDataError
+from packer.imageproc import CODECS
+from packer.manifest import FileEntry, Manifest
+from packer.placeholder import file_placeholder_reason
+from packer.placement import place_seed
+from packer.record import CODEC_IDS
+
+__all__ = [
+    "TAR_SUFFIX",
+    "INDEX_SUFFIX",
+    "INDEX_MAGIC",
+    "INDEX_VERSION",
+    "INDEX_VERSIONS",
+    "INDEX_HEADER",
+    "INDEX_ENTRY",
+    "IMAGE_EXTENSIONS",
+    "BLOCK",
+    "tar_header",
+    "npy_header",
+    "npy_payload",
+    "pack_index",
+    "unpack_index",
+    "sample_key",
+    "sample_members",
+    "final_size",
+    "end_of_archive",
+    "scan_shard",
+    "tar_samples",
+    "locate_damage",
+]
+
+TAR_SUFFIX = ".tar"
+INDEX_SUFFIX = ".idx"
+BLOCK = 512
+RECORD = 20 * BLOCK  # tar's default blocking factor: archives are padded to a multiple of this
+
+INDEX_MAGIC = b"PKTI"
+INDEX_VERSION = 2
+INDEX_VERSIONS = (1, 2)  # readable
+INDEX_HEADER = struct.Struct("<4sHHQQII")  # 32 bytes; the CRC is the last field
+INDEX_ENTRY = np.dtype([
+    ("offset", "<u8"), ("size", "<u8"), ("label", "<i8"), ("height", "<u4"), ("width", "<u4"),
+    ("crc", "<u4"), ("key_end", "<u4"), ("codec", "u1"), ("channels", "u1"), ("pad", "V6"),
+])  # 48 bytes
+
+_ZEROS = bytes(RECORD)
+
+
+def sample_key(index: int) -> str:
+    """The WebDataset key of sample ``index``: ten digits, no dots."""
+    return f"{index:010d}"
+
+
+def _octal(value: int, width: int) -> bytes:
+    """A ustar numeric field: ``width - 1`` octal digits and a NUL."""
+    digits = b"%0*o" % (width - 1, value)
+    if len(digits) != width - 1:
+        raise ValueError(f"{value} does not fit a {width}-byte tar field")
+    return digits + b"\0"
+
+
+def tar_header(name: str, size: int) -> bytes:
+    """A 512-byte POSIX ustar header for a regular file (deterministic fields; see module doc)."""
+    raw = name.encode("utf-8")
+    if len(raw) > 100:
+        raise ValueError(f"tar member name longer than 100 bytes: {name!r}")
+    head = b"".join((
+        raw.ljust(100, b"\0"),
+        _octal(0o644, 8),          # mode
+        _octal(0, 8),              # uid
+        _octal(0, 8),              # gid
+        _octal(size, 12),          # size (up to 8 GiB - 1)
+        _octal(0, 12),             # mtime
+        b" " * 8,                  # checksum, counted as spaces
+        b"0",                      # typeflag: regular file
+        bytes(100),                # linkname
+        b"ustar\x0000",            # magic and version
+        bytes(32),                 # uname
+        bytes(32),                 # gname
+        _octal(0, 8),              # devmajor
+        _octal(0, 8),              # devminor
+        bytes(155),                # prefix
+        bytes(12),                 # pad to 512
+    ))
+    checksum = b"%06o\0 " % sum(head)
+    return head[:148] + checksum + head[156:]
+
+
+def _padding(size: int) -> bytes:
+    return _ZEROS[: -size % BLOCK]
+
+
+def npy_header(height: int, width: int, channels: int = 3) -> bytes:
+    """The ``.npy`` (format 1.0) header of a C-order uint8 (H, W, C) array, padded to 64 bytes."""
+    text = f"{{'descr': '|u1', 'fortran_order': False, 'shape': ({height}, {width}, {channels}), }}"
+    total = -(-(10 + len(text) + 1) // 64) * 64
+    text = text.ljust(total - 10 - 1) + "\n"
+    return b"\x93NUMPY\x01\x00" + struct.pack("<H", len(text)) + text.encode("latin-1")
+
+
+def pack_index(first: int, entries: np.ndarray, keys: bytes, version: int = INDEX_VERSION) -> bytes:
+    """Serialise a shard index (layout in the module doc; ``version`` 1 only to rebuild old ones)."""
+    body = entries.astype(INDEX_ENTRY, copy=False).tobytes() + keys
+    head = INDEX_HEADER.pack(INDEX_MAGIC, version, INDEX_ENTRY.itemsize, len(entries), first, len(keys), 0)
+    crc = crc32c.crc32c(body, crc32c.crc32c(head[:28]))
+    return head[:28] + struct.pack("<I", crc) + body
+
+
+def unpack_index(data: bytes, path: str) -> tuple[int, np.ndarray, bytes]:
+    """Parse and check a shard index; return (first sample, entries, key blob).
+
+    Raises CorruptDataError naming ``path`` for a bad magic, version, size or checksum.
+    """
+    if len(data) < INDEX_HEADER.size:
+        raise CorruptDataError(f"tar index of {len(data)} bytes is shorter than its header", path=path)
+    magic, version, entry_size, n, first, klen, crc = INDEX_HEADER.unpack_from(data)
+    if magic != INDEX_MAGIC:
+        raise CorruptDataError(f"not a packer tar index (magic {magic!r})", path=path, offset=0)
+    if version not in INDEX_VERSIONS or entry_size != INDEX_ENTRY.itemsize:
+        raise CorruptDataError(
+            f"tar index version {version} with {entry_size}-byte entries is not supported (this packer "
+            f"reads version {INDEX_VERSION}); upgrade packer or re-convert", path=path, offset=4,
+        )
+    if len(data) != INDEX_HEADER.size + n * INDEX_ENTRY.itemsize + klen:
+        raise CorruptDataError(
+            f"tar index is {len(data)} bytes, its header promises {n} entries and {klen} key bytes",
+            path=path, offset=8,
+        )
+    actual = crc32c.crc32c(memoryview(data)[32:], crc32c.crc32c(memoryview(data)[:28]))
+    if actual != crc:
+        raise CorruptDataError(f"tar index checksum mismatch (stored {crc:08x}, computed {actual:08x})",
+                               path=path, offset=28)
+    entries = np.frombuffer(data, INDEX_ENTRY, count=n, offset=INDEX_HEADER.size)
+    keys = data[INDEX_HEADER.size + n * INDEX_ENTRY.itemsize :]
+    if n and (int(entries["key_end"][-1]) != klen or np.any(np.diff(entries["key_end"].astype(np.int64)) < 0)):
+        raise CorruptDataError("tar index key offsets are inconsistent", path=path, offset=INDEX_HEADER.size)
+    return first, entries, keys
+
+
+def final_size(size: int) -> int:
+    """Size of a tar whose members end at ``size``, after the end-of-archive blocks and padding."""
+    return -(-(size + 2 * BLOCK) // RECORD) * RECORD
+
+
+def end_of_archive(size: int) -> bytes:
+    """The zero blocks that end a tar whose members end at ``size`` (two blocks, then padding to
+    a 10240-byte record)."""
+    return _ZEROS[: final_size(size) - size]
+
+
+def sample_members(index: int, key: str, label: int, codec: str, height: int, width: int, payload: bytes) -> bytes:
+    """The three tar members of one sample, padded: ``KEY.<ext>`` holding ``payload`` (for raw,
+    the whole ``.npy`` file), ``KEY.cls`` and ``KEY.json``. The image data starts at byte 512.
+    ``packer verify`` rebuilds these bytes from the index to say which sample a bad byte is in."""
+    stem = sample_key(index)
+    cls = b"%d" % label
+    meta = json.dumps(
+        {"key": key, "label": label, "height": height, "width": width},
+        ensure_ascii=False, separators=(",", ":"),
+    ).encode("utf-8")
+    return b"".join((
+        tar_header(f"{stem}.{CODECS[codec]}", len(payload)), payload, _padding(len(payload)),
+        tar_header(f"{stem}.cls", len(cls)), cls, _padding(len(cls)),
+        tar_header(f"{stem}.json", len(meta)), meta, _padding(len(meta)),
+    ))
+
+
+#: Member extensions read as the image of a foreign sample, in order of preference -> codec.
+IMAGE_EXTENSIONS = {
+    "jpg": "jpeg", "jpeg": "jpeg", "png": "png", "webp": "webp", "npy": "raw",
+    "bmp": "bmp", "tif": "tiff", "tiff": "tiff", "ppm": "pnm", "pgm": "pnm", "pnm": "pnm", "gif": "gif",
+}
+_KEY_EXT = re.compile(r"^((?:.*/|)[^.]+)[.]([^/]*)$")  # WebDataset's split: key = up to the first dot
+_META = re.compile(r"__[^/]*__($|/)")  # WebDataset skips members such as __index__
+
+
+def npy_payload(buf: bytes, height: int, width: int, path: str, sample: int, offset: int) -> tuple[memoryview, int, int]:
+    """Pixels of a ``.npy`` member as a view, with (height, width); checks the header is a C-order
+    uint8 (H, W, 3) array. No pickle: only the header dict is parsed, by numpy's literal parser."""
+    mv = memoryview(buf)
+    if height and width:  # ours: the header length is implied by the known pixel count
+        start = len(buf) - height * width * 3
+        if start >= 10 and buf[:6] == b"\x93NUMPY" and buf[6] == 1 and 10 + struct.unpack_from("<H", buf, 8)[0] == start:
+            return mv[start:], height, width
+    import io
+
+    from numpy.lib import format as npformat
+
+    f = io.BytesIO(buf)
+    try:
+        version = npformat.read_magic(f)
+        if version == (1, 0):
+            shape, fortran, dtype = npformat.read_array_header_1_0(f)
+        else:
+            shape, fortran, dtype = npformat.read_array_header_2_0(f)
+    except ValueError as e:
+        raise CorruptDataError(f"bad .npy header ({e})", path=path, sample=sample, offset=offset) from None
+    if dtype != np.uint8 or fortran or len(shape) != 3 or shape[2] != 3:
+        raise CorruptDataError(
+            f".npy member holds {dtype} {shape}{' (Fortran order)' if fortran else ''}, expected uint8 (H, W, 3)",
+            path=path, sample=sample, offset=offset,
+        )
+    start = f.tell()
+    return mv[start:], int(shape[0]), int(shape[1])
+
+
+
+def scan_shard(path: str, shard: int, rows: list[tuple[int, int, int, int, int]], keys: list[bytes]) -> None:
+    """Append one row per sample of a tar shard: image data offset/size, label, codec, shard."""
+    size = os.path.getsize(path)
+    with open(path, "rb") as f:
+        try:
+            tf = tarfile.open(fileobj=f, mode="r:")
+        except tarfile.TarError as e:
+            why = file_placeholder_reason(path)
+            raise CorruptDataError(f"{path} is {why}" if why else f"not a readable tar file ({e})", path=path) from None
+        fd = f.fileno()
+        key: str | None = None
+        members: dict[str, tuple[int, int]] = {}
+        first_offset = 0
+
+        def flush() -> None:
+            if key is None:
+                return
+            image = next((ext for ext in IMAGE_EXTENSIONS if ext in members), None)
+            where = f"tar key {key!r} (members {', '.join(sorted(members))})"
+            if image is None:
+                raise CorruptDataError(f"{where} has no image member", path=path, offset=first_offset)
+            if "cls" not in members:
+                raise CorruptDataError(f"{where} has no .cls label member", path=path, offset=first_offset)
+            off, n = members["cls"]
+            text = os.pread(fd, min(n, 32), off)
+            try:
+                if n > 32:
+                    raise ValueError
+                label = int(text.strip())
+            except ValueError:
+                raise CorruptDataError(f"{where}: .cls member {text[:32]!r} is not an integer",
+                                       path=path, offset=off) from None
+            img_off, img_size = members[image]
+            rows.append((img_off, img_size, label, CODEC_IDS[IMAGE_EXTENSIONS[image]], shard))
+            keys.append(key.encode("utf-8"))
+
+        try:
+            while (ti := tf.next()) is not None:
+                tf.members.clear()  # a sequential scan; do not keep every TarInfo
+                if not ti.isreg() or _META.search(ti.name):
+                    continue
+                m = _KEY_EXT.match(ti.name)
+                if m is None:
+                    continue
+                if ti.offset_data + ti.size > size:
+                    raise CorruptDataError(f"member {ti.name!r} runs past the end of the file (truncated)",
+                                           path=path, offset=ti.offset)
+                if m.group(1) != key:
+                    flush()
+                    key, members, first_offset = m.group(1), {}, ti.offset
+                members[m.group(2).lower()] = (ti.offset_data, ti.size)
+            flush()
+        except tarfile.TarError as e:
+            raise CorruptDataError(f"cannot read tar headers ({e})", path=path) from None
+
+
+# -- damage locators (packer verify) --------------------------------------------------------------
+def tar_samples(path: str):  # noqa: ANN202 - iterator of (stem, {ext: (data offset, bytes)})
+    import tarfile
+
+    with open(path, "rb") as fh, tarfile.open(fileobj=fh, mode="r:") as tf:
+        stem, members = None, {}
+        for ti in tf:
+            s, _, ext = ti.name.partition(".")
+            if s != stem and stem is not None:
+                yield stem, members
+                members = {}
+            stem = s
+            fh2 = tf.extractfile(ti)
+            members[ext] = (ti.offset_data, fh2.read() if fh2 is not None else b"")
+        if stem is not None:
+            yield stem, members
+
+
+def locate_damage(root: str, m: Manifest, f: FileEntry, intact: set[str], report: Report) -> None:
+    """Name the samples a damaged tar shard or index file holds wrong bytes for, by rebuilding what the
+    intact other half implies (``packer verify``; ``f`` failed its SHA-256)."""
+    names = {v: k for k, v in CODEC_IDS.items()}
+    path = os.path.join(root, f.name)
+    if f.name.endswith(TAR_SUFFIX):
+        idx_name = f.name[: -len(TAR_SUFFIX)] + INDEX_SUFFIX
+        if idx_name not in intact:
+            return  # nothing intact to compare with; the SHA-256 problem names the file
+        first, entries, keys = unpack_index(read_all(os.path.join(root, idx_name)), idx_name)
+        data = read_all(path)
+        pos, key_start = 0, 0
+        for j, e in enumerate(entries):
+            off, size = int(e["offset"]), int(e["size"])
+            payload = data[off : off + size]
+            key = keys[key_start : int(e["key_end"])].decode("utf-8")
+            key_start = int(e["key_end"])
+            want = sample_members(first + j, key, int(e["label"]), names[int(e["codec"])], int(e["height"]),
+                                  int(e["width"]), payload)
+            got = data[pos : pos + len(want)]
+            bad = byte_diff(got, want)
+            if len(bad):
+                report(path, first + j, pos + int(bad[0]), "bytes differ from what the index implies")
+            elif crc32c.crc32c(payload, place_seed(f.id, j)) != int(e["crc"]):
+                report(path, first + j, off, "image data checksum mismatch")
+            pos += len(want)
+        bad = byte_diff(data[pos:], end_of_archive(pos))
+        if len(bad):
+            report(path, None, pos + int(bad[0]), "end-of-archive blocks damaged")
+        return
+    if not f.name.endswith(INDEX_SUFFIX):
+        return
+    tar_name = f.name[: -len(INDEX_SUFFIX)] + TAR_SUFFIX
+    if tar_name not in intact:
+        return
+    rows, blob = [], []
+    key_end = 0
+    fid = next((e.id for e in m.files if e.name == tar_name), "")
+    for j, (_stem, members) in enumerate(tar_samples(os.path.join(root, tar_name))):
+        meta = json.loads(members["json"][1])
+        ext = next(x for x in members if x not in ("cls", "json"))
+        off, payload = members[ext]
+        k = str(meta["key"]).encode("utf-8")
+        key_end += len(k)
+        blob.append(k)
+        codec = {v: k for k, v in CODECS.items()}.get(ext, ext)
+        rows.append((off, len(payload), int(meta["label"]), int(meta["height"]), int(meta["width"]),
+                     crc32c.crc32c(payload, place_seed(fid, j)), key_end, CODEC_IDS[codec], 3, b""))
+    want = pack_index(f.first, np.array(rows, dtype=INDEX_ENTRY), b"".join(blob), version=2 if m.version >= 2 else 1)
+    got = read_all(path)
+    n = len(rows)
+    ends = np.array([r[6] for r in rows], np.int64)
+    reported: set[int | None] = set()
+    for b in byte_diff(got, want):
+        b = int(b)
+        if b < INDEX_HEADER.size:
+            sample = None
+        elif b < INDEX_HEADER.size + n * INDEX_ENTRY.itemsize:
+            sample = f.first + (b - INDEX_HEADER.size) // INDEX_ENTRY.itemsize
+        else:
+            k = b - INDEX_HEADER.size - n * INDEX_ENTRY.itemsize
+            sample = f.first + int(np.searchsorted(ends, k, side="right")) if k < key_end else None
+        if sample not in reported:
+            reported.add(sample)
+            report(path, sample, b, "index bytes differ from what the shard implies")
+
+

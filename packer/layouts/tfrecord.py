@@ -1,0 +1,313 @@
+"""The TFRecord layout: ``tf.train.Example`` records with the conventional image keys, plus ``.idx``.
+
+The one home of the format's on-disk knowledge: the writer (packer.converters.tfrecord), the
+reader (packer.datasets.tfrecord), ``verify`` and the tests import it.
+
+Files are ``shard-000000.tfrecord`` (``shard-000000.tfrecord.gz`` with ``gzip``), one record per
+sample in sample order. Each record is framed as TensorFlow writes it::
+
+    uint64  length of the data (little-endian)
+    uint32  masked CRC32C of the 8 length bytes
+    bytes   data: a serialised tf.train.Example
+    uint32  masked CRC32C of the data
+    masked(crc) = ((crc >> 15) | (crc << 17)) + 0xa282ead8, modulo 2**32
+
+The Example holds ``image/encoded`` (bytes: the payload; H*W*3 RGB bytes for raw),
+``image/format`` (b"jpeg", b"png", b"webp", b"raw", ...), ``image/class/label``,
+``image/height``, ``image/width``, ``image/channels`` (int64), ``image/filename`` (bytes: the
+source path relative to the source root, UTF-8) and ``packer/place`` (bytes: the sample's place
+seed, packer.placement, as uint32 LE; version 2), serialised deterministically with sorted keys
+(packer/tfexample.py), so ``packer/place`` is the last 4 bytes of the data. Readers of other
+ecosystems ignore it.
+
+Next to each file goes ``shard-000000.idx``, the text index DALI and the ``tfrecord`` package
+read: one line ``"<offset> <length>\\n"`` per record, offset of the record's first byte and its
+whole framed length (data + 16), decimal.
+
+With ``gzip`` the file is one standard gzip member (header with mtime 0 and OS 255, so output is
+reproducible; zlib level 6) that any gzip reader, ``tf.data`` with ``compression_type="GZIP"``
+and the ``tfrecord`` package read. Offsets in ``.idx`` then refer to the *uncompressed* stream
+(what the ``tfrecord`` package seeks to through ``gzip.open``; DALI does not read compressed
+TFRecord at all). For random access the compressor is fully flushed (``Z_FULL_FLUSH``) after
+every record, so each record's compressed bytes start on a byte boundary with a fresh dictionary,
+and ``shard-000000.zidx`` records where (all little-endian)::
+
+    0        4        magic b"PKGZ"
+    4        2        version (1)
+    6        2        zero
+    8        8        N, records (uint64)
+    16       8(N+1)   compressed offsets: record i is the raw deflate data in [c[i], c[i+1])
+    16+8(N+1) 4       CRC32C of all preceding bytes (uint32)
+
+so a reader inflates one record (``zlib.decompressobj(-15)``) from one ``pread``. Shard limits
+(``shard_bytes``) then bound the uncompressed stream; the compressed file is no larger except
+for a few bytes per record on incompressible data.
+"""
+
+from __future__ import annotations
+
+import gzip
+import os
+import struct
+import zlib
+from typing import Any
+
+import crc32c
+import numpy as np
+
+from packer.damage import Report, byte_diff, read_all
+from packer.errors import CorruptDataError
+from packer.imageproc import ProcessedImage
+from packer.manifest import FileEntry, Manifest
+from packer.placeholder import file_placeholder_reason, placeholder_reason
+from packer.record import CODEC_IDS, Record
+from packer.tfexample import encode_example
+
+__all__ = [
+    "TFRECORD_SUFFIX",
+    "GZIP_SUFFIX",
+    "INDEX_SUFFIX",
+    "ZINDEX_SUFFIX",
+    "ZINDEX_MAGIC",
+    "FOREIGN_SUFFIXES",
+    "PLACE_FEATURE",
+    "GZIP_HEADER",
+    "GZIP_LEVEL",
+    "HEAD",
+    "masked_crc32c",
+    "frame_record",
+    "image_example",
+    "image_record",
+    "pack_zindex",
+    "unpack_zindex",
+    "parse_idx",
+    "scan_file",
+    "locate_damage",
+]
+
+TFRECORD_SUFFIX = ".tfrecord"
+GZIP_SUFFIX = ".tfrecord.gz"
+INDEX_SUFFIX = ".idx"
+ZINDEX_SUFFIX = ".zidx"
+ZINDEX_MAGIC = b"PKGZ"
+ZINDEX_VERSION = 1
+GZIP_LEVEL = 6
+
+_MASK_DELTA = 0xA282EAD8
+_LENGTH = struct.Struct("<Q")
+_U32 = struct.Struct("<I")
+#: gzip member header: magic, deflate, no flags, mtime 0, no extra flags, OS unknown.
+GZIP_HEADER = b"\x1f\x8b\x08\x00\x00\x00\x00\x00\x00\xff"
+
+
+def masked_crc32c(data: bytes | bytearray | memoryview) -> int:
+    """TFRecord's masked CRC32C of ``data``."""
+    crc = crc32c.crc32c(data)
+    return ((((crc >> 15) | (crc << 17)) & 0xFFFFFFFF) + _MASK_DELTA) & 0xFFFFFFFF
+
+
+def frame_record(data: bytes) -> bytes:
+    """One framed TFRecord: length, its masked CRC, the data, its masked CRC."""
+    head = _LENGTH.pack(len(data))
+    return b"".join((head, _U32.pack(masked_crc32c(head)), data, _U32.pack(masked_crc32c(data))))
+
+
+PLACE_FEATURE = "packer/place"
+
+
+def image_example(key: str, label: int, image: ProcessedImage, place: int | None = None) -> bytes:
+    """The serialised Example of one sample (keys as in the module doc); ``place`` (the sample's
+    place seed) is the last 4 bytes, so it can be patched once the sample's shard is known."""
+    extra = {PLACE_FEATURE: _U32.pack(place)} if place is not None else {}
+    return encode_example({
+        **extra,
+        "image/encoded": image.payload,
+        "image/format": image.codec.encode("ascii"),
+        "image/class/label": label,
+        "image/height": image.height,
+        "image/width": image.width,
+        "image/channels": image.channels,
+        "image/filename": key.encode("utf-8"),
+    })
+
+
+def pack_zindex(offsets: list[int]) -> bytes:
+    """Serialise a gzip offset index from the N + 1 compressed offsets."""
+    body = struct.pack(f"<4sHHQ{len(offsets)}Q", ZINDEX_MAGIC, ZINDEX_VERSION, 0, len(offsets) - 1, *offsets)
+    return body + _U32.pack(crc32c.crc32c(body))
+
+
+def unpack_zindex(data: bytes, path: str) -> list[int]:
+    """Parse and check a gzip offset index; return the N + 1 offsets (CorruptDataError if bad)."""
+    if len(data) < 28 or data[:4] != ZINDEX_MAGIC:
+        raise CorruptDataError("not a packer gzip index", path=path, offset=0)
+    _, version, _, n = struct.unpack_from("<4sHHQ", data)
+    if version != ZINDEX_VERSION:
+        raise CorruptDataError(f"gzip index version {version} is not supported", path=path, offset=4)
+    if len(data) != 16 + 8 * (n + 1) + 4:
+        raise CorruptDataError(f"gzip index is {len(data)} bytes for {n} records", path=path, offset=8)
+    if crc32c.crc32c(memoryview(data)[:-4]) != _U32.unpack_from(data, len(data) - 4)[0]:
+        raise CorruptDataError("gzip index checksum mismatch", path=path, offset=len(data) - 4)
+    offsets = list(struct.unpack_from(f"<{n + 1}Q", data, 16))
+    if any(b < a for a, b in zip(offsets, offsets[1:])):
+        raise CorruptDataError("gzip index offsets are not increasing", path=path, offset=16)
+    return offsets
+
+
+#: File endings taken as TFRecord files when a foreign directory is opened.
+FOREIGN_SUFFIXES = (".tfrecord", ".tfrecords", ".tfr")
+
+HEAD = struct.Struct("<QI")
+FORMAT_CODECS = {name.encode(): name for name in CODEC_IDS} | {b"jpg": "jpeg", b"JPEG": "jpeg", b"PNG": "png"}
+
+
+def parse_idx(text: bytes, path: str) -> np.ndarray:
+    """Parse an ``.idx`` text index into an (N, 2) int64 array of (offset, length)."""
+    why = placeholder_reason(text[:256]) if text else None
+    if why:
+        raise CorruptDataError(f"{path} is {why}", path=path)
+    try:
+        values = np.array(text.split(), dtype=np.int64)
+    except ValueError:
+        raise CorruptDataError("TFRecord index is not decimal 'offset length' lines", path=path) from None
+    if len(values) % 2:
+        raise CorruptDataError("TFRecord index has an odd number of fields", path=path)
+    pairs = values.reshape(-1, 2)
+    if len(pairs):
+        offsets, lengths = pairs[:, 0], pairs[:, 1]
+        if offsets[0] != 0 or np.any(lengths < 16) or np.any(offsets[1:] != offsets[:-1] + lengths[:-1]):
+            raise CorruptDataError("TFRecord index records are not contiguous from offset 0", path=path)
+    return pairs
+
+
+def image_record(
+    example_cls: Any, data: memoryview, path: str, index: int | str, offset: int, place: int | None = None
+) -> Record:
+    """The sample in a serialised Example (CorruptDataError when it is not an image Example, or,
+    with ``place``, when its ``packer/place`` feature is not that seed: a sample from another place)."""
+    msg = example_cls()
+    try:
+        msg.ParseFromString(data)
+    except Exception as e:  # noqa: BLE001 - protobuf's DecodeError is not a ValueError
+        raise CorruptDataError(f"record is not a valid tf.train.Example ({e})", path=path, sample=index,
+                               offset=offset) from None
+    get = msg.features.feature.get
+    encoded, label, fmt, height, width, name = (
+        get("image/encoded"), get("image/class/label"), get("image/format"),
+        get("image/height"), get("image/width"), get("image/filename"),
+    )
+    try:
+        payload = encoded.bytes_list.value[0]  # type: ignore[union-attr]
+        target = label.int64_list.value[0]  # type: ignore[union-attr]
+    except (AttributeError, IndexError):
+        raise CorruptDataError("record has no image/encoded bytes or no image/class/label",
+                               path=path, sample=index, offset=offset) from None
+    if place is not None:
+        tag = get(PLACE_FEATURE)
+        got = tag.bytes_list.value[0] if tag is not None and tag.bytes_list.value else b""
+        if got != struct.pack("<I", place):
+            raise CorruptDataError(f"record belongs to another place (packer/place {got.hex() or 'missing'}, "
+                                   f"expected {struct.pack('<I', place).hex()}): shards swapped, renamed or copied "
+                                   f"from another dataset", path=path, sample=index, offset=offset)
+    v: Any = fmt.bytes_list.value if fmt is not None else ()
+    codec = FORMAT_CODECS.get(v[0], "jpeg") if v else "jpeg"  # any encoded image decodes; only raw needs to be known
+    v = height.int64_list.value if height is not None else ()
+    h = v[0] if v else 0
+    v = width.int64_list.value if width is not None else ()
+    w = v[0] if v else 0
+    v = name.bytes_list.value if name is not None else ()
+    key = v[0].decode("utf-8", "replace") if v else f"{os.path.basename(path)}:{index}"
+    return Record(codec, target, h, w, key, payload)
+
+
+def scan_file(path: str, rows: list[tuple[int, int]], example_cls: Any) -> int:
+    """Append (offset, framed length) for every record of a TFRecord file; return its largest label.
+
+    Each length field is checked against its CRC and against the bytes left in the file before
+    the record is read, so a crafted length cannot make the scan allocate more than the file holds.
+    """
+    size = os.path.getsize(path)
+    max_label = -1
+    with open(path, "rb", buffering=1 << 20) as f:
+        pos = 0
+        while pos < size:
+            head = f.read(12)
+            if len(head) != 12:
+                why = file_placeholder_reason(path) if pos == 0 else None
+                raise CorruptDataError(f"{path} is {why}" if why else "truncated record header", path=path,
+                                       sample=len(rows), offset=pos)
+            length, length_crc = HEAD.unpack(head)
+            if masked_crc32c(head[:8]) != length_crc:
+                why = file_placeholder_reason(path) if pos == 0 else None
+                if why:
+                    raise CorruptDataError(f"{path} is {why}", path=path)
+                raise CorruptDataError("record length checksum mismatch", path=path, sample=len(rows), offset=pos + 8)
+            if length > size - pos - 16:
+                raise CorruptDataError(f"record length {length} runs past the end of the file ({size} bytes)",
+                                       path=path, sample=len(rows), offset=pos)
+            data = f.read(length)
+            f.read(4)
+            record = image_record(example_cls, memoryview(data), path, len(rows), pos + 12)
+            max_label = max(max_label, record.label)
+            rows.append((pos, length + 16))
+            pos += length + 16
+    return max_label
+
+
+# -- damage locator (packer verify) ---------------------------------------------------------------
+def locate_damage(root: str, m: Manifest, f: FileEntry, intact: set[str], report: Report) -> None:
+    """Name the records a damaged TFRecord index or gzip index is wrong about, by rebuilding it from
+    the intact data file (``packer verify``; ``f`` failed its SHA-256)."""
+
+    path = os.path.join(root, f.name)
+    stem = f.name.rsplit(".", 1)[0]
+    gz = m.layout.get("gzip", False)
+    data_name = stem + (GZIP_SUFFIX if gz else TFRECORD_SUFFIX)
+    if f.name.endswith(INDEX_SUFFIX) and data_name in intact:
+        raw = read_all(os.path.join(root, data_name))
+        if gz:
+            raw = gzip.decompress(raw)
+        lines, pos = [], 0
+        while pos < len(raw):
+            (length,) = struct.unpack_from("<Q", raw, pos)
+            lines.append(b"%d %d\n" % (pos, length + 16))
+            pos += length + 16
+        want = b"".join(lines)
+        got = read_all(path)
+        starts = np.cumsum([0] + [len(x) for x in lines])
+        reported: set[int | None] = set()
+        for b in byte_diff(got, want):
+            line = int(np.searchsorted(starts, int(b), side="right")) - 1
+            sample = f.first + line if 0 <= line < len(lines) else None
+            if sample not in reported:
+                reported.add(sample)
+                report(path, sample, int(b), "index line differs from what the records imply")
+    elif f.name.endswith(ZINDEX_SUFFIX) and data_name in intact:
+        got = read_all(path)
+        n = (len(got) - 20) // 8 - 1
+        if n < 0 or got[:4] != ZINDEX_MAGIC:
+            report(path, None, 0, "gzip index header damaged")
+            return
+        offsets = struct.unpack_from(f"<{n + 1}Q", got, 16)
+        if struct.unpack_from("<Q", got, 8)[0] != n:
+            report(path, None, 8, "gzip index header damaged")
+        comp = read_all(os.path.join(root, data_name))
+        for i in range(n):
+            try:
+                rec = zlib.decompressobj(-zlib.MAX_WBITS).decompress(comp[offsets[i] : offsets[i + 1]])
+                (length,) = struct.unpack_from("<Q", rec, 0)
+                good = len(rec) == length + 16
+            except (zlib.error, struct.error):
+                good = False
+            if not good:
+                report(path, f.first + i, 16 + 8 * i, "gzip index offset does not start a record")
+    elif f.name == data_name and gz:
+        got = read_all(path)
+        if got[:10] != GZIP_HEADER:
+            report(path, None, int(byte_diff(got[:10], GZIP_HEADER)[0]), "gzip header damaged")
+        try:
+            stream = gzip.decompress(got)
+        except (OSError, EOFError, zlib.error):
+            report(path, None, 0, "the gzip stream does not decompress as a whole (damaged record data or trailer)")
+            return
+        del stream
