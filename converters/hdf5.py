@@ -29,12 +29,12 @@ import crc32c
 import h5py
 import numpy as np
 
+from packer.codecs import CODEC_IDS, CODEC_NAMES
 from packer.errors import ResumeError
 from packer.imageproc import ProcessedImage
 from packer.layouts.hdf5 import CHUNK_BYTES, DATA_FILE, LAYOUT_VERSION, LIBVER
 from packer.manifest import FileEntry, file_sha256, fsync_dir
 from packer.placement import file_id, place_seed
-from packer.record import CODEC_IDS
 
 from .base import Writer, WriterOptions, no_room
 
@@ -372,7 +372,7 @@ class HDF5Writer(Writer):
         if len(samples) < want:
             raise ResumeError(f"cannot resume: the HDF5 log holds {len(samples)} samples, the journal {want}; "
                               f"run without --resume to start over")
-        names = {v: k for k, v in CODEC_IDS.items()}
+        names = CODEC_NAMES
         storage, shape = state.get("storage"), tuple(state.get("shape") or (0, 0))
         with open(src_path, "rb") as src:
             reader = _PayloadSource(src, storage, shape, chunks, tail)
@@ -400,7 +400,7 @@ class HDF5Writer(Writer):
         f = self._f
         assert f is not None
         codecs = sorted(set(self._codec_ids))
-        names = {v: k for k, v in CODEC_IDS.items()}
+        names = CODEC_NAMES
         codec = names[codecs[0]] if len(codecs) == 1 else ("mixed" if codecs else "none")
         if codec == "mixed":
             ids = np.frombuffer(bytes(self._codec_ids), np.uint8)

@@ -7,6 +7,7 @@ from typing import Any
 import crc32c
 import numpy as np
 
+from packer.codecs import CODEC_IDS
 from packer.imageproc import ProcessedImage
 from packer.layouts.tar import (
     BLOCK,
@@ -21,7 +22,6 @@ from packer.layouts.tar import (
 )
 from packer.manifest import FileEntry
 from packer.placement import file_id, place_seed
-from packer.record import CODEC_IDS
 
 from .base import Writer, WriterOptions
 from .shards import ShardFile, ShardLimits, keep_shards, shard_name, shard_state, write_small_file

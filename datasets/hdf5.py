@@ -35,19 +35,20 @@ import crc32c
 import h5py
 import numpy as np
 
+from packer.codecs import CODEC_IDS, CODEC_NAMES
 from packer.errors import CorruptDataError
 from packer.imageproc import decode_payload
 from packer.layouts.hdf5 import DATA_FILE, LAYOUT_VERSIONS
 from packer.placeholder import file_placeholder_reason
 from packer.placement import place_seed
-from packer.record import CODEC_IDS, Record
+from packer.record import Record
 
 from .base import PackedDataset
 
 __all__ = ["HDF5Dataset"]
 
 _KEY_BLOCK = 8192
-_CODEC_NAMES = {v: k for k, v in CODEC_IDS.items()}
+_CODEC_NAMES = CODEC_NAMES
 
 
 def _h5open(path: str, fd: int | None = None) -> h5py.File:

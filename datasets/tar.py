@@ -21,6 +21,7 @@ from typing import Any
 import crc32c
 import numpy as np
 
+from packer.codecs import CODEC_NAMES
 from packer.errors import CorruptDataError, ManifestError
 from packer.layouts.tar import (
     IMAGE_EXTENSIONS,
@@ -32,13 +33,13 @@ from packer.layouts.tar import (
 )
 from packer.manifest import FileEntry
 from packer.placeholder import placeholder_reason
-from packer.record import CODEC_IDS, Record
+from packer.record import Record
 
 from .shards import ShardedDataset, foreign_manifest
 
 __all__ = ["TarDataset", "IMAGE_EXTENSIONS"]
 
-_CODEC_NAMES = tuple(sorted(CODEC_IDS, key=CODEC_IDS.get))  # type: ignore[arg-type]
+_CODEC_NAMES = CODEC_NAMES
 class TarDataset(ShardedDataset):
     """Map-style dataset over tar shards (see :class:`PackedDataset` for the options).
 

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 import cv2
 import numpy as np
 
+from .codecs import TAR_EXTENSIONS
 from .errors import CorruptDataError, ImageError
 from .imageheader import ImageInfo, describe_non_image, sniff
 
@@ -41,7 +42,7 @@ __all__ = [
 DEFAULT_MAX_PIXELS = 178_956_970
 
 #: Payload codecs a packed sample can have, and the file extension each uses in tar shards.
-CODECS = {"jpeg": "jpg", "png": "png", "webp": "webp", "raw": "npy", "bmp": "bmp", "tiff": "tiff", "pnm": "ppm", "gif": "gif"}
+CODECS = TAR_EXTENSIONS
 
 
 @dataclass(frozen=True)

@@ -25,6 +25,7 @@ from dataclasses import dataclass
 
 import crc32c
 
+from .codecs import CODEC_IDS, CODEC_NAMES
 from .errors import CorruptDataError
 
 __all__ = ["MAGIC", "MAGICS", "HEADER", "CODEC_IDS", "Record", "pack_record", "unpack_record"]
@@ -34,8 +35,7 @@ MAGIC_V1 = b"PKS1"
 MAGICS = (MAGIC, MAGIC_V1)
 HEADER = struct.Struct("<4sBBHqIII")  # everything before the CRC: 28 bytes
 _CRC = struct.Struct("<I")
-CODEC_IDS = {"raw": 0, "jpeg": 1, "png": 2, "webp": 3, "bmp": 4, "tiff": 5, "pnm": 6, "gif": 7}
-_CODEC_NAMES = {v: k for k, v in CODEC_IDS.items()}
+_CODEC_NAMES = CODEC_NAMES
 
 
 @dataclass(frozen=True)

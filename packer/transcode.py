@@ -32,6 +32,7 @@ from typing import Any
 import cv2
 
 from . import __version__
+from .codecs import FILE_EXTENSIONS
 from .destination import check_destination, claim_destination
 from .engine import (
     ConvertOptions,
@@ -69,10 +70,7 @@ __all__ = ["COPY", "TranscodeReport", "convert_dataset", "is_copy", "reprocess",
 COPY = ProcessOptions(encoding=Encoding("keep", 0))
 
 #: File extensions that match each stored codec (lower case); the first is used for renames.
-_EXTENSIONS = {
-    "jpeg": (".jpg", ".jpeg", ".jpe"), "png": (".png",), "webp": (".webp",), "bmp": (".bmp",),
-    "tiff": (".tif", ".tiff"), "pnm": (".ppm", ".pgm", ".pbm", ".pnm"), "gif": (".gif",),
-}
+_EXTENSIONS = FILE_EXTENSIONS
 _NAME_MAX = 255  # bytes per path component on common file systems
 #: Formats other tools write, readable without a packer manifest (WebDataset shards, TFRecord files).
 _FOREIGN = ("tar", "tfrecord")

@@ -61,3 +61,11 @@ def test_old_versions_convert_to_the_current_one(archived, tmp_path, fmt):
     ds = open_dataset(str(tmp_path / "new"), output="numpy")
     assert rep.manifest.version == MANIFEST_VERSION == ds.manifest.version
     assert [(ds.read_record(i).key, ds[i][1]) for i in range(len(ds))] == [(k, lab) for k, lab, _, _ in EXPECTED]
+
+
+def test_codec_ids_on_disk_never_change():
+    """Codec ids are written into LMDB records, HDF5 /codecs and tar indexes: they are forever."""
+    from packer.codecs import CODEC_IDS, CODEC_TABLE
+
+    assert CODEC_IDS == {"raw": 0, "jpeg": 1, "png": 2, "webp": 3, "bmp": 4, "tiff": 5, "pnm": 6, "gif": 7}
+    assert len({c.id for c in CODEC_TABLE}) == len(CODEC_TABLE)

@@ -35,7 +35,7 @@ fetches an image with one ``pread`` and never parses tar. All integers little-en
     32   4   CRC32C of the image member's data, seeded with the sample's place (version 2,
              packer.placement: the shard's id and the position in the shard; version 1: not seeded)
     36   4   end of this sample's key in the key blob (uint32; it starts where the previous ends)
-    40   1   codec id (packer.record.CODEC_IDS: 0 raw, 1 jpeg, 2 png, 3 webp, ...)
+    40   1   codec id (packer.codecs: 0 raw, 1 jpeg, 2 png, 3 webp, ...)
     41   1   channels (3)
     42   6   zero
     key blob, K bytes: the UTF-8 source keys, concatenated
@@ -55,13 +55,12 @@ import tarfile
 import crc32c
 import numpy as np
 
+from packer.codecs import CODEC_IDS, CODEC_NAMES, MEMBER_CODECS, TAR_EXTENSIONS
 from packer.damage import Report, byte_diff, read_all
 from packer.errors import CorruptDataError
-from packer.imageproc import CODECS
 from packer.manifest import FileEntry, Manifest
 from packer.placeholder import file_placeholder_reason
 from packer.placement import place_seed
-from packer.record import CODEC_IDS
 
 __all__ = [
     "TAR_SUFFIX",
@@ -217,17 +216,14 @@ def sample_members(index: int, key: str, label: int, codec: str, height: int, wi
         ensure_ascii=False, separators=(",", ":"),
     ).encode("utf-8")
     return b"".join((
-        tar_header(f"{stem}.{CODECS[codec]}", len(payload)), payload, _padding(len(payload)),
+        tar_header(f"{stem}.{TAR_EXTENSIONS[codec]}", len(payload)), payload, _padding(len(payload)),
         tar_header(f"{stem}.cls", len(cls)), cls, _padding(len(cls)),
         tar_header(f"{stem}.json", len(meta)), meta, _padding(len(meta)),
     ))
 
 
 #: Member extensions read as the image of a foreign sample, in order of preference -> codec.
-IMAGE_EXTENSIONS = {
-    "jpg": "jpeg", "jpeg": "jpeg", "png": "png", "webp": "webp", "npy": "raw",
-    "bmp": "bmp", "tif": "tiff", "tiff": "tiff", "ppm": "pnm", "pgm": "pnm", "pnm": "pnm", "gif": "gif",
-}
+IMAGE_EXTENSIONS = MEMBER_CODECS
 _KEY_EXT = re.compile(r"^((?:.*/|)[^.]+)[.]([^/]*)$")  # WebDataset's split: key = up to the first dot
 _META = re.compile(r"__[^/]*__($|/)")  # WebDataset skips members such as __index__
 
@@ -340,7 +336,7 @@ def tar_samples(path: str):  # noqa: ANN202 - iterator of (stem, {ext: (data off
 def locate_damage(root: str, m: Manifest, f: FileEntry, intact: set[str], report: Report) -> None:
     """Name the samples a damaged tar shard or index file holds wrong bytes for, by rebuilding what the
     intact other half implies (``packer verify``; ``f`` failed its SHA-256)."""
-    names = {v: k for k, v in CODEC_IDS.items()}
+    names = CODEC_NAMES
     path = os.path.join(root, f.name)
     if f.name.endswith(TAR_SUFFIX):
         idx_name = f.name[: -len(TAR_SUFFIX)] + INDEX_SUFFIX
@@ -382,7 +378,7 @@ def locate_damage(root: str, m: Manifest, f: FileEntry, intact: set[str], report
         k = str(meta["key"]).encode("utf-8")
         key_end += len(k)
         blob.append(k)
-        codec = {v: k for k, v in CODECS.items()}.get(ext, ext)
+        codec = MEMBER_CODECS.get(ext, ext)
         rows.append((off, len(payload), int(meta["label"]), int(meta["height"]), int(meta["width"]),
                      crc32c.crc32c(payload, place_seed(fid, j)), key_end, CODEC_IDS[codec], 3, b""))
     want = pack_index(f.first, np.array(rows, dtype=INDEX_ENTRY), b"".join(blob), version=2 if m.version >= 2 else 1)

@@ -55,12 +55,13 @@ from typing import Any
 import crc32c
 import numpy as np
 
+from packer.codecs import TF_FORMAT_CODECS
 from packer.damage import Report, byte_diff, read_all
 from packer.errors import CorruptDataError
 from packer.imageproc import ProcessedImage
 from packer.manifest import FileEntry, Manifest
 from packer.placeholder import file_placeholder_reason, placeholder_reason
-from packer.record import CODEC_IDS, Record
+from packer.record import Record
 from packer.tfexample import encode_example
 
 __all__ = [
@@ -158,7 +159,7 @@ def unpack_zindex(data: bytes, path: str) -> list[int]:
 FOREIGN_SUFFIXES = (".tfrecord", ".tfrecords", ".tfr")
 
 HEAD = struct.Struct("<QI")
-FORMAT_CODECS = {name.encode(): name for name in CODEC_IDS} | {b"jpg": "jpeg", b"JPEG": "jpeg", b"PNG": "png"}
+FORMAT_CODECS = TF_FORMAT_CODECS
 
 
 def parse_idx(text: bytes, path: str) -> np.ndarray:
