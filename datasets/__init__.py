@@ -57,7 +57,7 @@ def __getattr__(name: str) -> Any:
     if name.endswith("Dataset"):
         from packer.registry import FORMATS
 
-        for fmt, (_, reader) in FORMATS.items():
-            if reader.endswith(":" + name):
-                return reader_class(fmt)
+        for fmt in FORMATS.values():  # each reader is named <Format>Dataset
+            if name.lower() == f"{fmt.name}dataset" and fmt.reader.__name__ == name:
+                return fmt.reader
     raise AttributeError(f"module 'packer.datasets' has no attribute {name!r}")

@@ -14,7 +14,7 @@ from collections.abc import Callable, Sequence
 
 from . import __version__
 from .errors import PackerError
-from .registry import format_names
+from .registry import format_names, formats_taking, get_format
 
 __all__ = ["main", "EXIT_OK", "EXIT_ERROR", "EXIT_USAGE", "EXIT_SKIPPED"]
 
@@ -73,6 +73,12 @@ def _add_convert(p: argparse.ArgumentParser) -> None:
     g.add_argument("--gzip", action="store_true", help="gzip-compress TFRecord files")
 
 
+#: WriterOptions field -> its flag, and what to say when a format does not take it.
+_OPTION_FLAGS = {"shard_bytes": "--shard-size", "shard_samples": "--shard-samples", "gzip": "--gzip",
+                 "checkpoint_samples": "--checkpoint-samples"}
+_OPTION_HINTS = {"checkpoint_samples": " (shard formats checkpoint at every shard)"}
+
+
 def _convert_options(a: argparse.Namespace):  # noqa: ANN202 - ConvertOptions, imported lazily
     from .converters.base import WriterOptions
     from .engine import ConvertOptions
@@ -95,22 +101,23 @@ def _convert_options(a: argparse.Namespace):  # noqa: ANN202 - ConvertOptions, i
         raise UsageError("packer convert: --workers must be at least 1")
     if shard_bytes is not None and shard_bytes < 1:
         raise UsageError("packer convert: --shard-size must be at least 1 byte")
-    if a.gzip and a.dst_format != "tfrecord":
-        raise UsageError("packer convert: --gzip applies to tfrecord output only")
     if a.shard_samples is not None and a.shard_samples < 1:
         raise UsageError("packer convert: --shard-samples must be at least 1")
     if a.resume and a.dst_format == "imagefolder":
         raise UsageError("packer convert: --resume applies to packed output (lmdb, hdf5, tar, tfrecord) only")
-    if a.checkpoint_samples is not None:
-        if a.dst_format not in ("lmdb", "hdf5"):
-            raise UsageError("packer convert: --checkpoint-samples applies to lmdb and hdf5 output only "
-                             "(tar and tfrecord checkpoint at every shard)")
-        if a.checkpoint_samples < 1:
-            raise UsageError("packer convert: --checkpoint-samples must be at least 1")
+    if a.checkpoint_samples is not None and a.checkpoint_samples < 1:
+        raise UsageError("packer convert: --checkpoint-samples must be at least 1")
+    writer = WriterOptions(shard_bytes=shard_bytes, shard_samples=a.shard_samples, gzip=a.gzip,
+                           checkpoint_samples=a.checkpoint_samples)
+    refused = get_format(a.dst_format).refused_options(writer) if a.dst_format != "imagefolder" else [
+        f for f in ("shard_bytes", "shard_samples", "gzip", "checkpoint_samples") if getattr(writer, f) not in (None, False)]
+    if refused:
+        flag = _OPTION_FLAGS[refused[0]]
+        raise UsageError(f"packer convert: {flag} applies to {' and '.join(formats_taking(refused[0]))} output only"
+                         + _OPTION_HINTS.get(refused[0], ""))
     return ConvertOptions(
         processing=processing,
-        writer=WriterOptions(shard_bytes=shard_bytes, shard_samples=a.shard_samples, gzip=a.gzip,
-                             checkpoint_samples=a.checkpoint_samples),
+        writer=writer,
         workers=a.workers,
         shuffle=not a.no_shuffle,
         seed=a.seed,

@@ -46,7 +46,7 @@ from .errors import DiskFullError, ImageError, PackerError, ResumeError, SourceE
 from .imageproc import ProcessedImage, ProcessOptions, process_image
 from .journal import JOURNAL_NAME, Journal, digest, read_journal, remove_journal, write_journal
 from .manifest import MANIFEST_NAME, Manifest, Skipped, file_sha256, fsync_dir, write_manifest
-from .registry import writer_class
+from .registry import formats_taking, get_format, writer_class
 from .scan import Sample, scan_imagefolder
 
 __all__ = [
@@ -377,7 +377,12 @@ def write_packed_result(
     """:func:`write_packed`, also returning what a resume kept (``{"consumed", "written"}`` or
     None) and notes for the user (e.g. that there was nothing to resume)."""
     tmp = temp_dir_for(dst)
-    wcls = writer_class(fmt)
+    spec = get_format(fmt)
+    refused = spec.refused_options(options.writer)
+    if refused:
+        raise ValueError(f"writer option {refused[0]} does not apply to {fmt} output (it applies to "
+                         f"{' and '.join(formats_taking(refused[0]))})")
+    wcls = spec.writer
     resumable = callable(items) and fingerprint is not None and getattr(wcls, "resumable", False)
     notes: list[str] = []
     journal: Journal | None = None

@@ -1,25 +1,140 @@
-"""The format registry: one line per format, naming its writer and its reader.
+"""The format registry: one typed record per format, the only place that lists formats.
 
-Readers are chosen by the manifest's ``format`` field, never by the caller. Entries are import
-paths resolved on first use, so ``import packer`` stays light and a format whose optional
-dependency is missing fails only when used. Adding a format: a writer module in converters/,
-a reader module of the same name in datasets/, and one line here.
+Each record names the format's layout module, its writer and reader (imported on first use, so
+``import packer`` stays light and a format whose optional dependency is missing fails only when
+used; the imports are written out, so go-to-definition works), the writer options it accepts, and
+its hooks for ``verify``. The CLI, ``verify``, the engine and the tests ask the registry; nothing
+else compares format names. Adding a format: a layout module in packer/layouts, a writer in
+converters/, a reader in datasets/, and one record here (docs/FORMATS.md, "Adding a format").
 """
 
 from __future__ import annotations
 
-import importlib
-from typing import Any
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
 
-__all__ = ["FORMATS", "format_names", "writer_class", "reader_class"]
+if TYPE_CHECKING:
+    from packer.converters.base import Writer
+    from packer.damage import Report
+    from packer.datasets.base import PackedDataset
+    from packer.manifest import FileEntry, Manifest
 
-#: format name -> (writer "module:Class", reader "module:Class")
-FORMATS: dict[str, tuple[str, str]] = {
-    "lmdb": ("packer.converters.lmdb:LMDBWriter", "packer.datasets.lmdb:LMDBDataset"),
-    "tar": ("packer.converters.tar:TarWriter", "packer.datasets.tar:TarDataset"),
-    "tfrecord": ("packer.converters.tfrecord:TFRecordWriter", "packer.datasets.tfrecord:TFRecordDataset"),
-    "hdf5": ("packer.converters.hdf5:HDF5Writer", "packer.datasets.hdf5:HDF5Dataset"),
-}
+__all__ = ["Format", "FORMATS", "format_names", "get_format", "writer_class", "reader_class", "formats_taking"]
+
+#: Writer options every format takes (see packer.converters.base.WriterOptions).
+SHARD_OPTIONS = frozenset({"shard_bytes", "shard_samples"})
+
+#: ``locate_damage(root, manifest, file, intact names, report)``: name the samples a file whose
+#: SHA-256 failed holds wrong bytes for (``packer verify``).
+Locator = Callable[[str, "Manifest", "FileEntry", "set[str]", "Report"], None]
+
+
+@dataclass(frozen=True)
+class Format:
+    """One packed format."""
+
+    name: str
+    #: Import and return the writer and the reader class (see :attr:`writer` and :attr:`reader`).
+    load_writer: Callable[[], type[Writer]]
+    load_reader: Callable[[], type[PackedDataset]]
+    #: WriterOptions fields this format uses; giving any other is a usage error.
+    options: frozenset[str]
+    #: Readable without a packer manifest (shards written by other tools).
+    foreign: bool = False
+    #: Names the damaged samples of a file that failed its SHA-256 (None: the SHA-256 names the file).
+    locate_damage: Locator | None = None
+    #: One B-tree over the whole file: a damaged pointer can lead to another intact record, which
+    #: ``verify`` looks for in version 1 datasets (version 2 binds each record to its place).
+    check_unique_records: bool = False
+
+    def refused_options(self, options: Any) -> list[str]:
+        """The WriterOptions fields set in ``options`` (not None, not False) that this format does not take."""
+        from dataclasses import fields
+
+        return [f.name for f in fields(options) if getattr(options, f.name) not in (None, False)
+                and f.name not in self.options]
+
+    @property
+    def writer(self) -> type[Writer]:
+        """The writer class."""
+        return self.load_writer()
+
+    @property
+    def reader(self) -> type[PackedDataset]:
+        """The map-style dataset class."""
+        return self.load_reader()
+
+
+# Writers and readers are imported on first use: a conversion never imports torch (the readers
+# do), and importing packer.datasets does not import h5py or lmdb.
+def _lmdb_writer() -> type[Writer]:
+    from packer.converters.lmdb import LMDBWriter
+
+    return LMDBWriter
+
+
+def _lmdb_reader() -> type[PackedDataset]:
+    from packer.datasets.lmdb import LMDBDataset
+
+    return LMDBDataset
+
+
+def _tar_writer() -> type[Writer]:
+    from packer.converters.tar import TarWriter
+
+    return TarWriter
+
+
+def _tar_reader() -> type[PackedDataset]:
+    from packer.datasets.tar import TarDataset
+
+    return TarDataset
+
+
+def _tfrecord_writer() -> type[Writer]:
+    from packer.converters.tfrecord import TFRecordWriter
+
+    return TFRecordWriter
+
+
+def _tfrecord_reader() -> type[PackedDataset]:
+    from packer.datasets.tfrecord import TFRecordDataset
+
+    return TFRecordDataset
+
+
+def _hdf5_writer() -> type[Writer]:
+    from packer.converters.hdf5 import HDF5Writer
+
+    return HDF5Writer
+
+
+def _hdf5_reader() -> type[PackedDataset]:
+    from packer.datasets.hdf5 import HDF5Dataset
+
+    return HDF5Dataset
+
+
+def _locate_tar(*args: Any) -> None:
+    from packer.layouts.tar import locate_damage
+
+    locate_damage(*args)
+
+
+def _locate_tfrecord(*args: Any) -> None:
+    from packer.layouts.tfrecord import locate_damage
+
+    locate_damage(*args)
+
+
+FORMATS: dict[str, Format] = {f.name: f for f in (
+    Format("lmdb", _lmdb_writer, _lmdb_reader, frozenset({"checkpoint_samples"}), check_unique_records=True),
+    Format("tar", _tar_writer, _tar_reader, SHARD_OPTIONS, foreign=True, locate_damage=_locate_tar),
+    Format("tfrecord", _tfrecord_writer, _tfrecord_reader, SHARD_OPTIONS | {"gzip"}, foreign=True,
+           locate_damage=_locate_tfrecord),
+    Format("hdf5", _hdf5_writer, _hdf5_reader, frozenset({"checkpoint_samples"})),
+)}
 
 
 def format_names() -> list[str]:
@@ -27,23 +142,24 @@ def format_names() -> list[str]:
     return list(FORMATS)
 
 
-def _load(spec: str) -> Any:
-    module, _, name = spec.partition(":")
-    return getattr(importlib.import_module(module), name)
-
-
-def _entry(fmt: str) -> tuple[str, str]:
+def get_format(fmt: str) -> Format:
+    """The record of ``fmt`` (ValueError naming the known formats for an unknown one)."""
     try:
         return FORMATS[fmt]
     except KeyError:
         raise ValueError(f"unknown format {fmt!r}; known formats: {', '.join(FORMATS)}") from None
 
 
-def writer_class(fmt: str) -> Any:
+def formats_taking(option: str) -> list[str]:
+    """The formats whose writer takes the WriterOptions field ``option``."""
+    return [f.name for f in FORMATS.values() if option in f.options]
+
+
+def writer_class(fmt: str) -> type[Writer]:
     """The writer class for ``fmt`` (ValueError for an unknown format)."""
-    return _load(_entry(fmt)[0])
+    return get_format(fmt).writer
 
 
-def reader_class(fmt: str) -> Any:
+def reader_class(fmt: str) -> type[PackedDataset]:
     """The map-style dataset class for ``fmt`` (ValueError for an unknown format)."""
-    return _load(_entry(fmt)[1])
+    return get_format(fmt).reader

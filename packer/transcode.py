@@ -61,7 +61,7 @@ from .imageproc import (
 from .journal import digest
 from .manifest import MANIFEST_NAME, Manifest, Skipped, read_manifest
 from .record import Record
-from .registry import writer_class
+from .registry import get_format, writer_class
 from .scan import IMG_EXTENSIONS
 
 __all__ = ["COPY", "TranscodeReport", "convert_dataset", "is_copy", "reprocess", "processing_for", "safe_relpath"]
@@ -72,8 +72,6 @@ COPY = ProcessOptions(encoding=Encoding("keep", 0))
 #: File extensions that match each stored codec (lower case); the first is used for renames.
 _EXTENSIONS = FILE_EXTENSIONS
 _NAME_MAX = 255  # bytes per path component on common file systems
-#: Formats other tools write, readable without a packer manifest (WebDataset shards, TFRecord files).
-_FOREIGN = ("tar", "tfrecord")
 
 
 @dataclass
@@ -114,7 +112,6 @@ def processing_for(
 def _open_source(src: str, src_format: str) -> Any:
     """Open the packed source for reading: by its manifest, or, for formats other tools write
     (tar, tfrecord), without one through ``open_dataset(path, format=...)``."""
-    import inspect
 
     from packer.datasets import open_dataset
 
@@ -127,7 +124,7 @@ def _open_source(src: str, src_format: str) -> Any:
         if m.format != src_format:
             raise SourceError(f"{src} holds a {m.format} dataset, not {src_format}")
         return open_dataset(src, output="numpy")
-    if src_format in _FOREIGN and "format" in inspect.signature(open_dataset).parameters:
+    if get_format(src_format).foreign:
         return open_dataset(src, format=src_format, output="numpy")
     read_manifest(src)  # raises UnfinishedDatasetError with the usual explanation
     raise SourceError(f"{src} has no manifest")  # not reached

@@ -31,6 +31,7 @@ import crc32c
 
 from .errors import CorruptDataError
 from .manifest import FileEntry, Manifest, file_sha256, read_manifest
+from .registry import get_format
 
 __all__ = ["VerifyReport", "verify_dataset"]
 
@@ -63,6 +64,7 @@ def verify_dataset(path: str | os.PathLike[str], decode: bool = True) -> VerifyR
 
     root = os.fspath(path)
     m = read_manifest(root)
+    spec = get_format(m.format)
     rep = VerifyReport(files=len(m.files), samples=m.num_samples)
     intact: set[str] = set()
     for f in m.files:
@@ -111,11 +113,11 @@ def verify_dataset(path: str | os.PathLike[str], decode: bool = True) -> VerifyR
                 rep.problems.append(f"sample {i}: {e}")
                 rep._sample(i)
                 continue
-            if m.format == "lmdb":  # a damaged B-tree pointer can lead to another sample's intact record
+            if spec.check_unique_records:  # a damaged pointer can lead to another sample's intact record
                 ident = (rec.key, rec.label, crc32c.crc32c(rec.payload))
                 if ident in seen:
                     rep.problems.append(f"sample {i}: reads the same record as sample {seen[ident]} ({rec.key!r}); "
-                                        f"the LMDB B-tree is damaged ({os.path.join(root, 'data.mdb')})")
+                                        f"the file's index is damaged ({os.path.join(root, m.files[0].name)})")
                     rep._sample(i)
                     continue
                 seen[ident] = i
@@ -126,14 +128,9 @@ def verify_dataset(path: str | os.PathLike[str], decode: bool = True) -> VerifyR
 
 # -- locating damage in a file whose checksum failed ------------------------------------------------
 def _locate(root: str, m: Manifest, f: FileEntry, intact: set[str], rep: VerifyReport) -> None:
-    if m.format == "tar":
-        from packer.layouts.tar import locate_damage
-
-        locate_damage(root, m, f, intact, functools.partial(_report, rep))
-    elif m.format == "tfrecord":
-        from packer.layouts.tfrecord import locate_damage as locate_tfrecord
-
-        locate_tfrecord(root, m, f, intact, functools.partial(_report, rep))
+    locate = get_format(m.format).locate_damage
+    if locate is not None:
+        locate(root, m, f, intact, functools.partial(_report, rep))
 
 
 def _report(rep: VerifyReport, path: str, sample: int | None, offset: int, what: str) -> None:

@@ -28,15 +28,16 @@ from conftest import make_folder  # noqa: E402
 from packer.cli import main as cli_main  # noqa: E402
 from packer.errors import CorruptDataError  # noqa: E402
 from packer.manifest import MANIFEST_NAME, read_manifest  # noqa: E402
+from packer.registry import format_names, get_format  # noqa: E402
 
-FORMATS = ("lmdb", "hdf5", "tar", "tfrecord")
-#: Small checkpoint intervals, so a run of ~120 images has a dozen resume points in every format.
-FORMAT_OPTIONS = {
-    "lmdb": ["--checkpoint-samples", "10"],
-    "hdf5": ["--checkpoint-samples", "10"],
-    "tar": ["--shard-samples", "10"],
-    "tfrecord": ["--shard-samples", "10"],
-}
+FORMATS = tuple(format_names())
+
+
+def format_options(fmt: str) -> list[str]:
+    """Small checkpoint intervals, so a run of ~120 images has a dozen resume points in every format:
+    every 10 samples, by shard for the formats that shard, by commit for the others."""
+    takes = get_format(fmt).options
+    return ["--shard-samples", "10"] if "shard_samples" in takes else ["--checkpoint-samples", "10"]
 
 
 def make_source(root: str, n: int = 150, seed: int = 0, lo: int = 240, hi: int = 360) -> str:
@@ -55,7 +56,7 @@ def make_source(root: str, n: int = 150, seed: int = 0, lo: int = 240, hi: int =
 def convert_argv(fmt: str, src: str, dst: str, *extra: str, workers: int = 1) -> list[str]:
     """The CLI call of one conversion (PNG re-encode: slow enough to be killed mid-way)."""
     return [sys.executable, "-m", "packer", "convert", "imagefolder", fmt, src, dst, "--workers", str(workers),
-            "--encode", "png", "-q", *FORMAT_OPTIONS[fmt], *extra]
+            "--encode", "png", "-q", *format_options(fmt), *extra]
 
 
 def tmp_of(dst: str) -> str:

@@ -25,7 +25,7 @@ from packer.datasets import streaming as streaming_module
 from packer.datasets.partition import World, epoch_counts, plan
 from packer.engine import ConvertOptions, convert_imagefolder
 from packer.imageproc import ProcessOptions, parse_encoding, parse_resize
-from packer.registry import format_names
+from packer.registry import format_names, get_format
 
 N = 23  # samples: odd, so two ranks pad one and three ranks pad one
 SHARD = 5  # samples per shard for sharded formats: 5 shards, the last one short
@@ -45,7 +45,7 @@ def convert(tmp_path_factory, fmt: str) -> str:
     make_source(str(tmp / "src"))
     opts = ConvertOptions(
         processing=ProcessOptions(resize=parse_resize("none"), encoding=parse_encoding("png")),
-        writer=WriterOptions(shard_samples=SHARD),
+        writer=WriterOptions(shard_samples=SHARD) if "shard_samples" in get_format(fmt).options else WriterOptions(),
     )
     convert_imagefolder(str(tmp / "src"), str(tmp / "out"), fmt, opts)
     return str(tmp / "out")
