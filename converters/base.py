@@ -16,43 +16,15 @@ bytes written, and a resumed conversion produces the same files as an uninterrup
 from __future__ import annotations
 
 import abc
-import errno
 import os
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
+from packer.filesystem import free_bytes, no_room
 from packer.imageproc import ProcessedImage
 from packer.manifest import FileEntry
 
 __all__ = ["WriterOptions", "Writer", "free_bytes", "no_room"]
-
-
-def free_bytes(directory: str) -> int:
-    """Bytes an unprivileged writer may still use on the file system of ``directory`` (-1 if unknown)."""
-    try:
-        st = os.statvfs(directory)
-    except (OSError, AttributeError):
-        return -1
-    return st.f_bavail * st.f_frsize
-
-
-def no_room(path: str, nbytes: int, margin: int = 1 << 20) -> OSError | None:
-    """The OSError (ENOSPC or EFBIG) that writing ``nbytes`` more to ``path`` would meet, keeping
-    ``margin`` spare, or None. For libraries that cannot report or survive a full disk themselves
-    (LMDB reports a short write as EIO; HDF5 cannot close a file after a failed write)."""
-    free = free_bytes(os.path.dirname(path) or ".")
-    if 0 <= free < nbytes + margin:
-        return OSError(errno.ENOSPC, f"No space left on device ({free} bytes free, {nbytes + margin} needed)", path)
-    try:
-        import resource
-
-        limit = resource.getrlimit(resource.RLIMIT_FSIZE)[0]
-    except (ImportError, OSError, ValueError):
-        return None
-    size = os.path.getsize(path) if os.path.exists(path) else 0
-    if limit != resource.RLIM_INFINITY and size + nbytes + margin > limit:
-        return OSError(errno.EFBIG, f"File too large (the process's file size limit is {limit} bytes)", path)
-    return None
 
 
 @dataclass(frozen=True)

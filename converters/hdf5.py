@@ -31,9 +31,10 @@ import numpy as np
 
 from packer.codecs import CODEC_IDS, CODEC_NAMES
 from packer.errors import ResumeError
+from packer.filesystem import fsync_dir
 from packer.imageproc import ProcessedImage
 from packer.layouts.hdf5 import CHUNK_BYTES, DATA_FILE, LAYOUT_VERSION, LIBVER
-from packer.manifest import FileEntry, file_sha256, fsync_dir
+from packer.manifest import FileEntry, file_sha256
 from packer.placement import file_id, place_seed
 
 from .base import Writer, WriterOptions, no_room

@@ -21,9 +21,10 @@ from typing import Any
 import lmdb
 
 from packer.errors import CorruptDataError, ResumeError
+from packer.filesystem import fsync_dir
 from packer.imageproc import ProcessedImage
 from packer.layouts.lmdb import DATA_FILE, lmdb_key
-from packer.manifest import FileEntry, file_sha256, fsync_dir
+from packer.manifest import FileEntry, file_sha256
 from packer.placement import file_id, place_seed
 from packer.record import pack_record, unpack_record
 

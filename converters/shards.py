@@ -14,7 +14,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from packer.errors import ResumeError
-from packer.manifest import FileEntry, file_sha256, fsync_dir
+from packer.filesystem import fsync_dir
+from packer.manifest import FileEntry, file_sha256
 
 from .base import WriterOptions
 

@@ -2,7 +2,7 @@
 
 import sys
 
-from packer.cli import main
+from packer.ops.cli import main
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -1,6 +1,6 @@
 """The conversion journal: what an interrupted conversion had made durable, so ``--resume`` can go on.
 
-A conversion is built in the hidden folder ``.NAME.packer-tmp`` (see :mod:`packer.engine`). At every
+A conversion is built in the hidden folder ``.NAME.packer-tmp`` (see :mod:`packer.ops.engine`). At every
 checkpoint (a finished shard, an LMDB commit, an HDF5 block: the writer says when) the engine
 writes ``.packer-journal.json`` there, atomically (temp file, fsync, rename, directory fsync),
 *after* the writer has made everything it reports durable::
@@ -29,7 +29,7 @@ import os
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from .manifest import atomic_write_bytes, fsync_dir
+from .filesystem import atomic_write_bytes, fsync_dir
 
 __all__ = ["JOURNAL_NAME", "JOURNAL_VERSION", "Journal", "read_journal", "write_journal", "remove_journal",
            "digest"]

@@ -15,6 +15,7 @@ from typing import Any
 
 from .errors import CorruptDataError, ManifestError, UnfinishedDatasetError
 from .fileio import open_regular
+from .filesystem import atomic_write_bytes, fsync_dir
 from .placement import is_file_id
 
 __all__ = [
@@ -187,26 +188,6 @@ def _file_entry(f: Any) -> FileEntry:
     return FileEntry(name=name, samples=_count(f["samples"], "files[].samples"), bytes=_count(f["bytes"], "files[].bytes"),
                      sha256=_typed(f.get("sha256", ""), str, "files[].sha256"),
                      first=_count(f.get("first", 0), "files[].first"), id=_typed(f.get("id", ""), str, "files[].id"))
-
-
-def fsync_dir(path: str) -> None:
-    """fsync a directory so a rename inside it is durable."""
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def atomic_write_bytes(path: str, data: bytes) -> None:
-    """Write ``data`` to ``path`` via a temp file, fsync, rename and directory fsync."""
-    tmp = f"{path}.tmp-{os.getpid()}"
-    with open(tmp, "wb") as f:
-        f.write(data)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
-    fsync_dir(os.path.dirname(os.path.abspath(path)))
 
 
 def write_manifest(directory: str, manifest: Manifest) -> None:

@@ -84,8 +84,8 @@ def pack(src, dst, fmt, encode="jpeg:90", resize="none", writer=None, **options)
     """Convert ``src`` to ``fmt`` at ``dst``: image options as CLI strings, ``writer`` as a dict of
     WriterOptions fields, anything else as ConvertOptions fields (workers, seed, shuffle, ...)."""
     from packer.converters.base import WriterOptions
-    from packer.engine import ConvertOptions, convert_imagefolder
     from packer.imageproc import ProcessOptions, parse_encoding, parse_resize
+    from packer.ops.engine import ConvertOptions, convert_imagefolder
 
     opts = ConvertOptions(processing=ProcessOptions(resize=parse_resize(resize), encoding=parse_encoding(encode)),
                           writer=WriterOptions(**(writer or {})), **options)

@@ -25,9 +25,9 @@ if HERE not in sys.path:
 
 from conftest import make_folder  # noqa: E402
 
-from packer.cli import main as cli_main  # noqa: E402
 from packer.errors import CorruptDataError  # noqa: E402
 from packer.manifest import MANIFEST_NAME, read_manifest  # noqa: E402
+from packer.ops.cli import main as cli_main  # noqa: E402
 from packer.registry import format_names, get_format  # noqa: E402
 
 FORMATS = tuple(format_names())
@@ -188,7 +188,7 @@ def kill_trial(fmt: str, src: str, ref: str, ref_snapshot: list, work: str, dela
     t.identical = identical_dirs(dst, ref)
     # A kill while the replaced dataset was being deleted leaves .out.packer-trash; the next
     # conversion to DST deletes it first (recover_publish), as it does here.
-    from packer.engine import recover_publish
+    from packer.ops.engine import recover_publish
 
     recover_publish(dst)
     leftovers = [n for n in os.listdir(work) if n != "out"]

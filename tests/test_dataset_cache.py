@@ -10,9 +10,9 @@ import torch
 from torch.utils.data import DataLoader
 
 from packer.datasets import open_dataset
-from packer.engine import ConvertOptions, convert_imagefolder
 from packer.imageproc import ProcessOptions, parse_encoding, parse_resize
 from packer.manifest import read_manifest
+from packer.ops.engine import ConvertOptions, convert_imagefolder
 from packer.registry import format_names
 
 

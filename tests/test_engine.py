@@ -13,9 +13,9 @@ import pytest
 from conftest import make_folder
 
 from packer.datasets import open_dataset
-from packer.engine import ConvertOptions, _results, convert_imagefolder, temp_dir_for
 from packer.errors import ImageError, PackerError, SourceError
 from packer.manifest import read_manifest
+from packer.ops.engine import ConvertOptions, _results, convert_imagefolder, temp_dir_for
 from packer.scan import scan_imagefolder
 
 

@@ -55,7 +55,7 @@ def test_old_versions_read_pixel_for_pixel(archived, version, fmt):
 @pytest.mark.parametrize("fmt", format_names())
 def test_old_versions_convert_to_the_current_one(archived, tmp_path, fmt):
     from packer.manifest import MANIFEST_VERSION
-    from packer.transcode import convert_dataset
+    from packer.ops.transcode import convert_dataset
 
     rep = convert_dataset(str(archived / "v1" / fmt), str(tmp_path / "new"), fmt, fmt)
     ds = open_dataset(str(tmp_path / "new"), output="numpy")

@@ -20,10 +20,10 @@ import packer.converters.hdf5 as hdf5_writer
 from packer.converters.base import WriterOptions
 from packer.datasets import open_dataset
 from packer.datasets.hdf5 import HDF5Dataset
-from packer.engine import ConvertOptions, convert_imagefolder, write_packed
 from packer.errors import CorruptDataError
 from packer.imageproc import ProcessedImage, ProcessOptions, parse_encoding, parse_resize
 from packer.manifest import Manifest, read_manifest
+from packer.ops.engine import ConvertOptions, convert_imagefolder, write_packed
 from packer.record import CODEC_IDS
 
 

@@ -24,17 +24,17 @@ import numpy as np
 import pytest
 from conftest import make_folder
 
-from packer.cli import main
 from packer.converters.base import WriterOptions
 from packer.datasets import open_dataset
-from packer.engine import ConvertOptions, convert_imagefolder, temp_dir_for
 from packer.errors import CorruptDataError, DiskFullError, SourceError
 from packer.imageproc import ProcessOptions, parse_encoding
 from packer.layouts.tar import INDEX_HEADER, pack_index, unpack_index
 from packer.layouts.tfrecord import masked_crc32c
 from packer.manifest import read_manifest, write_manifest
+from packer.ops.cli import main
+from packer.ops.engine import ConvertOptions, convert_imagefolder, temp_dir_for
+from packer.ops.transcode import convert_dataset
 from packer.registry import format_names
-from packer.transcode import convert_dataset
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 FORMATS = format_names()
@@ -373,7 +373,7 @@ def test_file_size_limit_in_a_subprocess(fmt, big_source, tmp_path):
     """RLIMIT_FSIZE (EFBIG) works without privileges: same clean failure."""
     dst = str(tmp_path / "out")
     code = ("import resource, sys; resource.setrlimit(resource.RLIMIT_FSIZE, (1 << 20, 1 << 20)); "
-            "from packer.cli import main; sys.exit(main(sys.argv[1:]))")
+            "from packer.ops.cli import main; sys.exit(main(sys.argv[1:]))")
     r = subprocess.run([sys.executable, "-c", code, "convert", "imagefolder", fmt, big_source, dst, "--workers", "1",
                         "--encode", "png"], capture_output=True, text=True)
     err = r.stderr.strip().splitlines()

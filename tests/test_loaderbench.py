@@ -6,9 +6,9 @@ import json
 
 import torch
 
-from packer.cli import main
-from packer.engine import ConvertOptions, convert_imagefolder
-from packer.loaderbench import BenchRow, CenterCropPad, recommend
+from packer.ops.cli import main
+from packer.ops.engine import ConvertOptions, convert_imagefolder
+from packer.ops.loaderbench import BenchRow, CenterCropPad, recommend
 
 
 def test_bench_json_covers_the_grid(tiny_folder, tmp_path, capsys):

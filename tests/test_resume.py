@@ -18,17 +18,18 @@ import faultlib as fl
 import pytest
 from conftest import make_folder
 
-import packer.engine as engine
-from packer.cli import main
+import packer.filesystem as filesystem
+import packer.ops.engine as engine
 from packer.converters.base import WriterOptions
 from packer.datasets import open_dataset
-from packer.engine import ConvertOptions, convert_imagefolder, recover_publish, temp_dir_for
 from packer.errors import ResumeError, UnfinishedDatasetError
 from packer.imageproc import ProcessOptions, parse_encoding
 from packer.journal import JOURNAL_NAME, read_journal
 from packer.manifest import read_manifest
+from packer.ops.cli import main
+from packer.ops.engine import ConvertOptions, convert_imagefolder, recover_publish, temp_dir_for
+from packer.ops.transcode import convert_dataset
 from packer.registry import writer_class
-from packer.transcode import convert_dataset
 
 FORMATS = fl.FORMATS
 
@@ -275,7 +276,7 @@ def test_overwrite_is_atomic_and_a_crash_between_renames_is_repaired(src, refs, 
     old_manifest = read_manifest(dst)
     # Without RENAME_EXCHANGE: a crash after the old dataset moved aside and before the new one
     # moved in leaves no DST; the next conversion puts the old one back first.
-    monkeypatch.setattr(engine, "_exchange", lambda a, b: False)
+    monkeypatch.setattr(filesystem, "_exchange", lambda a, b: False)
     real_replace = os.replace
 
     def replace_then_crash(a, b):
@@ -283,7 +284,7 @@ def test_overwrite_is_atomic_and_a_crash_between_renames_is_repaired(src, refs, 
         if b.endswith(".packer-old"):
             raise KeyboardInterrupt
 
-    monkeypatch.setattr(engine.os, "replace", replace_then_crash)
+    monkeypatch.setattr(filesystem.os, "replace", replace_then_crash)
     with pytest.raises(KeyboardInterrupt):
         convert_imagefolder(src, dst, "lmdb", options("lmdb", overwrite=True))
     monkeypatch.undo()

@@ -23,8 +23,8 @@ from packer.converters.base import WriterOptions
 from packer.datasets import StreamingDataset, open_dataset
 from packer.datasets import streaming as streaming_module
 from packer.datasets.partition import World, epoch_counts, plan
-from packer.engine import ConvertOptions, convert_imagefolder
 from packer.imageproc import ProcessOptions, parse_encoding, parse_resize
+from packer.ops.engine import ConvertOptions, convert_imagefolder
 from packer.registry import format_names, get_format
 
 N = 23  # samples: odd, so two ranks pad one and three ranks pad one

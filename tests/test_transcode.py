@@ -1,4 +1,4 @@
-"""Format -> format and format -> ImageFolder (packer.transcode)."""
+"""Format -> format and format -> ImageFolder (packer.ops.transcode)."""
 
 from __future__ import annotations
 
@@ -11,13 +11,13 @@ import pytest
 from conftest import draw, make_folder
 
 from packer.datasets import open_dataset
-from packer.engine import ConvertOptions, convert_imagefolder, temp_dir_for, write_packed
 from packer.errors import ImageError, SourceError, UnfinishedDatasetError
 from packer.imageproc import ProcessedImage, ProcessOptions, parse_encoding, parse_resize
 from packer.manifest import MANIFEST_NAME, Manifest, read_manifest
+from packer.ops.engine import ConvertOptions, convert_imagefolder, temp_dir_for, write_packed
+from packer.ops.transcode import COPY, convert_dataset, processing_for, safe_relpath
 from packer.registry import format_names
 from packer.scan import scan_imagefolder
-from packer.transcode import COPY, convert_dataset, processing_for, safe_relpath
 
 FORMATS = format_names()
 

@@ -14,9 +14,9 @@ import time
 import pytest
 from conftest import make_folder, pack
 
-from packer.cli import main
-from packer.destination import check_destination, claim_destination, sibling_path
 from packer.errors import DestinationBusyError, SourceError
+from packer.filesystem import check_destination, claim_destination, sibling_path
+from packer.ops.cli import main
 from packer.registry import format_names
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -79,7 +79,7 @@ def test_check_destination_by_identity_bind_or_hardlinked_path(tmp_path):
 # -- one conversion owns a destination ---------------------------------------------------------
 _HOLDER = textwrap.dedent("""
     import sys, time
-    from packer.destination import claim_destination
+    from packer.filesystem import claim_destination
     with claim_destination(sys.argv[1]):
         print("claimed", flush=True)
         time.sleep(60)
@@ -144,7 +144,7 @@ def test_claim_is_exclusive_between_processes_and_reentrant_within_one(tmp_path)
         with claim_destination(dst):  # the same process: fine
             pass
         assert os.path.exists(sibling_path(dst, "lock"))
-        code = f"from packer.destination import claim_destination\nwith claim_destination({dst!r}): pass"
+        code = f"from packer.filesystem import claim_destination\nwith claim_destination({dst!r}): pass"
         r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT)
         assert r.returncode == 1 and "DestinationBusyError" in r.stderr and f"pid {os.getpid()}" in r.stderr
     assert not os.path.exists(sibling_path(dst, "lock"))

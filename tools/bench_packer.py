@@ -35,8 +35,8 @@ import time
 import cv2
 import numpy as np
 
-from packer.engine import ConvertOptions, convert_imagefolder
 from packer.imageproc import ProcessOptions, parse_encoding, parse_resize, process_image
+from packer.ops.engine import ConvertOptions, convert_imagefolder
 from packer.registry import format_names
 from packer.scan import scan_imagefolder
 

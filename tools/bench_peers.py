@@ -614,8 +614,8 @@ def _packer_raw_row(cfg: BenchConfig) -> dict[str, Any]:
     import torch
 
     from packer.datasets import open_dataset
-    from packer.engine import ConvertOptions, convert_imagefolder
     from packer.imageproc import ProcessOptions, parse_encoding, parse_resize
+    from packer.ops.engine import ConvertOptions, convert_imagefolder
 
     one_thread_per_process()
     out = fresh_dir(os.path.join(cfg.work, "packer_lmdb_raw"))
@@ -643,8 +643,8 @@ def _packer_format_rows(cfg: BenchConfig, fmt: str) -> list[dict[str, Any]]:
     import torch
 
     from packer.datasets import StreamingDataset
-    from packer.engine import ConvertOptions, convert_imagefolder
     from packer.imageproc import ProcessOptions, parse_encoding, parse_resize
+    from packer.ops.engine import ConvertOptions, convert_imagefolder
     from packer.registry import reader_class
 
     one_thread_per_process()

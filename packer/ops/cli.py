@@ -1,0 +1,331 @@
+"""The command line: ``packer`` and ``python -m packer`` both call :func:`main`.
+
+Subcommands are registered in one table (``COMMANDS``); format choices come from the registry.
+A bad command line is one line on stderr and exit status 2; a failure is one line and status 1;
+a conversion that skipped bad images finishes and exits 3, so scripts notice.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from collections.abc import Callable, Sequence
+
+from .. import __version__
+from ..errors import PackerError
+from ..registry import format_names, formats_taking, get_format
+
+__all__ = ["main", "EXIT_OK", "EXIT_ERROR", "EXIT_USAGE", "EXIT_SKIPPED"]
+
+EXIT_OK, EXIT_ERROR, EXIT_USAGE, EXIT_SKIPPED, EXIT_INTERRUPTED = 0, 1, 2, 3, 130
+
+
+class UsageError(Exception):
+    """A bad command line (exit status 2)."""
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse, but a usage error is one line and an exception, not a usage dump and exit."""
+
+    def error(self, message: str) -> None:  # type: ignore[override]
+        raise UsageError(f"{self.prog}: {message} (see {self.prog} --help)")
+
+
+def _say(msg: str) -> None:
+    print(msg, file=sys.stderr)
+
+
+# -- convert -------------------------------------------------------------------------------------
+def _add_convert(p: argparse.ArgumentParser) -> None:
+    fmts = format_names()
+    p.add_argument("src_format", choices=["imagefolder", *fmts], help="format of SRC")
+    p.add_argument("dst_format", choices=[*fmts, "imagefolder"], help="format to write")
+    p.add_argument("src", help="source folder or packed dataset")
+    p.add_argument("dst", help="destination directory (must not exist unless --overwrite)")
+    g = p.add_argument_group("images")
+    g.add_argument("--resize", default=None,
+                   help="shorter:N, longer:N, WxH or none (default: none; from a packed SRC: copy the stored images)")
+    g.add_argument("--encode", default=None,
+                   help="jpeg:Q, webp:Q, png, raw or keep (default: jpeg:90; from a packed SRC: copy the stored bytes)")
+    g.add_argument("--upscale", action="store_true", help="enlarge images smaller than the target")
+    g.add_argument("--max-pixels", type=int, default=None, help="refuse larger images (decompression bombs)")
+    g.add_argument("--exact-decode", action="store_true",
+                   help="always decode JPEGs at full size (default: libjpeg's reduced-size decode when the target allows)")
+    g.add_argument("--keep-damaged-jpeg", action="store_true",
+                   help="keep JPEGs that libjpeg decodes only with a warning (truncated, garbled data; default: skip "
+                        "them with the warning as the reason)")
+    g = p.add_argument_group("conversion")
+    g.add_argument("--workers", type=int, default=os.cpu_count() or 1, help="worker processes (default: all cores)")
+    g.add_argument("--seed", type=int, default=0, help="seed of the write-time shuffle (default: 0)")
+    g.add_argument("--no-shuffle", action="store_true", help="keep folder order instead of shuffling")
+    g.add_argument("--strict", action="store_true", help="stop at the first bad image instead of skipping it")
+    g.add_argument("--overwrite", action="store_true", help="replace DST (atomically, once the new one is complete)")
+    g.add_argument("--resume", action="store_true",
+                   help="continue an interrupted conversion from its partial output (same SRC and options)")
+    g.add_argument("--checkpoint-samples", type=int, default=None, metavar="N",
+                   help="lmdb, hdf5: commit (a point --resume continues from) every N samples "
+                        "(default: 1024 lmdb, 8192 hdf5); tar and tfrecord checkpoint at every shard")
+    g.add_argument("--quiet", "-q", action="store_true", help="no progress bar")
+    g = p.add_argument_group("shards (tar, tfrecord)")
+    g.add_argument("--shard-size", default=None, help="max bytes per shard, e.g. 256MB, 1GiB")
+    g.add_argument("--shard-samples", type=int, default=None, help="max samples per shard")
+    g.add_argument("--gzip", action="store_true", help="gzip-compress TFRecord files")
+
+
+#: WriterOptions field -> its flag, and what to say when a format does not take it.
+_OPTION_FLAGS = {"shard_bytes": "--shard-size", "shard_samples": "--shard-samples", "gzip": "--gzip",
+                 "checkpoint_samples": "--checkpoint-samples"}
+_OPTION_HINTS = {"checkpoint_samples": " (shard formats checkpoint at every shard)"}
+
+
+def _convert_options(a: argparse.Namespace):  # noqa: ANN202 - ConvertOptions, imported lazily
+    from ..converters.base import WriterOptions
+    from ..imageproc import DEFAULT_MAX_PIXELS, ProcessOptions, parse_encoding, parse_resize
+    from ..sizes import parse_size
+    from .engine import ConvertOptions
+
+    try:
+        processing = ProcessOptions(
+            resize=parse_resize(a.resize if a.resize is not None else "none"),
+            encoding=parse_encoding(a.encode if a.encode is not None else "jpeg:90"),
+            upscale=a.upscale,
+            max_pixels=a.max_pixels if a.max_pixels is not None else DEFAULT_MAX_PIXELS,
+            reduced_decode=not a.exact_decode,
+            keep_damaged_jpeg=a.keep_damaged_jpeg,
+        )
+        shard_bytes = parse_size(a.shard_size) if a.shard_size is not None else None
+    except ValueError as e:
+        raise UsageError(f"packer convert: {e}") from None
+    if a.workers < 1:
+        raise UsageError("packer convert: --workers must be at least 1")
+    if shard_bytes is not None and shard_bytes < 1:
+        raise UsageError("packer convert: --shard-size must be at least 1 byte")
+    if a.shard_samples is not None and a.shard_samples < 1:
+        raise UsageError("packer convert: --shard-samples must be at least 1")
+    if a.resume and a.dst_format == "imagefolder":
+        raise UsageError("packer convert: --resume applies to packed output (lmdb, hdf5, tar, tfrecord) only")
+    if a.checkpoint_samples is not None and a.checkpoint_samples < 1:
+        raise UsageError("packer convert: --checkpoint-samples must be at least 1")
+    writer = WriterOptions(shard_bytes=shard_bytes, shard_samples=a.shard_samples, gzip=a.gzip,
+                           checkpoint_samples=a.checkpoint_samples)
+    refused = get_format(a.dst_format).refused_options(writer) if a.dst_format != "imagefolder" else [
+        f for f in ("shard_bytes", "shard_samples", "gzip", "checkpoint_samples") if getattr(writer, f) not in (None, False)]
+    if refused:
+        flag = _OPTION_FLAGS[refused[0]]
+        raise UsageError(f"packer convert: {flag} applies to {' and '.join(formats_taking(refused[0]))} output only"
+                         + _OPTION_HINTS.get(refused[0], ""))
+    return ConvertOptions(
+        processing=processing,
+        writer=writer,
+        workers=a.workers,
+        shuffle=not a.no_shuffle,
+        seed=a.seed,
+        strict=a.strict,
+        overwrite=a.overwrite,
+        progress=not a.quiet and sys.stderr.isatty(),
+        resume=a.resume,
+    )
+
+
+def _run_convert(a: argparse.Namespace) -> int:
+    from dataclasses import replace
+
+    from ..sizes import format_size
+    from .engine import convert_imagefolder
+
+    options = _convert_options(a)
+    if a.src_format == "imagefolder" and a.dst_format == "imagefolder":
+        raise UsageError("packer convert: imagefolder -> imagefolder is not a conversion")
+    if a.src_format == "imagefolder":
+        report = convert_imagefolder(a.src, a.dst, a.dst_format, options)
+    else:  # packed -> packed or imagefolder: copy stored bytes unless --resize/--encode ask otherwise
+        from ..manifest import MANIFEST_NAME, read_manifest
+        from .transcode import convert_dataset, processing_for
+
+        src_manifest = read_manifest(a.src) if os.path.exists(os.path.join(a.src, MANIFEST_NAME)) else None
+        processing = processing_for(src_manifest, a.resize, a.encode, options.processing)
+        report = convert_dataset(a.src, a.dst, a.src_format, a.dst_format, replace(options, processing=processing))
+        renamed = getattr(report, "renamed", [])
+        for key, path, why in renamed[:20]:
+            _say(f"renamed {key} -> {path}: {why}")
+        if len(renamed) > 20:
+            _say(f"... and {len(renamed) - 20} more renamed")
+    for note in getattr(report, "notes", []):
+        _say(f"packer: {note}")
+    if getattr(report, "resumed", None):
+        _say(f"packer: resumed: kept {report.resumed['written']} samples written before the interruption")
+    m = report.manifest
+    size = sum(f.bytes for f in m.files)
+    where = f"{format_size(size)}, {len(m.files)} file(s)" if m.files else "one file per image"
+    print(f"wrote {m.num_samples} images in {len(m.classes)} classes to {a.dst} ({m.format}, "
+          f"{where}) in {report.seconds:.1f} s = {report.rate:.0f} img/s")
+    if report.skipped:
+        for s in report.skipped[:20]:
+            _say(f"skipped {s.path}: {s.reason}")
+        if len(report.skipped) > 20:
+            _say(f"... and {len(report.skipped) - 20} more (all listed in {a.dst}/manifest.json)")
+        _say(f"{len(report.skipped)} file(s) skipped; exit status {EXIT_SKIPPED}")
+        return EXIT_SKIPPED
+    return EXIT_OK
+
+
+# -- info ----------------------------------------------------------------------------------------
+def _add_info(p: argparse.ArgumentParser) -> None:
+    p.add_argument("path", help="packed dataset directory")
+    p.add_argument("--json", action="store_true", help="print the manifest as JSON")
+
+
+def _run_info(a: argparse.Namespace) -> int:
+    from ..manifest import read_manifest
+    from ..sizes import format_size
+
+    m = read_manifest(a.path)
+    if a.json:
+        sys.stdout.write(m.dumps().decode("utf-8"))
+        return EXIT_OK
+    size = sum(f.bytes for f in m.files)
+    shown = ", ".join(m.classes[:8]) + (f", ... ({len(m.classes)} in all)" if len(m.classes) > 8 else "")
+    print(f"path        {os.path.abspath(a.path)}")
+    print(f"format      {m.format} (manifest v{m.version}, {m.created_by})")
+    print(f"samples     {m.num_samples}")
+    print(f"classes     {len(m.classes)}: {shown}")
+    print(f"processing  resize {m.processing.get('resize')}, encoding {m.processing.get('encoding')}, "
+          f"color {m.processing.get('color')}")
+    print("order       " + (f"shuffled at write time, seed {m.shuffle_seed}" if m.shuffle_seed is not None else "source order"))
+    print(f"files       {len(m.files)}, {format_size(size)} ({size} bytes)")
+    print(f"skipped     {len(m.skipped)}" + (f" (first: {m.skipped[0].path}: {m.skipped[0].reason})" if m.skipped else ""))
+    return EXIT_OK
+
+
+# -- verify --------------------------------------------------------------------------------------
+def _add_verify(p: argparse.ArgumentParser) -> None:
+    p.add_argument("path", help="packed dataset directory")
+    p.add_argument("--no-decode", action="store_true", help="check file checksums only")
+
+
+def _run_verify(a: argparse.Namespace) -> int:
+    from .verify import verify_dataset
+
+    report = verify_dataset(a.path, decode=not a.no_decode)
+    for line in report.problems[:50]:
+        _say(line)
+    if len(report.problems) > 50:
+        _say(f"... and {len(report.problems) - 50} more problems")
+    samples = (f"{report.samples_ok}/{report.samples} samples decoded" if not a.no_decode
+               else "samples not decoded (--no-decode)")
+    print(f"{a.path}: {report.files_ok}/{report.files} files intact, {samples}" + ("" if report.ok else " -- CORRUPT"))
+    return EXIT_OK if report.ok else EXIT_ERROR
+
+
+# -- demo ----------------------------------------------------------------------------------------
+def _add_demo(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--workdir", default=None, help="keep the sample and its LMDB here (default: a temp dir)")
+    p.add_argument("--classes", type=int, default=8, choices=range(1, 9), metavar="1..8")
+    p.add_argument("--per-class", type=int, default=64)
+    p.add_argument("--workers", type=int, default=2)
+
+
+def _run_demo(a: argparse.Namespace) -> int:
+    from .demo import run_demo
+
+    return run_demo(a.workdir, a.classes, a.per_class, a.workers)
+
+
+# -- bench --------------------------------------------------------------------------------------
+def _int_list(text: str) -> list[int]:
+    try:
+        return [int(x) for x in text.split(",") if x]
+    except ValueError:
+        raise UsageError(f"packer bench: expected comma-separated integers, got {text!r}") from None
+
+
+def _add_bench(p: argparse.ArgumentParser) -> None:
+    p.add_argument("path", help="packed dataset directory")
+    p.add_argument("--workers", default=None, help="num_workers values, e.g. 0,2,4 (default: 0,1,2,cores,2xcores)")
+    p.add_argument("--batch-sizes", default="64,256", help="batch sizes (default: 64,256)")
+    p.add_argument("--pin-memory", default=None, choices=["on", "off", "both"],
+                   help="pin_memory values (default: both with CUDA, off without)")
+    p.add_argument("--cache", default="none,decoded", help="cache modes: none, encoded, decoded (default: none,decoded)")
+    p.add_argument("--collate", default="packer,default",
+                   help="collate_fn: packer (packer.datasets.collate), default (torch's) (default: both)")
+    p.add_argument("--samples", type=int, default=2000, help="samples read per configuration (default: 2000)")
+    p.add_argument("--crop", type=int, default=224, help="center crop so batches collate (default: 224)")
+    p.add_argument("--json", action="store_true", help="print JSON instead of a table")
+
+
+def _run_bench(a: argparse.Namespace) -> int:
+    from ..manifest import read_manifest
+    from .loaderbench import format_table, recommend, run_bench, to_json
+
+    caches = [c for c in a.cache.split(",") if c]
+    if any(c not in ("none", "encoded", "decoded") for c in caches):
+        raise UsageError(f"packer bench: --cache takes none, encoded, decoded; got {a.cache!r}")
+    collates = [c for c in a.collate.split(",") if c]
+    if not collates or any(c not in ("packer", "default") for c in collates):
+        raise UsageError(f"packer bench: --collate takes packer, default; got {a.collate!r}")
+    read_manifest(a.path)  # a clear error before any worker starts
+    pin = {"on": [True], "off": [False], "both": [False, True], None: None}[a.pin_memory]
+    rows = run_bench(a.path, workers=_int_list(a.workers) if a.workers else None, pin=pin,
+                     batch_sizes=_int_list(a.batch_sizes), caches=caches, collates=collates,
+                     samples=a.samples, crop=a.crop,
+                     progress=not a.json and sys.stderr.isatty())
+    best = recommend(rows)
+    if a.json:
+        print(to_json(rows, best))
+        return EXIT_OK
+    print(format_table(rows))
+    collate_arg = ", collate_fn=packer.datasets.collate" if best.collate == "packer" else ""
+    print(f"\nrecommended: DataLoader(num_workers={best.num_workers}, pin_memory={best.pin_memory}, "
+          f"batch_size={best.batch_size}{collate_arg})" + (f" with open_dataset(..., cache={best.cache!r})" if best.cache != "none" else "")
+          + f": {best.images_per_s:.0f} images/s (fewest workers within 5% of the fastest)")
+    return EXIT_OK
+
+
+#: name -> (help, add_arguments, run)
+COMMANDS: dict[str, tuple[str, Callable[[argparse.ArgumentParser], None], Callable[[argparse.Namespace], int]]] = {
+    "convert": ("convert an image folder or packed dataset to another format", _add_convert, _run_convert),
+    "info": ("describe a packed dataset", _add_info, _run_info),
+    "verify": ("check every checksum and decode every sample", _add_verify, _run_verify),
+    "demo": ("convert and read a generated sample end to end", _add_demo, _run_demo),
+    "bench": ("measure the DataLoader alone over a grid of settings", _add_bench, _run_bench),
+}
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The full argument parser (exposed for docs and tests)."""
+    parser = _Parser(prog="packer", description="Pack image datasets for fast PyTorch training.")
+    parser.add_argument("--version", action="version", version=f"packer {__version__}")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
+    for name, (help_, add, _) in COMMANDS.items():
+        add(sub.add_parser(name, help=help_, description=help_))
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run the command line with ``argv`` (default: sys.argv[1:]); return the exit status."""
+    try:
+        a = build_parser().parse_args(argv)
+        if a.command is None:
+            raise UsageError("packer: no command given (see packer --help)")
+        return COMMANDS[a.command][2](a)
+    except UsageError as e:
+        _say(str(e))
+        return EXIT_USAGE
+    except KeyboardInterrupt as e:
+        _say("packer: interrupted" + _partial_note(e))
+        return EXIT_INTERRUPTED
+    except BrokenPipeError:
+        # The reader of our output went away (`packer info DST | head`): stop quietly, and keep
+        # Python from complaining again while it flushes stdout at exit.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return EXIT_ERROR
+    except (PackerError, OSError, ValueError) as e:
+        _say(f"packer: error: {e}" + _partial_note(e))
+        return EXIT_ERROR
+
+
+def _partial_note(e: BaseException) -> str:
+    """The hint a resumable failure carries (see packer.ops.engine.write_packed)."""
+    kept = getattr(e, "partial_output", None)
+    return f"; partial output kept in {kept}; run again with --resume to continue" if kept else ""
