@@ -37,7 +37,8 @@ def open_dataset(path: str | os.PathLike[str], *, format: str | None = None, **k
     open and the manifest synthesised in memory (classes are the labels as strings). A directory
     that does have a manifest is opened from it, and must then be of that format.
     """
-    if format is None or os.path.exists(os.path.join(os.fspath(path), MANIFEST_NAME)):
+    path = os.path.expanduser(os.fspath(path))
+    if format is None or os.path.exists(os.path.join(path, MANIFEST_NAME)):
         manifest = read_manifest(path)
         if format is not None and manifest.format != format:
             raise ValueError(f"{os.fspath(path)} holds a {manifest.format!r} dataset, not {format!r}")

@@ -30,6 +30,7 @@ from packer.record import Record, pack_record, unpack_record
 from packer.sizes import parse_size
 
 from .cache import SharedCache
+from .skips import SkipCounter
 from .worker_memory import tune_worker_malloc
 
 __all__ = ["PackedDataset", "OUTPUTS"]
@@ -52,8 +53,10 @@ class PackedDataset(Dataset):
             unchanged).
         verify: check per-sample checksums on read (cheap next to decoding).
         on_error: ``"raise"`` (default) raises CorruptDataError naming file, sample and offset;
-            ``"skip"`` returns the next readable sample instead and counts the skip in
-            ``self.errors`` (per process).
+            ``"skip"`` returns the next readable sample instead, issues a
+            :class:`~packer.datasets.skips.SkippedSampleWarning` naming the sample, and counts the
+            skip in ``self.errors``: one count shared by this process and all its DataLoader
+            workers. Only when every sample of the dataset fails in a row does it raise.
         cache: ``None`` (default), ``"encoded"`` (keep the stored bytes in RAM: no disk reads
             after the first epoch, decode every time) or ``"decoded"`` (keep the decoded pixels:
             no disk read and no decode after the first epoch). One cache in shared memory is
@@ -84,7 +87,7 @@ class PackedDataset(Dataset):
             raise ValueError(f"output must be one of {OUTPUTS}, not {output!r}")
         if on_error not in ("raise", "skip"):
             raise ValueError(f"on_error must be 'raise' or 'skip', not {on_error!r}")
-        self.root = os.path.abspath(os.fspath(path))
+        self.root = os.path.abspath(os.path.expanduser(os.fspath(path)))
         self.manifest = manifest if manifest is not None else read_manifest(self.root)
         if self.format and self.manifest.format != self.format:
             raise ValueError(
@@ -96,7 +99,7 @@ class PackedDataset(Dataset):
         self.output = output
         self.verify = verify
         self.on_error = on_error
-        self.errors = 0
+        self._skips = SkipCounter() if on_error == "skip" else None
         self._pid: int | None = None
         self._dir: DatasetDir | None = None
         self._lock = threading.Lock()
@@ -210,8 +213,7 @@ class PackedDataset(Dataset):
 
     def read_record(self, index: int) -> Record:
         """The raw record of sample ``index`` (payload still encoded), checksum verified."""
-        if not 0 <= index < len(self):
-            raise IndexError(f"sample {index} out of range for {len(self)} samples in {self.root}")
+        index = self._index(index)
         self._ensure_open()
         return self._read(index)
 
@@ -251,18 +253,40 @@ class PackedDataset(Dataset):
 
         return Image.fromarray(rgb, mode="RGB") if rgb.ndim == 3 else Image.fromarray(rgb)
 
+    @property
+    def errors(self) -> int:
+        """Samples skipped by ``on_error="skip"`` so far, in this process and its DataLoader workers."""
+        return self._skips.value if self._skips is not None else 0
+
+    def _index(self, index: Any) -> int:
+        """``index`` as a sample number (negative counts from the end), or IndexError/TypeError saying why not."""
+        if isinstance(index, bool) or not isinstance(index, (int, np.integer)):
+            raise TypeError(f"{type(self).__name__} indices must be integers, not {type(index).__name__} "
+                            f"({index!r}); use a Subset or a sampler for slices")
+        i = int(index)
+        n = len(self)
+        if not -n <= i < n:
+            raise IndexError(f"sample {index} out of range for {n} samples in {self.root}")
+        return i + n if i < 0 else i
+
+    def _load_or_skip(self, index: int) -> tuple[np.ndarray, int]:
+        """``load(index)``; with ``on_error="skip"``, the next sample that loads, counting each skip.
+        Raises the last CorruptDataError only when every sample fails in a row."""
+        n = len(self)
+        for step in range(n):
+            try:
+                return self.load((index + step) % n)
+            except CorruptDataError as e:
+                if self._skips is None:
+                    raise
+                self._skips.warn(str(e))
+                if step == n - 1:
+                    raise CorruptDataError(f"every sample of {self.root} failed to read; the last: {e}",
+                                           path=e.path, sample=e.sample, offset=e.offset) from e
+        raise AssertionError("unreachable")  # pragma: no cover
+
     def __getitem__(self, index: int) -> tuple[Any, Any]:
-        if index < 0:
-            index += len(self)
-        try:
-            rgb, label = self.load(index)
-        except CorruptDataError:
-            if self.on_error == "raise":
-                raise
-            self.errors += 1
-            if self.errors >= len(self):
-                raise
-            return self[(index + 1) % len(self)]
+        rgb, label = self._load_or_skip(self._index(index))
         image = self._to_output(rgb)
         if self.transform is not None:
             image = self.transform(image)

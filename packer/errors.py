@@ -7,6 +7,8 @@ the sample and byte offset, so a failure deep in a DataLoader worker still says 
 
 from __future__ import annotations
 
+import re
+
 __all__ = [
     "PackerError",
     "SourceError",
@@ -67,6 +69,11 @@ class CorruptDataError(PackerError, ValueError):
         sample: int | str | None = None,
         offset: int | None = None,
     ) -> None:
+        if path is None and sample is None and offset is None:
+            path, sample, offset = _fields_from_text(message)  # rebuilt from a DataLoader worker's text
+            super().__init__(message)
+            self.path, self.sample, self.offset = path, sample, offset
+            return
         where = []
         if path is not None:
             where.append(f"file {path}")
@@ -108,6 +115,23 @@ class DatasetChangedError(_PathError, RuntimeError):
     """The dataset directory a reader was opened on now holds another dataset (it was replaced, e.g.
     by a conversion with ``--overwrite``, or deleted). A reader only ever reads the dataset it
     opened: open the new one with a new reader."""
+
+
+_WHERE = re.compile(r"CorruptDataError: .*\((?:file (?P<path>.+?))?(?:, )?(?:sample (?P<sample>[^,()]+?))?"
+                    r"(?:, )?(?:offset (?P<offset>\d+))?\)\s*$", re.M)
+
+
+def _fields_from_text(message: str) -> tuple[str | None, int | str | None, int | None]:
+    """(path, sample, offset) from the text of a CorruptDataError raised elsewhere: DataLoader
+    re-raises a worker's exception by calling its class with the formatted traceback alone."""
+    matches = list(_WHERE.finditer(message))
+    if not matches:
+        return None, None, None
+    m = matches[-1]  # the innermost error, last in a traceback
+    sample: int | str | None = m["sample"]
+    if sample is not None and sample.lstrip("-").isdigit():
+        sample = int(sample)
+    return m["path"], sample, int(m["offset"]) if m["offset"] else None
 
 
 def _rebuild(cls: type, args: tuple[object, ...], fields: dict[str, object]) -> BaseException:

@@ -527,3 +527,103 @@ def test_writer_options_a_format_does_not_take_are_refused(tmp_path, capsys, fmt
             assert rc == 2 and f"{flag} applies to" in err and len(err.strip().splitlines()) == 1
             with pytest.raises(ValueError, match=f"{field} does not apply to {fmt}"):
                 pack(src, str(tmp_path / "api"), fmt, writer={field: 3 if value else True})
+
+
+# -- skipping corrupt samples in long runs ------------------------------------------------------------
+def _damaged_tar(tmp_path, n, bad):
+    """A raw tar dataset of ``n`` samples whose first ``bad`` samples fail their checksum."""
+    from conftest import forge_manifest_sizes
+
+    from packer.layouts.tar import unpack_index
+
+    src = str(tmp_path / "src")
+    make_folder(src, {"a": [(f"{i:05d}.png", 2, 2) for i in range(n)]})
+    dst = str(tmp_path / "out")
+    pack(src, dst, "tar", encode="raw", shuffle=False)
+    idx = os.path.join(dst, "shard-000000.idx")
+    _, entries, _ = unpack_index(open(idx, "rb").read(), idx)
+    with open(os.path.join(dst, "shard-000000.tar"), "r+b") as f:
+        for e in entries[:bad]:
+            f.seek(int(e["offset"]) + int(e["size"]) - 1)
+            b = f.read(1)
+            f.seek(-1, 1)
+            f.write(bytes([b[0] ^ 0xFF]))
+    forge_manifest_sizes(dst)
+    return dst
+
+
+def test_skips_are_counted_across_workers_and_never_exhaust_over_epochs(tmp_path):
+    import torch
+
+    from packer.datasets import open_dataset
+    from packer.datasets.skips import SkippedSampleWarning
+
+    dst = _damaged_tar(tmp_path, 4, 1)
+    ds = open_dataset(dst, on_error="skip", output="numpy")
+    with pytest.warns(SkippedSampleWarning, match="sample 0"):
+        ds[0]
+    for _ in range(10):  # one bad sample in four, for more epochs than the dataset has samples
+        for i in range(len(ds)):
+            ds[i]
+    assert ds.errors == 11
+    loader = torch.utils.data.DataLoader(ds, batch_size=2, num_workers=2, collate_fn=list)
+    for _ in range(3):
+        assert sum(len(b) for b in loader) == 4
+    assert ds.errors == 14  # counted in the workers, seen here
+
+
+def test_a_thousand_consecutive_bad_samples_are_skipped_without_recursion(tmp_path):
+    import warnings
+
+    from packer.datasets import open_dataset
+    from packer.errors import CorruptDataError
+
+    dst = _damaged_tar(tmp_path, 1100, 1050)
+    ds = open_dataset(dst, on_error="skip", output="numpy")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        _, label = ds[0]  # sample 1050 is the first good one
+        assert ds.errors == 1050
+    all_bad = _damaged_tar(tmp_path / "b", 5, 5)
+    ds = open_dataset(all_bad, on_error="skip", output="numpy")
+    with warnings.catch_warnings(), pytest.raises(CorruptDataError, match="every sample"):
+        warnings.simplefilter("ignore")
+        ds[2]
+
+
+def test_corrupt_data_error_keeps_its_fields_across_a_dataloader_worker(tmp_path):
+    import torch
+
+    from packer.datasets import open_dataset
+    from packer.errors import CorruptDataError
+
+    dst = _damaged_tar(tmp_path, 4, 4)
+    loader = torch.utils.data.DataLoader(open_dataset(dst), batch_size=1, num_workers=1)
+    with pytest.raises(CorruptDataError) as info:
+        next(iter(loader))
+    e = info.value
+    assert e.path == os.path.join(dst, "shard-000000.tar") and e.sample == 0 and isinstance(e.offset, int)
+
+
+@pytest.mark.parametrize("bad", [1.0, "a", slice(0, 2), None, True])
+def test_non_integer_indices_are_a_clear_type_error(tmp_path, bad):
+    from packer.datasets import open_dataset
+
+    dst, _ = _two_datasets(tmp_path, "lmdb")
+    ds = open_dataset(dst)
+    with pytest.raises(TypeError, match="indices must be integers"):
+        ds[bad]
+    import numpy as np
+
+    assert (ds[np.int64(1)][0] == ds[1][0]).all() and (ds[-1][0] == ds[len(ds) - 1][0]).all()
+    with pytest.raises(IndexError, match="out of range"):
+        ds[len(ds)]
+
+
+def test_home_relative_paths_are_expanded(tmp_path, monkeypatch):
+    from packer.datasets import StreamingDataset, open_dataset
+
+    dst, _ = _two_datasets(tmp_path, "tar")
+    monkeypatch.setenv("HOME", str(tmp_path))
+    assert len(open_dataset("~/out")) == len(StreamingDataset("~/out", shuffle=False)) == 12
+    assert open_dataset("~/out").root == dst
