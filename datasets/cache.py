@@ -64,7 +64,6 @@ from __future__ import annotations
 import fcntl
 import os
 import re
-import tempfile
 import threading
 import warnings
 from collections.abc import Iterator
@@ -74,6 +73,8 @@ from typing import Any
 
 import numpy as np
 import torch
+
+from packer.fileio import anonymous_file
 
 __all__ = ["SharedCache"]
 
@@ -171,11 +172,7 @@ class _ProcessLock:
 
     def __init__(self, fd: int | None = None) -> None:
         if fd is None:
-            if hasattr(os, "memfd_create"):
-                fd = os.memfd_create("packer-shared-cache-lock", os.MFD_CLOEXEC)
-            else:  # pragma: no cover - macOS
-                with tempfile.TemporaryFile() as handle:
-                    fd = os.dup(handle.fileno())
+            fd = anonymous_file("packer-shared-cache-lock")
         self.fd: int | None = fd
 
     @contextmanager

@@ -11,10 +11,11 @@ from __future__ import annotations
 import fcntl
 import os
 import struct
-import tempfile
 import warnings
 from multiprocessing import reduction
 from typing import Any
+
+from packer.fileio import anonymous_file
 
 __all__ = ["SkipCounter", "SkippedSampleWarning"]
 
@@ -30,11 +31,7 @@ class SkipCounter:
 
     def __init__(self, fd: int | None = None) -> None:
         if fd is None:
-            if hasattr(os, "memfd_create"):
-                fd = os.memfd_create("packer-skips", os.MFD_CLOEXEC)
-            else:  # pragma: no cover - macOS
-                with tempfile.TemporaryFile() as handle:
-                    fd = os.dup(handle.fileno())
+            fd = anonymous_file("packer-skips")
             os.pwrite(fd, _Q.pack(0), 0)
         self.fd = fd
 

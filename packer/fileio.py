@@ -13,12 +13,13 @@ from __future__ import annotations
 
 import os
 import stat
+import tempfile
 
 import numpy as np
 
 from .errors import CorruptDataError
 
-__all__ = ["pread_buffer", "open_regular"]
+__all__ = ["pread_buffer", "open_regular", "anonymous_file"]
 
 _FLAGS = os.O_RDONLY | getattr(os, "O_CLOEXEC", 0) | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_NONBLOCK", 0)
 
@@ -64,3 +65,12 @@ def pread_buffer(fd: int, size: int, offset: int) -> memoryview:
             break
         got += n
     return view[:got] if got < size else view
+
+
+def anonymous_file(name: str) -> int:
+    """A descriptor of a new, empty file with no name on disk (``memfd`` where the OS has it, an
+    unlinked temporary file elsewhere): nothing is left behind when its last holder exits."""
+    if hasattr(os, "memfd_create"):
+        return os.memfd_create(name, os.MFD_CLOEXEC)
+    with tempfile.TemporaryFile() as handle:  # pragma: no cover - macOS
+        return os.dup(handle.fileno())

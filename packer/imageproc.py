@@ -11,7 +11,6 @@ import contextlib
 import os
 import re
 import sys
-import tempfile
 from collections.abc import Iterator
 from dataclasses import dataclass
 
@@ -20,6 +19,7 @@ import numpy as np
 
 from .codecs import TAR_EXTENSIONS
 from .errors import CorruptDataError, ImageError
+from .fileio import anonymous_file
 from .imageheader import ImageInfo, describe_non_image, sniff
 
 __all__ = [
@@ -333,13 +333,7 @@ _capture: tuple[int, int] | None = None  # (pid, descriptor of the capture file)
 def _capture_fd() -> int:
     global _capture
     if _capture is None or _capture[0] != os.getpid():
-        if hasattr(os, "memfd_create"):
-            fd = os.memfd_create("packer-libjpeg", os.MFD_CLOEXEC)
-        else:
-            f = tempfile.TemporaryFile()
-            fd = os.dup(f.fileno())
-            f.close()
-        _capture = (os.getpid(), fd)
+        _capture = (os.getpid(), anonymous_file("packer-libjpeg"))
     return _capture[1]
 
 
