@@ -1,0 +1,120 @@
+"""Compare two revisions of packer side by side in one run: conversion speed and read speed.
+
+    python tools/bench_versions.py OLD_REV [NEW_REV] [--per-class 100] [--rounds 2]
+
+Each revision is exported with ``git archive`` into a temporary folder laid out as the installed
+package (packer/, packer/converters, packer/datasets) and run in subprocesses with that folder
+first on PYTHONPATH, so both run against the same Python and libraries. Conversions (ImageFolder of
+real photos from the workplace's shared photo set, ``shorter:160``, JPEG 90, 2 workers) and reads
+(``read_record`` and ``ds[i]`` over every sample, best of 3) alternate between the revisions, round
+by round; the table gives the best of the rounds and the new/old ratio (machines drift 10-20%
+between runs, so only the ratio of one run means anything).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+FORMATS = ("lmdb", "hdf5", "tar", "tfrecord")
+
+CONVERT = r'''
+import json, sys, time
+try:
+    from packer.ops.engine import ConvertOptions, convert_imagefolder
+except ImportError:  # revisions before packer/ops
+    from packer.engine import ConvertOptions, convert_imagefolder
+from packer.imageproc import ProcessOptions, parse_resize
+src, fmt, dst = sys.argv[1:4]
+t = time.perf_counter()
+rep = convert_imagefolder(src, dst, fmt, ConvertOptions(processing=ProcessOptions(resize=parse_resize("shorter:160")),
+                                                        workers=2, progress=False))
+print(json.dumps({"img_s": rep.manifest.num_samples / (time.perf_counter() - t)}))
+'''
+
+READ = r'''
+import json, sys, time
+from packer.datasets import open_dataset
+ds = open_dataset(sys.argv[1], output="numpy")
+for i in range(len(ds)):
+    ds.read_record(i)
+rec = get = 1e9
+for _ in range(3):
+    t = time.perf_counter()
+    for i in range(len(ds)):
+        ds.read_record(i)
+    rec = min(rec, time.perf_counter() - t)
+    t = time.perf_counter()
+    for i in range(len(ds)):
+        ds[i]
+    get = min(get, time.perf_counter() - t)
+print(json.dumps({"rec_us": rec / len(ds) * 1e6, "get_us": get / len(ds) * 1e6}))
+'''
+
+
+def export(rev: str, dest: str) -> str:
+    """``rev`` laid out as the installed package under ``dest``; returns the PYTHONPATH root."""
+    src = os.path.join(dest, "src")
+    os.makedirs(src)
+    archive = subprocess.run(["git", "-C", REPO, "archive", rev], check=True, capture_output=True).stdout
+    subprocess.run(["tar", "-x", "-C", src], input=archive, check=True)
+    lib = os.path.join(dest, "lib")
+    shutil.copytree(os.path.join(src, "packer"), os.path.join(lib, "packer"))
+    for sub in ("converters", "datasets"):
+        shutil.copytree(os.path.join(src, sub), os.path.join(lib, "packer", sub))
+    return lib
+
+
+def run(lib: str, code: str, *args: str) -> dict:
+    """Run ``code`` with ``lib`` first on the path; return the JSON it prints last."""
+    env = {**os.environ, "PYTHONPATH": lib}
+    r = subprocess.run([sys.executable, "-c", code, *args], env=env, capture_output=True, text=True, cwd=tempfile.gettempdir())
+    if r.returncode:
+        raise SystemExit(f"{lib}: {r.stderr.strip()}")
+    return json.loads(r.stdout.strip().splitlines()[-1])
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("old")
+    p.add_argument("new", nargs="?", default="HEAD")
+    p.add_argument("--per-class", type=int, default=100, help="images per class (4 classes)")
+    p.add_argument("--rounds", type=int, default=2)
+    a = p.parse_args()
+    work = tempfile.mkdtemp(prefix="packer-versions-")
+    try:
+        libs = {v: export(rev, os.path.join(work, v)) for v, rev in (("old", a.old), ("new", a.new))}
+        src = os.path.join(work, "src")
+        subprocess.run([sys.executable, os.path.join(REPO, "..", "shared", "tools", "make_imagefolder.py"), src,
+                        "--classes", "4", "--per-class", str(a.per_class)], check=True, capture_output=True)
+        res: dict[tuple[str, str], list[dict]] = {}
+        for rnd in range(a.rounds):
+            for fmt in FORMATS:
+                for v in ("old", "new") if rnd % 2 == 0 else ("new", "old"):
+                    dst = os.path.join(work, f"{v}-{fmt}")
+                    shutil.rmtree(dst, ignore_errors=True)
+                    row = run(libs[v], CONVERT, src, fmt, dst) | run(libs[v], READ, dst)
+                    res.setdefault((fmt, v), []).append(row)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    print(f"old {a.old}, new {a.new}; {4 * a.per_class} images; best of {a.rounds} rounds\n")
+    print("| format | convert img/s, old / new | read_record us, old / new | ds[i] us, old / new |")
+    print("|---|---|---|---|")
+    for fmt in FORMATS:
+        o, n = res[(fmt, "old")], res[(fmt, "new")]
+        co, cn = max(r["img_s"] for r in o), max(r["img_s"] for r in n)
+        ro, rn = min(r["rec_us"] for r in o), min(r["rec_us"] for r in n)
+        go, gn = min(r["get_us"] for r in o), min(r["get_us"] for r in n)
+        print(f"| {fmt} | {co:.0f} / {cn:.0f} ({cn / co:.2f}x) | {ro:.1f} / {rn:.1f} | {go:.0f} / {gn:.0f} "
+              f"({go / gn:.2f}x speed) |")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
