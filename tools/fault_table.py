@@ -184,6 +184,20 @@ TRUST = {
         "both skipped with the reason (exit 3); sizes from the header"),
     "test_empty_payload_in_a_packed_dataset_is_an_error_at_read_and_in_verify": (
         "a packed sample with a 0-byte payload (CRC 0)", "CorruptDataError at read; verify reports it"),
+    "test_skips_are_counted_across_workers_and_never_exhaust_over_epochs": (
+        "on_error='skip', one bad sample in four, 10 epochs in-process and 3 through 2 DataLoader workers",
+        "a warning per skip; ds.errors counts every process's skips; never raises"),
+    "test_a_thousand_consecutive_bad_samples_are_skipped_without_recursion": (
+        "on_error='skip' with 1,050 bad samples in a row; with every sample bad",
+        "the next good sample, no RecursionError; one CorruptDataError when all fail"),
+    "test_corrupt_data_error_keeps_its_fields_across_a_dataloader_worker": (
+        "CorruptDataError raised in a DataLoader worker", "path, sample and offset set in the training process"),
+    "test_non_integer_indices_are_a_clear_type_error": (
+        "ds[1.0], ds['a'], ds[0:2], ds[None], ds[True]", "TypeError saying indices must be integers"),
+    "test_writer_options_a_format_does_not_take_are_refused": (
+        "--shard-size, --shard-samples, --gzip, --checkpoint-samples given to a format that does not take them",
+        "exit 2, one line naming the formats that do; ValueError in Python"),
+    "test_home_relative_paths_are_expanded": ("open_dataset('~/...') and StreamingDataset('~/...')", "opens"),
 }
 
 
@@ -218,10 +232,19 @@ def table(head: list[str], rows: list[list[str]]) -> str:
     return "\n".join(lines)
 
 
+def trust_only() -> None:
+    """Print only the trust table (``--trust``): about 90 s."""
+    print(table(["fault", "required", "outcome"], hostile_rows("test_trust.py", TRUST)))
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--quick", action="store_true", help="2 kills, 3 flips, 2 cuts per format (the default test run)")
+    p.add_argument("--trust", action="store_true", help="only the trust tests' table")
     a = p.parse_args()
+    if a.trust:
+        trust_only()
+        return 0
     kills, overwrite, two, uniform, structure, cuts = (2, 0, 0, 2, 1, 2) if a.quick else (20, 5, 5, 20, 20, 10)
     t0 = time.time()
     work = tempfile.mkdtemp(prefix="packer-faults-")
