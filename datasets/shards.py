@@ -110,12 +110,20 @@ class ShardedDataset(PackedDataset):
         return data
 
 
+#: Labels of data written by other tools become class names "0".."N-1": above this, refused.
+MAX_FOREIGN_CLASSES = 1_000_000
+
+
 def foreign_manifest(fmt: str, files: list[FileEntry], max_label: int, source: dict[str, Any]) -> Manifest:
     """An in-memory manifest for shards written by another tool (never written to disk).
 
     Class names are unknown there, so the classes are the labels as strings, ``"0"`` to
     ``str(max_label)``; sizes are real, checksums empty (nothing to check them against).
     """
+    if max_label >= MAX_FOREIGN_CLASSES:
+        raise CorruptDataError(f"{source.get('path', fmt)}: a label of {max_label} in {fmt} data written by another "
+                               f"tool; labels name classes 0..N-1, and more than {MAX_FOREIGN_CLASSES:,} classes "
+                               f"are refused (damaged or not class labels)")
     return Manifest(
         format=fmt,
         num_samples=sum(f.samples for f in files),

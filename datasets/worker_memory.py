@@ -29,7 +29,7 @@ MMAP_THRESHOLD = 4 << 20
 TRIM_THRESHOLD = 64 << 20
 _M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD = -1, -3  # glibc's mallopt parameter numbers
 
-_tuned_pid: int | None = None
+_tuned: tuple[int, bool] | None = None  # (pid, whether the settings took) of the process that tried
 
 
 def _glibc() -> bool:
@@ -45,16 +45,16 @@ def tune_worker_malloc() -> bool:
     Does nothing outside DataLoader workers, off glibc, with ``PACKER_MALLOC_TUNING=0`` or when
     the process was started with glibc's malloc environment variables.
     """
-    global _tuned_pid
+    global _tuned
     pid = os.getpid()
-    if _tuned_pid == pid:
-        return True
+    if _tuned is not None and _tuned[0] == pid:
+        return _tuned[1]  # once per process: the first outcome, success or not
     if get_worker_info() is None or os.environ.get("PACKER_MALLOC_TUNING", "1") == "0":
         return False
     if "MALLOC_MMAP_THRESHOLD_" in os.environ or "MALLOC_TRIM_THRESHOLD_" in os.environ or not _glibc():
         return False
-    _tuned_pid = pid  # once per process, whatever the outcome
-    return _apply()
+    _tuned = (pid, _apply())
+    return _tuned[1]
 
 
 def _apply() -> bool:

@@ -101,18 +101,6 @@ class ProcessOptions:
             **({"keep_damaged_jpeg": True} if self.keep_damaged_jpeg else {}),
         }
 
-    @classmethod
-    def from_json(cls, d: dict) -> ProcessOptions:
-        """Inverse of :meth:`to_json`."""
-        return cls(
-            resize=parse_resize(d.get("resize", "none")),
-            encoding=parse_encoding(d.get("encoding", "jpeg:90")),
-            upscale=bool(d.get("upscale", False)),
-            max_pixels=int(d.get("max_pixels", DEFAULT_MAX_PIXELS)),
-            reduced_decode=bool(d.get("reduced_decode", True)),
-            keep_damaged_jpeg=bool(d.get("keep_damaged_jpeg", False)),
-        )
-
 
 @dataclass(frozen=True)
 class ProcessedImage:
@@ -231,6 +219,12 @@ def process_image(data: bytes, opts: ProcessOptions) -> ProcessedImage:
         )
     if info.format == "jpeg" and data.rfind(b"\xff\xd9") < data.rfind(b"\xff\xda"):
         raise ImageError("truncated JPEG (no end-of-image marker after the last scan)")
+    # Size after EXIF orientation (OpenCV applies it), before any DCT reduction.
+    full_w, full_h = (info.height, info.width) if info.orientation >= 5 else (info.width, info.height)
+    tw, th = target_size(full_w, full_h, opts.resize, opts.upscale)
+    if tw * th > opts.max_pixels:  # --upscale can ask for more than any source has
+        raise ImageError(f"the output would be {tw}x{th} = {tw * th} pixels, above the limit of {opts.max_pixels}; "
+                         f"raise --max-pixels to allow it")
     buf = np.frombuffer(data, np.uint8)
     if info.format == "jpeg" and not opts.keep_damaged_jpeg:
         with libjpeg_warnings() as warnings:
@@ -242,9 +236,6 @@ def process_image(data: bytes, opts: ProcessOptions) -> ProcessedImage:
     if bgr is None or bgr.size == 0:
         raise ImageError(f"OpenCV could not decode this {info.format} file (corrupt or truncated)")
     h, w = bgr.shape[:2]
-    # Size after EXIF orientation (OpenCV applied it), before any DCT reduction.
-    full_w, full_h = (info.height, info.width) if info.orientation >= 5 else (info.width, info.height)
-    tw, th = target_size(full_w, full_h, opts.resize, opts.upscale)
     codec = opts.encoding.codec
     if codec == "keep":
         if _keepable(info, data, tw, th):

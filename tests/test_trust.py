@@ -627,3 +627,70 @@ def test_home_relative_paths_are_expanded(tmp_path, monkeypatch):
     monkeypatch.setenv("HOME", str(tmp_path))
     assert len(open_dataset("~/out")) == len(StreamingDataset("~/out", shuffle=False)) == 12
     assert open_dataset("~/out").root == dst
+
+
+# -- bounded work for any input ---------------------------------------------------------------------
+def test_upscale_output_is_bounded_by_max_pixels_before_decoding(tmp_path):
+    import cv2
+    import numpy as np
+
+    src = str(tmp_path / "src")
+    make_folder(src, {"a": [("ok.png", 20, 20)]})
+    ok, buf = cv2.imencode(".png", np.zeros((1, 3000, 3), np.uint8))
+    open(os.path.join(src, "a", "thin.png"), "wb").write(buf.tobytes())
+    from packer.imageproc import ProcessOptions, parse_encoding, parse_resize
+    from packer.ops.engine import ConvertOptions, convert_imagefolder
+
+    opts = ConvertOptions(processing=ProcessOptions(resize=parse_resize("shorter:256"), upscale=True,
+                                                    encoding=parse_encoding("png"), max_pixels=10_000_000))
+    rep = convert_imagefolder(src, str(tmp_path / "out"), "tar", opts)
+    [skip] = rep.manifest.skipped
+    assert skip.path.endswith("thin.png") and "768000x256" in skip.reason and "--max-pixels" in skip.reason
+    assert rep.manifest.num_samples == 1
+
+
+@pytest.mark.parametrize("label", [b"300000000", b"9223372036854775808", b"-5"])
+def test_huge_or_negative_foreign_labels_are_one_clear_error(tmp_path, label):
+    import io
+    import tarfile
+
+    from packer.datasets import open_dataset
+    from packer.errors import CorruptDataError
+
+    root = tmp_path / "shards"
+    root.mkdir()
+    with tarfile.open(root / "a-000000.tar", "w") as tf:
+        for name, data in (("k.jpg", _jpeg()), ("k.cls", label)):
+            ti = tarfile.TarInfo(name)
+            ti.size = len(data)
+            tf.addfile(ti, io.BytesIO(data))
+    with pytest.raises(CorruptDataError, match="label|classes|class number"):
+        open_dataset(str(root), format="tar")
+
+
+def _malloc_outcomes(_):
+    from packer.datasets import worker_memory
+
+    return [worker_memory.tune_worker_malloc(), worker_memory.tune_worker_malloc()]
+
+
+class _Probe:
+    def __len__(self):
+        return 1
+
+    def __getitem__(self, i):
+        return _malloc_outcomes(i)
+
+
+def _fail_apply(_):
+    from packer.datasets import worker_memory
+
+    worker_memory._apply = lambda: False
+
+
+def test_malloc_tuning_reports_a_failure_every_time_not_only_the_first():
+    import torch
+
+    loader = torch.utils.data.DataLoader(_Probe(), batch_size=None, num_workers=1, worker_init_fn=_fail_apply,
+                                         multiprocessing_context="fork")
+    assert next(iter(loader)) == [False, False]

@@ -48,12 +48,12 @@ def test_settings_stop_the_faults(monkeypatch):
 
 
 def _tuned_here(batch):  # noqa: ANN001, ANN202
-    return worker_memory._tuned_pid == os.getpid()
+    return worker_memory._tuned is not None and worker_memory._tuned[0] == os.getpid()
 
 
 def _collate_then_tuned(batch):  # noqa: ANN001, ANN202
     collate(batch)
-    return worker_memory._tuned_pid == os.getpid()
+    return worker_memory._tuned is not None and worker_memory._tuned[0] == os.getpid()
 
 
 def test_readers_and_collate_apply_them_in_workers(tiny_folder, tmp_path):

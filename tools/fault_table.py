@@ -198,6 +198,12 @@ TRUST = {
         "--shard-size, --shard-samples, --gzip, --checkpoint-samples given to a format that does not take them",
         "exit 2, one line naming the formats that do; ValueError in Python"),
     "test_home_relative_paths_are_expanded": ("open_dataset('~/...') and StreamingDataset('~/...')", "opens"),
+    "test_upscale_output_is_bounded_by_max_pixels_before_decoding": (
+        "--upscale of a 1 x 3000 PNG to shorter:256", "skipped before decoding: the output is above --max-pixels"),
+    "test_huge_or_negative_foreign_labels_are_one_clear_error": (
+        "foreign .cls of 3e8, 2^63, -5", "one CorruptDataError naming the member, no class list built"),
+    "test_malloc_tuning_reports_a_failure_every_time_not_only_the_first": (
+        "malloc tuning failing in a DataLoader worker", "reported as failed on every call"),
 }
 
 

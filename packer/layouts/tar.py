@@ -288,9 +288,11 @@ def scan_shard(path: str, shard: int, rows: list[tuple[int, int, int, int, int]]
                 if n > 32:
                     raise ValueError
                 label = int(text.strip())
+                if not 0 <= label < 1 << 63:
+                    raise ValueError
             except ValueError:
-                raise CorruptDataError(f"{where}: .cls member {text[:32]!r} is not an integer",
-                                       path=path, offset=off) from None
+                raise CorruptDataError(f"{where}: .cls member {text[:32]!r} is not a class number (an integer "
+                                       f"from 0 to 2^63-1)", path=path, offset=off) from None
             img_off, img_size = members[image]
             rows.append((img_off, img_size, label, CODEC_IDS[IMAGE_EXTENSIONS[image]], shard))
             keys.append(key.encode("utf-8"))

@@ -249,6 +249,9 @@ def scan_file(path: str, rows: list[tuple[int, int]], example_cls: Any) -> int:
             data = f.read(length)
             f.read(4)
             record = image_record(example_cls, memoryview(data), path, len(rows), pos + 12)
+            if record.label < 0:
+                raise CorruptDataError(f"image/class/label {record.label} is negative; labels are class numbers",
+                                       path=path, sample=len(rows), offset=pos + 12)
             max_label = max(max_label, record.label)
             rows.append((pos, length + 16))
             pos += length + 16
