@@ -12,7 +12,7 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from packer.errors import CorruptDataError
+from packer.errors import CorruptDataError, ManifestError
 from packer.fileio import pread_buffer
 from packer.manifest import FileEntry, Manifest
 from packer.placement import place_seed
@@ -35,9 +35,16 @@ class ShardedDataset(PackedDataset):
     _fsizes: list[int] | None = None
 
     def _shard_entries(self) -> list[FileEntry]:
+        """The payload files in sample order: for other tools' data (no index files, any names such
+        as ``.tfrecords`` or ``train-00000-of-01024``) every file; for ours, those with a shard suffix."""
+        if self.manifest.layout.get("foreign"):
+            return list(self.manifest.files)
         return [f for f in self.manifest.files if f.name.endswith(self.shard_suffixes)]
 
     def _init_shards(self, entries: list[FileEntry]) -> None:
+        held = sum(f.samples for f in entries)
+        if held != len(self):  # a reader never yields fewer samples than its length without an error
+            raise ManifestError(f"{self.root}: its shards hold {held} samples, the manifest says {len(self)}")
         self._shard_paths = [os.path.join(self.root, f.name) for f in entries]
         self._sizes = [f.samples for f in entries]
         self._bytes = [f.bytes for f in entries]

@@ -694,3 +694,17 @@ def test_malloc_tuning_reports_a_failure_every_time_not_only_the_first():
     loader = torch.utils.data.DataLoader(_Probe(), batch_size=None, num_workers=1, worker_init_fn=_fail_apply,
                                          multiprocessing_context="fork")
     assert next(iter(loader)) == [False, False]
+
+
+@pytest.mark.parametrize("name", ["train.tfrecords", "train.tfr", "train-00000-of-01024"])
+def test_other_tools_tfrecord_names_read_every_sample(tmp_path, name):
+    from packer.datasets import StreamingDataset, open_dataset
+
+    dst, _ = _two_datasets(tmp_path, "tfrecord")
+    foreign = tmp_path / "foreign"
+    foreign.mkdir()
+    shutil.copyfile(os.path.join(dst, "shard-000000.tfrecord"), foreign / name)
+    where = str(foreign / name) if "-of-" in name else str(foreign)
+    ds = open_dataset(where, format="tfrecord")
+    assert len(ds) == 12 and all(ds[i][1] in (0, 1) for i in range(12))
+    assert len(list(StreamingDataset(where, format="tfrecord", shuffle=False))) == 12

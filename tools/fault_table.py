@@ -202,6 +202,9 @@ TRUST = {
         "--upscale of a 1 x 3000 PNG to shorter:256", "skipped before decoding: the output is above --max-pixels"),
     "test_huge_or_negative_foreign_labels_are_one_clear_error": (
         "foreign .cls of 3e8, 2^63, -5", "one CorruptDataError naming the member, no class list built"),
+    "test_other_tools_tfrecord_names_read_every_sample": (
+        "other tools' TFRecord files named .tfrecords, .tfr, train-00000-of-01024",
+        "every sample through ds[i] and StreamingDataset (was IndexError / 0 samples)"),
     "test_malloc_tuning_reports_a_failure_every_time_not_only_the_first": (
         "malloc tuning failing in a DataLoader worker", "reported as failed on every call"),
 }
