@@ -8,6 +8,8 @@ from __future__ import annotations
 import os
 from typing import Any
 
+from packer.errors import UnfinishedDatasetError
+from packer.layouts import explain_missing_manifest
 from packer.manifest import MANIFEST_NAME, read_manifest
 from packer.registry import reader_class
 
@@ -39,7 +41,10 @@ def open_dataset(path: str | os.PathLike[str], *, format: str | None = None, **k
     """
     path = os.path.expanduser(os.fspath(path))
     if format is None or os.path.exists(os.path.join(path, MANIFEST_NAME)):
-        manifest = read_manifest(path)
+        try:
+            manifest = read_manifest(path)
+        except UnfinishedDatasetError as e:
+            raise explain_missing_manifest(e, path) from None
         if format is not None and manifest.format != format:
             raise ValueError(f"{os.fspath(path)} holds a {manifest.format!r} dataset, not {format!r}")
         ds = reader_class(manifest.format)(path, manifest=manifest, **kwargs)

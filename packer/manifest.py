@@ -215,10 +215,12 @@ def read_manifest(directory: str | os.PathLike[str]) -> Manifest:
     except CorruptDataError as e:
         raise ManifestError(str(e)) from None
     except FileNotFoundError:
-        raise UnfinishedDatasetError(
+        err = UnfinishedDatasetError(
             f"{directory} has no {MANIFEST_NAME}: the conversion did not finish (or this is not a "
             f"packed dataset); re-run the conversion, with --resume if it was interrupted"
-        ) from None
+        )
+        err.directory = directory  # type: ignore[attr-defined]  # for packer.layouts.explain_missing_manifest
+        raise err from None
     try:
         d = json.loads(raw)
     except ValueError as e:  # also UnicodeDecodeError, and integers of more than 4300 digits

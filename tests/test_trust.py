@@ -708,3 +708,43 @@ def test_other_tools_tfrecord_names_read_every_sample(tmp_path, name):
     ds = open_dataset(where, format="tfrecord")
     assert len(ds) == 12 and all(ds[i][1] in (0, 1) for i in range(12))
     assert len(list(StreamingDataset(where, format="tfrecord", shuffle=False))) == 12
+
+
+@pytest.mark.parametrize("kind", ["imagefolder", "foreign-lmdb", "foreign-tar", "unfinished"])
+def test_a_directory_without_manifest_is_told_for_what_it_is(tmp_path, capsys, kind):
+    import io
+    import tarfile
+
+    import lmdb
+
+    from packer.datasets import open_dataset
+    from packer.errors import UnfinishedDatasetError
+
+    d = tmp_path / "d"
+    if kind == "imagefolder":
+        make_folder(str(d), {"a": [("x.png", 8, 8)]})
+        want = "an image folder"
+    elif kind == "foreign-lmdb":
+        env = lmdb.open(str(d), lock=False, map_size=1 << 20)
+        with env.begin(write=True) as txn:
+            txn.put(b"k", b"v")
+        env.close()
+        want = "not written by packer"
+    elif kind == "foreign-tar":
+        d.mkdir()
+        with tarfile.open(d / "x.tar", "w") as tf:
+            ti = tarfile.TarInfo("k.cls")
+            ti.size = 1
+            tf.addfile(ti, io.BytesIO(b"1"))
+        want = "format='tar'"
+    else:
+        dst, _ = _two_datasets(tmp_path, "lmdb")
+        os.remove(os.path.join(dst, "manifest.json"))
+        d = tmp_path / "out"
+        want = "did not finish"
+    with pytest.raises(UnfinishedDatasetError, match=want):
+        open_dataset(str(d))
+    for cmd in ("info", "verify"):
+        assert main([cmd, str(d)]) == 1
+        err = capsys.readouterr().err
+        assert want.replace("format='tar'", "format='tar'") in err and len(err.strip().splitlines()) == 1

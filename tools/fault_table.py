@@ -205,6 +205,9 @@ TRUST = {
     "test_other_tools_tfrecord_names_read_every_sample": (
         "other tools' TFRecord files named .tfrecords, .tfr, train-00000-of-01024",
         "every sample through ds[i] and StreamingDataset (was IndexError / 0 samples)"),
+    "test_a_directory_without_manifest_is_told_for_what_it_is": (
+        "an image folder, another tool's LMDB or tar shards, unfinished output given to open_dataset/info/verify",
+        "one line saying what it is and what to do (only unfinished output is told to re-run)"),
     "test_malloc_tuning_reports_a_failure_every_time_not_only_the_first": (
         "malloc tuning failing in a DataLoader worker", "reported as failed on every call"),
 }

@@ -13,7 +13,7 @@ import sys
 from collections.abc import Callable, Sequence
 
 from .. import __version__
-from ..errors import PackerError
+from ..errors import PackerError, UnfinishedDatasetError
 from ..registry import format_names, formats_taking, get_format
 
 __all__ = ["main", "EXIT_OK", "EXIT_ERROR", "EXIT_USAGE", "EXIT_SKIPPED"]
@@ -321,6 +321,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return EXIT_ERROR
     except (PackerError, OSError, ValueError) as e:
+        if isinstance(e, UnfinishedDatasetError) and getattr(e, "directory", None):
+            from ..layouts import explain_missing_manifest
+
+            e = explain_missing_manifest(e, e.directory)
         _say(f"packer: error: {e}" + _partial_note(e))
         return EXIT_ERROR
 
