@@ -88,6 +88,8 @@ def test_interrupted_then_resumed_equals_uninterrupted(fmt, at, src, refs, tmp_p
     assert fl.identical_dirs(dst, refs[fmt])
     assert report.resumed is None if kept is None else report.resumed["written"] == kept.written
     assert not os.path.exists(tmp)
+    written_now = report.manifest.num_samples - (kept.written if kept is not None else 0)
+    assert report.rate == pytest.approx(written_now / report.seconds)  # kept samples are not this run's work
 
 
 @pytest.mark.parametrize("fmt", FORMATS)

@@ -108,8 +108,9 @@ class ConvertReport:
 
     @property
     def rate(self) -> float:
-        """Images written per second."""
-        return self.manifest.num_samples / self.seconds if self.seconds > 0 else 0.0
+        """Images written per second by this run (samples a ``--resume`` kept are not counted)."""
+        kept = self.resumed["written"] if self.resumed else 0
+        return (self.manifest.num_samples - kept) / self.seconds if self.seconds > 0 else 0.0
 
 
 Result = tuple[ProcessedImage | None, str | None]  # (image, None) or (None, reason)
