@@ -92,6 +92,7 @@ def test_reference_training_script_runs_on_two_ranks(tmp_path_factory, tmp_path,
         for epoch in range(2):  # 12 samples per rank (23 padded to 24), batches of 3
             assert f"rank {rank}/2 epoch {epoch}: 4 steps, loss " in out
     assert out.count(" img/s, waiting for data ") == 4
+    assert all(line.count("rank ") <= 1 for line in out.splitlines())  # ranks' lines never share a line
     state = torch.load(checkpoint)
     assert state["data"]["epoch"] == 2 and state["data"]["samples_consumed"] == 0
 

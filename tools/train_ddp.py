@@ -294,7 +294,10 @@ def load_checkpoint(path: str, model: nn.Module, optimizer, scaler, args, datase
     scaler.load_state_dict(state["scaler"])
     data = state["data"]
     if args.streaming:
-        dataset.load_state_dict(data)  # checks dataset, seed, world size; nothing is read
+        try:
+            dataset.load_state_dict(data)  # checks dataset, seed, world size; nothing is read
+        except ValueError as e:
+            raise SystemExit(f"{path}: {e}") from None
     elif data["samples_consumed"] and data["world_size"] != sampler.num_replicas:
         raise SystemExit(f"{path} stopped mid-epoch with {data['world_size']} ranks; resume it "
                          f"with as many")
@@ -329,6 +332,13 @@ def train_one_epoch(model, batches, optimizer, scaler, amp: torch.dtype | None,
     return steps, loss_sum.item() / max(steps, 1), samples, waited
 
 
+def say(line: str) -> None:
+    """Print one line with one write() call, so the lines of several ranks sharing a terminal or
+    a pipe never interleave within a line (print() may write the text and the newline apart)."""
+    sys.stdout.flush()
+    os.write(sys.stdout.fileno(), (line + "\n").encode())
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     rank, world, device = setup_distributed()
@@ -355,8 +365,8 @@ def main(argv: list[str] | None = None) -> int:
             start_epoch, skip = load_checkpoint(args.checkpoint, bare, optimizer, scaler, args,
                                                 dataset, sampler, device)
             per_rank = len(dataset) if args.streaming else sampler.num_samples
-            print(f"rank {rank}/{world}: resumed from {args.checkpoint} at epoch {start_epoch}, "
-                  f"sample {skip} of {per_rank}", flush=True)
+            say(f"rank {rank}/{world}: resumed from {args.checkpoint} at epoch {start_epoch}, "
+                f"sample {skip} of {per_rank}")
         total_steps = 0
         for epoch in range(start_epoch, args.epochs):
             # [2] A new order every epoch, the same on every rank. The streaming dataset keeps a
@@ -379,12 +389,11 @@ def main(argv: list[str] | None = None) -> int:
             steps, loss, samples, waited = train_one_epoch(model, batches, optimizer, scaler,
                                                            amp, device, on_step)
             seconds = time.perf_counter() - start
-            print(f"rank {rank}/{world} epoch {epoch}: {steps} steps, loss {loss:.4f}, "
-                  f"{samples} samples, {samples / seconds:.0f} img/s, "
-                  f"waiting for data {waited / seconds:.0%}", flush=True)
+            say(f"rank {rank}/{world} epoch {epoch}: {steps} steps, loss {loss:.4f}, "
+                f"{samples} samples, {samples / seconds:.0f} img/s, "
+                f"waiting for data {waited / seconds:.0%}")
             if args.max_steps > 0 and total_steps >= args.max_steps:
-                print(f"rank {rank}/{world}: stopped after {total_steps} steps (--max-steps)",
-                      flush=True)
+                say(f"rank {rank}/{world}: stopped after {total_steps} steps (--max-steps)")
                 break
             if args.checkpoint:
                 position = data_position(args, dataset, sampler, epoch, samples)
