@@ -42,6 +42,7 @@ class Scan:
     samples: list[Sample]
     ignored_hidden: list[str] = field(default_factory=list)
     ignored_other: list[str] = field(default_factory=list)  # files without an image extension
+    ignored_root: list[str] = field(default_factory=list)  # files at the root, outside every class folder
     errors: list[tuple[str, str]] = field(default_factory=list)  # (path, reason): unreadable, loops
     empty_classes: list[str] = field(default_factory=list)
 
@@ -121,8 +122,8 @@ def scan_imagefolder(root: str | os.PathLike[str]) -> Scan:
             scan.ignored_hidden.append(entry.path)
         elif entry.is_dir(follow_symlinks=True):
             scan.classes.append(entry.name)
-        else:
-            scan.ignored_other.append(entry.path)
+        else:  # images too: a file at the root belongs to no class (as in torchvision)
+            scan.ignored_root.append(entry.path)
     if not scan.classes:
         raise SourceError(
             f"no class folders in {root}: expected the ImageFolder layout root/<class>/<image>"

@@ -20,7 +20,18 @@ def test_classes_and_order_match_torchvision_rules(tmp_path):
     assert s.classes == ["a", "b"] and s.class_to_idx == {"a": 0, "b": 1}
     assert [(x.relpath, x.label) for x in s.samples] == [
         ("a/z.jpg", 0), ("a/sub/y.Jpg", 0), ("b/a.png", 1), ("b/x.JPEG", 1)]
-    assert sorted(os.path.basename(p) for p in s.ignored_other) == ["notes.txt", "readme.md"]
+    assert sorted(os.path.basename(p) for p in s.ignored_other) == ["notes.txt"]
+    assert [os.path.basename(p) for p in s.ignored_root] == ["readme.md"]
+
+
+def test_files_at_the_root_are_outside_every_class_not_non_images(tmp_path):
+    from conftest import pack
+
+    root = str(tmp_path / "src")
+    make_folder(root, {"a": [("x.jpg", 8, 8)], ".": [("stray.jpg", 8, 8)]})
+    (tmp_path / "src" / "a" / "notes.txt").write_text("x")
+    rep = pack(root, str(tmp_path / "out"), "tar")
+    assert rep.manifest.ignored == {"hidden": 0, "not_images": 1, "outside_classes": 1}
 
 
 def test_hidden_entries_are_ignored_and_counted(tmp_path):

@@ -458,7 +458,8 @@ def _convert_imagefolder_claimed(src: str, dst: str, fmt: str, options: ConvertO
         files=[],
         shuffle_seed=options.seed if options.shuffle else None,
         skipped=[Skipped(os.path.relpath(p, src), r) for p, r in scan.errors],
-        ignored={"hidden": len(scan.ignored_hidden), "not_images": len(scan.ignored_other)},
+        ignored={"hidden": len(scan.ignored_hidden), "not_images": len(scan.ignored_other),
+                 "outside_classes": len(scan.ignored_root)},
         source={"kind": "imagefolder", "empty_classes": scan.empty_classes},
         created_by=f"packer {__version__}",
     )
