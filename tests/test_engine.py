@@ -16,6 +16,7 @@ from packer.datasets import open_dataset
 from packer.errors import ImageError, PackerError, SourceError
 from packer.manifest import read_manifest
 from packer.ops.engine import ConvertOptions, _results, convert_imagefolder, temp_dir_for
+from packer.ops.pool import ordered_map
 from packer.scan import scan_imagefolder
 
 
@@ -65,9 +66,42 @@ def test_a_dying_worker_raises_instead_of_hanging(tmp_path):
     assert next(results)[0] is not None  # the pool is running
     for child in multiprocessing.active_children():
         os.kill(child.pid, signal.SIGKILL)
-    with pytest.raises(PackerError, match="worker process died"):
+    with pytest.raises(PackerError, match="worker process died .signal SIGKILL"):
         for _ in results:
             pass
+    assert not multiprocessing.active_children()
+
+
+def _big_answers(items):
+    return [b"x" * (16 << 20) for _ in items]
+
+
+def _fail_on_three(items):
+    if 3 in items:
+        raise OSError(f"item {items[0]} cannot be read")
+    return list(items)
+
+
+def test_a_worker_killed_in_the_middle_of_an_answer_raises_instead_of_hanging():
+    # 16 MiB answers are far larger than a pipe's buffer: after the first one is taken, every
+    # worker is blocked halfway through writing its next answer when it is killed.
+    results = ordered_map(_big_answers, list(range(12)), 2, lambda i: f"item {i}", chunk=1)
+    assert len(next(results)) == 16 << 20
+    time.sleep(0.5)
+    for child in multiprocessing.active_children():
+        os.kill(child.pid, signal.SIGKILL)
+    with pytest.raises(PackerError, match=r"worker process died .signal SIGKILL. while processing item \d+"):
+        for _ in results:
+            pass
+    assert not multiprocessing.active_children()
+
+
+def test_an_exception_in_a_worker_is_raised_in_order():
+    results = ordered_map(_fail_on_three, list(range(8)), 2, chunk=1)
+    assert [next(results) for _ in range(3)] == [0, 1, 2]
+    with pytest.raises(OSError, match="item 3 cannot be read"):
+        next(results)
+    assert list(ordered_map(_fail_on_three, [0, 1, 2, 4, 5], 2, chunk=2)) == [0, 1, 2, 4, 5]
 
 
 def test_ctrl_c_stops_cleanly(tmp_path):

@@ -21,25 +21,19 @@ fault-injection figures.
 
 from __future__ import annotations
 
-import collections
 import functools
-import multiprocessing
 import os
 import shutil
-import signal
 import sys
 import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
-from concurrent.futures import Future, ProcessPoolExecutor
-from concurrent.futures.process import BrokenProcessPool
 from dataclasses import asdict, dataclass, field, replace
-from typing import TypeVar
 
 import numpy as np
 
 from .. import __version__
 from ..converters.base import WriterOptions
-from ..errors import ImageError, PackerError, ResumeError, SourceError
+from ..errors import ImageError, ResumeError, SourceError
 from ..filesystem import (
     check_destination,
     claim_destination,
@@ -56,6 +50,7 @@ from ..journal import JOURNAL_NAME, Journal, digest, read_journal, remove_journa
 from ..manifest import MANIFEST_NAME, Manifest, Skipped, file_sha256, write_manifest
 from ..registry import formats_taking, get_format, writer_class
 from ..scan import Sample, scan_imagefolder
+from .pool import ordered_map
 
 __all__ = [
     "ConvertOptions",
@@ -70,9 +65,6 @@ __all__ = [
     "options_fingerprint",
 ]
 
-_CHUNK = 32  # samples per task sent to a worker (32 measured ~2% faster than 16 on 2 cores)
-T = TypeVar("T")
-R = TypeVar("R")
 
 
 @dataclass(frozen=True)
@@ -132,67 +124,6 @@ def _process_file(path: str, opts: ProcessOptions) -> Result:
 
 def _process_chunk(paths: Sequence[str], opts: ProcessOptions) -> list[Result]:
     return [_process_file(p, opts) for p in paths]
-
-
-def _init_worker(parent: int | None = None) -> None:
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent handles Ctrl-C and stops us
-    if parent is not None:
-        import threading
-
-        threading.Thread(target=_exit_with_parent, args=(parent,), daemon=True, name="packer-orphan-watch").start()
-    import cv2
-
-    cv2.setNumThreads(1)
-
-
-def _exit_with_parent(parent: int) -> None:
-    """Exit when the converter is gone (SIGKILL, OOM killer): a pool worker blocks on its task
-    queue forever otherwise, since it holds that queue's write end itself."""
-    while True:
-        time.sleep(0.5)
-        if os.getppid() != parent:
-            os._exit(1)
-
-
-def ordered_map(
-    fn: Callable[[Sequence[T]], list[R]], items: Sequence[T], workers: int, name: Callable[[int], str] = str
-) -> Iterator[R]:
-    """``fn`` over chunks of ``items`` in ``workers`` spawned processes (0 or 1: this process),
-    results yielded in item order. ``fn`` must be picklable (a module-level function or a
-    ``functools.partial`` of one); ``name(i)`` names item ``i`` in the error raised when a worker dies.
-    """
-    if workers <= 1:
-        for start in range(0, len(items), _CHUNK):
-            yield from fn(items[start : start + _CHUNK])
-        return
-    ctx = multiprocessing.get_context("spawn")
-    window = workers * 4
-    pending: collections.deque[tuple[int, Future[list[R]]]] = collections.deque()
-    it = iter(range(0, len(items), _CHUNK))
-    with ProcessPoolExecutor(workers, mp_context=ctx, initializer=_init_worker, initargs=(os.getpid(),)) as pool:
-        try:
-            for start in it:
-                pending.append((start, pool.submit(fn, items[start : start + _CHUNK])))
-                if len(pending) >= window:
-                    break
-            while pending:
-                start, fut = pending.popleft()
-                try:
-                    chunk = fut.result()
-                except BrokenProcessPool:
-                    raise PackerError(
-                        f"a worker process died while processing {name(start)} or one of "
-                        f"the {_CHUNK - 1} after it (killed, out of memory, or a decoder crash)"
-                    ) from None
-                nxt = next(it, None)
-                if nxt is not None:
-                    pending.append((nxt, pool.submit(fn, items[nxt : nxt + _CHUNK])))
-                yield from chunk
-        except BaseException:
-            for _, fut in pending:
-                fut.cancel()
-            pool.shutdown(wait=True, cancel_futures=True)
-            raise
 
 
 def _results(samples: Sequence[Sample], opts: ProcessOptions, workers: int) -> Iterator[Result]:

@@ -1,0 +1,193 @@
+"""An ordered parallel map over spawned worker processes that cannot hang when a worker dies.
+
+Each worker has a task pipe and a result pipe of its own, and this process keeps no copy of a
+worker's write end. A worker killed at any moment (OOM killer, segfault, SIGKILL), even halfway
+through writing a large result, shows up as end-of-file on its pipe or as its exited process,
+and the map raises :class:`~packer.errors.PackerError` naming the items it was working on.
+
+Why not ``concurrent.futures.ProcessPoolExecutor``: its workers share one result pipe, so the
+other workers keep that pipe's write end open; a worker killed in the middle of a result leaves a
+half-written message that the executor's reader then waits on forever.
+"""
+
+from __future__ import annotations
+
+import collections
+import multiprocessing
+import os
+import signal
+import threading
+import time
+from collections.abc import Callable, Iterator, Sequence
+from multiprocessing.connection import Connection, wait
+from typing import Any, TypeVar
+
+from ..errors import PackerError
+
+__all__ = ["ordered_map", "CHUNK"]
+
+CHUNK = 32  # items per task sent to a worker (32 measured ~2% faster than 16 on 2 cores)
+T = TypeVar("T")
+R = TypeVar("R")
+
+
+def ordered_map(
+    fn: Callable[[Sequence[T]], list[R]],
+    items: Sequence[T],
+    workers: int,
+    name: Callable[[int], str] = str,
+    chunk: int = CHUNK,
+) -> Iterator[R]:
+    """``fn`` over chunks of ``chunk`` items in ``workers`` spawned processes (0 or 1: this
+    process), results yielded in item order. ``fn`` must be picklable (a module-level function or
+    a ``functools.partial`` of one); ``name(i)`` names item ``i`` in the error raised when a
+    worker dies. An exception raised by ``fn`` is raised here. At most ``4 * workers`` chunks are
+    in flight, so memory stays bounded whatever the consumer's pace.
+    """
+    if workers <= 1:
+        for start in range(0, len(items), chunk):
+            yield from fn(items[start : start + chunk])
+        return
+    starts = range(0, len(items), chunk)
+    pool = _Pool(fn, min(workers, len(starts)))
+    finished = False
+    try:
+        sent = 0
+        for k in range(len(starts)):
+            while sent < len(starts) and sent < k + 4 * workers:
+                pool.send(sent, items[starts[sent] : starts[sent] + chunk])
+                sent += 1
+            while k not in pool.done:
+                pool.collect(lambda j: f"{name(starts[j])} or one of the {chunk - 1} after it")
+            result = pool.done.pop(k)
+            if isinstance(result, _Failed):
+                raise result.error
+            yield from result
+        finished = True
+    finally:
+        pool.close(graceful=finished)
+
+
+class _Failed:
+    """The exception a chunk raised, kept until the chunks before it have been yielded."""
+
+    def __init__(self, error: BaseException) -> None:
+        self.error = error
+
+
+class _Worker:
+    """One spawned process with its own pipes; ``busy`` holds its chunk numbers in send order."""
+
+    def __init__(self, ctx: Any, fn: Callable[..., Any]) -> None:
+        task_r, self.tasks = ctx.Pipe(duplex=False)
+        self.results, result_w = ctx.Pipe(duplex=False)
+        self.proc = ctx.Process(target=_serve, args=(fn, task_r, result_w, os.getpid()), daemon=True,
+                                name="packer-worker")
+        self.proc.start()
+        task_r.close()  # only the worker may hold these: its death must be seen as end-of-file
+        result_w.close()
+        self.busy: collections.deque[int] = collections.deque()
+
+
+class _Pool:
+    def __init__(self, fn: Callable[..., Any], workers: int) -> None:
+        ctx = multiprocessing.get_context("spawn")
+        self.workers: list[_Worker] = []
+        self.done: dict[int, Any] = {}
+        try:
+            for _ in range(workers):
+                self.workers.append(_Worker(ctx, fn))
+        except BaseException:
+            self.close(graceful=False)
+            raise
+
+    def send(self, k: int, chunk: Sequence[Any]) -> None:
+        """Give chunk number ``k`` to the least busy worker."""
+        w = min(self.workers, key=lambda w: len(w.busy))
+        w.busy.append(k)
+        try:
+            w.tasks.send((k, chunk))
+        except OSError:  # it died; collect() reports which chunk it held
+            pass
+
+    def collect(self, describe: Callable[[int], str]) -> None:
+        """Wait for at least one result or one dead worker; store results in ``done``."""
+        busy = [w for w in self.workers if w.busy]
+        ready = set(wait([w.results for w in busy] + [w.proc.sentinel for w in busy]))
+        for w in busy:
+            if w.results not in ready and w.proc.sentinel not in ready:
+                continue
+            try:
+                while w.busy and w.results.poll():
+                    status, k, value = w.results.recv()
+                    w.busy.popleft()
+                    self.done[k] = _Failed(value) if status == "error" else value
+            except (EOFError, OSError):
+                pass  # end-of-file in or before a message: the worker is gone
+            if w.busy and (w.proc.sentinel in ready or not w.proc.is_alive()):
+                w.proc.join(1)
+                raise PackerError(
+                    f"a worker process died ({_how(w.proc.exitcode)}) while processing "
+                    f"{describe(w.busy[0])} (killed, out of memory, or a decoder crash)"
+                )
+
+    def close(self, graceful: bool) -> None:
+        """Stop every worker: let idle ones exit after their last task, kill the rest."""
+        for w in self.workers:
+            try:
+                w.tasks.send(None)
+            except OSError:
+                pass
+            w.tasks.close()
+        deadline = time.monotonic() + (10.0 if graceful else 0.0)
+        for w in self.workers:
+            w.proc.join(max(0.0, deadline - time.monotonic()))
+            if w.proc.is_alive():
+                w.proc.kill()
+                w.proc.join()
+            w.results.close()
+
+
+def _how(exitcode: int | None) -> str:
+    if exitcode is not None and exitcode < 0:
+        try:
+            return f"signal {signal.Signals(-exitcode).name}"
+        except ValueError:
+            return f"signal {-exitcode}"
+    return f"exit code {exitcode}"
+
+
+def _serve(fn: Callable[..., Any], tasks: Connection, results: Connection, parent: int) -> None:
+    """A worker's life: take ``(k, chunk)`` tasks until ``None`` or end-of-file, answer each with
+    ``("ok", k, fn(chunk))`` or ``("error", k, exception)``."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent handles Ctrl-C and stops us
+    threading.Thread(target=_exit_with_parent, args=(parent,), daemon=True, name="packer-orphan-watch").start()
+    import cv2
+
+    cv2.setNumThreads(1)  # workers decode images: one OpenCV thread each, the pool is the parallelism
+    while True:
+        try:
+            task = tasks.recv()
+        except EOFError:
+            return
+        if task is None:
+            return
+        k, chunk = task
+        try:
+            answer: tuple[str, int, Any] = ("ok", k, fn(chunk))
+        except Exception as e:  # noqa: BLE001 - raised again in the parent
+            answer = ("error", k, e)
+        try:
+            results.send(answer)
+        except BrokenPipeError:
+            return
+        except Exception as e:  # noqa: BLE001 - an unpicklable result or exception
+            results.send(("error", k, PackerError(f"a worker's answer could not be sent: {type(e).__name__}: {e}")))
+
+
+def _exit_with_parent(parent: int) -> None:
+    """Exit when the converter is gone (SIGKILL, OOM killer) even in the middle of a long task."""
+    while True:
+        time.sleep(0.5)
+        if os.getppid() != parent:
+            os._exit(1)
