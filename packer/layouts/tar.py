@@ -1,47 +1,8 @@
-"""The tar layout: WebDataset-convention shards plus a binary index per shard for random access.
+"""The tar layout: WebDataset-convention shards plus a binary ``.idx`` per shard for random access.
 
 The one home of the format's on-disk knowledge: the writer (packer.converters.tar), the reader
-(packer.datasets.tar), ``verify`` and the tests import it. docs/FORMATS.md is the user's reference.
-
-Each sample is three consecutive members named by its key, the 10-digit sample index::
-
-    0000000042.jpg    the image payload (.png, .webp, ...; raw pixels as .npy, no pickle)
-    0000000042.cls    the label as ASCII decimal, e.g. b"3"
-    0000000042.json   {"key": source relpath, "label": 3, "height": H, "width": W}
-
-so ``webdataset.WebDataset(urls).decode("rgb8").to_tuple("jpg", "cls")`` reads the shards as
-they are. Headers are POSIX ustar, written here byte by byte (mode 0644, uid/gid 0, empty owner
-names, mtime 0, no pax records), and every shard ends with two zero blocks padded to a 10240-byte
-record, as tar(1) writes it: the same samples give the same bytes.
-
-Next to ``shard-000000.tar`` goes ``shard-000000.idx`` (layout below): where each sample's image
-data starts, its size, label, stored size, codec and CRC32C, and the sample keys, so the reader
-fetches an image with one ``pread`` and never parses tar. All integers little-endian::
-
-    header, 32 bytes
-    0    4   magic b"PKTI"
-    4    2   version (2; 1 in version 1 datasets)
-    6    2   entry size in bytes (48)
-    8    8   N, samples in the shard (uint64)
-    16   8   global index of the shard's first sample (uint64)
-    24   4   K, byte length of the key blob (uint32)
-    28   4   CRC32C of header bytes [0, 28), all entries and the key blob (uint32)
-    entries, N x 48 bytes
-    0    8   offset in the tar of the image member's data (uint64)
-    8    8   size of the image member's data (uint64)
-    16   8   label (int64)
-    24   4   stored height (uint32)
-    28   4   stored width (uint32)
-    32   4   CRC32C of the image member's data, seeded with the sample's place (version 2,
-             packer.placement: the shard's id and the position in the shard; version 1: not seeded)
-    36   4   end of this sample's key in the key blob (uint32; it starts where the previous ends)
-    40   1   codec id (packer.codecs: 0 raw, 1 jpeg, 2 png, 3 webp, ...)
-    41   1   channels (3)
-    42   6   zero
-    key blob, K bytes: the UTF-8 source keys, concatenated
-
-For ``raw`` the image member is a complete ``.npy`` file (format 1.0, dtype ``|u1``, shape
-(H, W, 3), C order) and the offset, size and CRC cover the whole file, header included.
+(packer.datasets.tar), ``verify`` and the tests import it. docs/FORMATS.md ("tar") gives the
+members of a sample and the byte layout of the index.
 """
 
 from __future__ import annotations
@@ -94,11 +55,14 @@ RECORD = 20 * BLOCK  # tar's default blocking factor: archives are padded to a m
 INDEX_MAGIC = b"PKTI"
 INDEX_VERSION = 2
 INDEX_VERSIONS = (1, 2)  # readable
-INDEX_HEADER = struct.Struct("<4sHHQQII")  # 32 bytes; the CRC is the last field
+#: magic, version, entry size, N samples, first sample's global index, key blob bytes K, and the
+#: CRC32C of header bytes [0, 28), the entries and the key blob: 32 bytes.
+INDEX_HEADER = struct.Struct("<4sHHQQII")
 INDEX_ENTRY = np.dtype([
     ("offset", "<u8"), ("size", "<u8"), ("label", "<i8"), ("height", "<u4"), ("width", "<u4"),
     ("crc", "<u4"), ("key_end", "<u4"), ("codec", "u1"), ("channels", "u1"), ("pad", "V6"),
-])  # 48 bytes
+])  # 48 bytes; crc: of the image member's data, seeded with the sample's place (packer.placement);
+# key_end: where the sample's key ends in the key blob (it starts where the previous one ends)
 
 _ZEROS = bytes(RECORD)
 
@@ -117,7 +81,11 @@ def _octal(value: int, width: int) -> bytes:
 
 
 def tar_header(name: str, size: int) -> bytes:
-    """A 512-byte POSIX ustar header for a regular file (deterministic fields; see module doc)."""
+    """A 512-byte POSIX ustar header for a regular file.
+
+    Every other field is fixed (mode 0644, uid/gid 0, empty owner names, mtime 0, no pax records),
+    so the same samples give the same bytes.
+    """
     raw = name.encode("utf-8")
     if len(raw) > 100:
         raise ValueError(f"tar member name longer than 100 bytes: {name!r}")
@@ -156,7 +124,7 @@ def npy_header(height: int, width: int, channels: int = 3) -> bytes:
 
 
 def pack_index(first: int, entries: np.ndarray, keys: bytes, version: int = INDEX_VERSION) -> bytes:
-    """Serialise a shard index (layout in the module doc; ``version`` 1 only to rebuild old ones)."""
+    """Serialise a shard index (layout in docs/FORMATS.md; ``version`` 1 only to rebuild old ones)."""
     body = entries.astype(INDEX_ENTRY, copy=False).tobytes() + keys
     head = INDEX_HEADER.pack(INDEX_MAGIC, version, INDEX_ENTRY.itemsize, len(entries), first, len(keys), 0)
     crc = crc32c.crc32c(body, crc32c.crc32c(head[:28]))
@@ -319,8 +287,7 @@ def scan_shard(path: str, shard: int, rows: list[tuple[int, int, int, int, int]]
 
 # -- damage locators (packer verify) --------------------------------------------------------------
 def tar_samples(path: str):  # noqa: ANN202 - iterator of (stem, {ext: (data offset, bytes)})
-    import tarfile
-
+    """Each sample of a tar file as its stem and its members' data offsets and bytes, in file order."""
     with open(path, "rb") as fh, tarfile.open(fileobj=fh, mode="r:") as tf:
         stem, members = None, {}
         for ti in tf:
@@ -337,43 +304,46 @@ def tar_samples(path: str):  # noqa: ANN202 - iterator of (stem, {ext: (data off
 
 def locate_damage(root: str, m: Manifest, f: FileEntry, intact: set[str], report: Report) -> None:
     """Name the samples a damaged tar shard or index file holds wrong bytes for, by rebuilding what the
-    intact other half implies (``packer verify``; ``f`` failed its SHA-256)."""
-    names = CODEC_NAMES
-    path = os.path.join(root, f.name)
+    intact other half implies (``packer verify``; ``f`` failed its SHA-256). With the other half
+    damaged too there is nothing to compare with, and the SHA-256 problem alone names the file."""
     if f.name.endswith(TAR_SUFFIX):
         idx_name = f.name[: -len(TAR_SUFFIX)] + INDEX_SUFFIX
-        if idx_name not in intact:
-            return  # nothing intact to compare with; the SHA-256 problem names the file
-        first, entries, keys = unpack_index(read_all(os.path.join(root, idx_name)), idx_name)
-        data = read_all(path)
-        pos, key_start = 0, 0
-        for j, e in enumerate(entries):
-            off, size = int(e["offset"]), int(e["size"])
-            payload = data[off : off + size]
-            key = keys[key_start : int(e["key_end"])].decode("utf-8")
-            key_start = int(e["key_end"])
-            want = sample_members(first + j, key, int(e["label"]), names[int(e["codec"])], int(e["height"]),
-                                  int(e["width"]), payload)
-            got = data[pos : pos + len(want)]
-            bad = byte_diff(got, want)
-            if len(bad):
-                report(path, first + j, pos + int(bad[0]), "bytes differ from what the index implies")
-            elif crc32c.crc32c(payload, place_seed(f.id, j)) != int(e["crc"]):
-                report(path, first + j, off, "image data checksum mismatch")
-            pos += len(want)
-        bad = byte_diff(data[pos:], end_of_archive(pos))
+        if idx_name in intact:
+            _locate_in_shard(os.path.join(root, f.name), root, idx_name, f.id, report)
+    elif f.name.endswith(INDEX_SUFFIX):
+        tar_name = f.name[: -len(INDEX_SUFFIX)] + TAR_SUFFIX
+        if tar_name in intact:
+            _locate_in_index(os.path.join(root, f.name), root, tar_name, m, f.first, report)
+
+
+def _locate_in_shard(path: str, root: str, idx_name: str, file_id: str, report: Report) -> None:
+    """Compare a shard, sample by sample, with the members its intact index implies."""
+    first, entries, keys = unpack_index(read_all(os.path.join(root, idx_name)), idx_name)
+    data = read_all(path)
+    pos, key_start = 0, 0
+    for j, e in enumerate(entries):
+        off, size = int(e["offset"]), int(e["size"])
+        payload = data[off : off + size]
+        key = keys[key_start : int(e["key_end"])].decode("utf-8")
+        key_start = int(e["key_end"])
+        want = sample_members(first + j, key, int(e["label"]), CODEC_NAMES[int(e["codec"])], int(e["height"]),
+                              int(e["width"]), payload)
+        bad = byte_diff(data[pos : pos + len(want)], want)
         if len(bad):
-            report(path, None, pos + int(bad[0]), "end-of-archive blocks damaged")
-        return
-    if not f.name.endswith(INDEX_SUFFIX):
-        return
-    tar_name = f.name[: -len(INDEX_SUFFIX)] + TAR_SUFFIX
-    if tar_name not in intact:
-        return
+            report(path, first + j, pos + int(bad[0]), "bytes differ from what the index implies")
+        elif crc32c.crc32c(payload, place_seed(file_id, j)) != int(e["crc"]):
+            report(path, first + j, off, "image data checksum mismatch")
+        pos += len(want)
+    bad = byte_diff(data[pos:], end_of_archive(pos))
+    if len(bad):
+        report(path, None, pos + int(bad[0]), "end-of-archive blocks damaged")
+
+
+def _index_from_shard(shard: str, file_id: str, first: int, version: int) -> tuple[bytes, np.ndarray]:
+    """The index an intact shard implies, and the end of each sample's key in its key blob."""
     rows, blob = [], []
     key_end = 0
-    fid = next((e.id for e in m.files if e.name == tar_name), "")
-    for j, (_stem, members) in enumerate(tar_samples(os.path.join(root, tar_name))):
+    for j, (_stem, members) in enumerate(tar_samples(shard)):
         meta = json.loads(members["json"][1])
         ext = next(x for x in members if x not in ("cls", "json"))
         off, payload = members[ext]
@@ -382,23 +352,28 @@ def locate_damage(root: str, m: Manifest, f: FileEntry, intact: set[str], report
         blob.append(k)
         codec = MEMBER_CODECS.get(ext, ext)
         rows.append((off, len(payload), int(meta["label"]), int(meta["height"]), int(meta["width"]),
-                     crc32c.crc32c(payload, place_seed(fid, j)), key_end, CODEC_IDS[codec], 3, b""))
-    want = pack_index(f.first, np.array(rows, dtype=INDEX_ENTRY), b"".join(blob), version=2 if m.version >= 2 else 1)
-    got = read_all(path)
-    n = len(rows)
-    ends = np.array([r[6] for r in rows], np.int64)
+                     crc32c.crc32c(payload, place_seed(file_id, j)), key_end, CODEC_IDS[codec], 3, b""))
+    entries = np.array(rows, dtype=INDEX_ENTRY)
+    return pack_index(first, entries, b"".join(blob), version=version), entries["key_end"].astype(np.int64)
+
+
+def _locate_in_index(path: str, root: str, tar_name: str, m: Manifest, first: int, report: Report) -> None:
+    """Compare an index with the one its intact shard implies; report each sample once. A byte of
+    the header, or past the key blob, belongs to no sample."""
+    file_id = next((e.id for e in m.files if e.name == tar_name), "")
+    want, ends = _index_from_shard(os.path.join(root, tar_name), file_id, first, 2 if m.version >= 2 else 1)
+    entries_end = INDEX_HEADER.size + len(ends) * INDEX_ENTRY.itemsize
+    key_bytes = int(ends[-1]) if len(ends) else 0
     reported: set[int | None] = set()
-    for b in byte_diff(got, want):
+    for b in byte_diff(read_all(path), want):
         b = int(b)
         if b < INDEX_HEADER.size:
             sample = None
-        elif b < INDEX_HEADER.size + n * INDEX_ENTRY.itemsize:
-            sample = f.first + (b - INDEX_HEADER.size) // INDEX_ENTRY.itemsize
+        elif b < entries_end:
+            sample = first + (b - INDEX_HEADER.size) // INDEX_ENTRY.itemsize
         else:
-            k = b - INDEX_HEADER.size - n * INDEX_ENTRY.itemsize
-            sample = f.first + int(np.searchsorted(ends, k, side="right")) if k < key_end else None
+            k = b - entries_end
+            sample = first + int(np.searchsorted(ends, k, side="right")) if k < key_bytes else None
         if sample not in reported:
             reported.add(sample)
             report(path, sample, b, "index bytes differ from what the shard implies")
-
-
