@@ -1,47 +1,9 @@
 """The TFRecord layout: ``tf.train.Example`` records with the conventional image keys, plus ``.idx``.
 
 The one home of the format's on-disk knowledge: the writer (packer.converters.tfrecord), the
-reader (packer.datasets.tfrecord), ``verify`` and the tests import it.
-
-Files are ``shard-000000.tfrecord`` (``shard-000000.tfrecord.gz`` with ``gzip``), one record per
-sample in sample order. Each record is framed as TensorFlow writes it::
-
-    uint64  length of the data (little-endian)
-    uint32  masked CRC32C of the 8 length bytes
-    bytes   data: a serialised tf.train.Example
-    uint32  masked CRC32C of the data
-    masked(crc) = ((crc >> 15) | (crc << 17)) + 0xa282ead8, modulo 2**32
-
-The Example holds ``image/encoded`` (bytes: the payload; H*W*3 RGB bytes for raw),
-``image/format`` (b"jpeg", b"png", b"webp", b"raw", ...), ``image/class/label``,
-``image/height``, ``image/width``, ``image/channels`` (int64), ``image/filename`` (bytes: the
-source path relative to the source root, UTF-8) and ``packer/place`` (bytes: the sample's place
-seed, packer.placement, as uint32 LE; version 2), serialised deterministically with sorted keys
-(packer/tfexample.py), so ``packer/place`` is the last 4 bytes of the data. Readers of other
-ecosystems ignore it.
-
-Next to each file goes ``shard-000000.idx``, the text index DALI and the ``tfrecord`` package
-read: one line ``"<offset> <length>\\n"`` per record, offset of the record's first byte and its
-whole framed length (data + 16), decimal.
-
-With ``gzip`` the file is one standard gzip member (header with mtime 0 and OS 255, so output is
-reproducible; zlib level 6) that any gzip reader, ``tf.data`` with ``compression_type="GZIP"``
-and the ``tfrecord`` package read. Offsets in ``.idx`` then refer to the *uncompressed* stream
-(what the ``tfrecord`` package seeks to through ``gzip.open``; DALI does not read compressed
-TFRecord at all). For random access the compressor is fully flushed (``Z_FULL_FLUSH``) after
-every record, so each record's compressed bytes start on a byte boundary with a fresh dictionary,
-and ``shard-000000.zidx`` records where (all little-endian)::
-
-    0        4        magic b"PKGZ"
-    4        2        version (1)
-    6        2        zero
-    8        8        N, records (uint64)
-    16       8(N+1)   compressed offsets: record i is the raw deflate data in [c[i], c[i+1])
-    16+8(N+1) 4       CRC32C of all preceding bytes (uint32)
-
-so a reader inflates one record (``zlib.decompressobj(-15)``) from one ``pread``. Shard limits
-(``shard_bytes``) then bound the uncompressed stream; the compressed file is no larger except
-for a few bytes per record on incompressible data.
+reader (packer.datasets.tfrecord), ``verify`` and the tests import it. docs/FORMATS.md
+("TFRecord") gives the record framing, the Example's keys, the ``.idx`` text index and the
+``.zidx`` gzip index.
 """
 
 from __future__ import annotations
@@ -97,7 +59,10 @@ GZIP_LEVEL = 6
 _MASK_DELTA = 0xA282EAD8
 _LENGTH = struct.Struct("<Q")
 _U32 = struct.Struct("<I")
-#: gzip member header: magic, deflate, no flags, mtime 0, no extra flags, OS unknown.
+#: gzip member header: magic, deflate, no flags, mtime 0, no extra flags, OS unknown (255), so the
+#: same records give the same bytes. The file is one standard gzip member that any gzip reader,
+#: ``tf.data`` (``compression_type="GZIP"``) and the ``tfrecord`` package read; ``.idx`` offsets
+#: then count in the uncompressed stream, where the ``tfrecord`` package seeks through ``gzip.open``.
 GZIP_HEADER = b"\x1f\x8b\x08\x00\x00\x00\x00\x00\x00\xff"
 
 
@@ -117,8 +82,11 @@ PLACE_FEATURE = "packer/place"
 
 
 def image_example(key: str, label: int, image: ProcessedImage, place: int | None = None) -> bytes:
-    """The serialised Example of one sample (keys as in the module doc); ``place`` (the sample's
-    place seed) is the last 4 bytes, so it can be patched once the sample's shard is known."""
+    """The serialised Example of one sample: ``image/encoded``, ``image/format``,
+    ``image/class/label``, ``image/height``, ``image/width``, ``image/channels``,
+    ``image/filename`` and, with ``place`` (the sample's place seed), ``packer/place``. Keys are
+    sorted, so ``packer/place`` is the last 4 bytes and can be patched once the sample's shard is
+    known."""
     extra = {PLACE_FEATURE: _U32.pack(place)} if place is not None else {}
     return encode_example({
         **extra,
@@ -133,7 +101,12 @@ def image_example(key: str, label: int, image: ProcessedImage, place: int | None
 
 
 def pack_zindex(offsets: list[int]) -> bytes:
-    """Serialise a gzip offset index from the N + 1 compressed offsets."""
+    """Serialise a gzip offset index from the N + 1 compressed offsets.
+
+    The writer fully flushes the compressor (``Z_FULL_FLUSH``) after every record, so each record's
+    compressed bytes start on a byte boundary with a fresh dictionary: a reader inflates record i
+    alone (``zlib.decompressobj(-15)`` over ``[c[i], c[i+1])``) from one ``pread``.
+    """
     body = struct.pack(f"<4sHHQ{len(offsets)}Q", ZINDEX_MAGIC, ZINDEX_VERSION, 0, len(offsets) - 1, *offsets)
     return body + _U32.pack(crc32c.crc32c(body))
 
