@@ -2,20 +2,8 @@
 (:mod:`packer.record`), and a read-only parser of the LMDB data file.
 
 The one home of the format's on-disk knowledge: the writer (packer.converters.lmdb), the reader
-(packer.datasets.lmdb), ``verify`` and the tests import it.
-
-The writer uses LMDB itself (py-lmdb); :class:`LMDBFile` parses the data file directly, read-only,
-with ``os.pread``: the LMDB 0.9 on-disk format is small and stable (two meta pages, branch and leaf
-pages of sorted nodes, overflow pages for large values; docs/FORMATS.md), and our environments
-use only its simplest part (one unnamed database, no duplicates, one 10-digit key per sample).
-
-Why not py-lmdb for reading: it trusts the file. py-lmdb touches every page of a value before
-returning it, so one damaged byte in a B-tree node's size field makes it read past the file and
-kill the process with SIGSEGV or SIGBUS. Here every number is checked before it is used: meta
-page magic and version, the page count against the file size, each page's own number and type,
-node offsets against the page, the node's key against the sample's key, value sizes against the
-pages they claim and the record header; any failure is a CorruptDataError naming the file, the
-sample (when the damage is in its path) and the byte offset.
+(packer.datasets.lmdb), ``verify`` and the tests import it. The writer uses LMDB itself
+(py-lmdb); the reader uses :class:`LMDBFile`. docs/FORMATS.md ("LMDB") gives the layout.
 """
 
 from __future__ import annotations
@@ -54,7 +42,20 @@ _PLEN = struct.Struct("<I")  # payload length, at byte 24
 
 
 class LMDBFile:
-    """A packed LMDB data file opened for reading (see the module docstring)."""
+    """A packed LMDB data file opened for reading, parsed directly with ``os.pread``.
+
+    The LMDB 0.9 on-disk format is small and stable (two meta pages, branch and leaf pages of
+    sorted nodes, overflow pages for large values), and packer's environments use only its
+    simplest part (one unnamed database, no duplicates, one 10-digit key per sample).
+
+    Why not py-lmdb for reading: it trusts the file. py-lmdb touches every page of a value before
+    returning it, so one damaged byte in a B-tree node's size field makes it read past the file
+    and kill the process with SIGSEGV or SIGBUS. Here every number is checked before it is used:
+    meta page magic and version, the page count against the file size, each page's own number and
+    type, node offsets against the page, the node's key against the sample's key, value sizes
+    against the pages they claim and the record header; any failure is a CorruptDataError naming
+    the file, the sample (when the damage is in its path) and the byte offset.
+    """
 
     def __init__(self, path: str, num_samples: int, fd: int | None = None) -> None:
         self.path = path
