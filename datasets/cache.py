@@ -74,6 +74,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from packer.checks import check_int
 from packer.fileio import anonymous_file
 
 __all__ = ["SharedCache"]
@@ -466,14 +467,10 @@ class SharedCache:
 
 
 def _check_count(name: str, value: object) -> int:
-    if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
-        raise TypeError(
-            f"SharedCache: {name} must be an int, got {type(value).__name__}: {value!r}"
-            + (" (convert sizes with packer.sizes.parse_size)" if isinstance(value, str) else "")
-        )
-    if value < 0:
-        raise ValueError(f"SharedCache: {name} must be >= 0, got {value}")
-    return int(value)
+    if isinstance(value, str):
+        raise TypeError(f"SharedCache: {name} must be an integer, got str {value!r} (convert sizes "
+                        f"with packer.sizes.parse_size)")
+    return check_int(f"SharedCache: {name}", value, 0)
 
 
 def _as_bytes(data: object, index: int) -> np.ndarray:

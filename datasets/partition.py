@@ -3,62 +3,29 @@
 Everything here is a pure function of plain integers (seed, epoch, rank, world size, worker,
 workers, shard sizes), so the streaming ``IterableDataset`` stays thin and the tests can check
 every (world size, workers, seed, epoch) combination without starting a process. No function
-reads global random state or the clock: each draws from its own ``numpy.random.Generator``
-seeded by a ``SeedSequence`` built from those integers.
-
-The data flow for one epoch on one DataLoader worker::
+reads global random state or the clock. :func:`plan` composes one epoch on one DataLoader worker::
 
     shard_sizes ──shard_order──> global sequence ──pad/drop, slice──> rank_indices
         ──shuffle_buffer──> rank sequence ──[skip:]──> ──worker_indices──> this worker's indices
 
-which :func:`plan` composes. Vocabulary:
-
-- A dataset is a list of *shard sizes* (samples per shard, in stored order). The *global index*
-  of a sample is its position in the concatenation of the shards in stored order.
-- The *rank sequence* is what one rank reads in one epoch, in order. Its length is the same on
-  every rank (:func:`epoch_counts`), and the DataLoader on that rank yields it exactly in order
-  whatever the number of workers (:func:`worker_indices`), so the progress of a rank is one number,
-  "samples consumed", and resuming is ``rank_seq[consumed:]``.
-
-Choices made beyond the brief, and why:
-
-- Randomness: ``SeedSequence(entropy=seed, spawn_key=(domain, epoch[, rank]))``. With a
-  ``spawn_key`` numpy pads the entropy to its full pool, so distinct (seed, epoch, rank) can never
-  collide the way ``SeedSequence([1, 2])`` and ``SeedSequence([1, 2, 0])`` do; the ``domain``
-  word keeps the shard-order stream and the shuffle-buffer stream apart. Hence the ranges
-  ``0 <= seed < 2**128`` and ``0 <= epoch < 2**32``, checked.
-- :func:`shuffle_buffer` is not an approximation of a streaming shuffle buffer but exactly one
-  (fill ``buffer_size`` slots, then for each incoming sample emit a uniformly chosen slot and put
-  the sample there, finally drain the buffer in random order), computed without a Python loop: the
-  slot draws are made up front, and "what is in slot ``j`` at step ``t``" is the sample written at
-  the previous step that drew ``j``, found by one stable sort of the draws. So a reader that walks
-  the rank's data in stored order holding ``buffer_size`` samples can produce this order, and a
-  sample is emitted at most ``buffer_size - 1`` places before its input position (later is
-  unbounded, as in every shuffle buffer).
-- The shuffle is applied per rank, before the worker split: the order a rank sees does not depend
-  on the number of workers, so a run resumes with a different ``num_workers``.
-- :func:`epoch_counts` returns a named tuple ``(per_rank, padded, dropped)``; ``padded`` is the
-  number of repeated samples over all ranks (``per_rank * world_size == num_samples + padded -
-  dropped``).
-- :func:`reading_runs` returns an ``(R, 2)`` array rather than a list of tuples: a shuffled epoch
-  of 1.3M samples is about 1.3M runs, and an array keeps that cheap.
-
-Cost: :func:`rank_indices` is O(n log S) for n samples per rank and S shards; :func:`shuffle_buffer`
-is one stable sort of the slot draws (a radix sort, O(n), when ``buffer_size <= 65536``, else a
-merge sort). Measured on the reference 2-core machine for 1.3M indices: 35-50 ms for buffers of
-100 to 65,536, about 130 ms for 100,000; the same algorithm as a Python loop takes about 0.45 s.
+A dataset is a list of *shard sizes*; the *global index* of a sample is its position in the
+concatenation of the shards in stored order. The *rank sequence* is what one rank reads in one
+epoch, in order: the same length on every rank, yielded exactly in order by the DataLoader
+whatever its number of workers, so resuming is ``rank_seq[consumed:]``. Design notes:
+docs/datasets.md.
 """
 
 from __future__ import annotations
 
-import operator
-import os
 from collections.abc import Sequence
-from dataclasses import dataclass
 from typing import Literal, NamedTuple
 
 import numpy as np
 from numpy.typing import ArrayLike, NDArray
+
+from packer.checks import check_int
+
+from .world import World
 
 __all__ = [
     "Partition",
@@ -86,25 +53,6 @@ _MAX_SEED = 2**128  # the SeedSequence pool holds 128 bits of entropy
 _MAX_WORD = 2**32  # each spawn-key element must be one 32-bit word
 
 
-def _as_int(name: str, value: object) -> int:
-    """``value`` as a Python int (numpy integers accepted); TypeError for anything else."""
-    if isinstance(value, bool):
-        raise TypeError(f"{name} must be an integer, got bool {value!r}")
-    try:
-        return operator.index(value)  # type: ignore[arg-type]
-    except TypeError:
-        raise TypeError(f"{name} must be an integer, got {type(value).__name__} {value!r}") from None
-
-
-def _check_range(name: str, value: object, low: int, high: int | None = None) -> int:
-    """``value`` as an int with ``low <= value`` (and ``value < high``), else ValueError."""
-    v = _as_int(name, value)
-    if v < low or (high is not None and v >= high):
-        bound = f">= {low}" if high is None else f"in [{low}, {high})"
-        raise ValueError(f"{name} must be {bound}, got {v}")
-    return v
-
-
 def _check_partition(partition: object) -> Partition:
     if partition not in _PARTITIONS:
         raise ValueError(f"partition must be 'pad' or 'drop', got {partition!r}")
@@ -112,7 +60,11 @@ def _check_partition(partition: object) -> Partition:
 
 
 def _rng(seed: int, *key: int) -> np.random.Generator:
-    seed = _check_range("seed", seed, 0, _MAX_SEED)
+    # SeedSequence(entropy=seed, spawn_key=(domain, epoch[, rank])): with a spawn_key numpy pads
+    # the entropy to its full pool, so distinct (seed, epoch, rank) can never collide the way
+    # SeedSequence([1, 2]) and SeedSequence([1, 2, 0]) do; the domain word keeps the shard-order
+    # and shuffle-buffer streams apart. Hence 0 <= seed < 2**128 and 0 <= epoch < 2**32.
+    seed = check_int("seed", seed, 0, _MAX_SEED)
     return np.random.default_rng(np.random.SeedSequence(entropy=seed, spawn_key=key))
 
 
@@ -136,77 +88,6 @@ def _as_shard_sizes(shard_sizes: Sequence[int] | NDArray[np.integer]) -> NDArray
     return sizes
 
 
-@dataclass(frozen=True)
-class World:
-    """Where this process sits: DDP rank of world size, DataLoader worker of num workers.
-
-    Fields are validated on construction (TypeError for non-integers, ValueError naming the
-    values for out-of-range ones). Tests build one directly; a dataset calls :meth:`detect`.
-    ``dataclasses.replace(world, worker=..., num_workers=...)`` gives a copy for another worker.
-    """
-
-    rank: int = 0
-    world_size: int = 1
-    worker: int = 0
-    num_workers: int = 1
-
-    def __post_init__(self) -> None:
-        world_size = _check_range("world_size", self.world_size, 1)
-        num_workers = _check_range("num_workers", self.num_workers, 1)
-        rank = _as_int("rank", self.rank)
-        worker = _as_int("worker", self.worker)
-        if not 0 <= rank < world_size:
-            raise ValueError(f"rank must be in [0, world_size), got rank={rank}, "
-                             f"world_size={world_size}")
-        if not 0 <= worker < num_workers:
-            raise ValueError(f"worker must be in [0, num_workers), got worker={worker}, "
-                             f"num_workers={num_workers}")
-        # Store plain ints even when given numpy integers (hashing, equality, JSON).
-        object.__setattr__(self, "rank", rank)
-        object.__setattr__(self, "world_size", world_size)
-        object.__setattr__(self, "worker", worker)
-        object.__setattr__(self, "num_workers", num_workers)
-
-    @classmethod
-    def detect(cls) -> World:
-        """The world of the calling process.
-
-        Rank and world size come from ``torch.distributed`` when it is available and initialised,
-        else from the ``RANK`` and ``WORLD_SIZE`` environment variables (set by ``torchrun`` and
-        inherited by spawned DataLoader workers, in which the process group is not initialised),
-        else (0, 1). Setting only one of the two variables is an error, never a silent guess.
-        Worker and number of workers come from ``torch.utils.data.get_worker_info()``: (0, 1) in
-        the main process. Call it inside ``__iter__`` so that it runs in the worker.
-        """
-        import torch.distributed as dist
-        import torch.utils.data
-
-        if dist.is_available() and dist.is_initialized():
-            rank, world_size = dist.get_rank(), dist.get_world_size()
-        else:
-            rank, world_size = _world_from_env()
-        info = torch.utils.data.get_worker_info()
-        worker, num_workers = (0, 1) if info is None else (info.id, info.num_workers)
-        return cls(rank=rank, world_size=world_size, worker=worker, num_workers=num_workers)
-
-
-def _world_from_env() -> tuple[int, int]:
-    raw_rank, raw_size = os.environ.get("RANK"), os.environ.get("WORLD_SIZE")
-    if raw_rank is None and raw_size is None:
-        return 0, 1
-    if raw_rank is None or raw_size is None:
-        raise ValueError("set both RANK and WORLD_SIZE or neither, got "
-                         f"RANK={raw_rank!r}, WORLD_SIZE={raw_size!r}")
-    values = []
-    for name, raw in (("RANK", raw_rank), ("WORLD_SIZE", raw_size)):
-        try:
-            values.append(int(raw))
-        except ValueError:
-            raise ValueError(f"environment variable {name} must be an integer, "
-                             f"got {raw!r}") from None
-    return values[0], values[1]
-
-
 class EpochCounts(NamedTuple):
     """How one epoch of ``num_samples`` spreads over the ranks (see :func:`epoch_counts`)."""
 
@@ -227,8 +108,8 @@ def epoch_counts(num_samples: int, world_size: int, partition: Partition) -> Epo
     ``dropped`` samples are left out; with ``N < W`` that is 0 per rank, an empty epoch, which is
     allowed (the caller should report it). An empty dataset gives 0 with either policy.
     """
-    n = _check_range("num_samples", num_samples, 0)
-    w = _check_range("world_size", world_size, 1)
+    n = check_int("num_samples", num_samples, 0)
+    w = check_int("world_size", world_size, 1)
     if _check_partition(partition) == "pad":
         per_rank = -(-n // w)
         return EpochCounts(per_rank=per_rank, padded=per_rank * w - n, dropped=0)
@@ -242,10 +123,10 @@ def shard_order(num_shards: int, seed: int, epoch: int, shuffle: bool) -> NDArra
     A permutation of ``range(num_shards)`` that depends only on ``(seed, epoch)``, so every rank
     and worker computes the same one without communicating; the identity when ``shuffle`` is false.
     """
-    num_shards = _check_range("num_shards", num_shards, 0)
-    epoch = _check_range("epoch", epoch, 0, _MAX_WORD)
+    num_shards = check_int("num_shards", num_shards, 0)
+    epoch = check_int("epoch", epoch, 0, _MAX_WORD)
     if not shuffle:
-        _check_range("seed", seed, 0, _MAX_SEED)
+        check_int("seed", seed, 0, _MAX_SEED)
         return np.arange(num_shards, dtype=np.int64)
     rng = _rng(seed, _DOMAIN_SHARD_ORDER, epoch)
     return rng.permutation(num_shards).astype(np.int64, copy=False)
@@ -269,10 +150,11 @@ def rank_indices(
     ``[r * n, (r + 1) * n)`` of that sequence; for ``pad`` the positions past the end wrap around
     to its start (the fewest repeats that even the ranks out), for ``drop`` the last
     ``N - n * world_size`` are read by nobody. A contiguous slice keeps each rank on few shards.
+    Cost: O(n log S) for ``n`` samples per rank and ``S`` shards.
     """
     sizes = _as_shard_sizes(shard_sizes)
-    world_size = _check_range("world_size", world_size, 1)
-    rank = _check_range("rank", rank, 0)
+    world_size = check_int("world_size", world_size, 1)
+    rank = check_int("rank", rank, 0)
     if rank >= world_size:
         raise ValueError(f"rank must be in [0, world_size), got rank={rank}, "
                          f"world_size={world_size}")
@@ -298,8 +180,8 @@ def _buffer_draws(
 
     Separate so that tests can replay them through a plain loop and compare.
     """
-    epoch = _check_range("epoch", epoch, 0, _MAX_WORD)
-    rank = _check_range("rank", rank, 0, _MAX_WORD)
+    epoch = check_int("epoch", epoch, 0, _MAX_WORD)
+    rank = check_int("rank", rank, 0, _MAX_WORD)
     rng = _rng(seed, _DOMAIN_SHUFFLE_BUFFER, epoch, rank)
     size = min(buffer_size, num_indices)
     slots = rng.integers(0, size, size=num_indices - size, dtype=np.int64)
@@ -322,13 +204,14 @@ def shuffle_buffer(
 
     Computed without a per-item Python loop: the item emitted at step ``t`` from slot ``j`` is the
     one put there at the last earlier step that drew ``j`` (or the ``j``-th initial item), found by
-    a stable sort of the draws. About 50 ms for 1.3M indices on the reference machine.
+    a stable sort of the draws: O(n) (a radix sort) when ``buffer_size <= 65536``, else a merge
+    sort; timings in docs/benchmarks.md.
     """
     items = _as_indices("indices", indices)
-    buffer_size = _check_range("buffer_size", buffer_size, 0)
+    buffer_size = check_int("buffer_size", buffer_size, 0)
     n = len(items)
     if buffer_size <= 1 or n <= 1:
-        _check_range("seed", seed, 0, _MAX_SEED)
+        check_int("seed", seed, 0, _MAX_SEED)
         return items.copy()
     size = min(buffer_size, n)
     steps = n - size
@@ -370,9 +253,9 @@ def worker_indices(
     ``drop_last=False``); ``batch_size=1`` interleaves single samples.
     """
     seq = _as_indices("rank_seq", rank_seq)
-    batch_size = _check_range("batch_size", batch_size, 1)
-    num_workers = _check_range("num_workers", num_workers, 1)
-    worker = _check_range("worker", worker, 0)
+    batch_size = check_int("batch_size", batch_size, 1)
+    num_workers = check_int("num_workers", num_workers, 1)
+    worker = check_int("worker", worker, 0)
     if worker >= num_workers:
         raise ValueError(f"worker must be in [0, num_workers), got worker={worker}, "
                          f"num_workers={num_workers}")
@@ -400,7 +283,8 @@ def plan(
     then the first ``skip`` samples of the rank sequence are dropped (resume: ``skip`` is the
     number the DataLoader on this rank has already yielded this epoch, at most the rank's
     :func:`epoch_counts` ``per_rank``), then :func:`worker_indices`. ``batch_size`` must be the
-    DataLoader's.
+    DataLoader's. The shuffle is per rank, before the worker split, so the order a rank sees does
+    not depend on the number of workers and a run resumes with another ``num_workers``.
     """
     if not isinstance(world, World):
         raise TypeError(f"world must be a World, got {type(world).__name__}")
@@ -409,7 +293,7 @@ def plan(
     if shuffle:
         seq = shuffle_buffer(seq, buffer_size=buffer_size, seed=seed, epoch=epoch,
                              rank=world.rank)
-    skip = _check_range("skip", skip, 0)
+    skip = check_int("skip", skip, 0)
     if skip > len(seq):
         raise ValueError(f"skip must be at most the {len(seq)} samples of rank {world.rank} "
                          f"this epoch, got {skip}")
@@ -422,6 +306,7 @@ def reading_runs(indices: ArrayLike) -> NDArray[np.int64]:
 
     ``[5, 6, 7, 2, 3, 9]`` gives ``[[5, 8], [2, 4], [9, 10]]``: a reader can fetch each run with
     one contiguous read. Concatenating ``range(start, stop)`` over the rows gives back ``indices``.
+    An array, not a list of tuples: a shuffled epoch of 1.3M samples is about 1.3M runs.
     """
     seq = _as_indices("indices", indices)
     if seq.size == 0:

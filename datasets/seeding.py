@@ -1,55 +1,15 @@
 """Reproducible, distinct random streams for every DataLoader worker, epoch and DDP rank.
 
-What PyTorch already does, and what is left to do
--------------------------------------------------
-Each time a ``DataLoader`` creates its worker processes it draws one ``base_seed`` from the
-loader's ``generator`` (or from torch's global RNG when there is none), and worker ``w`` starts
-with ``torch.manual_seed(base_seed + w)``, ``random.seed(base_seed + w)`` and a NumPy global seed
-derived from both. So within one process tree the torch, ``random`` and NumPy global streams
-already differ per worker, and per epoch when the workers are not persistent. Three pitfalls
-remain, and this module fixes them:
-
-1. **DDP ranks repeat each other.** Every rank usually seeds identically (``seed_everything(s)``
-   on all ranks, or the same ``generator`` seed), so worker ``w`` of rank 0 and worker ``w`` of
-   rank 1 draw exactly the same augmentations. :func:`seed_worker` folds the rank in.
-2. **Generators owned by the dataset are cloned into every worker.** A dataset that creates
-   ``self.rng = np.random.default_rng(0)`` (or a ``random.Random``, ``np.random.RandomState`` or
-   ``torch.Generator``) in ``__init__`` hands an identical copy to every worker (copied by fork,
-   or pickled under spawn), so all workers draw the same "random" values, every epoch.
-   :func:`seed_worker` re-seeds such generators in place in each worker, see
-   :func:`reseed_dataset_generators` for exactly which objects are found.
-3. **A fresh Generator per call is not random.** ``np.random.default_rng(torch.initial_seed())``
-   inside ``__getitem__`` returns the same first value for every sample of a worker.
-   :func:`worker_rng` returns one cached ``Generator`` per worker (and per epoch, if asked), whose
-   stream advances from call to call.
-
-Usage::
+PyTorch already seeds torch, ``random`` and NumPy's global RNG per worker (``base_seed + id``).
+Three pitfalls remain, fixed here: DDP ranks repeat each other's streams (:func:`seed_worker`
+folds the rank in); generators owned by the dataset are cloned identically into every worker
+(:func:`seed_worker` re-seeds them, see :func:`reseed_dataset_generators`); and a fresh
+``Generator`` per sample is not random (:func:`worker_rng` caches one per worker and epoch)::
 
     loader = DataLoader(ds, num_workers=8, worker_init_fn=seed_worker,
                         generator=torch.Generator().manual_seed(seed))
-    # under DDP with a manual process group and spawn workers, pass the rank explicitly:
-    loader = DataLoader(ds, ..., worker_init_fn=functools.partial(seed_worker, rank=rank))
 
-Epochs and persistent workers
------------------------------
-With ``persistent_workers=False`` every epoch starts new worker processes with a new
-``base_seed``, so every stream (global ones and :func:`worker_rng`) is new each epoch. With
-``persistent_workers=True`` the workers, their seeds and :func:`seed_worker`'s work happen once;
-the streams then simply *continue* from one epoch to the next, which makes epochs differ and stays
-reproducible, because the DataLoader hands indices to workers in a fixed round-robin order.
-``worker_rng()`` behaves the same way. If a sample's randomness must depend only on
-``(seed, rank, worker, epoch)`` and not on what the worker drew in earlier epochs (e.g. to resume
-mid-run), call ``worker_rng(epoch)`` with the epoch the dataset was told about (the streaming
-dataset's ``set_epoch``): that is a separate cached stream per epoch, derived from the worker's
-seed, the rank and the epoch.
-
-Reproducibility of a whole run needs the same seed, the same ``num_workers`` and the same
-sampler order: pass ``generator=torch.Generator().manual_seed(s)`` to the DataLoader, or call
-:func:`seed_everything` first (the loader then draws its ``base_seed`` from torch's global RNG).
-
-Note that :func:`seed_worker` re-seeds torch in the worker, so inside a worker
-``torch.initial_seed()`` no longer equals ``base_seed + worker_id`` afterwards; use
-``torch.utils.data.get_worker_info().seed`` for that value.
+Epochs, persistent workers and reproducibility of a whole run: docs/datasets.md.
 """
 
 from __future__ import annotations
@@ -64,6 +24,10 @@ from typing import Any
 
 import numpy as np
 import torch
+
+from packer.checks import check_int
+
+from .world import detect_rank
 
 __all__ = [
     "reseed_dataset_generators",
@@ -100,31 +64,6 @@ def _reset_after_fork() -> None:
 
 if hasattr(os, "register_at_fork"):
     os.register_at_fork(after_in_child=_reset_after_fork)
-
-
-def _check_seed(name: str, value: object, upper: int = 2**64) -> int:
-    if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
-        raise TypeError(f"{name} must be an int, got {type(value).__name__}: {value!r}")
-    value = int(value)
-    if not 0 <= value < upper:
-        raise ValueError(f"{name} must be in [0, {upper}), got {value}")
-    return value
-
-
-def _detect_rank() -> int:
-    """The global DDP rank: torch.distributed if initialised here, else env RANK, else 0."""
-    import torch.distributed as dist
-
-    if dist.is_available() and dist.is_initialized():
-        return int(dist.get_rank())
-    raw = os.environ.get("RANK", "0").strip() or "0"
-    try:
-        rank = int(raw)
-    except ValueError:
-        raise ValueError(f"environment variable RANK={raw!r} is not an integer") from None
-    if rank < 0:
-        raise ValueError(f"environment variable RANK={raw!r} is negative")
-    return rank
 
 
 def _process_seed() -> tuple[int, int, int]:
@@ -164,8 +103,8 @@ def seed_worker(worker_id: int, rank: int | None = None) -> None:
     ``torch.initial_seed()`` of the calling process.
     """
     global _worker_rank
-    worker_id = _check_seed("worker_id", worker_id)
-    rank = _detect_rank() if rank is None else _check_seed("rank", rank)
+    worker_id = check_int("worker_id", worker_id, 0, 2**64)
+    rank = detect_rank() if rank is None else check_int("rank", rank, 0, 2**64)
     role, base, _ = _process_seed()
     entropy = [base, worker_id, rank, role]
 
@@ -203,9 +142,9 @@ def worker_rng(epoch: int | None = None) -> np.random.Generator:
     The rank is the one :func:`seed_worker` used in this worker, or is detected as it does.
     """
     if epoch is not None:
-        epoch = _check_seed("epoch", epoch)
+        epoch = check_int("epoch", epoch, 0, 2**64)
     role, base, worker_id = _process_seed()
-    rank = _worker_rank if _worker_rank is not None else _detect_rank()
+    rank = _worker_rank if _worker_rank is not None else detect_rank()
     key = (role, base, worker_id, rank, -1 if epoch is None else epoch)
     rng = _rng_cache.get(key)
     if rng is None:
@@ -272,7 +211,7 @@ def reseed_dataset_generators(obj: Any, seed: int | np.random.SeedSequence) -> l
         seed: a non-negative int or a ``np.random.SeedSequence``.
     """
     if not isinstance(seed, np.random.SeedSequence):
-        seed = np.random.SeedSequence(_check_seed("seed", seed, upper=2**128))
+        seed = np.random.SeedSequence(check_int("seed", seed, 0, 2**128))
     found: list[str] = []
     seen: set[int] = set()
 
@@ -328,7 +267,7 @@ def seed_everything(seed: int, deterministic: bool = False) -> None:
             unset (cuBLAS reads it when CUDA starts, so call this before any CUDA work).
             ``False`` leaves these settings as they are.
     """
-    seed = _check_seed("seed", seed)
+    seed = check_int("seed", seed, 0, 2**64)
     random.seed(seed)
     os.environ["PYTHONHASHSEED"] = str(seed)
     if seed < 2**32:

@@ -80,7 +80,10 @@ import numpy as np
 import torch
 from torch.utils.data import IterableDataset, get_worker_info
 
-from .partition import EpochCounts, Partition, World, epoch_counts, plan
+from packer.checks import check_int
+
+from .partition import EpochCounts, Partition, epoch_counts, plan
+from .world import World, detect_rank_and_world_size, detect_worker
 
 __all__ = ["StreamingDataset", "StreamOptions", "STATE_VERSION"]
 
@@ -95,16 +98,6 @@ _LOCK_TIMEOUT = 60.0  # seconds; the lock is held for microseconds, so a timeout
 # Padding/dropping is reported once per process and dataset layout.
 _REPORTED: set[tuple[str, int, int, str]] = set()
 _REPORTED_LOCK = threading.Lock()
-
-
-def _check_int(name: str, value: object, low: int, high: int | None = None) -> int:
-    if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
-        raise TypeError(f"{name} must be an int, got {type(value).__name__} {value!r}")
-    v = int(value)
-    if v < low or (high is not None and v >= high):
-        bound = f">= {low}" if high is None else f"in [{low}, {high})"
-        raise ValueError(f"{name} must be {bound}, got {v}")
-    return v
 
 
 @dataclass(frozen=True)
@@ -135,15 +128,15 @@ class StreamOptions:
     def __post_init__(self) -> None:
         if not isinstance(self.shuffle, bool):
             raise TypeError(f"shuffle must be a bool, got {self.shuffle!r}")
-        object.__setattr__(self, "seed", _check_int("seed", self.seed, 0, _MAX_SEED))
+        object.__setattr__(self, "seed", check_int("seed", self.seed, 0, _MAX_SEED))
         object.__setattr__(self, "shuffle_buffer",
-                           _check_int("shuffle_buffer", self.shuffle_buffer, 0))
+                           check_int("shuffle_buffer", self.shuffle_buffer, 0))
         if self.block_samples is not None:
             object.__setattr__(self, "block_samples",
-                               _check_int("block_samples", self.block_samples, 1))
+                               check_int("block_samples", self.block_samples, 1))
         if self.partition not in ("pad", "drop"):
             raise ValueError(f"partition must be 'pad' or 'drop', got {self.partition!r}")
-        object.__setattr__(self, "batch_size", _check_int("batch_size", self.batch_size, 1))
+        object.__setattr__(self, "batch_size", check_int("batch_size", self.batch_size, 1))
 
 
 # --------------------------------------------------------------------------------------------
@@ -386,19 +379,19 @@ class StreamingDataset(IterableDataset):
         return len(self.reader)
 
     def _rank_world(self) -> tuple[int, int]:
+        """(rank, world size): the ``world`` given, else the one the main process handed this
+        spawned worker (it cannot see a process group set up by hand), else detected."""
         if self.world is not None:
             return self.world.rank, self.world.world_size
         if self._parent_world is not None and get_worker_info() is not None:
             return self._parent_world
-        w = World.detect()
-        return w.rank, w.world_size
+        return detect_rank_and_world_size()
 
     def current_world(self) -> World:
         """Rank, world size, worker and number of workers of the calling process."""
         rank, size = self._rank_world()
-        info = get_worker_info()
-        if info is not None:
-            return World(rank, size, info.id, info.num_workers)
+        if get_worker_info() is not None:
+            return World(rank, size, *detect_worker())
         if self.world is not None:
             return self.world
         return World(rank, size)
@@ -448,7 +441,7 @@ class StreamingDataset(IterableDataset):
     def set_epoch(self, epoch: int) -> None:
         """Use ``epoch`` for the following iterations, in this process and in every worker
         (persistent ones too), until called again. Without it epochs advance on their own."""
-        self._clock.set_epoch(_check_int("epoch", epoch, 0, _MAX_EPOCH))
+        self._clock.set_epoch(check_int("epoch", epoch, 0, _MAX_EPOCH))
 
     @property
     def epoch(self) -> int:
@@ -551,7 +544,7 @@ class StreamingDataset(IterableDataset):
         else:
             per_rank = len(self)
             epoch, skipped, explicit = self._clock.current()
-            consumed = skipped + _check_int("samples_consumed", samples_consumed, 0)
+            consumed = skipped + check_int("samples_consumed", samples_consumed, 0)
             if consumed > per_rank:
                 raise ValueError(
                     f"samples_consumed must be at most the {per_rank - skipped} samples left of "
@@ -587,8 +580,8 @@ class StreamingDataset(IterableDataset):
             raise ValueError(f"cannot resume {self.root} from this state, it was saved with other "
                              f"settings ({'; '.join(diffs)})")
         try:
-            epoch = _check_int("epoch", state["epoch"], 0, _MAX_EPOCH)
-            consumed = _check_int("samples_consumed", state["samples_consumed"], 0, len(self) + 1)
+            epoch = check_int("epoch", state["epoch"], 0, _MAX_EPOCH)
+            consumed = check_int("samples_consumed", state["samples_consumed"], 0, len(self) + 1)
         except TypeError as e:
             raise ValueError(f"invalid StreamingDataset state: {e}") from None
         if "worker" not in state:
@@ -600,7 +593,7 @@ class StreamingDataset(IterableDataset):
                              f"{state.get('batch_size')!r} with batch_size "
                              f"{self.options.batch_size}")
         try:
-            restore = {k: _check_int(k, state[k], 0) for k in ("worker", "num_workers", "yielded")}
+            restore = {k: check_int(k, state[k], 0) for k in ("worker", "num_workers", "yielded")}
         except (KeyError, TypeError) as e:
             raise ValueError(f"invalid StreamingDataset worker state: {e}") from None
         restore.update(epoch=epoch, samples_consumed=consumed)

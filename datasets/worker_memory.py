@@ -5,9 +5,8 @@ image per sample (~200 kB for 256 x 341 RGB), 64 of them alive until the batch i
 serves blocks above its mmap threshold (128 kB, raised dynamically only up to the largest block
 freed so far) with ``mmap`` and gives freed memory at the top of the heap back to the kernel
 above its trim threshold (twice the mmap threshold). Either way the next buffer is fresh memory
-that the kernel zero-fills one 4 kB page fault at a time: ~50 faults per image. Measured on the
-2-core reference machine, a DataLoader over ``raw`` data with 2 workers ran at 8,400-9,500
-images/s with glibc's defaults and 15,000-17,000 with the settings below; JPEG data gained 5%.
+that the kernel zero-fills one 4 kB page fault at a time: ~50 faults per image (the gain is
+measured in docs/benchmarks.md).
 
 In a DataLoader worker (``get_worker_info()`` is set), on glibc, the first read or collate sets
 ``M_MMAP_THRESHOLD`` to 4 MiB and ``M_TRIM_THRESHOLD`` to 64 MiB, so freed buffers are reused

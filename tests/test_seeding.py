@@ -163,7 +163,7 @@ def test_seed_worker_validates_arguments(monkeypatch: pytest.MonkeyPatch) -> Non
     with pytest.raises(TypeError, match="rank"):
         seed_worker(0, rank="1")  # type: ignore[arg-type]
     monkeypatch.setenv("RANK", "zero")
-    with pytest.raises(ValueError, match="RANK='zero'"):
+    with pytest.raises(ValueError, match="RANK must be an integer, got 'zero'"):
         seed_worker(0)
 
 
