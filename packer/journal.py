@@ -1,24 +1,7 @@
 """The conversion journal: what an interrupted conversion had made durable, so ``--resume`` can go on.
 
-A conversion is built in the hidden folder ``.NAME.packer-tmp`` (see :mod:`packer.ops.engine`). At every
-checkpoint (a finished shard, an LMDB commit, an HDF5 block: the writer says when) the engine
-writes ``.packer-journal.json`` there, atomically (temp file, fsync, rename, directory fsync),
-*after* the writer has made everything it reports durable::
-
-    {"version": 1, "fingerprint": {"source": SHA-256, "options": SHA-256},
-     "phase": "writing" | "closed", "consumed": C, "written": S,
-     "skipped": [{"pos": P, "path": ..., "reason": ...}], "writer": {...}, "manifest": {...} | null}
-
-``consumed`` counts items of the ordered source list whose result is durable (written or skipped),
-``written`` the samples the writer holds, ``writer`` the writer's own state (its
-:meth:`~packer.converters.base.Writer.checkpoint`). ``phase`` is ``closed`` once every payload file
-is final; ``manifest`` then holds the manifest, so a run killed between the journal and the
-publish only has to write it and rename. The journal is deleted before the folder is published, so
-it never appears in a finished dataset.
-
-The fingerprint binds a journal to its source (every file's path, label, size and mtime, or a
-packed source's manifest) and to every option that changes the output; ``--resume`` refuses a
-journal whose fingerprint differs. JSON only, no pickle.
+The engine (:mod:`packer.ops.engine`) writes ``.packer-journal.json`` into the hidden folder
+``.NAME.packer-tmp`` at every checkpoint and deletes it before publishing. JSON only, no pickle.
 """
 
 from __future__ import annotations
@@ -46,7 +29,22 @@ def digest(value: Any) -> str:
 
 @dataclass
 class Journal:
-    """One checkpoint of a conversion (see the module docstring for the fields)."""
+    """One checkpoint of a conversion, as JSON::
+
+        {"version": 1, "fingerprint": {"source": SHA-256, "options": SHA-256},
+         "phase": "writing" | "closed", "consumed": C, "written": S,
+         "skipped": [{"pos": P, "path": ..., "reason": ...}], "writer": {...}, "manifest": {...} | null}
+
+    ``consumed`` counts items of the ordered source list whose result is durable (written or
+    skipped), ``written`` the samples the writer holds, ``writer`` the writer's own state (its
+    :meth:`~packer.converters.base.Writer.checkpoint`). ``phase`` is ``closed`` once every payload
+    file is final; ``manifest`` then holds the manifest, so a run killed between the journal and
+    the publish only has to write it and rename.
+
+    The fingerprint binds a journal to its source (every file's path, label, size and mtime, or a
+    packed source's manifest) and to every option that changes the output; ``--resume`` refuses a
+    journal whose fingerprint differs.
+    """
 
     fingerprint: dict[str, str]
     phase: str = "writing"
@@ -90,12 +88,17 @@ def read_journal(directory: str) -> Journal | None:
 
 
 def write_journal(directory: str, journal: Journal) -> None:
-    """Write the journal atomically and durably (call after the writer's checkpoint)."""
+    """Write the journal atomically and durably (temp file, fsync, rename, directory fsync).
+
+    Call it at a checkpoint (a finished shard, an LMDB commit, an HDF5 block: the writer says
+    when), *after* the writer has made everything it reports durable.
+    """
     atomic_write_bytes(os.path.join(directory, JOURNAL_NAME), journal.dumps())
 
 
 def remove_journal(directory: str) -> None:
-    """Delete the journal (before publishing) and make the deletion durable."""
+    """Delete the journal and make the deletion durable; done before the folder is published, so
+    a finished dataset never holds a journal."""
     try:
         os.remove(os.path.join(directory, JOURNAL_NAME))
     except FileNotFoundError:

@@ -1,25 +1,7 @@
 """``tf.train.Example`` in protobuf wire format, encoded and parsed here, without TensorFlow.
 
-The messages (tensorflow/core/example/{example,feature}.proto)::
-
-    Example   { Features features = 1; }
-    Features  { map<string, Feature> feature = 1; }          // entry: key = 1, value = 2
-    Feature   { oneof kind { BytesList bytes_list = 1; FloatList float_list = 2;
-                             Int64List int64_list = 3; } }
-    BytesList { repeated bytes value = 1; }
-    FloatList { repeated float value = 1 [packed = true]; }
-    Int64List { repeated int64 value = 1 [packed = true]; }
-
-Encoding is deterministic: map entries in sorted key order (UTF-8 byte order), every entry with its
-key and value, lists packed. These are exactly the bytes protobuf's
-``SerializeToString(deterministic=True)`` gives for the same Example (a test checks it against the
-generated protos shipped with the ``tfrecord`` package).
-
-Parsing goes through protobuf's C parser (upb), with message classes built here from a descriptor
-in a private pool: about 1 us to parse an image record (a general walk in Python took 17 us, a
-specialised one 7), and no generated ``_pb2`` module whose gencode version a protobuf upgrade could
-refuse. It accepts any valid encoding (unsorted or repeated entries, packed or unpacked numbers,
-unknown fields).
+:func:`encode_example` writes deterministic bytes; :func:`parse_example` and :func:`example_class`
+parse with protobuf's C parser, through message classes built here.
 """
 
 from __future__ import annotations
@@ -70,17 +52,34 @@ def _feature(value: FeatureValue) -> bytes:
 
 
 def encode_example(features: Mapping[str, FeatureValue]) -> bytes:
-    """Serialise a ``tf.train.Example`` with ``features`` (name -> value), keys sorted."""
+    """Serialise a ``tf.train.Example`` with ``features`` (name -> value).
+
+    Deterministic: map entries in sorted key order (UTF-8 byte order), every entry with its key and
+    value, lists packed. These are exactly the bytes protobuf's
+    ``SerializeToString(deterministic=True)`` gives for the same Example (a test checks it against
+    the generated protos shipped with the ``tfrecord`` package).
+    """
     items = sorted((k.encode("utf-8"), v) for k, v in features.items())
     entries = b"".join(_field(b"\x0a", _field(b"\x0a", k) + _field(b"\x12", _feature(v))) for k, v in items)
     return _field(b"\x0a", entries)
 
 
 def _message_classes() -> dict[str, type]:
-    """Message classes for the protos above, built from a descriptor in a private pool.
+    """Message classes for these protos (tensorflow/core/example/{example,feature}.proto), built
+    from a descriptor in a private pool::
 
-    No generated ``_pb2`` module is involved, so a protobuf runtime upgrade cannot break us on a
-    gencode version check, and we never clash with TensorFlow's own registration of the names.
+        Example   { Features features = 1; }
+        Features  { map<string, Feature> feature = 1; }          // entry: key = 1, value = 2
+        Feature   { oneof kind { BytesList bytes_list = 1; FloatList float_list = 2;
+                                 Int64List int64_list = 3; } }
+        BytesList { repeated bytes value = 1; }
+        FloatList { repeated float value = 1 [packed = true]; }
+        Int64List { repeated int64 value = 1 [packed = true]; }
+
+    Parsing then runs in protobuf's C parser (upb), several times faster than a walk over the wire
+    format in Python (docs/benchmarks.md). No generated ``_pb2`` module is involved, so a protobuf
+    runtime upgrade cannot break us on a gencode version check, and we never clash with
+    TensorFlow's own registration of the names.
     """
     from google.protobuf import descriptor_pb2, descriptor_pool, message_factory
 
@@ -140,8 +139,9 @@ def example_class() -> type:
 def parse_example(data: bytes | bytearray | memoryview) -> Any:
     """Parse a serialised ``tf.train.Example``; returns the protobuf message.
 
-    Use ``msg.features.feature[name].bytes_list.value`` / ``.int64_list.value``.
-    Raises ValueError on malformed input (protobuf's DecodeError is one).
+    Use ``msg.features.feature[name].bytes_list.value`` / ``.int64_list.value``. Any valid
+    encoding is accepted (unsorted or repeated entries, packed or unpacked numbers, unknown
+    fields). Raises ValueError on malformed input (protobuf's DecodeError is one).
     """
     from google.protobuf.message import DecodeError
 
