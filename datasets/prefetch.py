@@ -1,36 +1,8 @@
 """Copy the next batch to the GPU while the current one is used, and normalise it there.
 
 ``prefetch_to_device(loader, "cuda")`` wraps any iterable of batches (a DataLoader, usually) and
-yields the same batches with every tensor on the device:
-
-* **CUDA**: batch ``k + 1`` is pinned (unless the loader already pinned it, ``pin_memory=True``,
-  which is cheaper: it happens in the loader's thread), copied with ``non_blocking=True`` on a
-  side ``torch.cuda.Stream`` and converted there, while the caller's kernels for batch ``k`` run
-  on the current stream. Before a batch is handed out the current stream waits for its copy, and
-  each of its tensors is ``record_stream``-ed on the current stream so the caching allocator does
-  not give its memory to a later copy while the caller's kernels may still read it.
-* **CPU** (``device="cpu"``, or a CUDA device asked for on a machine without CUDA, with a
-  warning): the batches pass through unchanged, the same objects, unless a conversion is asked;
-  the conversion then runs on the CPU with the same results, so one script runs anywhere.
-* any other device: a plain synchronous ``.to(device)`` plus the conversion.
-
-Which tensors are images
-------------------------
-Conversion applies to *image batches*: tensors with ``ndim == 4`` (N, C, H, W) whose dtype is
-``uint8`` (values 0..255) or floating (values 0..1, as torchvision's ``ToTensor`` gives), wherever
-they are in the batch. Everything else (labels, 1-3-D tensors, 4-D integer tensors of other
-dtypes) is only moved, and non-tensors pass through as they are. Batches may be tensors, tuples
-(named ones keep their type), lists, dicts or any nesting of them. If a batch holds other 4-D
-float tensors that are not images, normalise yourself instead.
-
-For an image batch, with ``dtype`` (default ``float32``) used when any conversion is asked:
-
-* ``mean``/``std`` given: ``(x / 255 - mean) / std`` for ``uint8``, ``(x - mean) / std`` for
-  floats, computed in float32 (or ``dtype`` if wider) and returned as ``dtype``; ``mean`` and
-  ``std`` are per channel (dim 1), in 0..1 units, like ``torchvision.transforms.Normalize``;
-* only ``dtype`` given: ``uint8`` becomes ``x / 255``, floats are cast;
-* ``channels_last=True``: the result (or the unconverted image batch) is made contiguous in
-  ``torch.channels_last`` memory format.
+yields the same batches with every tensor on the device; on a machine without CUDA the same script
+runs on the CPU.
 """
 
 from __future__ import annotations
@@ -229,6 +201,13 @@ class DevicePrefetcher:
             yield _map_tensors(batch, lambda t: convert(t.to(device)))
 
     def _iter_cuda(self) -> Iterator[Any]:
+        """Batch ``k + 1`` is pinned (unless the loader already pinned it, ``pin_memory=True``,
+        which is cheaper: it happens in the loader's thread), copied with ``non_blocking=True`` on
+        a side ``torch.cuda.Stream`` and converted there, while the caller's kernels for batch
+        ``k`` run on the current stream. Before a batch is handed out the current stream waits for
+        its copy, and each of its tensors is ``record_stream``-ed on the current stream so the
+        caching allocator does not give its memory to a later copy while the caller's kernels may
+        still read it."""
         device, convert = self.device, self._convert
         copy_stream = torch.cuda.Stream(device=device)
 
@@ -270,7 +249,31 @@ def prefetch_to_device(
     dtype: torch.dtype | None = None,
     channels_last: bool = False,
 ) -> DevicePrefetcher:
-    """Wrap ``loader`` so its batches arrive on ``device``, copied ahead of use; see module doc.
+    """Wrap ``loader`` so its batches arrive on ``device``, copied ahead of use.
+
+    * **CUDA**: batch ``k + 1`` is copied on a side stream, and converted there, while the
+      caller's kernels for batch ``k`` run.
+    * **CPU** (``device="cpu"``, or a CUDA device asked for on a machine without CUDA, with a
+      warning): the batches pass through unchanged, the same objects, unless a conversion is
+      asked; the conversion then runs on the CPU with the same results, so one script runs
+      anywhere.
+    * any other device: a plain synchronous ``.to(device)`` plus the conversion.
+
+    Conversion applies to *image batches*: tensors with ``ndim == 4`` (N, C, H, W) whose dtype is
+    ``uint8`` (values 0..255) or floating (values 0..1, as torchvision's ``ToTensor`` gives),
+    wherever they are in the batch. Everything else (labels, 1-3-D tensors, 4-D integer tensors of
+    other dtypes) is only moved, and non-tensors pass through as they are. Batches may be tensors,
+    tuples (named ones keep their type), lists, dicts or any nesting of them. If a batch holds
+    other 4-D float tensors that are not images, normalise yourself instead.
+
+    For an image batch, with ``dtype`` (default ``float32``) used when any conversion is asked:
+
+    * ``mean``/``std`` given: ``(x / 255 - mean) / std`` for ``uint8``, ``(x - mean) / std`` for
+      floats, computed in float32 (or ``dtype`` if wider) and returned as ``dtype``; ``mean`` and
+      ``std`` are per channel (dim 1), in 0..1 units, like ``torchvision.transforms.Normalize``;
+    * only ``dtype`` given: ``uint8`` becomes ``x / 255``, floats are cast;
+    * ``channels_last=True``: the result (or the unconverted image batch) is made contiguous in
+      ``torch.channels_last`` memory format.
 
     Args:
         loader: a DataLoader or any iterable of batches (tensors, tuples, lists, dicts, nested).
