@@ -28,6 +28,7 @@ import sys
 import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import asdict, dataclass, field, replace
+from typing import Any
 
 import numpy as np
 
@@ -192,128 +193,170 @@ def write_packed_result(
 ) -> tuple[Manifest, dict[str, int] | None, list[str]]:
     """:func:`write_packed`, also returning what a resume kept (``{"consumed", "written"}`` or
     None) and notes for the user (e.g. that there was nothing to resume)."""
-    tmp = temp_dir_for(dst)
-    spec = get_format(fmt)
-    refused = spec.refused_options(options.writer)
-    if refused:
-        raise ValueError(f"writer option {refused[0]} does not apply to {fmt} output (it applies to "
-                         f"{' and '.join(formats_taking(refused[0]))})")
-    wcls = spec.writer
-    resumable = callable(items) and fingerprint is not None and getattr(wcls, "resumable", False)
-    notes: list[str] = []
-    journal: Journal | None = None
-    if options.resume:
-        if not resumable:
-            raise ResumeError(f"--resume is not supported for this conversion to {fmt}; run without --resume")
-        journal = read_journal(tmp) if os.path.isdir(tmp) else None
-        if journal is not None and journal.fingerprint != fingerprint:
-            changed = [k for k in ("source", "options") if journal.fingerprint.get(k) != (fingerprint or {}).get(k)]
+    run = _Run(dst, fmt, items, template, options, total, source, fingerprint)
+    try:
+        if run.journal is not None and run.journal.phase == "closed":
+            manifest = run.publish_closed()
+        else:
+            run.open_writer()
+            run.write_items()
+            manifest = run.close_and_publish()
+    except BaseException as e:
+        run.fail(e)
+        raise
+    return manifest, run.resumed, run.notes
+
+
+class _Run:
+    """One call of :func:`write_packed_result`: its temporary folder, writer, journal and the
+    positions and skips since the last checkpoint, with the steps of a conversion as methods."""
+
+    def __init__(self, dst: str, fmt: str, items: Items, template: Manifest, options: ConvertOptions,
+                 total: int | None, source: str, fingerprint: dict[str, str] | None) -> None:
+        self.dst, self.fmt, self.items, self.template, self.options = dst, fmt, items, template, options
+        self.total, self.source, self.fingerprint = total, source, fingerprint
+        self.tmp = temp_dir_for(dst)
+        spec = get_format(fmt)
+        refused = spec.refused_options(options.writer)
+        if refused:
+            raise ValueError(f"writer option {refused[0]} does not apply to {fmt} output (it applies to "
+                             f"{' and '.join(formats_taking(refused[0]))})")
+        self.writer_class = spec.writer
+        self.resumable = callable(items) and fingerprint is not None and getattr(spec.writer, "resumable", False)
+        self.notes: list[str] = []
+        self.journal = self._journal_to_resume() if options.resume else None
+        if self.journal is None:
+            if os.path.lexists(self.tmp):
+                shutil.rmtree(self.tmp)
+            os.makedirs(self.tmp)
+        j = self.journal
+        self.resumed = {"consumed": j.consumed, "written": j.written} if j is not None else None
+        self.skipped: list[tuple[int, Skipped]] = []  # (source position, skip)
+        self.positions: dict[int, int] = {}  # sample index -> source position, since the last checkpoint
+        self.index = self.consumed = 0
+        self.writer: Any = None
+        self.closed = False
+
+    def _journal_to_resume(self) -> Journal | None:
+        """The interrupted run's journal, refused if the source or the options changed since."""
+        if not self.resumable:
+            raise ResumeError(f"--resume is not supported for this conversion to {self.fmt}; run without --resume")
+        journal = read_journal(self.tmp) if os.path.isdir(self.tmp) else None
+        if journal is not None and journal.fingerprint != self.fingerprint:
+            changed = [k for k in ("source", "options") if journal.fingerprint.get(k) != (self.fingerprint or {}).get(k)]
             raise ResumeError(
-                f"cannot resume {dst}: the {' and the '.join(changed) or 'conversion'} changed since the "
-                f"interrupted run; run without --resume to start over (this deletes the partial output in {tmp})"
+                f"cannot resume {self.dst}: the {' and the '.join(changed) or 'conversion'} changed since the "
+                f"interrupted run; run without --resume to start over (this deletes the partial output in {self.tmp})"
             )
         if journal is None:
-            notes.append(f"nothing to resume in {tmp}; started from the beginning")
-    if journal is None:
-        if os.path.lexists(tmp):
-            shutil.rmtree(tmp)
-        os.makedirs(tmp)
-    resumed = {"consumed": journal.consumed, "written": journal.written} if journal is not None else None
-    skipped: list[tuple[int, Skipped]] = []  # (source position, skip)
-    positions: dict[int, int] = {}  # sample index -> source position, since the last checkpoint
-    index = consumed = 0
-    writer = None
-    closed = False
+            self.notes.append(f"nothing to resume in {self.tmp}; started from the beginning")
+        return journal
 
-    def checkpoint(next_pos: int) -> None:
-        assert writer is not None and fingerprint is not None
-        state = writer.checkpoint()
+    def checkpoint(self, next_pos: int) -> None:
+        """Make the writer's data durable, then journal how far the source was consumed."""
+        assert self.writer is not None and self.fingerprint is not None
+        state = self.writer.checkpoint()
         done = int(state["samples"])
-        upto = positions.get(done, next_pos)
-        entries = [{"pos": p, "path": k.path, "reason": k.reason} for p, k in skipped if p < upto]
-        write_journal(tmp, Journal(fingerprint, "writing", upto, done, entries, state))
-        for i in [i for i in positions if i < done]:
-            del positions[i]
+        upto = self.positions.get(done, next_pos)
+        entries = [{"pos": p, "path": k.path, "reason": k.reason} for p, k in self.skipped if p < upto]
+        write_journal(self.tmp, Journal(self.fingerprint, "writing", upto, done, entries, state))
+        for i in [i for i in self.positions if i < done]:
+            del self.positions[i]
 
-    try:
-        if journal is not None and journal.phase == "closed":
-            manifest = _finish_closed(tmp, journal)
-            keep = {f.name for f in manifest.files} | {JOURNAL_NAME}
-            for name in os.listdir(tmp):  # what the killed run had not deleted yet: resume-only files
-                if name not in keep:
-                    os.remove(os.path.join(tmp, name))
-            write_manifest(tmp, manifest)
-            remove_journal(tmp)
-            publish(tmp, dst, options.overwrite)
-            return manifest, resumed, notes
-        from tqdm import tqdm
+    def publish_closed(self) -> Manifest:
+        """Finish a run killed after its payload files were final: only the manifest was missing."""
+        assert self.journal is not None
+        manifest = _finish_closed(self.tmp, self.journal)
+        keep = {f.name for f in manifest.files} | {JOURNAL_NAME}
+        for name in os.listdir(self.tmp):  # what the killed run had not deleted yet: resume-only files
+            if name not in keep:
+                os.remove(os.path.join(self.tmp, name))
+        write_manifest(self.tmp, manifest)
+        remove_journal(self.tmp)
+        publish(self.tmp, self.dst, self.options.overwrite)
+        return manifest
 
-        writer = wcls(tmp, options.writer)
-        info = template.to_json()
+    def open_writer(self) -> None:
+        """Start the writer with the dataset facts; on resume, bring it back to the checkpoint."""
+        self.writer = self.writer_class(self.tmp, self.options.writer)
+        info = self.template.to_json()
         for k in ("num_samples", "files", "layout", "skipped", "ignored"):
             del info[k]
-        writer.begin({**info, "format": fmt})
-        if journal is not None:
-            for name in os.listdir(tmp):  # a manifest, or temp files of atomic writes, from the killed run
-                if name == MANIFEST_NAME or name.startswith((f"{MANIFEST_NAME}.tmp-", f"{JOURNAL_NAME}.tmp-")):
-                    os.remove(os.path.join(tmp, name))
-            writer.resume(journal.writer)
-            index, consumed = journal.written, journal.consumed
-            skipped = [(int(e["pos"]), Skipped(str(e["path"]), str(e["reason"]))) for e in journal.skipped]
-            checkpoint(consumed)
-        stream = items(consumed) if callable(items) else items
-        bar = tqdm(total=total, initial=consumed, unit="img", disable=not options.progress, file=sys.stderr,
-                   dynamic_ncols=True, desc=f"convert -> {fmt}")
+        self.writer.begin({**info, "format": self.fmt})
+        j = self.journal
+        if j is None:
+            return
+        for name in os.listdir(self.tmp):  # a manifest, or temp files of atomic writes, from the killed run
+            if name == MANIFEST_NAME or name.startswith((f"{MANIFEST_NAME}.tmp-", f"{JOURNAL_NAME}.tmp-")):
+                os.remove(os.path.join(self.tmp, name))
+        self.writer.resume(j.writer)
+        self.index, self.consumed = j.written, j.consumed
+        self.skipped = [(int(e["pos"]), Skipped(str(e["path"]), str(e["reason"]))) for e in j.skipped]
+        self.checkpoint(self.consumed)
+
+    def write_items(self) -> None:
+        """Feed every item from the resume point on to the writer; items without an image are skips."""
+        from tqdm import tqdm
+
+        stream = self.items(self.consumed) if callable(self.items) else self.items
+        bar = tqdm(total=self.total, initial=self.consumed, unit="img", disable=not self.options.progress,
+                   file=sys.stderr, dynamic_ncols=True, desc=f"convert -> {self.fmt}")
+        self.pos = self.consumed
         with bar:
-            pos = consumed
             for key, label, image, reason in stream:
                 if image is None or not image.payload:  # a 0-byte image is never stored
-                    skipped.append((pos, Skipped(key, reason or "empty image payload (0 bytes)")))
+                    self.skipped.append((self.pos, Skipped(key, reason or "empty image payload (0 bytes)")))
                 else:
-                    positions[index] = pos
-                    writer.add(index, key, label, image)
-                    index += 1
-                pos += 1
-                if resumable and writer.checkpoint_due():
-                    checkpoint(pos)
+                    self.positions[self.index] = self.pos
+                    self.writer.add(self.index, key, label, image)
+                    self.index += 1
+                self.pos += 1
+                if self.resumable and self.writer.checkpoint_due():
+                    self.checkpoint(self.pos)
                 bar.update(1)
-        if index == 0:
-            raise SourceError(f"no image in {source or dst} could be converted ({len(skipped)} skipped)")
-        files, layout = writer.close()
-        closed = True
-        fsync_dir(tmp)  # every payload file's rename is durable before the manifest names it
-        manifest = replace(template, format=fmt, num_samples=index, files=files, layout=layout,
-                           skipped=[k for _, k in skipped] + list(template.skipped))
-        if resumable:
-            assert fingerprint is not None
-            write_journal(tmp, Journal(fingerprint, "closed", pos, index, [], {}, manifest.to_json()))
-        writer.forget_checkpoints()
-        write_manifest(tmp, manifest)
-        remove_journal(tmp)
-        publish(tmp, dst, options.overwrite)
-    except BaseException as e:
-        full = no_space(e, tmp)
+        if self.index == 0:
+            raise SourceError(f"no image in {self.source or self.dst} could be converted ({len(self.skipped)} skipped)")
+
+    def close_and_publish(self) -> Manifest:
+        """Close the writer, make its files durable, write the manifest, publish by rename."""
+        files, layout = self.writer.close()
+        self.closed = True
+        fsync_dir(self.tmp)  # every payload file's rename is durable before the manifest names it
+        manifest = replace(self.template, format=self.fmt, num_samples=self.index, files=files, layout=layout,
+                           skipped=[k for _, k in self.skipped] + list(self.template.skipped))
+        if self.resumable:
+            assert self.fingerprint is not None
+            write_journal(self.tmp, Journal(self.fingerprint, "closed", self.pos, self.index, [], {}, manifest.to_json()))
+        self.writer.forget_checkpoints()
+        write_manifest(self.tmp, manifest)
+        remove_journal(self.tmp)
+        publish(self.tmp, self.dst, self.options.overwrite)
+        return manifest
+
+    def fail(self, e: BaseException) -> None:
+        """Clean up after ``e``: keep the temporary folder when a checkpoint makes it resumable
+        (then ``e.partial_output`` names it), else remove it; a full disk raises DiskFullError.
+        The caller raises ``e`` itself when this returns."""
+        full = no_space(e, self.tmp)
         kept = full is None and (
             isinstance(e, ResumeError)  # the partial output stays for the user to inspect
-            or (resumable and not isinstance(e, (SourceError, ImageError)) and _has_checkpoint(tmp))
+            or (self.resumable and not isinstance(e, (SourceError, ImageError)) and _has_checkpoint(self.tmp))
         )
-        if writer is not None and not closed:
+        if self.writer is not None and not self.closed:
             try:
-                writer.abort() if kept else writer.discard()
+                self.writer.abort() if kept else self.writer.discard()
             except Exception:  # noqa: BLE001 - already failing
                 pass
         if isinstance(e, ResumeError) and full is None:
-            raise
+            return
         if kept:
-            e.partial_output = tmp  # type: ignore[attr-defined]
+            e.partial_output = self.tmp  # type: ignore[attr-defined]
             if hasattr(e, "add_note"):
-                e.add_note(f"partial output kept in {tmp}; run again with --resume to continue")
+                e.add_note(f"partial output kept in {self.tmp}; run again with --resume to continue")
         else:
-            shutil.rmtree(tmp, ignore_errors=True)
+            shutil.rmtree(self.tmp, ignore_errors=True)
         if full is not None:
-            raise disk_full_error(full[0], full[1], tmp, dst) from e
-        raise
-    return manifest, resumed, notes
+            raise disk_full_error(full[0], full[1], self.tmp, self.dst) from e
 
 
 def _has_checkpoint(tmp: str) -> bool:
