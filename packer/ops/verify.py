@@ -1,21 +1,9 @@
 """``packer verify``: every payload file against the manifest's size and SHA-256, then every sample
 read through its format's reader (record, key and index checksums) and decoded.
 
-A damaged byte anywhere in a payload file fails its SHA-256, so ``verify`` never passes a changed
-dataset. It also says which *sample* the damage is in wherever the format allows:
-
-- every format: the reader's per-sample checks (payload CRC32C, LMDB record CRC over header, key
-  and payload, HDF5 key CRC, TFRecord length and data CRCs) name the sample they fail on;
-- tar: a shard whose SHA-256 fails is compared, sample by sample, with the bytes its (intact) index
-  implies (member headers, ``.cls``, ``.json``, padding), and a damaged index with the index its
-  (intact) shard implies; a byte in the end-of-archive blocks or the index header belongs to no
-  sample and only the file is named;
-- TFRecord: a damaged ``.idx`` is compared with the one its records imply (each line is a sample),
-  a ``.zidx`` is checked record by record; the gzip header and trailer belong to no sample;
-- LMDB and HDF5: bytes of a sample's record or payload are named by sample; bytes in their own
-  structures (B-tree and meta pages, free space, HDF5 object headers, B-trees, heaps, the whole-
-  array CRCs of ``/labels``, ``/shapes``, ``/offsets``) are reported by file, and, where the reader
-  can tell, by dataset. docs/reliability.md lists what was measured.
+A damaged byte anywhere fails its file's SHA-256, so ``verify`` never passes a changed dataset;
+the format's damage locator (packer.registry) names the samples wherever the format allows.
+docs/reliability.md ("Damage: detected and named") says, format by format, what gets named.
 """
 
 from __future__ import annotations
@@ -60,49 +48,71 @@ class VerifyReport:
 
 def verify_dataset(path: str | os.PathLike[str], decode: bool = True) -> VerifyReport:
     """Check a packed dataset; never raises for corrupt data, it reports it."""
-    from packer.datasets import open_dataset
-
     root = os.fspath(path)
     m = read_manifest(root)
     spec = get_format(m.format)
     rep = VerifyReport(files=len(m.files), samples=m.num_samples)
-    intact: set[str] = set()
-    for f in m.files:
-        fp = os.path.join(root, f.name)
-        try:
-            st = os.lstat(fp)
-        except FileNotFoundError:
-            rep.problems.append(f"{fp}: missing payload file")
-            rep.bad_files.append(f.name)
-            continue
-        size = st.st_size
-        if not stat.S_ISREG(st.st_mode):
-            rep.problems.append(f"{fp}: not a regular file (a symlink, FIFO, device or folder); not read")
-            rep.bad_files.append(f.name)
-        elif size != f.bytes:
-            rep.problems.append(f"{fp}: {size} bytes, manifest says {f.bytes} (truncated or appended)")
-            rep.bad_files.append(f.name)
-        elif file_sha256(fp) != f.sha256:
-            rep.problems.append(f"{fp}: SHA-256 differs from the manifest (file modified or corrupt)")
-            rep.bad_files.append(f.name)
-        else:
-            rep.files_ok += 1
-            intact.add(f.name)
-    for f in m.files:
-        if f.name not in intact and os.path.isfile(os.path.join(root, f.name)) and not os.path.islink(
-                os.path.join(root, f.name)):
-            try:
-                _locate(root, m, f, intact, rep)
-            except (OSError, ValueError, struct.error, zlib.error, EOFError) as e:
-                rep.problems.append(f"{os.path.join(root, f.name)}: cannot locate the damage ({e})")
+    intact = _check_files(root, m, rep)
+    _locate_all(root, m, intact, rep)
     if not decode:
         rep.samples_ok = rep.samples if rep.ok else 0
         return rep
+    _read_samples(root, m, spec.check_unique_records, rep)
+    return rep
+
+
+def _file_problem(fp: str, f: FileEntry) -> str | None:
+    """What is wrong with payload file ``fp`` against its manifest entry, or None when it is intact."""
+    try:
+        st = os.lstat(fp)
+    except FileNotFoundError:
+        return "missing payload file"
+    if not stat.S_ISREG(st.st_mode):
+        return "not a regular file (a symlink, FIFO, device or folder); not read"
+    if st.st_size != f.bytes:
+        return f"{st.st_size} bytes, manifest says {f.bytes} (truncated or appended)"
+    if file_sha256(fp) != f.sha256:
+        return "SHA-256 differs from the manifest (file modified or corrupt)"
+    return None
+
+
+def _check_files(root: str, m: Manifest, rep: VerifyReport) -> set[str]:
+    """Check every payload file's size and SHA-256; return the names of the intact ones."""
+    intact: set[str] = set()
+    for f in m.files:
+        fp = os.path.join(root, f.name)
+        problem = _file_problem(fp, f)
+        if problem is None:
+            rep.files_ok += 1
+            intact.add(f.name)
+        else:
+            rep.problems.append(f"{fp}: {problem}")
+            rep.bad_files.append(f.name)
+    return intact
+
+
+def _locate_all(root: str, m: Manifest, intact: set[str], rep: VerifyReport) -> None:
+    """Name the damaged samples of each regular payload file that failed its check."""
+    for f in m.files:
+        fp = os.path.join(root, f.name)
+        if f.name not in intact and os.path.isfile(fp) and not os.path.islink(fp):
+            try:
+                _locate(root, m, f, intact, rep)
+            except (OSError, ValueError, struct.error, zlib.error, EOFError) as e:
+                rep.problems.append(f"{fp}: cannot locate the damage ({e})")
+
+
+def _read_samples(root: str, m: Manifest, check_unique: bool, rep: VerifyReport) -> None:
+    """Read every sample through the format's reader and decode it. With ``check_unique`` a
+    sample that reads another sample's record counts as bad: a damaged pointer in a file with one
+    index over all samples can lead to another sample's intact record."""
+    from packer.datasets import open_dataset
+
     try:
         ds = open_dataset(root, output="numpy")
     except (CorruptDataError, OSError, ValueError) as e:
         rep.problems.append(f"{root}: cannot open: {e}")
-        return rep
+        return
     seen: dict[tuple[str, int, int], int] = {}
     with ds:
         for i in range(len(ds)):
@@ -113,7 +123,7 @@ def verify_dataset(path: str | os.PathLike[str], decode: bool = True) -> VerifyR
                 rep.problems.append(f"sample {i}: {e}")
                 rep._sample(i)
                 continue
-            if spec.check_unique_records:  # a damaged pointer can lead to another sample's intact record
+            if check_unique:
                 ident = (rec.key, rec.label, crc32c.crc32c(rec.payload))
                 if ident in seen:
                     rep.problems.append(f"sample {i}: reads the same record as sample {seen[ident]} ({rec.key!r}); "
@@ -123,7 +133,6 @@ def verify_dataset(path: str | os.PathLike[str], decode: bool = True) -> VerifyR
                 seen[ident] = i
             rep.samples_ok += 1
     rep.bad_samples.sort()
-    return rep
 
 
 # -- locating damage in a file whose checksum failed ------------------------------------------------
