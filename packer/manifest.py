@@ -120,23 +120,26 @@ class Manifest:
                 f"(it reads versions {', '.join(map(str, READABLE_VERSIONS))}); upgrade packer or re-convert"
             )
         try:
-            files = [_file_entry(f) for f in _typed(d["files"], list, "files")]
+            files = [_file_entry(f, i) for i, f in enumerate(_typed(_field(d, "files", "files"), list, "files"))]
+            shuffle_seed = d.get("shuffle_seed")
+            if shuffle_seed is not None:
+                _typed(shuffle_seed, int, "shuffle_seed")
             m = cls(
-                format=_typed(d["format"], str, "format"),
-                num_samples=_count(d["num_samples"], "num_samples"),
-                classes=_class_names(d["classes"]),
-                processing=dict(_typed(d["processing"], dict, "processing")),
+                format=_format_name(_field(d, "format", "format")),
+                num_samples=_count(_field(d, "num_samples", "num_samples"), "num_samples"),
+                classes=_class_names(_field(d, "classes", "classes")),
+                processing=_typed_keys(_field(d, "processing", "processing"), "processing", _PROCESSING_TYPES),
                 files=files,
-                shuffle_seed=d.get("shuffle_seed"),
-                skipped=[Skipped(**s) for s in _typed(d.get("skipped", []), list, "skipped")],
-                ignored=dict(_typed(d.get("ignored", {}), dict, "ignored")),
-                layout=dict(_typed(d.get("layout", {}), dict, "layout")),
+                shuffle_seed=shuffle_seed,
+                skipped=[_skipped(s, i) for i, s in enumerate(_typed(d.get("skipped", []), list, "skipped"))],
+                ignored=_counts(d.get("ignored", {}), "ignored"),
+                layout=_typed_keys(d.get("layout", {}), "layout", _LAYOUT_TYPES),
                 source=dict(_typed(d.get("source", {}), dict, "source")),
-                created_by=str(d.get("created_by", "")),
+                created_by=_typed(d.get("created_by", ""), str, "created_by"),
                 version=version,
             )
-        except (KeyError, TypeError, ValueError) as e:
-            raise ManifestError(f"{path}: malformed manifest ({type(e).__name__}: {e})") from e
+        except (TypeError, ValueError) as e:
+            raise ManifestError(f"{path}: malformed manifest ({e})") from None
         for f in files:
             if version >= 2 and f.samples and not is_file_id(f.id):
                 raise ManifestError(f"{path}: payload file {f.name!r} has no valid id (16 hex digits)")
@@ -154,12 +157,66 @@ class Manifest:
 
 
 _MAX_COUNT = (1 << 63) - 1
+_JSON_NAMES = {dict: "an object", list: "a list", str: "a string", int: "an integer", bool: "true or false",
+               float: "a number", type(None): "null"}
+#: Types of the nested fields packer reads back and acts on (other keys are kept as they are).
+_PROCESSING_TYPES: dict[str, type | tuple[type, ...]] = {
+    "resize": str, "encoding": str, "color": str, "interpolation": str, "upscale": bool, "reduced_decode": bool,
+    "max_pixels": int,
+}
+_LAYOUT_TYPES: dict[str, type | tuple[type, ...]] = {"foreign": bool, "gzip": bool}
 
 
-def _typed(value: Any, kind: type, what: str) -> Any:
-    if not isinstance(value, kind):
-        raise TypeError(f"{what} must be a {kind.__name__}, not {type(value).__name__}")
+def _typed(value: Any, kind: type | tuple[type, ...], what: str) -> Any:
+    """``value`` when it is a ``kind`` (a bool is not an integer here); else TypeError naming ``what``."""
+    kinds = kind if isinstance(kind, tuple) else (kind,)
+    if not isinstance(value, kinds) or (isinstance(value, bool) and bool not in kinds):
+        wanted = " or ".join(_JSON_NAMES.get(k, k.__name__) for k in kinds)
+        raise TypeError(f"{what} must be {wanted}, not {_JSON_NAMES.get(type(value), type(value).__name__)}")
     return value
+
+
+def _field(d: dict[str, Any], key: str, what: str) -> Any:
+    """``d[key]``; ValueError naming the field ``what`` when it is missing."""
+    if key not in d:
+        raise ValueError(f"{what} is missing")
+    return d[key]
+
+
+def _format_name(value: Any) -> str:
+    """A format this packer has a reader for (registry names)."""
+    from .registry import format_names
+
+    name = _typed(value, str, "format")
+    if name not in format_names():
+        shown = name if len(name) <= 40 else f"{name[:40]}..."
+        raise ValueError(f"format {shown!r} is not one this packer reads ({', '.join(format_names())}); "
+                         f"written by a newer packer or not a packer manifest")
+    return name
+
+
+def _typed_keys(value: Any, what: str, types: dict[str, type | tuple[type, ...]]) -> dict[str, Any]:
+    """A JSON object whose known keys have their types (``what.key`` named when one does not)."""
+    d = dict(_typed(value, dict, what))
+    for key, kind in types.items():
+        if key in d:
+            _typed(d[key], kind, f"{what}.{key}")
+    return d
+
+
+def _counts(value: Any, what: str) -> dict[str, int]:
+    """A JSON object of counts (``ignored``)."""
+    d = dict(_typed(value, dict, what))
+    for key, n in d.items():
+        _count(n, f"{what}.{key}")
+    return d
+
+
+def _skipped(s: Any, i: int) -> Skipped:
+    """One ``skipped[]`` entry: an object with string ``path`` and ``reason``."""
+    _typed(s, dict, f"skipped[{i}]")
+    return Skipped(path=_typed(_field(s, "path", f"skipped[{i}].path"), str, f"skipped[{i}].path"),
+                   reason=_typed(_field(s, "reason", f"skipped[{i}].reason"), str, f"skipped[{i}].reason"))
 
 
 def _count(value: Any, what: str) -> int:
@@ -172,22 +229,32 @@ def _count(value: Any, what: str) -> int:
 
 def _class_names(value: Any) -> list[str]:
     names = _typed(value, list, "classes")
-    for c in names:
-        _typed(c, str, "each class name")
+    for i, c in enumerate(names):
+        _typed(c, str, f"classes[{i}]")
     if len(set(names)) != len(names):
         raise ValueError(f"class {next(c for c in names if names.count(c) > 1)!r} is listed twice")
     return names
 
 
-def _file_entry(f: Any) -> FileEntry:
-    """One ``files[]`` entry: a plain file name inside the dataset folder, with sane counts."""
-    _typed(f, dict, "each files[] entry")
-    name = _typed(f["name"], str, "files[].name")
+def _file_entry(f: Any, i: int) -> FileEntry:
+    """One ``files[]`` entry: a plain file name inside the dataset folder, with sane counts.
+
+    Every sample takes at least one byte of its file (empty payloads are never stored), so an
+    entry claiming more samples than bytes is refused: a forged count can never make a reader
+    or ``verify`` loop or allocate beyond what the file's real size (checked at open) allows."""
+    at = f"files[{i}]"
+    _typed(f, dict, at)
+    name = _typed(_field(f, "name", f"{at}.name"), str, f"{at}.name")
     if name in ("", ".", "..") or "/" in name or "\\" in name or "\0" in name or name != name.strip("\n"):
-        raise ValueError(f"files[].name {name!r} is not a plain file name inside the dataset folder")
-    return FileEntry(name=name, samples=_count(f["samples"], "files[].samples"), bytes=_count(f["bytes"], "files[].bytes"),
-                     sha256=_typed(f.get("sha256", ""), str, "files[].sha256"),
-                     first=_count(f.get("first", 0), "files[].first"), id=_typed(f.get("id", ""), str, "files[].id"))
+        raise ValueError(f"{at}.name {name!r} is not a plain file name inside the dataset folder")
+    entry = FileEntry(name=name, samples=_count(_field(f, "samples", f"{at}.samples"), f"{at}.samples"),
+                      bytes=_count(_field(f, "bytes", f"{at}.bytes"), f"{at}.bytes"),
+                      sha256=_typed(f.get("sha256", ""), str, f"{at}.sha256"),
+                      first=_count(f.get("first", 0), f"{at}.first"), id=_typed(f.get("id", ""), str, f"{at}.id"))
+    if entry.samples > entry.bytes:
+        raise ValueError(f"{at} ({name!r}) claims {entry.samples} samples in {entry.bytes} bytes; every sample "
+                         f"takes at least one byte")
+    return entry
 
 
 def write_manifest(directory: str, manifest: Manifest) -> None:

@@ -748,3 +748,63 @@ def test_a_directory_without_manifest_is_told_for_what_it_is(tmp_path, capsys, k
         assert main([cmd, str(d)]) == 1
         err = capsys.readouterr().err
         assert want.replace("format='tar'", "format='tar'") in err and len(err.strip().splitlines()) == 1
+
+
+# -- manifests: every field of the wrong JSON type is one line naming the field --------------------
+_NESTED = {
+    "processing-string": (lambda d: d.__setitem__("processing", "x"), "processing"),
+    "processing.encoding-int": (lambda d: d["processing"].__setitem__("encoding", 5), "processing.encoding"),
+    "skipped-string": (lambda d: d.__setitem__("skipped", "x"), "skipped"),
+    "skipped-ints": (lambda d: d.__setitem__("skipped", [1, 2]), "skipped[0]"),
+    "skipped-path-int": (lambda d: d.__setitem__("skipped", [{"path": 1, "reason": "r"}]), "skipped[0].path"),
+    "skipped-empty-object": (lambda d: d.__setitem__("skipped", [{}]), "skipped[0].path"),
+    "files-strings": (lambda d: d.__setitem__("files", ["data"]), "files[0]"),
+    "files-empty-object": (lambda d: d["files"].__setitem__(0, {}), "files[0].name"),
+    "layout-list": (lambda d: d.__setitem__("layout", [1]), "layout"),
+    "layout.foreign-string": (lambda d: d["layout"].__setitem__("foreign", "yes"), "layout.foreign"),
+    "ignored-string": (lambda d: d.__setitem__("ignored", "x"), "ignored"),
+    "ignored.hidden-string": (lambda d: d.__setitem__("ignored", {"hidden": "x"}), "ignored.hidden"),
+    "shuffle_seed-string": (lambda d: d.__setitem__("shuffle_seed", "x"), "shuffle_seed"),
+    "created_by-list": (lambda d: d.__setitem__("created_by", [1]), "created_by"),
+    "unknown-format": (lambda d: d.__setitem__("format", "zarr"), "format 'zarr'"),
+}
+
+
+@pytest.mark.parametrize("case", list(_NESTED))
+def test_nested_manifest_fields_of_the_wrong_type_are_one_line_naming_the_field(tmp_path, capsys, case):
+    import json
+
+    from packer.datasets import open_dataset
+    from packer.errors import ManifestError
+
+    mutate, field = _NESTED[case]
+    dst, _ = _two_datasets(tmp_path, "tar")
+    path = os.path.join(dst, "manifest.json")
+    d = json.load(open(path))
+    mutate(d)
+    json.dump(d, open(path, "w"))
+    for cmd in ("info", "verify"):
+        assert main([cmd, dst]) == 1
+        err = capsys.readouterr().err.strip()
+        assert len(err.splitlines()) == 1 and field in err and "manifest.json" in err, err
+    with pytest.raises(ManifestError, match=f"manifest.json: .*{field.replace('[', '.').replace(']', '.')}"):
+        open_dataset(dst)
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_a_sample_count_the_files_cannot_hold_is_refused_at_once(tmp_path, fmt):
+    """num_samples of 10^15 (files[] forged to agree): verify used to loop for ever (LMDB, HDF5) or
+    try to allocate petabytes (TFRecord)."""
+    import json
+
+    dst, _ = _two_datasets(tmp_path, fmt)
+    path = os.path.join(dst, "manifest.json")
+    d = json.load(open(path))
+    d["files"][0]["samples"] += 10**15 - d["num_samples"]
+    d["num_samples"] = 10**15
+    json.dump(d, open(path, "w"))
+    for cmd in ("info", "verify"):
+        r = subprocess.run([sys.executable, "-m", "packer", cmd, dst], cwd=ROOT, capture_output=True, text=True,
+                           timeout=60)
+        assert r.returncode == 1 and "every sample takes at least one byte" in r.stderr, r.stdout + r.stderr
+        assert len(r.stderr.strip().splitlines()) == 1
