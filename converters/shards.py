@@ -8,22 +8,25 @@ for the manifest is computed while writing, so no file is read back.
 
 from __future__ import annotations
 
+import abc
 import hashlib
 import os
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, ClassVar
 
 from packer.errors import ResumeError
 from packer.filesystem import fsync_dir
 from packer.manifest import FileEntry, file_sha256
+from packer.placement import file_id
 
-from .base import WriterOptions
+from .base import Writer, WriterOptions
 
 __all__ = [
     "DEFAULT_SHARD_BYTES",
     "SHARD_NAME",
     "ShardLimits",
     "ShardFile",
+    "ShardedWriter",
     "shard_name",
     "write_small_file",
     "shard_state",
@@ -155,3 +158,96 @@ def keep_shards(directory: str, state: dict[str, Any], name: str = SHARD_NAME) -
             os.remove(os.path.join(directory, entry))
     fsync_dir(directory)
     return files
+
+
+class ShardedWriter(Writer):
+    """The shard loop the sharded formats share: a new shard when the open one is full, a
+    checkpoint at every finished shard, resume from the finished shards, abort of the open one.
+
+    A format subclass sets ``suffix`` (its data files' extension) and implements ``add`` (which
+    gets its shard from :meth:`shard_for`), :meth:`seal` (a shard's trailer),
+    :meth:`write_indexes` (the files written beside a finished shard) and :meth:`layout`.
+    """
+
+    resumable = True
+    #: The data files' extension, e.g. ``".tar"``: shards are ``shard-NNNNNN<suffix>``.
+    suffix: ClassVar[str] = ""
+
+    def __init__(self, directory: str, options: WriterOptions) -> None:
+        super().__init__(directory, options)
+        self.limits = ShardLimits.from_options(options)
+        self.files: list[FileEntry] = []  # finished shards and index files, in order
+        self.shard: ShardFile | None = None  # the open shard
+        self.number = 0  # of the open (or next) shard
+        self.first = 0  # sample index of the open shard's first sample
+        self.count = 0  # samples in the open shard
+        self.fid = ""  # the open shard's identity (packer.placement)
+        self._due = False
+
+    def shard_for(self, index: int, key: str, payload: bytes, size_after: int) -> ShardFile:
+        """The shard sample ``index`` goes into, counted in it: the open one, or a new one when
+        the open one is full (``size_after``: the open shard's final size with this sample in it).
+        A new shard's identity comes from its number, ``key`` and ``payload``."""
+        if self.shard is not None and self.limits.full(self.count, size_after):
+            self._finish_shard()
+        if self.shard is None:
+            self.shard = ShardFile(self.directory, shard_name(self.number, self.suffix))
+            self.first = index
+            self.fid = file_id(self.number, key, payload)
+            self.opened(self.shard)
+        self.count += 1
+        return self.shard
+
+    def opened(self, shard: ShardFile) -> None:  # noqa: B027 - optional hook
+        """Called when a shard is created, before its first sample (e.g. to write a header)."""
+
+    @abc.abstractmethod
+    def seal(self, shard: ShardFile) -> None:
+        """Write what ends a full shard (its trailer) before it is finished."""
+
+    @abc.abstractmethod
+    def write_indexes(self, stem: str) -> list[FileEntry]:
+        """Write the files that go beside the shard just finished (``stem`` + their suffix, with
+        :func:`write_small_file`), reset the per-shard state, return their entries."""
+
+    @abc.abstractmethod
+    def layout(self) -> dict[str, Any]:
+        """The manifest's ``layout`` facts, the shard limits (``limits.to_json()``) among them."""
+
+    def _finish_shard(self) -> None:
+        shard: ShardFile = self.shard  # type: ignore[assignment]  # called with a shard open
+        self.seal(shard)
+        self.files.append(shard.finish(self.count, self.first, self.fid))
+        self.shard = None
+        self.files.extend(self.write_indexes(shard_name(self.number, "")))
+        self.number += 1
+        self.count = 0
+        self._due = True
+
+    def checkpoint_due(self) -> bool:
+        """True right after a shard and its index files were finished."""
+        return self._due
+
+    def checkpoint(self) -> dict[str, Any]:
+        """The finished shards and index files (already fsynced and renamed); the open shard is
+        not part of the checkpoint."""
+        self._due = False
+        return shard_state(self.directory, self.files)
+
+    def resume(self, state: dict[str, Any]) -> None:
+        """Keep the checkpoint's files (size and SHA-256 checked), delete the rest; the next
+        ``add`` starts the next shard number."""
+        self.files = keep_shards(self.directory, state)
+        self.number = sum(1 for f in self.files if f.name.endswith(self.suffix))
+
+    def close(self) -> tuple[list[FileEntry], dict[str, Any]]:
+        """Finish the last shard; return shards and index files (index entries hold 0 samples)."""
+        if self.shard is not None:
+            self._finish_shard()
+        return self.files, self.layout()
+
+    def abort(self) -> None:
+        """Delete the unfinished shard."""
+        if self.shard is not None:
+            self.shard.discard()
+            self.shard = None
