@@ -33,7 +33,7 @@ import cv2
 
 from .. import __version__
 from ..codecs import FILE_EXTENSIONS
-from ..errors import CorruptDataError, ImageError, PackerError, ResumeError, SourceError
+from ..errors import CorruptDataError, ImageError, ResumeError, SourceError
 from ..filesystem import check_destination, claim_destination
 from ..imageproc import (
     CODECS,
@@ -119,15 +119,12 @@ def _open_source(src: str, src_format: str) -> Any:
         raise SourceError(f"source does not exist: {src}")
     if not os.path.isdir(src):
         raise SourceError(f"source is not a packed dataset directory: {src}")
-    if os.path.exists(os.path.join(src, MANIFEST_NAME)):
-        m = read_manifest(src)
-        if m.format != src_format:
-            raise SourceError(f"{src} holds a {m.format} dataset, not {src_format}")
-        return open_dataset(src, output="numpy")
-    if get_format(src_format).foreign:
+    if not os.path.exists(os.path.join(src, MANIFEST_NAME)) and get_format(src_format).foreign:
         return open_dataset(src, format=src_format, output="numpy")
-    read_manifest(src)  # raises UnfinishedDatasetError with the usual explanation
-    raise SourceError(f"{src} has no manifest")  # not reached
+    m = read_manifest(src)  # without a manifest: UnfinishedDatasetError, with the usual explanation
+    if m.format != src_format:
+        raise SourceError(f"{src} holds a {m.format} dataset, not {src_format}")
+    return open_dataset(src, output="numpy")
 
 
 _WORKER_SOURCES: dict[tuple[str, str], Any] = {}
@@ -331,9 +328,9 @@ class _Unpacker:
         rel = self._unique("/".join([cls_dir, *parts]))
         if rel != "/".join([cls_dir, *parts]):
             problems.append("name already used")
-        path = os.path.realpath(os.path.join(self.root, *rel.split("/")))
-        if os.path.commonpath([self.root, path]) != self.root or path == self.root:
-            raise PackerError(f"refusing to write sample {index} outside the destination: {key!r}")  # unreachable
+        # Every component went through _safe_component (no separator, no "." or "..", no hidden
+        # name), and the folder holds only what this class wrote: the path stays under root.
+        path = os.path.join(self.root, *rel.split("/"))
         if problems:
             self.renamed.append((key, rel, "; ".join(problems)))
         os.makedirs(os.path.dirname(path), exist_ok=True)
