@@ -44,7 +44,6 @@ from __future__ import annotations
 
 import gc
 import itertools
-import mmap
 import os
 import threading
 import weakref
@@ -59,6 +58,7 @@ from torch.utils.data import default_collate, get_worker_info
 from torch.utils.data._utils.collate import collate as _torch_collate
 from torch.utils.data._utils.collate import collate_tensor_fn, default_collate_fn_map
 
+from .shm import SharedRegion, SlotTable
 from .worker_memory import tune_worker_malloc
 
 __all__ = ["collate", "release_unused", "MAX_SLOTS"]
@@ -66,8 +66,10 @@ __all__ = ["collate", "release_unused", "MAX_SLOTS"]
 #: Slots per worker process. Steady state needs about ``prefetch_factor`` + 2.
 MAX_SLOTS = 8
 
-_HEADER_BYTES = 64  # int64 x 8: state, generation, closed flag, magic, unused
-_STATE, _GEN, _CLOSED, _MAGIC = range(4)
+# A slot's header: 8 int64 slots at the start of its region, then the batch's bytes.
+_SLOT_FIELDS = ("state", "gen", "closed", "magic")  # closed: the worker will not use it again
+_HEADER_SLOTS = 8
+_HEADER_BYTES = SlotTable.nbytes(_HEADER_SLOTS)
 _MAGIC_VALUE = 0x7061636B62617463  # "packbatc"
 _FREE, _BUSY = 0, 1
 _ALIGN = 64
@@ -89,50 +91,46 @@ class _Slot:
     """One reusable shared-memory buffer owned by a worker."""
 
     def __init__(self, capacity: int) -> None:
-        fd = os.memfd_create("packer-batch", os.MFD_CLOEXEC)
-        try:
-            os.ftruncate(fd, _HEADER_BYTES + capacity)
-            self.mm = mmap.mmap(fd, _HEADER_BYTES + capacity)
-        except BaseException:
-            os.close(fd)
-            raise
-        self.fd: int | None = fd
+        self.region = SharedRegion(_HEADER_BYTES + capacity, "packer-batch")
         self.capacity = capacity
-        self.header = np.frombuffer(self.mm, np.int64, count=_HEADER_BYTES // 8)
-        self.header[_MAGIC] = _MAGIC_VALUE
+        self.header = SlotTable(_SLOT_FIELDS, self.region, slots=_HEADER_SLOTS)
+        self.header["magic"] = _MAGIC_VALUE
         self.gen = 0
         self.sent_gen = -1
         self.ptr = 0
         self.use: np.ndarray | None = None
 
     @property
+    def fd(self) -> int | None:
+        """The region's descriptor, sent with each batch; None once retired."""
+        return self.region.fd
+
+    @property
     def free(self) -> bool:
-        return int(self.header[_STATE]) == _FREE
+        return self.header["state"] == _FREE
 
     def take(self) -> None:
         """Mark busy for a new batch; the views handed out hang off a fresh array ``use``."""
         self.gen += 1
-        self.header[_GEN] = self.gen
-        self.header[_STATE] = _BUSY
+        self.header["gen"] = self.gen
+        self.header["state"] = _BUSY
         self.ptr = 0
-        use = np.frombuffer(self.mm, np.uint8, offset=_HEADER_BYTES)
+        use = self.region.uint8(_HEADER_BYTES)
         finalizer = weakref.finalize(use, _worker_release, self, self.gen, os.getpid())
         finalizer.atexit = False
         self.use = use
 
     def retire(self) -> None:
         """Tell receivers this slot will not be used again (they drop their mapping)."""
-        self.header[_CLOSED] = 1
-        fd, self.fd = self.fd, None
-        if fd is not None:
-            os.close(fd)
+        self.header["closed"] = 1
+        self.region.close()
 
 
 def _worker_release(slot: _Slot, gen: int, pid: int) -> None:
     # Every worker-side view of this use is gone. If it was never sent (the batch was dropped or
     # its collation failed), nobody else will free the slot.
-    if os.getpid() == pid and slot.sent_gen != gen and int(slot.header[_GEN]) == gen:
-        slot.header[_STATE] = _FREE
+    if os.getpid() == pid and slot.sent_gen != gen and slot.header["gen"] == gen:
+        slot.header["state"] = _FREE
 
 
 class _Pool:
@@ -338,10 +336,12 @@ def collate(batch: list[Any]) -> Any:
 
 class _Mapping:
     def __init__(self, fd: int, size: int) -> None:
-        self.mm = mmap.mmap(fd, size)
+        # A mapping of its own; the caller keeps (and closes) ``fd``.
+        self.region = SharedRegion(size, "packer-batch", fd=os.dup(fd))
+        self.region.close()
         self.size = size
-        self.header = np.frombuffer(self.mm, np.int64, count=_HEADER_BYTES // 8)
-        if int(self.header[_MAGIC]) != _MAGIC_VALUE:
+        self.header = SlotTable(_SLOT_FIELDS, self.region, slots=_HEADER_SLOTS)
+        if self.header["magic"] != _MAGIC_VALUE:
             raise RuntimeError("packer.datasets.collate: received a descriptor that is not a batch slot")
         self.uses: weakref.WeakValueDictionary[int, np.ndarray] = weakref.WeakValueDictionary()
         self.last = 0
@@ -353,10 +353,10 @@ _rx_tick = itertools.count(1)
 _rx_now = 0
 
 
-def _rx_release(header: np.ndarray, gen: int, pid: int) -> None:
+def _rx_release(header: SlotTable, gen: int, pid: int) -> None:
     # Every main-process view of this batch is gone: the worker may reuse the slot.
-    if os.getpid() == pid and int(header[_GEN]) == gen:
-        header[_STATE] = _FREE
+    if os.getpid() == pid and header["gen"] == gen:
+        header["state"] = _FREE
 
 
 def _sweep(force_stale: bool = False) -> None:
@@ -364,7 +364,7 @@ def _sweep(force_stale: bool = False) -> None:
     for key, mapping in list(_rx.items()):
         if len(mapping.uses):
             continue
-        if int(mapping.header[_CLOSED]) or _rx_now - mapping.last > _STALE_AFTER or force_stale:
+        if mapping.header["closed"] or _rx_now - mapping.last > _STALE_AFTER or force_stale:
             del _rx[key]
 
 
@@ -391,7 +391,7 @@ def _rebuild_slot_tensor(dup_fd: Any, gen: int, offset: int, shape: tuple[int, .
             if use is None:
                 _rx_now = next(_rx_tick)
                 mapping.last = _rx_now
-                use = np.frombuffer(mapping.mm, np.uint8, offset=_HEADER_BYTES)
+                use = mapping.region.uint8(_HEADER_BYTES)
                 mapping.uses[gen] = use
                 finalizer = weakref.finalize(use, _rx_release, mapping.header, gen, os.getpid())
                 finalizer.atexit = False

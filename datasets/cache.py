@@ -1,90 +1,35 @@
 """A byte cache shared by every DataLoader worker of one process tree, bounded in bytes.
 
 A per-worker ``dict`` cache holds one copy of the data per worker and is lost whenever
-non-persistent workers restart, i.e. every epoch. :class:`SharedCache` keeps one copy in shared
-memory that the main process and all workers read and write: a sample put by worker A in epoch 1
-is a hit for worker B in epoch 2 and for the main process.
-
-Layout
-------
-Two torch shared-memory tensors:
-
-* the arena, ``capacity`` bytes of ``uint8``, filled front to back by a bump allocator (entries
-  start on 64-byte boundaries); entries are never evicted or moved, so a view handed out by
-  :meth:`SharedCache.get` stays valid while the cache lives;
-* a table of ``int64``: a small header (allocation pointer, hits, misses, entries, rejected puts)
-  then ``(offset, length, state)`` per sample, with state EMPTY, WRITING or READY.
-
-A put reserves its bytes and marks the entry WRITING under the lock, copies without the lock,
-then marks it READY under the lock; a get reads the entry under the lock, so a reader never sees
-READY before the bytes (the lock is the memory barrier) and the counters are exact.
-
-Shared memory, and what remains after a crash (verified on Linux, torch 2.13)
-------------------------------------------------------------------------------
-The tensors are allocated with torch's default ``file_descriptor`` sharing strategy: torch creates
-``/dev/shm/torch_<pid>_<random>_<n>``, sizes it with ``ftruncate`` and ``fallocate``, maps it and
-unlinks the name at once (seen with strace). Workers receive the memory by inheriting the mapping
-(fork) or as a passed file descriptor (spawn, forkserver). No name is left in ``/dev/shm``, so
-nothing stale survives Ctrl-C, SIGKILL or a crash of any process: the kernel frees the memory
-when the last process that maps it exits. The tests check both the directory listing and the
-tmpfs usage after a SIGKILLed creator.
-
-Consequences:
-
-* ``fallocate`` commits the whole capacity at construction: ``capacity_bytes`` of RAM (counted as
-  ``Shmem`` in ``/proc/meminfo`` and as used space of ``/dev/shm``) is taken at once, although
-  each process's PSS only counts the pages it touched. A full tmpfs makes construction fail with
-  a clear error instead of a SIGBUS on a later write. The capacity is clamped, with a warning, to
-  what ``/dev/shm`` has free and to the available RAM (a tmpfs may be sized beyond RAM), less
-  headroom (10%, at least 256 MiB) for the DataLoader, which passes every batch through
-  ``/dev/shm`` too (a ``docker run`` default of 64 MB is the classic trap: ``--shm-size``).
-* The sharing strategy ``file_system`` (``torch.multiprocessing.set_sharing_strategy``) keeps
-  named files in ``/dev/shm`` managed by ``torch_shm_manager``; the crash guarantee above is for
-  the default ``file_descriptor`` strategy only.
-
-The lock
---------
-A POSIX record lock (``fcntl.lockf``) on an anonymous file (``memfd_create``; an unnamed
-temporary file where that is missing), plus a per-process thread lock. Unlike a
-``multiprocessing.Lock`` it needs no named semaphore in ``/dev/shm``, works the same whether the
-workers are forked or spawned, and is released by the kernel if its holder dies, so a killed
-worker cannot deadlock the others. An entry whose writer died mid-copy stays WRITING: it is
-never cached, and its bytes are lost to the bound.
-
-Pickling
---------
-The cache travels to worker processes through multiprocessing's pickler (DataLoader workers under
-spawn or forkserver, ``multiprocessing`` queues), which shares the memory instead of copying it.
-The standard ``pickle`` module refuses it (a copy would silently stop being shared), and
-``copy.copy``/``copy.deepcopy`` return the same cache, like copying a handle.
+non-persistent workers restart. :class:`SharedCache` keeps one copy in shared memory that the
+main process and all workers read and write: a sample put by worker A in epoch 1 is a hit for
+worker B in epoch 2 and for the main process. Nothing is left in ``/dev/shm`` after a crash.
+Layout, locking, memory accounting and pickling: docs/datasets.md.
 """
 
 from __future__ import annotations
 
-import fcntl
 import os
 import re
-import threading
 import warnings
-from collections.abc import Iterator
-from contextlib import contextmanager
 from multiprocessing import reduction
-from typing import Any
 
 import numpy as np
 import torch
 
 from packer.checks import check_int
-from packer.fileio import anonymous_file
+
+from .shm import ProcessLock, SharedRegion, SlotTable, int64_rows
 
 __all__ = ["SharedCache"]
 
 _EMPTY, _WRITING, _READY = 0, 1, 2
 _ALIGN = 64
 
-# Header slots of the table tensor.
-_PTR, _HITS, _MISSES, _ENTRIES, _REJECTED = range(5)
+# The table: a header of named fields (8 slots), then one (offset, length, state) row per sample.
+_HEADER_FIELDS = ("ptr", "hits", "misses", "entries", "rejected")
 _HEADER = 8
+_ENTRY_FIELDS = ("offset", "length", "state")
 
 _SHM_DIR = "/dev/shm"
 _MIN_HEADROOM = 256 * 2**20
@@ -151,67 +96,6 @@ def _new_shared_tensor(nbytes: int, dtype: torch.dtype) -> torch.Tensor:
     return tensor
 
 
-# One thread lock per process for all caches; a fork child must not inherit a held one.
-_thread_lock = threading.Lock()
-
-
-def _reset_thread_lock() -> None:
-    global _thread_lock
-    _thread_lock = threading.Lock()
-
-
-if hasattr(os, "register_at_fork"):
-    os.register_at_fork(after_in_child=_reset_thread_lock)
-
-
-class _ProcessLock:
-    """An inter-process lock: ``fcntl.lockf`` on an anonymous file plus the process thread lock.
-
-    POSIX record locks belong to a process, so a forked child competes with its parent, and they
-    vanish with their holder. Pickled (by multiprocessing's pickler only) as a passed descriptor.
-    """
-
-    def __init__(self, fd: int | None = None) -> None:
-        if fd is None:
-            fd = anonymous_file("packer-shared-cache-lock")
-        self.fd: int | None = fd
-
-    @contextmanager
-    def hold(self) -> Iterator[None]:
-        if self.fd is None:
-            raise ValueError("SharedCache is closed")
-        with _thread_lock:
-            fcntl.lockf(self.fd, fcntl.LOCK_EX)
-            try:
-                yield
-            finally:
-                fcntl.lockf(self.fd, fcntl.LOCK_UN)
-
-    def __reduce__(self) -> tuple:
-        raise TypeError("a SharedCache lock can only be sent through multiprocessing")
-
-    def close(self) -> None:
-        fd, self.fd = self.fd, None
-        if fd is not None:
-            os.close(fd)
-
-    def __del__(self) -> None:
-        try:
-            self.close()
-        except OSError:  # pragma: no cover - closed elsewhere
-            pass
-
-
-def _rebuild_lock(dup_fd: Any) -> _ProcessLock:
-    return _ProcessLock(dup_fd.detach())
-
-
-def _reduce_lock(lock: _ProcessLock) -> tuple:
-    if lock.fd is None:
-        raise ValueError("cannot send a closed SharedCache to another process")
-    return _rebuild_lock, (reduction.DupFd(lock.fd),)
-
-
 class SharedCache:
     """A bounded byte cache, indexed by sample number, shared by a process and its workers.
 
@@ -226,9 +110,8 @@ class SharedCache:
     Args:
         num_items: number of samples (valid indices are ``0 .. num_items - 1``).
         capacity_bytes: the bound on cached bytes (an int; convert sizes like "8GB" with
-            ``packer.sizes.parse_size``). Committed in RAM at construction, see the module
-            documentation; clamped, with a warning, to what ``/dev/shm`` and the available
-            RAM can hold.
+            ``packer.sizes.parse_size``). Committed in RAM at construction (docs/datasets.md);
+            clamped, with a warning, to what ``/dev/shm`` and the available RAM can hold.
 
     Raises:
         TypeError, ValueError: for arguments that are not non-negative ints.
@@ -258,34 +141,37 @@ class SharedCache:
                     RuntimeWarning,
                     stacklevel=2,
                 )
+        # The arena is a torch shared tensor in /dev/shm, named and unlinked at once, committed
+        # with fallocate so that a full tmpfs fails here rather than with a SIGBUS on a later
+        # write; the table of entries is an anonymous region.
         try:
-            table = _new_shared_tensor(table_bytes, torch.int64)
+            table = SharedRegion(table_bytes, "packer-shared-cache")
             arena = _new_shared_tensor(capacity, torch.uint8)
-        except RuntimeError as error:
+        except (OSError, RuntimeError) as error:
             raise RuntimeError(
                 f"SharedCache: cannot allocate {capacity} + {table_bytes} bytes of shared memory "
                 f"in {_SHM_DIR}: {error}{_remove_failed_segment(str(error))}"
             ) from error
-        self._setup(num_items, capacity, arena, table, _ProcessLock())
+        self._setup(num_items, capacity, arena, table, ProcessLock("SharedCache"))
 
     def _setup(
         self,
         num_items: int,
         capacity: int,
         arena: torch.Tensor,
-        table: torch.Tensor,
-        lock: _ProcessLock,
+        table: SharedRegion,
+        lock: ProcessLock,
     ) -> None:
         self._num_items = num_items
         self._capacity = capacity
         self._arena_tensor: torch.Tensor | None = arena
-        self._table_tensor: torch.Tensor | None = table
+        self._table: SharedRegion | None = table
         self._lock = lock
         # NumPy views: scalar access through them is several times faster than through torch.
         self._arena = arena.numpy()
-        table_np = table.numpy()
-        self._header = table_np[:_HEADER]
-        self._entries = table_np[_HEADER:].reshape(num_items, 3)
+        self._header = SlotTable(_HEADER_FIELDS, table, slots=_HEADER)
+        entries = int64_rows(table, _ENTRY_FIELDS, num_items, SlotTable.nbytes(_HEADER))
+        self._offsets, self._lengths, self._states = (entries[f] for f in _ENTRY_FIELDS)
 
     # -- pickling: shared through multiprocessing only ---------------------------------------
 
@@ -318,30 +204,30 @@ class SharedCache:
     def nbytes(self) -> int:
         """Bytes of the arena in use (entries plus alignment padding), at most ``capacity``."""
         self._check_open()
-        return int(self._header[_PTR])
+        return self._header["ptr"]
 
     @property
     def hits(self) -> int:
         """Number of ``get`` calls, in all processes, that found their entry."""
         self._check_open()
-        return int(self._header[_HITS])
+        return self._header["hits"]
 
     @property
     def misses(self) -> int:
         """Number of ``get`` calls, in all processes, that did not."""
         self._check_open()
-        return int(self._header[_MISSES])
+        return self._header["misses"]
 
     @property
     def rejected(self) -> int:
         """Number of ``put`` calls refused because the cache was full."""
         self._check_open()
-        return int(self._header[_REJECTED])
+        return self._header["rejected"]
 
     def __len__(self) -> int:
         """Number of cached entries."""
         self._check_open()
-        return int(self._header[_ENTRIES])
+        return self._header["entries"]
 
     def __contains__(self, index: object) -> bool:
         if not isinstance(index, (int, np.integer)) or isinstance(index, bool):
@@ -350,7 +236,7 @@ class SharedCache:
         if not 0 <= index < self._num_items:
             return False
         with self._lock.hold():
-            return int(self._entries[index, 2]) == _READY
+            return int(self._states[index]) == _READY
 
     def get(self, index: int) -> memoryview | None:
         """The cached bytes of sample ``index`` as a read-only memoryview, or None on a miss.
@@ -361,11 +247,12 @@ class SharedCache:
         """
         index = self._check_index(index)
         with self._lock.hold():
-            offset, length, state = (int(value) for value in self._entries[index])
+            offset, length = int(self._offsets[index]), int(self._lengths[index])
+            state = int(self._states[index])
             if state == _READY:
-                self._header[_HITS] += 1
+                self._header["hits"] += 1
             else:
-                self._header[_MISSES] += 1
+                self._header["misses"] += 1
         if state != _READY:
             return None
         view = self._arena[offset : offset + length]
@@ -390,20 +277,25 @@ class SharedCache:
                 bytes), or a tuple of those, stored one after the other as one entry
                 (a header and pixels without first joining them in a new buffer).
         """
+        # Reserve the bytes and mark the entry WRITING under the lock, copy without it, then mark
+        # it READY under the lock: a get reads the entry under the lock, so it never sees READY
+        # before the bytes (the lock is the memory barrier). A writer that dies mid-copy leaves
+        # its entry WRITING: never cached, its bytes lost to the bound. Entries never move.
         index = self._check_index(index)
         parts = [_as_bytes(d, index) for d in data] if isinstance(data, tuple) else [_as_bytes(data, index)]
         length = sum(part.size for part in parts)
         with self._lock.hold():
-            state = int(self._entries[index, 2])
+            state = int(self._states[index])
             if state != _EMPTY:
                 return state == _READY
-            offset = int(self._header[_PTR])
+            offset = self._header["ptr"]
             end = offset + length
             if end > self._capacity:
-                self._header[_REJECTED] += 1
+                self._header["rejected"] += 1
                 return False
-            self._header[_PTR] = min(-(-end // _ALIGN) * _ALIGN, self._capacity)
-            self._entries[index] = (offset, length, _WRITING)
+            self._header["ptr"] = min(-(-end // _ALIGN) * _ALIGN, self._capacity)
+            self._offsets[index], self._lengths[index] = offset, length
+            self._states[index] = _WRITING
         try:
             at = offset
             for part in parts:
@@ -411,11 +303,11 @@ class SharedCache:
                 at += part.size
         except BaseException:
             with self._lock.hold():
-                self._entries[index, 2] = _EMPTY
+                self._states[index] = _EMPTY
             raise
         with self._lock.hold():
-            self._entries[index, 2] = _READY
-            self._header[_ENTRIES] += 1
+            self._states[index] = _READY
+            self._header["entries"] += 1
         return True
 
     def close(self) -> None:
@@ -427,10 +319,12 @@ class SharedCache:
         if self._arena_tensor is None:
             return
         self._lock.close()
-        self._arena_tensor = self._table_tensor = None
+        if self._table is not None:
+            self._table.close()
+        self._arena_tensor = self._table = None
         self._arena = np.empty(0, dtype=np.uint8)
-        self._header = np.zeros(_HEADER, dtype=np.int64)
-        self._entries = np.zeros((0, 3), dtype=np.int64)
+        self._header = SlotTable(_HEADER_FIELDS, bytearray(SlotTable.nbytes(_HEADER)), slots=_HEADER)
+        self._offsets = self._lengths = self._states = np.zeros(0, dtype=np.int64)
 
     @property
     def closed(self) -> bool:
@@ -505,7 +399,7 @@ def _reduce_cache(cache: SharedCache) -> tuple:
         cache._num_items,
         cache._capacity,
         cache._arena_tensor,
-        cache._table_tensor,
+        cache._table,
         cache._lock,
     )
 
@@ -514,8 +408,8 @@ def _rebuild_cache(
     num_items: int,
     capacity: int,
     arena: torch.Tensor,
-    table: torch.Tensor,
-    lock: _ProcessLock,
+    table: SharedRegion,
+    lock: ProcessLock,
 ) -> SharedCache:
     cache = SharedCache.__new__(SharedCache)
     cache._setup(num_items, capacity, arena, table, lock)
@@ -525,4 +419,3 @@ def _rebuild_cache(
 # multiprocessing's pickler (used to start spawn/forkserver workers and by its queues) shares
 # the memory; torch registers its tensor reductions with the same pickler.
 reduction.ForkingPickler.register(SharedCache, _reduce_cache)
-reduction.ForkingPickler.register(_ProcessLock, _reduce_lock)

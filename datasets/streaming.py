@@ -1,72 +1,26 @@
 """``StreamingDataset``: one ``IterableDataset`` over every packed format, for DDP and workers.
 
-It wraps the format's map-style reader (chosen by :func:`packer.datasets.open_dataset` from the
-manifest) and reads samples by global index in the order :func:`packer.datasets.partition.plan`
-gives this DataLoader worker of this rank. So every rank reads the same number of samples, every
-sample is read once per epoch (plus the reported padding), the order changes every epoch, and the
-DataLoader on a rank yields exactly that rank's sequence whatever its ``num_workers``, which makes
-the progress of a rank one number and resuming cheap.
-
-Usage::
+It wraps the format's map-style reader and reads samples by global index in the order
+:func:`packer.datasets.partition.plan` gives this DataLoader worker of this rank: every rank
+reads the same number of samples, every sample once per epoch (plus the reported padding), in a
+new order each epoch, and the DataLoader on a rank yields exactly that rank's sequence whatever
+its ``num_workers``, so the progress of a rank is one number and resuming is cheap::
 
     ds = StreamingDataset("packed/", batch_size=64, seed=0)
     loader = DataLoader(ds, batch_size=64, num_workers=8, persistent_workers=True)
     for epoch in range(start_epoch, epochs):
         ds.set_epoch(epoch)                      # optional: epochs also advance on their own
         for step, (images, labels) in enumerate(loader):
-            ...
             checkpoint["data"] = ds.state_dict(samples_consumed=(step + 1) * 64)
-    # after a restart:
-    ds.load_state_dict(checkpoint["data"])      # the next epoch skips what was consumed, unread
+    ds.load_state_dict(checkpoint["data"])      # after a restart: skips what was consumed
 
-Design
-------
-*Epochs.* The epoch lives in a small shared-memory tensor that every copy of the dataset (in
-fork, spawn or forkserver workers, persistent or not) shares with the main process, guarded by a
-process-shared lock. ``set_epoch(e)`` writes it, so it reaches persistent workers. Without
-``set_epoch`` each iteration still gets a new epoch: when an iteration starts in a process (the
-main process with ``num_workers=0``, or each worker when the DataLoader creates its iterator) it
-takes the epoch under the lock. Workers of one DataLoader iteration recognise each other by a key
-(the loader's base seed, which PyTorch draws per iterator, and the worker's count of iterations,
-which advances in step for persistent workers): the first worker of an iteration to arrive opens a
-new epoch, the others join it. That holds however the workers interleave, when a loader's worker
-count changes, and for a few loaders iterated at once (not for two loaders with the same seeded
-``generator`` iterated at the same time: call ``set_epoch`` there). ``set_epoch`` wins over the
-automatic count. The lock is held for microseconds; waiting for it times out with an error rather
-than hanging if a worker died holding it.
-
-*Resume.* The main process cannot see what the DataLoader yielded, so the training loop tells it:
-``state_dict(samples_consumed)`` (samples consumed on this rank since this epoch's DataLoader
-iteration began; after a resume the dataset adds what it skipped) returns a JSON-able
-dict; ``load_state_dict`` makes the next iteration start that epoch at that position, by skipping
-indices in the plan (nothing is read), and the following iterations continue with the next epochs.
-Exact only when the DataLoader's ``batch_size`` equals the dataset's ``batch_size`` (the worker
-split is by batch-sized chunks, see :func:`~packer.datasets.partition.worker_indices`); with any
-batch size each epoch is still read exactly once. In DDP every rank consumes the same number of
-samples, so rank 0's state can be loaded on every rank.
-
-*torchdata's StatefulDataLoader* (tested with torchdata 0.11) calls ``state_dict()`` and
-``load_state_dict()`` without arguments on the dataset inside each worker (or in the main process
-with ``num_workers=0``). There ``state_dict()`` returns that process's position in its own part of
-the epoch, and ``load_state_dict()`` of such a state resumes it, again without reading the skipped
-samples. Resume with the same ``num_workers`` and ``batch_size`` (the loader requires the former).
-
-*Partitioning blocks.* The plan partitions by shards. Every packed format's reader has random
-access, so the payload files are cut into blocks of ``block_samples`` samples for partitioning:
-otherwise a one-file format (LMDB, HDF5) would give every rank the same slice of the data every
-epoch. ``block_samples=None`` partitions by whole files.
-
-*Cost per sample.* One call of the map-style reader's ``__getitem__`` (the same read, decode,
-output conversion and transforms as map-style) and a counter increment; the plan is computed with
-numpy once per epoch per worker (tens of ms for a million samples).
+Epochs, resume, torchdata's StatefulDataLoader and partitioning blocks: docs/datasets.md.
 """
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import json
-import multiprocessing
 import multiprocessing.context
 import os
 import struct
@@ -77,12 +31,12 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
-import torch
 from torch.utils.data import IterableDataset, get_worker_info
 
 from packer.checks import check_int
 
 from .partition import EpochCounts, Partition, epoch_counts, plan
+from .shm import ProcessLock, SharedRegion, SlotTable, int64_rows
 from .world import World, detect_rank_and_world_size, detect_worker
 
 __all__ = ["StreamingDataset", "StreamOptions", "STATE_VERSION"]
@@ -93,7 +47,6 @@ STATE_VERSION = 1
 _MAX_SEED = 2**128
 _MAX_EPOCH = 2**32
 _CHUNK = 4096  # indices converted to Python ints at a time while iterating
-_LOCK_TIMEOUT = 60.0  # seconds; the lock is held for microseconds, so a timeout means a dead holder
 
 # Padding/dropping is reported once per process and dataset layout.
 _REPORTED: set[tuple[str, int, int, str]] = set()
@@ -142,142 +95,128 @@ class StreamOptions:
 # --------------------------------------------------------------------------------------------
 # The epoch state shared with the workers.
 
-# Header fields of the shared array.
-_EXPLICIT = 0  # epoch given by set_epoch, -1 if none
-_NEXT = 1  # epoch the next new iteration gets automatically
-_CURRENT = 2  # epoch of the iteration that started last (or was set or loaded last), -1: none
-_RESUME_EPOCH = 3  # pending resume: the epoch it applies to, -1 if none
-_RESUME_SKIP = 4  # pending resume: samples of the rank sequence to skip
-_RING = 5  # next group row to overwrite
-_CURRENT_SKIP = 6  # samples the iteration of epoch _CURRENT skipped when it started (resumed)
-_HEADER = 7
-# Groups: the iterations of multi-worker loaders in progress, one row each.
+# The epoch state shared with the workers: named header fields, then one row per iteration of a
+# multi-worker loader in progress (a "group", see _EpochClock.begin).
+_FIELDS = (
+    "explicit",  # epoch given by set_epoch, -1 if none
+    "next",  # epoch the next new iteration gets automatically
+    "current",  # epoch of the iteration that started last (or was set or loaded last), -1: none
+    "resume_epoch",  # pending resume: the epoch it applies to, -1 if none
+    "resume_skip",  # pending resume: samples of the rank sequence to skip
+    "ring",  # next group row to overwrite
+    "current_skip",  # samples the iteration of epoch "current" skipped when it started (resumed)
+)
+_GROUP_FIELDS = ("key", "epoch", "members", "workers", "skip")
 _GROUPS = 8
-_KEY, _EPOCH, _MEMBERS, _WORKERS, _SKIP = range(5)
-_ROW = 5
+_CLOCK_SLOTS = len(_FIELDS) + _GROUPS * len(_GROUP_FIELDS)
 
 
 class _EpochClock:
     """Epoch bookkeeping shared by a dataset and its copies in DataLoader workers.
 
-    A shared-memory int64 array and a lock. Both go to worker processes: inherited under fork,
-    passed by file descriptor / semaphore name under spawn and forkserver (torch registers the
-    tensor reduction with multiprocessing's pickler). A copy made any other way (``pickle``,
-    ``copy.deepcopy``) gets its own clock, starting from the same values.
+    A :class:`~packer.datasets.shm.SlotTable` in shared memory and a
+    :class:`~packer.datasets.shm.ProcessLock`, both sent to spawn and forkserver workers as file
+    descriptors and inherited under fork. A copy made any other way (``pickle``,
+    ``copy.deepcopy``) gets its own clock, starting from the same values. The lock is held for
+    microseconds and released by the kernel if its holder dies, so no wait can hang.
     """
 
     def __init__(self, values: list[int] | None = None) -> None:
-        if values is None:
-            values = [-1] * (_HEADER + _GROUPS * _ROW)
-            values[_NEXT] = 0
-            values[_RING] = 0
-            values[_RESUME_SKIP] = 0
-            values[_CURRENT_SKIP] = 0
-        # A spawn-context lock is a named semaphore that fork children inherit and spawn children
-        # receive by name; a fork-context one cannot be sent to spawn workers.
-        self._lock = multiprocessing.get_context("spawn").Lock()
-        self._tensor = torch.tensor(values, dtype=torch.int64).share_memory_()
-        self._a = self._tensor.numpy()
+        self._attach(SharedRegion(SlotTable.nbytes(_CLOCK_SLOTS), "packer-epoch-clock"),
+                     ProcessLock("StreamingDataset"))
+        if values is not None:
+            self._all[:] = values
+            return
+        self._all[:] = -1
+        for name in ("next", "ring", "resume_skip", "current_skip"):
+            self._h[name] = 0
+
+    def _attach(self, region: SharedRegion, lock: ProcessLock) -> None:
+        self._region, self._lock = region, lock
+        self._all = region.int64()
+        self._h = SlotTable(_FIELDS, region)
+        offset = SlotTable.nbytes(len(_FIELDS))
+        self._groups = int64_rows(region, _GROUP_FIELDS, _GROUPS, offset)
+        self._group_values = region.int64(offset)
 
     def __getstate__(self) -> dict[str, Any]:
         if multiprocessing.context.get_spawning_popen() is not None:
-            return {"lock": self._lock, "tensor": self._tensor}
-        with self._held():
-            return {"values": self._a.tolist()}
+            return {"region": self._region, "lock": self._lock}
+        with self._lock.hold():
+            return {"values": self._all.tolist()}
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         if "values" in state:
             self.__init__(state["values"])  # type: ignore[misc]
             return
-        self._lock = state["lock"]
-        self._tensor = state["tensor"]
-        self._a = self._tensor.numpy()
-
-    @contextlib.contextmanager
-    def _held(self) -> Iterator[None]:
-        # Never wait forever: a worker killed while holding the lock would hang every later epoch.
-        if not self._lock.acquire(timeout=_LOCK_TIMEOUT):
-            raise RuntimeError(
-                f"StreamingDataset: the epoch lock was not released within {_LOCK_TIMEOUT:.0f} s; "
-                f"a DataLoader worker probably died while holding it. Create the dataset again.")
-        try:
-            yield
-        finally:
-            self._lock.release()
+        self._attach(state["region"], state["lock"])
 
     def set_epoch(self, epoch: int) -> None:
-        with self._held():
-            self._a[_EXPLICIT] = epoch
-            self._a[_CURRENT] = epoch
-            self._a[_CURRENT_SKIP] = 0
+        with self._lock.hold():
+            self._h["explicit"] = epoch
+            self._h["current"] = epoch
+            self._h["current_skip"] = 0
 
     def current(self) -> tuple[int, int, bool]:
         """(epoch of the iteration in progress, or of the next one before any; the samples it
         skipped when it started; whether set_epoch is in use)."""
-        with self._held():
-            a = self._a
-            explicit = bool(a[_EXPLICIT] >= 0)
-            if a[_CURRENT] >= 0:
-                return int(a[_CURRENT]), int(a[_CURRENT_SKIP]), explicit
-            return int(a[_EXPLICIT] if explicit else a[_NEXT]), 0, explicit
+        with self._lock.hold():
+            h = self._h
+            explicit = h["explicit"] >= 0
+            if h["current"] >= 0:
+                return h["current"], h["current_skip"], explicit
+            return h["explicit"] if explicit else h["next"], 0, explicit
 
     def load(self, epoch: int, skip: int, explicit: bool) -> None:
         """Make the next new iteration run ``epoch`` from position ``skip``."""
-        with self._held():
-            a = self._a
-            a[_NEXT] = epoch
-            a[_CURRENT] = epoch
-            a[_CURRENT_SKIP] = skip
-            a[_EXPLICIT] = epoch if explicit else -1
-            a[_RESUME_EPOCH] = epoch
-            a[_RESUME_SKIP] = skip
-            a[_HEADER:] = -1
-            a[_RING] = 0
+        with self._lock.hold():
+            h = self._h
+            h["next"] = h["current"] = h["resume_epoch"] = epoch
+            h["current_skip"] = h["resume_skip"] = skip
+            h["explicit"] = epoch if explicit else -1
+            self._group_values[:] = -1
+            h["ring"] = 0
 
     def restored(self, epoch: int, skip: int) -> None:
         """A worker resumed ``epoch`` from its own saved position: later iterations follow it."""
-        with self._held():
-            self._a[_NEXT] = epoch + 1
-            self._a[_CURRENT] = epoch
-            self._a[_CURRENT_SKIP] = skip
+        with self._lock.hold():
+            self._h["next"] = epoch + 1
+            self._h["current"] = epoch
+            self._h["current_skip"] = skip
 
     def begin(self, key: int | None, num_workers: int) -> tuple[int, int, int | None]:
         """Epoch and skip for an iteration starting in this process, and a stale resume's epoch.
 
         ``key`` identifies the DataLoader iteration among workers (``None``: a lone iteration,
         the main process or a single worker). The first worker with a key opens a group with a
-        new epoch; the other ``num_workers - 1`` join it.
+        new epoch; the other ``num_workers - 1`` join it (the open group of the latest epoch).
         """
-        with self._held():
-            a = self._a
+        with self._lock.hold():
+            h, groups = self._h, self._groups
             if key is not None:
-                best = -1
-                for g in range(_GROUPS):
-                    row = _HEADER + g * _ROW
-                    if (a[row + _KEY] == key and a[row + _WORKERS] == num_workers
-                            and a[row + _MEMBERS] < num_workers
-                            and (best < 0 or a[row + _EPOCH] > a[best + _EPOCH])):
-                        best = row
-                if best >= 0:
-                    a[best + _MEMBERS] += 1
-                    return int(a[best + _EPOCH]), int(a[best + _SKIP]), None
-            auto = int(a[_NEXT])
-            a[_NEXT] = auto + 1
-            epoch = int(a[_EXPLICIT]) if a[_EXPLICIT] >= 0 else auto
+                open_rows = np.flatnonzero((groups["key"] == key)
+                                           & (groups["workers"] == num_workers)
+                                           & (groups["members"] < num_workers))
+                if open_rows.size:
+                    row = groups[int(open_rows[np.argmax(groups["epoch"][open_rows])])]
+                    row["members"] += 1
+                    return int(row["epoch"]), int(row["skip"]), None
+            auto = h["next"]
+            h["next"] = auto + 1
+            epoch = h["explicit"] if h["explicit"] >= 0 else auto
             skip, stale = 0, None
-            if a[_RESUME_EPOCH] >= 0:
-                if a[_RESUME_EPOCH] == epoch:
-                    skip = int(a[_RESUME_SKIP])
+            if h["resume_epoch"] >= 0:
+                if h["resume_epoch"] == epoch:
+                    skip = h["resume_skip"]
                 else:
-                    stale = int(a[_RESUME_EPOCH])
-                a[_RESUME_EPOCH] = -1
-                a[_RESUME_SKIP] = 0
-            a[_CURRENT] = epoch
-            a[_CURRENT_SKIP] = skip
+                    stale = h["resume_epoch"]
+                h["resume_epoch"] = -1
+                h["resume_skip"] = 0
+            h["current"] = epoch
+            h["current_skip"] = skip
             if key is not None:
-                row = _HEADER + int(a[_RING]) * _ROW
-                a[row : row + _ROW] = (key, epoch, 1, num_workers, skip)
-                a[_RING] = (int(a[_RING]) + 1) % _GROUPS
+                groups[h["ring"]] = (key, epoch, 1, num_workers, skip)
+                h["ring"] = (h["ring"] + 1) % _GROUPS
             return epoch, skip, stale
 
 
