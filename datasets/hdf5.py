@@ -49,6 +49,14 @@ __all__ = ["HDF5Dataset"]
 
 _KEY_BLOCK = 8192
 _CODEC_NAMES = CODEC_NAMES
+#: A dataset's rows must be stored in the file before they are read into memory: byte for byte
+#: without a filter, and at most this many times their stored size with one (deflate, the filter
+#: ``h5repack`` uses, cannot expand more than 1032:1). So an 8 kB file cannot make a reader
+#: allocate gigabytes for rows it only declares.
+_MAX_INFLATION = 1100
+#: /images chunks smaller than this are read through h5py instead of a table of chunk addresses
+#: (the table costs 8 bytes per chunk; packer writes 1 MiB chunks).
+_MIN_TABLE_CHUNK = 64 << 10
 
 
 def _h5open(path: str, fd: int | None = None) -> h5py.File:
@@ -87,6 +95,27 @@ class _Meta:
         except Exception as e:  # noqa: BLE001 - HDF5 reports damage as OSError, KeyError, RuntimeError, ...
             raise CorruptDataError(f"unreadable HDF5 file ({type(e).__name__}: {e})", path=path) from None
 
+    def _stored_limit(self, d: h5py.Dataset, name: str) -> int:
+        """The most bytes of ``d`` that the file can hold (see ``_MAX_INFLATION``)."""
+        stored = d.id.get_storage_size()
+        if stored > self.size:
+            raise CorruptDataError(f"/{name} claims {stored} stored bytes, more than the file's {self.size}",
+                                   path=self.path)
+        return stored * (_MAX_INFLATION if d.id.get_create_plist().get_nfilters() else 1)
+
+    def _rows(self, f: h5py.File, name: str, rows: int, verify: bool) -> np.ndarray:
+        """Per-sample dataset ``name``, checked to have ``rows`` rows stored in the file before it
+        is read into memory, and against its ``crc32c`` attribute."""
+        d = f[name]
+        have = d.shape[0] if d.shape else 0
+        if have != rows:
+            raise CorruptDataError(f"/{name} has {have} rows, the manifest says {rows}", path=self.path)
+        declared = d.size * d.dtype.itemsize
+        if declared > self._stored_limit(d, name):
+            raise CorruptDataError(f"/{name} declares {declared} bytes of rows, but they are not stored in the "
+                                   f"file ({d.id.get_storage_size()} bytes stored)", path=self.path)
+        return self._check(f, name, d[()], verify)
+
     def _check(self, f: h5py.File, name: str, a: np.ndarray, verify: bool) -> np.ndarray:
         if a.dtype.kind not in "iu":
             raise CorruptDataError(f"/{name} has dtype {a.dtype}, expected integers", path=self.path)
@@ -111,16 +140,16 @@ class _Meta:
                 raise CorruptDataError(f"/{name} is not an integer dataset (dtype "
                                        f"{getattr(f[name], 'dtype', 'group')})", path=self.path)
         self.size = os.fstat(self.fd).st_size if self.fd is not None else os.path.getsize(self.path)
-        self.labels = self._check(f, "labels", f["labels"][:], verify).astype(np.int64, copy=False)
-        self.shapes = self._check(f, "shapes", f["shapes"][:], verify)
-        self.crcs = self._check(f, "crc32c", f["crc32c"][:], verify)
-        self.key_crcs = self._check(f, "key_crc32c", f["key_crc32c"][:], verify) if "key_crc32c" in f else None
+        self.labels = self._rows(f, "labels", n, verify).astype(np.int64, copy=False)
+        self.shapes = self._rows(f, "shapes", n, verify)
+        self.crcs = self._rows(f, "crc32c", n, verify)
+        self.key_crcs = self._rows(f, "key_crc32c", n, verify) if "key_crc32c" in f else None
         codec = str(f.attrs["codec"])
         self.codec = codec if codec != "mixed" else None
-        self.codecs = self._check(f, "codecs", f["codecs"][:], verify) if codec == "mixed" else None
+        self.codecs = self._rows(f, "codecs", n, verify) if codec == "mixed" else None
         images = f["images"]
         if self.storage == "flat":
-            self.offsets = self._check(f, "offsets", f["offsets"][:], verify).astype(np.int64)
+            self.offsets = self._rows(f, "offsets", n + 1, verify).astype(np.int64)
             total = images.shape[0]
             bad = len(self.offsets) != n + 1 or self.offsets[0] != 0 or self.offsets[-1] > total
             if bad or np.any(np.diff(self.offsets) < 0):
@@ -145,10 +174,15 @@ class _Meta:
             raise CorruptDataError("/codecs inconsistent", path=self.path)
         if self.codec is not None and self.codec not in CODEC_IDS:
             raise CorruptDataError(f"unknown codec {self.codec!r}", path=self.path)
-        self._locate(images)
+        needed = int(self.offsets[-1]) if self.offsets is not None else n * self.row
+        if needed > self._stored_limit(images, "images"):
+            raise CorruptDataError(f"the samples need {needed} bytes of /images, but they are not stored in the "
+                                   f"file ({images.id.get_storage_size()} bytes stored)", path=self.path)
+        self._locate(images, needed)
 
-    def _locate(self, images: h5py.Dataset) -> None:
-        """File addresses of /images: one base (contiguous), a chunk table, or None (use h5py)."""
+    def _locate(self, images: h5py.Dataset, needed: int) -> None:
+        """File addresses of /images: one base (contiguous), a chunk table covering the ``needed``
+        bytes, or None (use h5py: filters, small chunks, other dtypes)."""
         self.base: int | None = None
         self.table: np.ndarray | None = None
         self.chunk = 0
@@ -165,8 +199,11 @@ class _Meta:
         if any(c != s for c, s in zip(chunks[1:], images.shape[1:])):
             return  # chunks split a row: not a plain byte range
         rows = chunks[0]
-        self.chunk = int(np.prod(chunks))
-        nchunks = -(-images.shape[0] // rows)
+        chunk = int(np.prod(chunks))
+        if chunk < _MIN_TABLE_CHUNK:
+            return
+        self.chunk = chunk
+        nchunks = -(-needed // chunk)  # needed <= the bytes stored in the file (_load)
         table = np.full(nchunks, -1, np.int64)
 
         def visit(info: Any) -> None:

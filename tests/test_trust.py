@@ -808,3 +808,115 @@ def test_a_sample_count_the_files_cannot_hold_is_refused_at_once(tmp_path, fmt):
                            timeout=60)
         assert r.returncode == 1 and "every sample takes at least one byte" in r.stderr, r.stdout + r.stderr
         assert len(r.stderr.strip().splitlines()) == 1
+
+
+# -- bounded memory for any HDF5 file -----------------------------------------------------------------
+def _forged_h5(tmp_path, replace):
+    """A small packed HDF5 dataset whose data.h5 is rebuilt with ``replace(new_file, old_file)``
+    swapping some datasets (the rest copied as they are); the manifest is forged to match."""
+    import h5py
+
+    from conftest import forge_manifest_sizes
+
+    src = str(tmp_path / "src")
+    make_folder(src, {"a": [("x.png", 8, 8), ("y.png", 8, 8)]})
+    dst = str(tmp_path / "out")
+    pack(src, dst, "hdf5", encode="png")
+    path = os.path.join(dst, "data.h5")
+    os.rename(path, path + ".old")
+    with h5py.File(path + ".old", "r") as old, h5py.File(path, "w") as new:
+        for k, v in old.attrs.items():
+            new.attrs[k] = v
+        skip = replace(new, old) or ()
+        for name in old:
+            if name not in new and name not in skip:  # contiguous copies: the file stays a few kB
+                d = new.create_dataset(name, data=old[name][()], dtype=old[name].dtype)
+                d.attrs.update(old[name].attrs)
+    os.remove(path + ".old")
+    forge_manifest_sizes(dst)
+    return dst
+
+
+_PEAK_RSS = """
+import resource, sys
+from packer.datasets import open_dataset
+from packer.errors import CorruptDataError
+try:
+    ds = open_dataset(sys.argv[1], output="numpy")
+    print("read", [ds[i][1] for i in range(len(ds))])
+except CorruptDataError as e:
+    print("refused", e)
+print("rss", resource.getrusage(resource.RUSAGE_SELF).ru_maxrss // 1024)
+"""
+
+
+def _open_measured(dst):
+    """What opening and reading every sample gives, and the peak RSS in MiB, in a fresh process."""
+    r = subprocess.run([sys.executable, "-c", _PEAK_RSS, dst], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    lines = r.stdout.strip().splitlines()
+    return lines[0], int(lines[-1].split()[1])
+
+
+def _baseline_rss():
+    r = subprocess.run([sys.executable, "-c", _PEAK_RSS.replace("open_dataset(sys.argv[1]", "(lambda *a, **k: [])(0")],
+                       cwd=ROOT, capture_output=True, text=True, timeout=120)
+    return int(r.stdout.strip().splitlines()[-1].split()[1])
+
+
+def test_hdf5_rows_declared_but_not_stored_are_refused_before_allocating(tmp_path):
+    """An 8 kB data.h5 whose per-sample datasets declare 50 million rows (nothing stored): 2.2 GB
+    peak RSS at open before."""
+    import numpy as np
+
+    n = 50_000_000
+
+    def replace(new, old):
+        for name, shape, dt in (("labels", (n,), np.int64), ("shapes", (n, 2), np.uint32),
+                                ("crc32c", (n,), np.uint32), ("key_crc32c", (n,), np.uint32),
+                                ("offsets", (n + 1,), np.uint64)):
+            new.create_dataset(name, shape, dt, chunks=(65536, *shape[1:]))
+
+    dst = _forged_h5(tmp_path, replace)
+    assert os.path.getsize(os.path.join(dst, "data.h5")) < 16_000
+    what, rss = _open_measured(dst)
+    assert what.startswith("refused") and "/labels has 50000000 rows, the manifest says 2" in what, what
+    assert rss < _baseline_rss() + 100, rss
+
+
+def test_hdf5_rows_the_manifest_agrees_with_but_the_file_does_not_store_are_refused(tmp_path):
+    import json
+
+    import numpy as np
+
+    from packer.datasets import open_dataset
+    from packer.errors import CorruptDataError
+
+    n = 4000
+
+    def replace(new, old):
+        new.create_dataset("labels", (n,), np.int64, chunks=(1024,))
+
+    dst = _forged_h5(tmp_path, replace)
+    path = os.path.join(dst, "manifest.json")
+    d = json.load(open(path))
+    d["num_samples"] = d["files"][0]["samples"] = n
+    json.dump(d, open(path, "w"))
+    with pytest.raises(CorruptDataError, match=r"/labels declares 32000 bytes of rows, but they are not stored"):
+        open_dataset(dst)[0]
+
+
+def test_hdf5_one_byte_chunks_do_not_make_a_chunk_table(tmp_path):
+    """/images in 1-byte chunks over a 270 MB extent (what a careless h5repack -l CHUNK=1 gives):
+    2.3 GB peak RSS for the chunk address table before; now read through h5py, every sample."""
+    import numpy as np
+
+    def replace(new, old):
+        data = old["images"][()]
+        d = new.create_dataset("images", (270_000_000,), np.uint8, chunks=(1,))
+        d[: len(data)] = data
+
+    dst = _forged_h5(tmp_path, replace)
+    what, rss = _open_measured(dst)
+    assert what == "read [0, 0]", what
+    assert rss < _baseline_rss() + 100, rss
