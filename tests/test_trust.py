@@ -815,7 +815,6 @@ def _forged_h5(tmp_path, replace):
     """A small packed HDF5 dataset whose data.h5 is rebuilt with ``replace(new_file, old_file)``
     swapping some datasets (the rest copied as they are); the manifest is forged to match."""
     import h5py
-
     from conftest import forge_manifest_sizes
 
     src = str(tmp_path / "src")
