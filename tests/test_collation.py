@@ -12,7 +12,7 @@ import torch
 from conftest import pack
 from torch.utils.data import DataLoader, Dataset, default_collate
 
-from packer.datasets import batching, collate, open_dataset
+from packer.datasets import collate, collation, open_dataset
 
 Point = collections.namedtuple("Point", "x y")
 
@@ -115,10 +115,10 @@ def test_packed_dataset_batches_equal_default_loader(tiny_folder, tmp_path):
 def test_slots_are_reused_across_batches():
     """100 batches from 2 workers go through a handful of slots, not 100 segments."""
     ds = Structured(n=500, side=64)
-    before = set(batching._rx)
+    before = set(collation._rx)
     seen = set()
     for batch in DataLoader(ds, batch_size=5, num_workers=2, collate_fn=collate, persistent_workers=True):
-        seen |= set(batching._rx) - before
+        seen |= set(collation._rx) - before
         _assert_same(batch[0], default_collate([ds[i] for i in batch[1].tolist()])[0])
     assert 2 <= len(seen) <= 2 * 5, f"{len(seen)} slots for 100 batches"
 
@@ -128,7 +128,7 @@ def test_held_batches_are_never_overwritten():
     ds = Structured(n=120, side=32)
     expected = _expected(ds, 4)
     got = list(DataLoader(ds, batch_size=4, num_workers=2, collate_fn=collate))
-    assert len(got) == 30 > 2 * batching.MAX_SLOTS
+    assert len(got) == 30 > 2 * collation.MAX_SLOTS
     for g, e in zip(got, expected):
         _assert_same(g, e)
 
@@ -156,7 +156,7 @@ def test_in_place_changes_in_the_main_process_do_not_leak_into_later_batches():
 def _unsent(batch):  # noqa: ANN001, ANN202
     """A collate_fn that builds our batch, then returns copies: the slots are never sent."""
     images, labels = collate([(x, y) for x, y, *_ in batch])
-    return images.clone(), labels.clone(), torch.tensor(len(batching._pool.slots))
+    return images.clone(), labels.clone(), torch.tensor(len(collation._pool.slots))
 
 
 def test_slots_of_unsent_batches_are_freed_in_the_worker():
@@ -211,3 +211,17 @@ def test_streaming_dataset_with_collate(tiny_folder, tmp_path):
     ours = list(DataLoader(StreamingDataset(dst, batch_size=3), batch_size=3, num_workers=2, collate_fn=collate))
     assert [y.tolist() for _, y in plain] == [y.tolist() for _, y in ours]
     assert all(torch.equal(a, b) for (a, _), (b, _) in zip(plain, ours))
+
+
+def test_old_module_name_is_the_same_module():
+    import packer.datasets.batching as old
+
+    assert old is collation
+    assert old.collate is collate
+
+
+def test_untested_torch_falls_back_to_default_collate(monkeypatch):
+    assert collation._torch_internals() is not None, "the installed torch is a known-good one"
+    monkeypatch.setattr(torch, "__version__", "1.99.0+cpu")
+    with pytest.warns(RuntimeWarning, match=r"torch 1\.99\.0\+cpu is not a version .*\(2\.13\)"):
+        assert collation._torch_internals() is None
