@@ -87,14 +87,34 @@ def _reduce_region(region: SharedRegion) -> tuple:
     return _rebuild_region, (reduction.DupFd(region.fd), region.size, region.name)
 
 
+# This process's thread lock per lock file (device, inode); the pid tells a forked child, which
+# must not inherit a thread lock that another thread held at the fork.
+_thread_locks: dict[tuple[int, int], threading.Lock] = {}
+_thread_locks_pid = os.getpid()
+_thread_locks_guard = threading.Lock()
+
+
+def _thread_lock(file: tuple[int, int]) -> threading.Lock:
+    global _thread_locks, _thread_locks_pid, _thread_locks_guard
+    if _thread_locks_pid != os.getpid():
+        _thread_locks, _thread_locks_pid = {}, os.getpid()
+        _thread_locks_guard = threading.Lock()
+    lock = _thread_locks.get(file)
+    if lock is None:
+        with _thread_locks_guard:
+            lock = _thread_locks.setdefault(file, threading.Lock())
+    return lock
+
+
 class ProcessLock:
     """A lock between processes: ``fcntl.lockf`` on an anonymous file, plus a thread lock.
 
     Unlike ``multiprocessing.Lock`` (a named POSIX semaphore, ``/dev/shm/sem.mp-*``, left behind
     when its process group is SIGKILLed) it has no name, and the kernel releases it when its
     holder dies, so a killed worker cannot deadlock the others. POSIX record locks belong to a
-    process, so a forked child competes with its parent; the thread lock serialises the threads of
-    one process, and is made anew in a forked child (a held one must not be inherited).
+    process, so a forked child competes with its parent; a thread lock per lock file serialises
+    the threads of one process, also across copies of the lock received in the same process, and
+    is made anew in a forked child (a held one must not be inherited).
 
     The lock is on a file of its own, not on a :class:`SharedRegion`'s: closing *any* descriptor
     of a file drops the process's record locks on it, and ``mmap`` keeps and closes a duplicate.
@@ -107,17 +127,15 @@ class ProcessLock:
     def __init__(self, owner: str, fd: int | None = None) -> None:
         self.owner = owner
         self.fd: int | None = anonymous_file(f"packer-{owner}-lock") if fd is None else fd
-        self._pid = os.getpid()
-        self._thread_lock = threading.Lock()
+        stat = os.fstat(self.fd)
+        self._file = (stat.st_dev, stat.st_ino)
 
     @contextmanager
     def hold(self) -> Iterator[None]:
         """Hold the lock for the ``with`` block; ValueError after :meth:`close`."""
         if self.fd is None:
             raise ValueError(f"{self.owner} is closed")
-        if self._pid != os.getpid():  # a forked child: never inherit a thread lock held by a thread
-            self._pid, self._thread_lock = os.getpid(), threading.Lock()
-        with self._thread_lock:
+        with _thread_lock(self._file):
             fcntl.lockf(self.fd, fcntl.LOCK_EX)
             try:
                 yield

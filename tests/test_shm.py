@@ -10,7 +10,9 @@ import signal
 import subprocess
 import sys
 import textwrap
+import threading
 import time
+from multiprocessing.reduction import ForkingPickler
 
 import psutil
 import pytest
@@ -46,6 +48,25 @@ def test_region_and_lock_are_shared_with_child_processes(context: str) -> None:
         assert child.exitcode == 0
     assert table["count"] == 600, "every increment under the lock, none lost"
     assert table.as_dict()["pid"] in {c.pid for c in children} | {os.getpid()}
+
+
+def test_copies_of_a_lock_in_one_process_share_its_thread_lock() -> None:
+    """POSIX record locks do not exclude threads of one process: the thread lock must."""
+    lock = ProcessLock("test")
+    copy = ForkingPickler.loads(ForkingPickler.dumps(lock))
+    assert copy.fd != lock.fd
+    entered = threading.Event()
+    with lock.hold():
+        thread = threading.Thread(target=_hold_briefly, args=(copy, entered))
+        thread.start()
+        assert not entered.wait(0.3), "the copy waited while the original was held"
+    assert entered.wait(10)
+    thread.join()
+
+
+def _hold_briefly(lock: ProcessLock, entered: threading.Event) -> None:
+    with lock.hold():
+        entered.set()
 
 
 def test_slot_table_names_and_rows() -> None:
