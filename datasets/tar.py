@@ -23,6 +23,7 @@ import numpy as np
 
 from packer.codecs import CODEC_NAMES
 from packer.errors import CorruptDataError, ManifestError
+from packer.layouts import compressed_tar_note
 from packer.layouts.tar import (
     IMAGE_EXTENSIONS,
     INDEX_SUFFIX,
@@ -127,10 +128,14 @@ class TarDataset(ShardedDataset):
             root = path
             names = sorted(n for n in os.listdir(root) if n.endswith(TAR_SUFFIX) and not n.startswith("."))
             if not names:
-                raise FileNotFoundError(f"no .tar shards in {root}")
+                note = compressed_tar_note(sorted(os.listdir(root)))
+                raise FileNotFoundError(f"no .tar shards in {root}" + (f": {note}" if note else ""))
         elif os.path.isfile(path):
             root, name = os.path.split(path)
             names = [name]
+            note = compressed_tar_note(names)
+            if note:
+                raise ValueError(f"{path}: {note}")
         else:
             raise FileNotFoundError(f"no tar shards at {path}")
         rows: list[tuple[int, int, int, int, int]] = []  # offset, size, label, codec, shard
@@ -175,6 +180,8 @@ class TarDataset(ShardedDataset):
         if codec == "raw":
             payload, height, width = npy_payload(buf, height, width, self._shard_paths[shard], index, offset)
         start = int(self._key_end[index - 1]) if index else 0
+        # Other tools' member names need not be UTF-8: such bytes read as U+FFFD (a backslash escape
+        # would be a path separator when unpacked), so the key is valid UTF-8 for every destination.
         key = self._keys[start : int(self._key_end[index])].decode("utf-8", "replace")
         return Record(codec, int(self._label[index]), height, width, key, payload)
 

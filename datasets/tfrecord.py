@@ -12,8 +12,8 @@ Files written by other tools (TensorFlow, the ``tfrecord`` package) have no mani
 :meth:`TFRecordDataset.open_foreign` walks the record framing of every file once, in the calling
 process (checking each length CRC and that each record fits in the file), parses each record's
 ``image/class/label``, and builds the same arrays plus an in-memory manifest (class names are the
-labels as strings ``"0"`` .. ``"K-1"``, K = 1 + the largest label). Compressed foreign files are
-refused: a gzip stream without packer's ``.zidx`` has no random access.
+labels as strings ``"0"`` .. ``"K-1"``, K = 1 + the largest label). Compressed foreign files (GZIP
+or ZLIB) are refused, saying so: a compressed stream without packer's ``.zidx`` has no random access.
 """
 
 from __future__ import annotations
@@ -27,6 +27,7 @@ from typing import Any
 import numpy as np
 
 from packer.errors import CorruptDataError, ManifestError
+from packer.layouts import ZLIB_ADVICE, zlib_tfrecord
 from packer.layouts.tfrecord import (
     FOREIGN_SUFFIXES,
     GZIP_SUFFIX,
@@ -143,9 +144,12 @@ class TFRecordDataset(ShardedDataset):
         for name in names:
             fp = os.path.join(root, name)
             with open(fp, "rb") as fh:
-                if fh.read(2) == b"\x1f\x8b":
-                    raise ValueError(f"{fp} is gzip-compressed; without a packer manifest it cannot be read "
-                                     f"randomly; decompress it (gunzip) first")
+                head = fh.read(64)
+            if head[:2] == b"\x1f\x8b":
+                raise ValueError(f"{fp} is gzip-compressed; without a packer manifest it cannot be read "
+                                 f"randomly; decompress it (gunzip) first")
+            if zlib_tfrecord(head):  # else its first length CRC fails: "checksum mismatch" says nothing useful
+                raise ValueError(f"{fp} is ZLIB-compressed (TFRecord compression 'ZLIB'); {ZLIB_ADVICE}")
             before = len(rows)
             max_label = max(max_label, scan_file(fp, rows, example))
             files.append(FileEntry(name, len(rows) - before, os.path.getsize(fp), "", before))

@@ -146,4 +146,6 @@ def describe_non_image(data: bytes) -> str:
         return "a git-LFS pointer file, not the data (run `git lfs pull`)"
     if head.startswith((b"<!doctype html", b"<html", b"<?xml")):
         return "an HTML/XML page (a failed download?), not an image"
-    return f"not a recognised image format (starts with {data[:8]!r})"
+    # Never the bytes themselves: a reason is stored in the manifest, and the file may be a symlink
+    # to anything readable (a key, a password file).
+    return "not a recognised image format (no JPEG, PNG, GIF, WebP, BMP, TIFF or PNM signature)"

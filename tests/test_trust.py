@@ -965,3 +965,72 @@ def test_folder_symlinks_out_of_a_class_folder_are_not_followed(tmp_path):
     assert "outside this class folder; not followed" in reasons["a/other"]
     assert "symlink loop" in reasons["a/loop"] and "symlink loop" in reasons["a/sub/up"]
     assert all(str(tmp_path) not in r for r in reasons.values())
+
+
+def test_a_skip_reason_never_shows_the_files_bytes(tmp_path):
+    src = _src(tmp_path, n=1)
+    secret = tmp_path / "secret.txt"
+    secret.write_bytes(b"PASSWORD=hunter2\n")
+    os.symlink(secret, os.path.join(src, "a", "leak.jpg"))
+    rep = pack(src, str(tmp_path / "out"), "lmdb")
+    [skip] = rep.manifest.skipped
+    assert skip.path == "a/leak.jpg" and "not a recognised image format" in skip.reason
+    assert "PASSW" not in skip.reason and "PASSW" not in open(os.path.join(tmp_path, "out", "manifest.json")).read()
+
+
+# -- other tools' files: names, compression ------------------------------------------------------------------
+@pytest.mark.parametrize("dst_kind", ["lmdb", "imagefolder"])
+def test_foreign_tar_member_names_that_are_not_utf8_are_read(tmp_path, capsys, dst_kind):
+    import io
+    import tarfile
+
+    from packer.datasets import open_dataset
+
+    root = tmp_path / "shards"
+    root.mkdir()
+    with tarfile.open(root / "s-000000.tar", "w", format=tarfile.GNU_FORMAT, encoding="utf-8",
+                      errors="surrogateescape") as tf:
+        for key in (b"ok", b"caf\xe9", b"caf\xe8"):
+            for ext, data in ((b".jpg", _jpeg()), (b".cls", b"1")):
+                ti = tarfile.TarInfo((key + ext).decode("utf-8", "surrogateescape"))
+                ti.size = len(data)
+                tf.addfile(ti, io.BytesIO(data))
+    dst = str(tmp_path / "out")
+    assert main(["convert", "tar", dst_kind, str(root), dst, "-q"]) == 0, capsys.readouterr().err
+    if dst_kind == "imagefolder":
+        names = sorted(os.listdir(os.path.join(dst, "1")))
+        assert len(names) == 3 and "ok.jpg" in names and all(n.encode("utf-8") for n in names)
+    else:
+        ds = open_dataset(dst)
+        assert sorted(ds.read_record(i).key for i in range(3)) == ["caf\ufffd", "caf\ufffd", "ok"]
+
+
+def test_zlib_compressed_foreign_tfrecord_is_told_for_what_it_is(tmp_path, capsys):
+    import zlib
+
+    dst, _ = _two_datasets(tmp_path, "tfrecord")
+    foreign = tmp_path / "foreign"
+    foreign.mkdir()
+    raw = open(os.path.join(dst, "shard-000000.tfrecord"), "rb").read()
+    (foreign / "train.tfrecord").write_bytes(zlib.compress(raw))
+    for argv in (["convert", "tfrecord", "lmdb", str(foreign), str(tmp_path / "o")], ["info", str(foreign)]):
+        assert main(argv) == 1
+        err = capsys.readouterr().err.strip()
+        assert len(err.splitlines()) == 1 and "ZLIB-compressed" in err and "checksum" not in err, err
+
+
+def test_compressed_tar_shards_are_told_for_what_they_are(tmp_path, capsys):
+    import gzip
+
+    from packer.datasets import open_dataset
+
+    dst, _ = _two_datasets(tmp_path, "tar")
+    foreign = tmp_path / "foreign"
+    foreign.mkdir()
+    (foreign / "a-000000.tar.gz").write_bytes(gzip.compress(open(os.path.join(dst, "shard-000000.tar"), "rb").read()))
+    for argv in (["convert", "tar", "lmdb", str(foreign), str(tmp_path / "o")], ["info", str(foreign)]):
+        assert main(argv) == 1
+        err = capsys.readouterr().err.strip()
+        assert len(err.splitlines()) == 1 and "compressed tar shards" in err and "gunzip a-000000.tar.gz" in err, err
+    with pytest.raises(ValueError, match="compressed tar shards"):
+        open_dataset(str(foreign / "a-000000.tar.gz"), format="tar")

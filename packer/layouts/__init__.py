@@ -6,11 +6,49 @@ docs/FORMATS.md is the user's reference for the same layouts."""
 from __future__ import annotations
 
 import os
+import zlib
 
-__all__ = ["describe_directory", "explain_missing_manifest"]
+__all__ = ["describe_directory", "explain_missing_manifest", "compressed_tar_note", "zlib_tfrecord",
+           "ZLIB_ADVICE"]
 
 _IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png", ".ppm", ".bmp", ".pgm", ".tif", ".tiff", ".webp")
 _TFRECORD_SUFFIXES = (".tfrecord", ".tfrecords", ".tfr")
+#: Compressed tar files and the command that decompresses each (packer reads samples at their
+#: offsets inside uncompressed tar files).
+_COMPRESSED_TARS = {".tar.gz": "gunzip", ".tgz": "gunzip", ".tar.bz2": "bunzip2", ".tar.xz": "unxz",
+                    ".tar.zst": "unzstd"}
+
+
+#: What to do with a ZLIB-compressed TFRecord file of another tool.
+ZLIB_ADVICE = ("packer reads other tools' TFRecord files uncompressed (GZIP only in packer's own datasets, "
+               "which carry an index); decompress each file first (zlib.decompress of the whole file) or write "
+               "them without compression")
+
+
+def compressed_tar_note(names: list[str]) -> str | None:
+    """What to say about compressed tar shards among ``names`` (None when there are none)."""
+    found = sorted(n for n in names if n.lower().endswith(tuple(_COMPRESSED_TARS)))
+    if not found:
+        return None
+    tool = next(t for suffix, t in _COMPRESSED_TARS.items() if found[0].lower().endswith(suffix))
+    return (f"compressed tar shards ({len(found)} file(s) such as {found[0]}), which packer does not read: it reads "
+            f"samples at their offsets in uncompressed .tar files; decompress them first ({tool} {found[0]})")
+
+
+def zlib_tfrecord(head: bytes) -> bool:
+    """Whether a TFRecord file whose first bytes are ``head`` is ZLIB-compressed: no valid record
+    header (its length CRC fails) but a zlib stream (RFC 1950 header) that inflates."""
+    from .tfrecord import HEAD, masked_crc32c
+
+    if len(head) < 2:
+        return False
+    if len(head) >= HEAD.size and masked_crc32c(head[:8]) == HEAD.unpack_from(head)[1]:
+        return False
+    try:
+        zlib.decompressobj().decompress(head, 16)
+    except zlib.error:
+        return False
+    return True
 
 
 def _head(path: str, n: int = 1 << 16) -> bytes:
@@ -53,10 +91,16 @@ def describe_directory(directory: str) -> str | None:
             return None
         return (f"tar shards written by another tool ({len(tars)} .tar files): open them with "
                 f"open_dataset(path, format='tar') or convert them with 'packer convert tar FMT {directory} DST'")
+    note = compressed_tar_note(sorted(files))
+    if note:
+        return note
     records = [n for n in files if n.endswith(_TFRECORD_SUFFIXES)]
     if records:
-        if b"packer/place" in _head(os.path.join(directory, records[0])):
+        head = _head(os.path.join(directory, sorted(records)[0]))
+        if b"packer/place" in head:
             return None
+        if zlib_tfrecord(head):
+            return f"ZLIB-compressed TFRecord files written by another tool: {ZLIB_ADVICE}"
         return (f"TFRecord files written by another tool ({len(records)} files): open them with "
                 f"open_dataset(path, format='tfrecord') or convert them with 'packer convert tfrecord FMT "
                 f"{directory} DST'")

@@ -263,7 +263,7 @@ def scan_shard(path: str, shard: int, rows: list[tuple[int, int, int, int, int]]
                                        f"from 0 to 2^63-1)", path=path, offset=off) from None
             img_off, img_size = members[image]
             rows.append((img_off, img_size, label, CODEC_IDS[IMAGE_EXTENSIONS[image]], shard))
-            keys.append(key.encode("utf-8"))
+            keys.append(key.encode("utf-8", "surrogateescape"))  # the name's own bytes, UTF-8 or not
 
         try:
             while (ti := tf.next()) is not None:
