@@ -1,20 +1,7 @@
 """Format -> format and format -> ImageFolder: :func:`convert_dataset`.
 
-Packed -> packed copies each sample's stored bytes, label and key unchanged (no decode, no
-re-encode), with the source's classes, processing facts and shuffle seed, in the source's sample
-order; the new dataset is built by the same writers, in the same hidden temporary folder, manifest
-last and published by rename, as an ImageFolder conversion (:func:`packer.ops.engine.write_packed`).
-Only when the caller asks for other processing (a resize, or an encoding other than ``keep``) is
-every sample decoded and processed again, in ``options.workers`` processes.
-
-Packed -> ``imagefolder`` unpacks to ``DST/<class>/<path>``, the path taken from the sample's
-key (its path relative to the source root when it was packed), so with ``keep`` encoding
-imagefolder -> X -> imagefolder gives back byte-identical files. Keys and class names come from
-a file, so they are untrusted: a key can never produce an absolute path, a ``..`` step, a hidden
-name or a path outside DST. Such keys are sanitised and listed in the report (``renamed``), as are
-names that collide. A file's extension is changed when it does not match the stored codec (a
-``.png`` key holding a JPEG after ``jpeg:90``; raw pixels are written as lossless PNG). Every
-class gets its folder, empty ones too, so labels keep their numbers when the folder is read back.
+Packed -> packed copies stored bytes through the writers and the engine of an ImageFolder
+conversion; packed -> ``imagefolder`` unpacks to ``DST/<class>/<path>``, never outside DST.
 """
 
 from __future__ import annotations
@@ -366,11 +353,23 @@ def convert_dataset(
     """Convert a packed dataset to another format, or unpack it to an ImageFolder.
 
     ``options.processing`` decides what happens to the images: :data:`COPY` (``keep`` encoding,
-    no resize; the default when ``options`` is None) copies stored bytes unchanged; anything else
-    decodes and processes each sample again (see :func:`processing_for` for the CLI's rules).
-    ``options.shuffle``/``seed`` are not used: the source's order and seed are kept. Unreadable
-    samples are skipped and listed (``strict``: the first one raises). ``src_format ==
-    "imagefolder"`` is :func:`packer.ops.engine.convert_imagefolder`.
+    no resize; the default when ``options`` is None) copies each sample's stored bytes, label and
+    key unchanged (no decode, no re-encode); anything else decodes and processes each sample again,
+    in ``options.workers`` processes (see :func:`processing_for` for the CLI's rules).
+    ``options.shuffle``/``seed`` are not used: the source's classes, processing facts, order and
+    seed are kept. Unreadable samples are skipped and listed (``strict``: the first one raises).
+    ``src_format == "imagefolder"`` is :func:`packer.ops.engine.convert_imagefolder`. Packed output
+    is built by the same writers, in the same hidden temporary folder, manifest last and published
+    by rename, as an ImageFolder conversion (:func:`packer.ops.engine.write_packed_result`).
+
+    Unpacking writes ``DST/<class>/<path>``, the path taken from the sample's key (its path
+    relative to the source root when it was packed), so with ``keep`` encoding imagefolder -> X ->
+    imagefolder gives back byte-identical files. Keys and class names come from a file, so they
+    are untrusted: a key can never produce an absolute path, a ``..`` step, a hidden name or a
+    path outside DST. Such keys are sanitised and listed in the report (``renamed``), as are names
+    that collide. A file's extension is changed when it does not match the stored codec (a
+    ``.png`` key holding a JPEG after ``jpeg:90``; raw pixels are written as lossless PNG). Every
+    class gets its folder, empty ones too, so labels keep their numbers when read back.
 
     Raises SourceError for a missing or mismatched source, UnfinishedDatasetError for a directory
     without a manifest (unless its format can be read without one), FileExistsError when ``dst``
