@@ -113,14 +113,18 @@ _TRAINING = textwrap.dedent(
     from packer.datasets import StreamingDataset, collate, open_dataset
 
     if __name__ == "__main__":
-        path, context, control = sys.argv[1], sys.argv[2], sys.argv[3] == "1"
-        if control:  # what streaming used before: a named POSIX semaphore
+        path, context, mode = sys.argv[1:4]
+        if mode == "control":  # what streaming used before: a named POSIX semaphore
             held = multiprocessing.get_context("spawn").Lock()
-        stream = StreamingDataset(path, batch_size=2, seed=0)
-        cached = open_dataset(path, cache="decoded")
+        if mode == "plain":  # the DataLoaders alone, over lists
+            datasets, collate_fn = (list(range(12)), list(range(12))), None
+        else:
+            datasets = (StreamingDataset(path, batch_size=2, seed=0),
+                        open_dataset(path, cache="decoded"))
+            collate_fn = collate
         loaders = [DataLoader(ds, batch_size=2, num_workers=2, persistent_workers=True,
-                              multiprocessing_context=context, collate_fn=collate)
-                   for ds in (stream, cached)]
+                              multiprocessing_context=context, collate_fn=collate_fn)
+                   for ds in datasets]
         iterators = [iter(loader) for loader in loaders]
         for _ in range(3):
             for it in iterators:
@@ -131,7 +135,7 @@ _TRAINING = textwrap.dedent(
 )
 
 
-def _kill_training_group(path: str, context: str, control: bool) -> set[str]:
+def _kill_training_group(path: str, context: str, mode: str = "packer") -> set[str]:
     """Run the training script, SIGKILL its process group; return the names it left in /dev/shm.
 
     Those are the entries that were new while it ran and are still there after it died (other
@@ -142,7 +146,7 @@ def _kill_training_group(path: str, context: str, control: bool) -> set[str]:
     with open(script, "w", encoding="utf-8") as f:
         f.write(_TRAINING)
     before = set(os.listdir(SHM))
-    child = subprocess.Popen([sys.executable, script, path, context, "1" if control else "0"],
+    child = subprocess.Popen([sys.executable, script, path, context, mode],
                              stdout=subprocess.PIPE, text=True, start_new_session=True)
     try:
         assert child.stdout.readline().strip() == "ready"
@@ -182,16 +186,33 @@ def test_sigkilled_process_group_leaves_nothing_in_dev_shm(training_data: str) -
     Under spawn and forkserver the DataLoader's own multiprocessing queues are named semaphores
     that such a kill leaves behind, whatever the dataset does, so the group runs fork workers.
     """
-    leaked = _kill_training_group(training_data, "fork", control=False)
+    leaked = _kill_training_group(training_data, "fork")
     assert not leaked, f"left in {SHM} by the killed process group: {sorted(leaked)}"
 
 
 @needs_shm
 def test_the_leak_check_sees_a_named_semaphore(training_data: str) -> None:
     """The control: a multiprocessing.Lock (what the epoch clock used to be) is caught."""
-    leaked = _kill_training_group(training_data, "fork", control=True)
+    leaked = _kill_training_group(training_data, "fork", "control")
     try:
         assert len(leaked) == 1 and next(iter(leaked)).startswith("sem.mp-")
     finally:
         for name in leaked:
+            os.unlink(os.path.join(SHM, name))
+
+
+@needs_shm
+@pytest.mark.slow
+@pytest.mark.parametrize("context", ["spawn", "forkserver"])
+def test_under_spawn_only_the_dataloaders_own_semaphores_are_left(training_data: str,
+                                                                  context: str) -> None:
+    """As many names are left as by the same DataLoaders over plain lists: none are packer's."""
+    leaked: dict[str, set[str]] = {}
+    try:
+        for mode in ("plain", "packer"):
+            leaked[mode] = _kill_training_group(training_data, context, mode)
+        assert all(name.startswith("sem.mp-") for name in leaked["packer"])
+        assert len(leaked["packer"]) == len(leaked["plain"]) > 0
+    finally:
+        for name in set().union(*leaked.values()):  # the killed DataLoaders' own semaphores
             os.unlink(os.path.join(SHM, name))
