@@ -20,9 +20,13 @@ resumed file is byte-identical to an uninterrupted one. The log is deleted when 
 
 from __future__ import annotations
 
+import ctypes
+import errno
+import functools
 import json
 import os
 import struct
+import sys
 from typing import Any
 
 import crc32c
@@ -65,6 +69,56 @@ def _key_text(key: str) -> str:
     except UnicodeEncodeError:
         key = key.encode("utf-8", "replace").decode("utf-8").replace("?", "\ufffd")
     return key
+
+
+_KEEP_SIZE, _PUNCH_HOLE = 0x01, 0x02  # fallocate(2) modes
+_RESERVE_UNSUPPORTED = {errno.EOPNOTSUPP, errno.ENOSYS, errno.EINVAL, errno.ENODEV}
+
+
+def _fallocate(fd: int, mode: int, offset: int, length: int) -> None:
+    """Linux ``fallocate(2)``; OSError(EOPNOTSUPP) where there is none."""
+    libc = _libc()
+    if libc is None:
+        raise OSError(errno.EOPNOTSUPP, "fallocate is not available")
+    if libc.fallocate(fd, mode, ctypes.c_int64(offset), ctypes.c_int64(length)) != 0:
+        e = ctypes.get_errno()
+        raise OSError(e, os.strerror(e))
+
+
+@functools.lru_cache(maxsize=1)
+def _libc() -> Any:
+    if not sys.platform.startswith("linux"):
+        return None
+    try:
+        return ctypes.CDLL(None, use_errno=True)
+    except OSError:
+        return None
+
+
+def _reserve(path: str, nbytes: int) -> None:
+    """Allocate ``nbytes`` of disk past the end of ``path`` without changing its size or bytes
+    (``FALLOC_FL_KEEP_SIZE``): HDF5's next writes land there and cannot meet ENOSPC. ENOSPC here
+    is raised before HDF5 writes anything; where the file system cannot reserve, the free-space
+    check alone stands."""
+    fd = os.open(path, os.O_WRONLY)
+    try:
+        _fallocate(fd, _KEEP_SIZE, os.fstat(fd).st_size, nbytes)
+    except OSError as e:
+        if e.errno not in _RESERVE_UNSUPPORTED:
+            raise OSError(e.errno, f"{e.strerror} (reserving {nbytes} bytes for HDF5's next write)", path) from None
+    finally:
+        os.close(fd)
+
+
+def _release_reserve(path: str) -> None:
+    """Give back the disk reserved past the end of the finished file (its bytes are unchanged)."""
+    fd = os.open(path, os.O_WRONLY)
+    try:
+        _fallocate(fd, _KEEP_SIZE | _PUNCH_HOLE, os.fstat(fd).st_size, 1 << 40)
+    except OSError:
+        pass  # nothing reserved, or a file system without hole punching: the blocks stay allocated
+    finally:
+        os.close(fd)
 
 
 def _le(a: np.ndarray) -> bytes:
@@ -207,10 +261,13 @@ class HDF5Writer(Writer):
         """Refuse to start a write HDF5 would fail for lack of space: HDF5 2.0 cannot recover from
         a failed write (closing the file fails again, and the interpreter crashes at exit), so
         room for the data plus 1 MiB of metadata is checked first and ENOSPC (or EFBIG, for a
-        process file size limit) raised here instead."""
-        err = no_room(self._partial(), nbytes, _SPACE_MARGIN)
+        process file size limit) raised here instead. The room is then reserved past the end of
+        the file, so another process filling the disk after the check cannot take it."""
+        path = self._partial()
+        err = no_room(path, nbytes, _SPACE_MARGIN)
         if err is not None:
             raise err
+        _reserve(path, nbytes + _SPACE_MARGIN + CHUNK_BYTES)  # + what HDF5's caches hold unwritten
 
     def _flush(self, final: bool = False) -> None:
         """Write the buffered metadata, and the payload in whole chunks (all of it when ``final``)."""
@@ -432,6 +489,7 @@ class HDF5Writer(Writer):
         f.close()
         self._f = None
         partial, final = self._partial(), self.path(DATA_FILE)
+        _release_reserve(partial)
         fd = os.open(partial, os.O_RDONLY)
         try:
             os.fsync(fd)

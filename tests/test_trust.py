@@ -13,6 +13,7 @@ import time
 
 import pytest
 from conftest import make_folder, pack
+from test_hostile import big_source, small_fs  # noqa: F401  (fixtures: a 24-image source, a 2 MB tmpfs)
 
 from packer.errors import DestinationBusyError, SourceError
 from packer.filesystem import check_destination, claim_destination, sibling_path
@@ -1034,3 +1035,32 @@ def test_compressed_tar_shards_are_told_for_what_they_are(tmp_path, capsys):
         assert len(err.splitlines()) == 1 and "compressed tar shards" in err and "gunzip a-000000.tar.gz" in err, err
     with pytest.raises(ValueError, match="compressed tar shards"):
         open_dataset(str(foreign / "a-000000.tar.gz"), format="tar")
+
+
+# -- HDF5: disk full after the free-space check ------------------------------------------------------
+
+_FILL_AFTER_CHECK = """
+import sys
+from packer.converters import hdf5
+hdf5.no_room = lambda *a, **k: None  # the free-space check passed; another process then took the room
+if __name__ == "__main__":
+    from packer.ops.cli import main
+    sys.exit(main(sys.argv[1:]))
+"""
+
+
+@pytest.mark.parametrize("workers", [1, 2])
+def test_hdf5_disk_filled_after_the_space_check_is_one_line_not_a_crash(big_source, small_fs, tmp_path,  # noqa: F811
+                                                                         workers):
+    """HDF5 2.0 cannot close a file after a failed write: the interpreter printed h5py tracebacks
+    after the clean message and crashed at exit (SIGSEGV). The room is now reserved before HDF5
+    writes, so ENOSPC comes from the reservation."""
+    script = tmp_path / "fill.py"
+    script.write_text(_FILL_AFTER_CHECK)
+    dst = os.path.join(small_fs, "out")
+    r = subprocess.run([sys.executable, str(script), "convert", "imagefolder", "hdf5", big_source, dst, "--workers",
+                        str(workers), "--encode", "raw"], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    err = r.stderr.strip().splitlines()
+    assert r.returncode == 1, r.stderr
+    assert len(err) == 1 and err[0].startswith("packer: error: disk full: no space left on device while writing ")
+    assert os.listdir(small_fs) == []
