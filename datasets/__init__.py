@@ -12,6 +12,7 @@ from packer.errors import UnfinishedDatasetError
 from packer.layouts import explain_missing_manifest
 from packer.manifest import MANIFEST_NAME, read_manifest
 from packer.registry import reader_class
+from packer.storage import is_url
 
 from .base import OUTPUTS, PackedDataset
 from .batching import collate
@@ -38,7 +39,15 @@ def open_dataset(path: str | os.PathLike[str], *, format: str | None = None, **k
     files of ``image/encoded`` + ``image/class/label`` Examples. The index is built by one scan at
     open and the manifest synthesised in memory (classes are the labels as strings). A directory
     that does have a manifest is opened from it, and must then be of that format.
+
+    ``path`` may be a URL (``s3://bucket/data``, ``gs://...``, ``https://...``; needs the
+    matching extra, e.g. ``pip install 'packer[s3]'``): ``storage_options`` go to fsspec, and the
+    files are downloaded on first use into the node cache ``cache_dir`` (default
+    ``PACKER_CACHE_DIR``, else ``~/.cache/packer``), which keeps at most ``cache_limit`` bytes
+    (e.g. ``"20GB"``) and is shared by every process on the machine.
     """
+    if is_url(path):
+        return _open_url(os.fspath(path), format, **kwargs)
     path = os.path.expanduser(os.fspath(path))
     if format is None or os.path.exists(os.path.join(path, MANIFEST_NAME)):
         try:
@@ -54,6 +63,20 @@ def open_dataset(path: str | os.PathLike[str], *, format: str | None = None, **k
     if open_foreign is None:
         raise ValueError(f"format {format!r} cannot be read without a packer manifest")
     ds = open_foreign(path, **kwargs)
+    ds._ensure_cache()
+    return ds
+
+
+def _open_url(url: str, format: str | None, *, storage_options: dict[str, Any] | None = None,
+              cache_dir: str | None = None, cache_limit: int | str | None = None, **kwargs: Any) -> PackedDataset:
+    """open_dataset for a packed dataset at a URL: its files are read through the node cache."""
+    from packer.storage import open_remote
+
+    manifest, files = open_remote(url, storage_options, cache_dir, cache_limit)
+    if format is not None and manifest.format != format:
+        raise ValueError(f"{url} holds a {manifest.format!r} dataset, not {format!r}")
+    ds = reader_class(manifest.format)(files.view, manifest=manifest, remote_files=files, **kwargs)
+    ds.url = url
     ds._ensure_cache()
     return ds
 

@@ -69,6 +69,8 @@ class PackedDataset(Dataset):
     """
 
     format: str = ""
+    #: The URL a remote dataset was opened from (its files are read from the node cache's copy).
+    url: str | None = None
 
     def __init__(
         self,
@@ -82,6 +84,7 @@ class PackedDataset(Dataset):
         cache: str | None = None,
         cache_bytes: int | str | None = None,
         manifest: Manifest | None = None,
+        remote_files: Callable[[str], int] | None = None,
     ) -> None:
         if output not in OUTPUTS:
             raise ValueError(f"output must be one of {OUTPUTS}, not {output!r}")
@@ -102,6 +105,7 @@ class PackedDataset(Dataset):
         self._skips = SkipCounter() if on_error == "skip" else None
         self._pid: int | None = None
         self._dir: DatasetDir | None = None
+        self._remote = remote_files  # a dataset at a URL: its files come through the node cache
         self._lock = threading.Lock()
         if cache not in (None, "encoded", "decoded"):
             raise ValueError(f"cache must be None, 'encoded' or 'decoded', not {cache!r}")
@@ -183,7 +187,8 @@ class PackedDataset(Dataset):
                     if self._dir is not None:
                         self._dir.close()  # this process's copy of an inherited descriptor
                     # Every file is opened through the directory as it was when bound to our manifest.
-                    self._dir = DatasetDir(self.root, self.manifest, bound=not self.manifest.layout.get("foreign"))
+                    self._dir = DatasetDir(self.root, self.manifest, bound=not self.manifest.layout.get("foreign"),
+                                           fetch=self._remote)
                     self._open()
                     self._pid = pid
 
@@ -191,6 +196,9 @@ class PackedDataset(Dataset):
         """The whole of the dataset's (index) file ``name``, read at construction: a regular file
         inside the dataset, of the manifest's size, or CorruptDataError naming it as ``what``."""
         path = os.path.join(self.root, name)
+        if self._remote is not None:  # downloaded and checked against its SHA-256 by the node cache
+            with os.fdopen(self._remote(name), "rb") as f:
+                return f.read()
         try:
             fd = open_regular(path)
         except FileNotFoundError:

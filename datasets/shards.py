@@ -88,6 +88,13 @@ class ShardedDataset(PackedDataset):
         fds: list[int | None] = self._fds  # type: ignore[assignment]  # set by _ensure_open
         fd = fds[shard]
         if fd is None:
+            if self._remote is not None:
+                # A remote dataset's open shard holds its copy in the node cache: keep only the one
+                # being read open, so the cache can evict the others and stay within its limit.
+                for other, held in enumerate(fds):
+                    if held is not None:
+                        fds[other] = None
+                        os.close(held)
             fd = self._open_file(os.path.basename(self._shard_paths[shard]))
             self._fsizes[shard] = os.fstat(fd).st_size  # type: ignore[index]  # set with _fds
             fds[shard] = fd

@@ -14,6 +14,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+from collections.abc import Callable
 
 from .errors import CorruptDataError, DatasetChangedError, ManifestError
 from .fileio import open_regular
@@ -23,17 +24,19 @@ from .placeholder import placeholder_reason
 __all__ = ["DatasetDir"]
 
 
-
-
 class DatasetDir:
     """The directory ``root``, opened once in this process; see the module docstring.
 
     ``manifest`` is the reader's manifest; with ``bound`` (a dataset that has a manifest file, as
-    every packer dataset has) the manifest on disk must equal it at open.
+    every packer dataset has) the manifest on disk must equal it at open. ``fetch`` (a remote
+    dataset's :class:`packer.storage.RemoteFiles`) opens the files instead: ``root`` is then the
+    node cache's copy, whose files are downloaded on first use and checked by their SHA-256.
     """
 
-    def __init__(self, root: str, manifest: Manifest, *, bound: bool = True) -> None:
+    def __init__(self, root: str, manifest: Manifest, *, bound: bool = True,
+                 fetch: Callable[[str], int] | None = None) -> None:
         self.root = root
+        self._fetch = fetch
         self.manifest = manifest
         self._sizes = {f.name: f.bytes for f in manifest.files}
         try:
@@ -76,6 +79,8 @@ class DatasetDir:
 
     def open(self, name: str) -> int:
         """A read-only descriptor of the payload or index file ``name``, checked as the module says."""
+        if self._fetch is not None:
+            return self._fetch(name)
         where = os.path.join(self.root, name)
         try:
             fd = open_regular(name, self.fd, where=where)

@@ -41,8 +41,8 @@ def _add_convert(p: argparse.ArgumentParser) -> None:
     fmts = format_names()
     p.add_argument("src_format", choices=["imagefolder", *fmts], help="format of SRC")
     p.add_argument("dst_format", choices=[*fmts, "imagefolder"], help="format to write")
-    p.add_argument("src", help="source folder or packed dataset")
-    p.add_argument("dst", help="destination directory (must not exist unless --overwrite)")
+    p.add_argument("src", help="source folder or packed dataset (a packed SRC may be a URL)")
+    p.add_argument("dst", help="destination directory or URL (must not exist unless --overwrite)")
     g = p.add_argument_group("images")
     g.add_argument("--resize", default=None,
                    help="shorter:N, longer:N, WxH or none (default: none; from a packed SRC: copy the stored images)")
@@ -71,6 +71,7 @@ def _add_convert(p: argparse.ArgumentParser) -> None:
     g.add_argument("--shard-size", default=None, help="max bytes per shard, e.g. 256MB, 1GiB")
     g.add_argument("--shard-samples", type=int, default=None, help="max samples per shard")
     g.add_argument("--gzip", action="store_true", help="gzip-compress TFRecord files")
+    _add_storage(p)
 
 
 #: WriterOptions field -> its flag, and what to say when a format does not take it.
@@ -129,6 +130,36 @@ def _convert_options(a: argparse.Namespace):  # noqa: ANN202 - ConvertOptions, i
 
 
 def _run_convert(a: argparse.Namespace) -> int:
+    from ..storage import is_url
+
+    if is_url(a.src):
+        if a.src_format == "imagefolder":
+            raise UsageError("packer convert: an image folder is read from a local path; a URL SRC must be packed")
+        a.src = _fetched(a, a.src)
+    if not is_url(a.dst):
+        return _convert_local(a)
+    import shutil
+    import tempfile
+
+    from ..nodecache import NodeCache
+    from ..storage import check_remote_destination, upload_converted
+
+    if a.resume:
+        raise UsageError("packer convert: --resume is not supported for a URL destination yet; run without it")
+    url = a.dst
+    check_remote_destination(url, _storage(a), a.overwrite)
+    work = tempfile.mkdtemp(prefix="upload-", dir=NodeCache(a.cache_dir).root)
+    try:  # written locally in full, then uploaded: payload files first, the manifest last
+        a.dst = os.path.join(work, "dataset")
+        status = _convert_local(a)
+        upload_converted(a.dst, url, _storage(a), a.overwrite)
+        print(f"uploaded to {url}")
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    return status
+
+
+def _convert_local(a: argparse.Namespace) -> int:
     from dataclasses import replace
 
     from ..sizes import format_size
@@ -170,23 +201,55 @@ def _run_convert(a: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+# -- object storage ------------------------------------------------------------------------------
+def _add_storage(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("object storage (paths given as s3://, gs://, https://, ... URLs)")
+    g.add_argument("--storage-option", action="append", default=[], metavar="KEY=VALUE",
+                   help="an fsspec storage option, e.g. client_kwargs.endpoint_url=http://host:9000 "
+                        "(repeatable; VALUE parsed as JSON when it can be)")
+    g.add_argument("--cache-dir", metavar="DIR", help="node-local download cache (default: PACKER_CACHE_DIR, "
+                                                      "else ~/.cache/packer)")
+    g.add_argument("--cache-limit", metavar="SIZE", help="most bytes the download cache keeps, e.g. 20GB")
+
+
+def _storage(a: argparse.Namespace) -> dict:
+    from ..storage import parse_storage_options
+
+    try:
+        return parse_storage_options(a.storage_option)
+    except ValueError as e:
+        raise UsageError(f"packer: {e}") from None
+
+
+def _fetched(a: argparse.Namespace, url: str) -> str:
+    """The node cache's complete copy of the dataset at ``url`` (an error if a file is bad)."""
+    from ..storage import local_copy
+
+    view, problems = local_copy(url, _storage(a), a.cache_dir, a.cache_limit)
+    if problems:
+        raise PackerError(problems[0] + (f" (and {len(problems) - 1} more)" if len(problems) > 1 else ""))
+    return view
+
+
 # -- info ----------------------------------------------------------------------------------------
 def _add_info(p: argparse.ArgumentParser) -> None:
-    p.add_argument("path", help="packed dataset directory")
+    p.add_argument("path", help="packed dataset directory or URL")
     p.add_argument("--json", action="store_true", help="print the manifest as JSON")
+    _add_storage(p)
 
 
 def _run_info(a: argparse.Namespace) -> int:
     from ..manifest import read_manifest
     from ..sizes import format_size
+    from ..storage import Remote, is_url, read_remote_manifest
 
-    m = read_manifest(a.path)
+    m = read_remote_manifest(Remote(a.path, _storage(a)))[0] if is_url(a.path) else read_manifest(a.path)
     if a.json:
         sys.stdout.write(m.dumps().decode("utf-8"))
         return EXIT_OK
     size = sum(f.bytes for f in m.files)
     shown = ", ".join(m.classes[:8]) + (f", ... ({len(m.classes)} in all)" if len(m.classes) > 8 else "")
-    print(f"path        {os.path.abspath(a.path)}")
+    print(f"path        {a.path if is_url(a.path) else os.path.abspath(a.path)}")
     print(f"format      {m.format} (manifest v{m.version}, {m.created_by})")
     print(f"samples     {m.num_samples}")
     print(f"classes     {len(m.classes)}: {shown}")
@@ -200,14 +263,21 @@ def _run_info(a: argparse.Namespace) -> int:
 
 # -- verify --------------------------------------------------------------------------------------
 def _add_verify(p: argparse.ArgumentParser) -> None:
-    p.add_argument("path", help="packed dataset directory")
+    p.add_argument("path", help="packed dataset directory or URL (its files are downloaded into the cache)")
     p.add_argument("--no-decode", action="store_true", help="check file checksums only")
+    _add_storage(p)
 
 
 def _run_verify(a: argparse.Namespace) -> int:
+    from ..storage import is_url, local_copy
     from .verify import verify_dataset
 
-    report = verify_dataset(a.path, decode=not a.no_decode)
+    fetch_problems: list[str] = []
+    path = a.path
+    if is_url(a.path):
+        path, fetch_problems = local_copy(a.path, _storage(a), a.cache_dir, a.cache_limit)
+    report = verify_dataset(path, decode=not a.no_decode)
+    report.problems[:0] = fetch_problems
     for line in report.problems[:50]:
         _say(line)
     if len(report.problems) > 50:

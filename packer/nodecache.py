@@ -1,0 +1,218 @@
+"""The node-local cache of downloaded dataset files, shared by every process on the machine.
+
+One download per file per node: every worker and every rank asks the cache, which serialises
+the downloads of one file with a file lock and checks each download's SHA-256 against the
+manifest before renaming it into place. Files that a reader has open hold a shared ``flock`` and
+are never evicted; eviction runs under the cache's lock and keeps the bytes on disk (finished
+files plus downloads in progress, which are allocated to full size first) at or below
+``cache_limit`` at every moment. All coordination is file locks, released by the kernel when a
+process dies, so a crashed job leaves nothing that can break the next one.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import hashlib
+import os
+import time
+from collections.abc import Callable, Iterator
+from typing import IO
+
+from .errors import CorruptDataError, PackerError
+from .filesystem import atomic_write_bytes
+from .manifest import MANIFEST_NAME
+from .sizes import parse_size
+
+__all__ = ["NodeCache", "CacheFullError", "default_cache_dir"]
+
+_LOCK = ".lock"  # the whole cache's lock, beside its datasets/ folder
+_FETCH = ".fetch"  # suffix of a file's download lock
+_PARTIAL = ".partial"  # suffix of a download in progress
+_CHUNK = 1 << 22
+
+
+class CacheFullError(PackerError):
+    """The node cache cannot make room: the files in use fill ``cache_limit``."""
+
+
+def default_cache_dir() -> str:
+    """``PACKER_CACHE_DIR``, else ``$XDG_CACHE_HOME/packer``, else ``~/.cache/packer``."""
+    if os.environ.get("PACKER_CACHE_DIR"):
+        return os.path.expanduser(os.environ["PACKER_CACHE_DIR"])
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return os.path.join(base, "packer")
+
+
+class NodeCache:
+    """The cache folder ``cache_dir`` (default :func:`default_cache_dir`) holding at most
+    ``cache_limit`` bytes (an int or a size like ``"20GB"``; None: no limit). Waits up to
+    ``wait_s`` for readers to release files before raising :class:`CacheFullError`."""
+
+    def __init__(self, cache_dir: str | None = None, cache_limit: int | str | None = None, wait_s: float = 60.0) -> None:
+        self.root = os.path.abspath(os.path.expanduser(cache_dir or default_cache_dir()))
+        self.limit = parse_size(cache_limit) if cache_limit is not None else None
+        self.wait_s = wait_s
+        os.makedirs(os.path.join(self.root, "datasets"), exist_ok=True)
+
+    def view(self, url: str, manifest_raw: bytes) -> str:
+        """The folder that holds this node's copy of the dataset at ``url`` whose manifest is
+        ``manifest_raw`` (a new conversion at the same URL gets a new folder), manifest included."""
+        name = hashlib.sha256(url.encode()).hexdigest()[:16] + "-" + hashlib.sha256(manifest_raw).hexdigest()[:16]
+        path = os.path.join(self.root, "datasets", name)
+        os.makedirs(path, exist_ok=True)
+        manifest = os.path.join(path, MANIFEST_NAME)
+        if not os.path.exists(manifest):
+            atomic_write_bytes(manifest, manifest_raw)
+        return path
+
+    def fetch(self, path: str, size: int, sha256: str, source: Callable[[], IO[bytes]], url: str) -> int:
+        """A read-only descriptor of the cached file ``path``, holding a shared lock that keeps it
+        from eviction until closed; downloaded first (from ``source()``, which is ``url``) when
+        this node does not have it. A download whose SHA-256 differs from ``sha256`` is fetched
+        once more, then raises CorruptDataError."""
+        fd = self._open_cached(path)
+        if fd is not None:
+            return fd
+        if self.limit is not None and size > self.limit:
+            raise CacheFullError(f"{url} is {size:,} bytes, more than cache_limit ({self.limit:,} bytes); "
+                                 f"raise cache_limit to at least the largest file of the dataset")
+        with _flocked(path + _FETCH, fcntl.LOCK_EX):  # one download of this file on this node
+            fd = self._open_cached(path)
+            if fd is not None:
+                return fd
+            part = self._reserve(path, size, url)
+            try:
+                for attempt in (1, 2):
+                    digest = _download(part, source, size, url)
+                    if digest == sha256:
+                        break
+                    if attempt == 2:
+                        raise CorruptDataError(f"downloaded twice, and both times its SHA-256 ({digest[:16]}...) "
+                                               f"differs from the manifest's ({sha256[:16]}...)", path=url)
+                with self._locked():
+                    os.fsync(part.fileno())
+                    os.rename(path + _PARTIAL, path)
+                    return self._open_locked(path)
+            finally:
+                part.close()
+                with contextlib.suppress(FileNotFoundError):
+                    os.remove(path + _PARTIAL)
+
+    def usage(self) -> int:
+        """Bytes the cache's files take on disk now (downloads in progress at their full size)."""
+        return sum(st.st_blocks * 512 for _, st in self._entries(partials=True))
+
+    # -- internals --------------------------------------------------------------------------------
+    @contextlib.contextmanager
+    def _locked(self) -> Iterator[None]:
+        with _flocked(os.path.join(self.root, _LOCK), fcntl.LOCK_EX):
+            yield
+
+    def _open_cached(self, path: str) -> int | None:
+        with self._locked():
+            try:
+                fd = self._open_locked(path)
+            except FileNotFoundError:
+                return None
+        os.utime(fd)  # recently used: evicted last
+        return fd
+
+    @staticmethod
+    def _open_locked(path: str) -> int:
+        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW)
+        fcntl.flock(fd, fcntl.LOCK_SH)
+        return fd
+
+    def _reserve(self, path: str, size: int, url: str) -> IO[bytes]:
+        """Make room for ``size`` bytes, then create the download file allocated to that size."""
+        deadline = time.monotonic() + self.wait_s
+        while True:
+            with self._locked():
+                if self._make_room(size):
+                    f = open(path + _PARTIAL, "w+b")  # a stale one of a killed downloader is replaced
+                    if size:
+                        os.posix_fallocate(f.fileno(), 0, size)
+                    return f
+            if time.monotonic() > deadline:
+                raise CacheFullError(
+                    f"cannot cache {url} ({size:,} bytes): the files in use fill cache_limit ({self.limit:,} "
+                    f"bytes) in {self.root}; raise cache_limit or read fewer shards at once")
+            time.sleep(0.2)
+
+    def _make_room(self, size: int) -> bool:
+        """Evict least recently used files nobody has open until ``size`` more bytes fit."""
+        if self.limit is None:
+            return True
+        entries = list(self._entries(partials=True))
+        used = sum(st.st_blocks * 512 for _, st in entries)
+        candidates = sorted((st.st_mtime, p, st.st_blocks * 512) for p, st in entries
+                            if not p.endswith(_PARTIAL) and os.path.basename(p) != MANIFEST_NAME)
+        for _, p, nbytes in candidates:
+            if used + size <= self.limit:
+                break
+            if _evict(p):
+                used -= nbytes
+        return used + size <= self.limit
+
+    def _entries(self, partials: bool) -> Iterator[tuple[str, os.stat_result]]:
+        base = os.path.join(self.root, "datasets")
+        for d in os.scandir(base):
+            if not d.is_dir(follow_symlinks=False):
+                continue
+            for e in os.scandir(d.path):
+                if e.name.endswith(_FETCH) or (e.name.endswith(_PARTIAL) and not partials):
+                    continue
+                with contextlib.suppress(FileNotFoundError):
+                    st = e.stat(follow_symlinks=False)
+                    if not e.is_symlink():
+                        yield e.path, st
+
+
+def _evict(path: str) -> bool:
+    """Delete ``path`` unless a reader holds it (a shared flock); True when deleted."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW)
+    except FileNotFoundError:
+        return False
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        os.close(fd)
+        return False
+    try:
+        os.remove(path)
+    finally:
+        os.close(fd)
+    return True
+
+
+@contextlib.contextmanager
+def _flocked(path: str, how: int) -> Iterator[None]:
+    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+    try:
+        fcntl.flock(fd, how)
+        yield
+    finally:
+        os.close(fd)
+
+
+def _download(part: IO[bytes], source: Callable[[], IO[bytes]], size: int, url: str) -> str:
+    """Copy ``source()`` into ``part`` from its start; return the SHA-256 of what came."""
+    sha = hashlib.sha256()
+    part.seek(0)
+    got = 0
+    with source() as src:
+        while True:
+            chunk = src.read(_CHUNK)
+            if not chunk:
+                break
+            got += len(chunk)
+            if got > size:
+                break
+            sha.update(chunk)
+            part.write(chunk)
+    part.flush()
+    if got != size:
+        sha.update(b"\0size mismatch")  # never equal to the manifest's digest
+    return sha.hexdigest()

@@ -1,0 +1,226 @@
+"""Where packed data lives: a local path, or a URL that fsspec reads (s3://, gs://, http(s)://, ...).
+
+Every remote byte goes through fsspec and the protocol's own package (s3fs, gcsfs, aiohttp), so
+credentials come from their usual places (environment, config files, instance roles) or from
+``storage_options``. Errors are turned into one line that names the URL and what to check.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import posixpath
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import IO, Any
+
+from .errors import CorruptDataError, ManifestError, PackerError, UnfinishedDatasetError
+from .manifest import MANIFEST_NAME, MAX_MANIFEST_BYTES, Manifest
+
+__all__ = [
+    "RemoteError",
+    "Remote",
+    "RemoteFiles",
+    "is_url",
+    "local_copy",
+    "open_remote",
+    "upload_converted",
+    "check_remote_destination",
+    "parse_storage_options",
+    "read_remote_manifest",
+    "upload_dataset",
+]
+
+#: Protocol -> the pip extra that brings its fsspec implementation.
+_EXTRAS = {"s3": "s3", "s3a": "s3", "gs": "gcs", "gcs": "gcs", "http": "http", "https": "http"}
+
+#: Bounded waits and retries for S3 unless the caller's storage_options say otherwise: a server
+#: that stops answering fails a job after about a minute instead of hanging it forever.
+_S3_DEFAULTS = {"connect_timeout": 10, "read_timeout": 30, "retries": {"max_attempts": 5, "mode": "standard"}}
+
+
+class RemoteError(PackerError, OSError):
+    """Object storage refused or failed a request; the message names the URL and what to check."""
+
+
+def is_url(path: str | os.PathLike[str]) -> bool:
+    """True for ``scheme://...`` other than ``file://``: data that fsspec, not the OS, reads."""
+    text = os.fspath(path)
+    scheme, sep, _ = text.partition("://")
+    return bool(sep) and scheme.isascii() and scheme.replace("+", "").isalnum() and scheme != "file"
+
+
+def parse_storage_options(pairs: Iterable[str]) -> dict[str, Any]:
+    """``["KEY=VALUE", ...]`` from the CLI as fsspec ``storage_options``; a VALUE that parses as
+    JSON (``true``, ``3``, ``{"a": 1}``) is taken as that, otherwise as a string. Dotted keys nest
+    (``client_kwargs.endpoint_url=...``)."""
+    options: dict[str, Any] = {}
+    for pair in pairs:
+        key, sep, value = pair.partition("=")
+        if not sep or not key:
+            raise ValueError(f"--storage-option takes KEY=VALUE, not {pair!r}")
+        try:
+            parsed: Any = json.loads(value)
+        except ValueError:
+            parsed = value
+        *parents, leaf = key.split(".")
+        node = options
+        for p in parents:
+            node = node.setdefault(p, {})
+            if not isinstance(node, dict):
+                raise ValueError(f"--storage-option {pair!r}: {p} is already set to a value")
+        node[leaf] = parsed
+    return options
+
+
+@dataclass(frozen=True)
+class Remote:
+    """A dataset at ``url`` with the fsspec ``storage_options`` to reach it (picklable: sent to
+    DataLoader workers, which open their own connections)."""
+
+    url: str
+    storage_options: dict[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "url", self.url.rstrip("/"))
+
+    def filesystem(self) -> tuple[Any, str]:
+        """The fsspec file system and the dataset's path within it."""
+        try:
+            import fsspec
+        except ImportError:
+            raise RemoteError(f"{self.url}: reading URLs needs fsspec: pip install 'packer[s3]' "
+                              f"(or [gcs], [http])") from None
+        scheme = self.url.partition("://")[0]
+        options = dict(self.storage_options)
+        if scheme in ("s3", "s3a"):
+            options["config_kwargs"] = {**_S3_DEFAULTS, **options.get("config_kwargs", {})}
+        try:
+            fs, path = fsspec.core.url_to_fs(self.url, **options)
+        except ImportError as e:
+            extra = _EXTRAS.get(scheme)
+            hint = f"pip install 'packer[{extra}]'" if extra else "install the fsspec package for it"
+            raise RemoteError(f"{self.url}: {scheme}:// needs a package that is missing ({e}); {hint}") from None
+        except ValueError as e:
+            raise RemoteError(f"{self.url}: {e}") from None
+        return fs, path
+
+    def join(self, name: str) -> str:
+        """The URL of the dataset's file ``name``."""
+        return f"{self.url}/{name}"
+
+    def open(self, name: str) -> IO[bytes]:
+        """The dataset's file ``name`` opened for reading (streamed, not read whole)."""
+        fs, path = self.filesystem()
+        return call(self.join(name), fs.open, posixpath.join(path, name), "rb", block_size=1 << 22)
+
+
+def call(url: str, fn: Any, *args: Any, **kwargs: Any) -> Any:
+    """``fn(*args, **kwargs)`` with the storage library's errors as one line naming ``url``."""
+    try:
+        return fn(*args, **kwargs)
+    except FileNotFoundError:
+        raise RemoteError(f"{url} does not exist (check the bucket, the path and the endpoint)") from None
+    except PermissionError:
+        raise RemoteError(f"{url}: access denied (check the credentials and the bucket's policy)") from None
+    except PackerError:
+        raise
+    except Exception as e:  # noqa: BLE001 - botocore, aiohttp, ... : each library its own types
+        text = str(e).splitlines()[0] if str(e) else type(e).__name__
+        raise RemoteError(f"{url}: {type(e).__name__}: {text}") from None
+
+
+def read_remote_manifest(remote: Remote) -> tuple[Manifest, bytes]:
+    """The manifest at ``remote`` (validated) and its exact bytes."""
+    where = remote.join(MANIFEST_NAME)
+    fs, path = remote.filesystem()
+    try:
+        f = call(where, fs.open, posixpath.join(path, MANIFEST_NAME), "rb")
+    except RemoteError as e:
+        if "does not exist" in str(e):
+            raise UnfinishedDatasetError(f"{where} does not exist: {remote.url} is not a packed dataset, "
+                                         f"or its conversion has not finished") from None
+        raise
+    with f:
+        raw = call(where, f.read, MAX_MANIFEST_BYTES + 1)
+    if len(raw) > MAX_MANIFEST_BYTES:
+        raise ManifestError(f"{where}: larger than {MAX_MANIFEST_BYTES} bytes")
+    try:
+        data = json.loads(raw)
+    except (ValueError, RecursionError) as e:
+        raise ManifestError(f"{where}: not valid JSON ({e})") from None
+    return Manifest.from_json(data, where), raw
+
+
+def upload_dataset(local: str, remote: Remote, manifest: Manifest) -> None:
+    """Upload the packed dataset in the folder ``local`` to ``remote``: every payload and index
+    file first, the manifest last, so a reader never finds a manifest whose files are missing."""
+    fs, path = remote.filesystem()
+    call(remote.url, fs.makedirs, path, exist_ok=True)
+    for f in manifest.files:
+        call(remote.join(f.name), fs.put_file, os.path.join(local, f.name), posixpath.join(path, f.name))
+    call(remote.join(MANIFEST_NAME), fs.put_file, os.path.join(local, MANIFEST_NAME),
+         posixpath.join(path, MANIFEST_NAME))
+
+
+class RemoteFiles:
+    """Opens the files of a remote dataset through the node cache: ``files(name)`` is a
+    read-only descriptor of the local copy (downloaded on first use, SHA-256 checked), holding
+    it in the cache until closed. Picklable, for DataLoader workers."""
+
+    def __init__(self, remote: Remote, manifest: Manifest, cache: Any, view: str) -> None:
+        self.remote = remote
+        self.cache = cache
+        self.view = view
+        self._entries = {f.name: (f.bytes, f.sha256) for f in manifest.files}
+
+    def __call__(self, name: str) -> int:
+        size, sha = self._entries[name]
+        return self.cache.fetch(os.path.join(self.view, name), size, sha, lambda: self.remote.open(name),
+                                self.remote.join(name))
+
+
+def open_remote(url: str, storage_options: dict[str, Any] | None = None, cache_dir: str | None = None,
+                cache_limit: int | str | None = None) -> tuple[Manifest, RemoteFiles]:
+    """The manifest of the dataset at ``url`` and the opener of its files through the node cache
+    (see :class:`packer.nodecache.NodeCache` for ``cache_dir`` and ``cache_limit``)."""
+    from .nodecache import NodeCache
+
+    remote = Remote(url, dict(storage_options or {}))
+    manifest, raw = read_remote_manifest(remote)
+    cache = NodeCache(cache_dir, cache_limit)
+    return manifest, RemoteFiles(remote, manifest, cache, cache.view(remote.url, raw))
+
+
+def local_copy(url: str, storage_options: dict[str, Any] | None = None, cache_dir: str | None = None,
+               cache_limit: int | str | None = None) -> tuple[str, list[str]]:
+    """Every file of the dataset at ``url`` in the node cache: the local folder (a packed dataset
+    with its manifest) and the problems met, one line each (a file that cannot be fetched, or
+    whose download does not match the manifest's SHA-256, is left out of the folder)."""
+    manifest, files = open_remote(url, storage_options, cache_dir, cache_limit)
+    problems = []
+    for f in manifest.files:
+        try:
+            os.close(files(f.name))
+        except (CorruptDataError, RemoteError) as e:
+            problems.append(f"{files.remote.join(f.name)}: {e}")
+    return files.view, problems
+
+
+def upload_converted(local: str, url: str, storage_options: dict[str, Any] | None, overwrite: bool) -> None:
+    """Publish the packed dataset in ``local`` at ``url`` (files first, manifest last); refused
+    when ``url`` already holds a dataset and ``overwrite`` is false."""
+    remote = check_remote_destination(url, storage_options, overwrite)
+    from .manifest import read_manifest
+
+    upload_dataset(local, remote, read_manifest(local))
+
+
+def check_remote_destination(url: str, storage_options: dict[str, Any] | None, overwrite: bool) -> Remote:
+    """``url`` as a conversion's destination: FileExistsError when it holds a dataset already and
+    ``overwrite`` is false (checked before any work, and again before the upload)."""
+    remote = Remote(url, dict(storage_options or {}))
+    fs, path = remote.filesystem()
+    if not overwrite and call(remote.url, fs.exists, posixpath.join(path, MANIFEST_NAME)):
+        raise FileExistsError(f"{url} already holds a packed dataset; pass --overwrite to replace it")
+    return remote

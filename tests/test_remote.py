@@ -1,0 +1,223 @@
+"""Datasets in object storage: a real S3 server (moto's, on 127.0.0.1) read through s3fs, and the
+node cache every process on a machine shares."""
+
+from __future__ import annotations
+
+import os
+import socket
+import threading
+import time
+
+import numpy as np
+import pytest
+import torch
+from conftest import make_folder, pack
+
+from packer.datasets import open_dataset
+from packer.errors import CorruptDataError, UnfinishedDatasetError
+from packer.manifest import read_manifest
+from packer.nodecache import CacheFullError, NodeCache
+from packer.storage import RemoteError, is_url, parse_storage_options, upload_dataset
+
+pytest.importorskip("s3fs")
+moto_server = pytest.importorskip("moto.server")
+
+FORMATS = ["lmdb", "hdf5", "tar", "tfrecord"]
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def s3():
+    """A moto S3 server on 127.0.0.1 with one bucket; yields the storage_options to reach it."""
+    import boto3
+
+    port = _free_port()
+    server = moto_server.ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
+    server.start()
+    endpoint = f"http://127.0.0.1:{port}"
+    creds = {"aws_access_key_id": "testing", "aws_secret_access_key": "testing", "region_name": "us-east-1"}
+    boto3.client("s3", endpoint_url=endpoint, **creds).create_bucket(Bucket="data")
+    yield {"key": "testing", "secret": "testing", "client_kwargs": {"endpoint_url": endpoint,
+                                                                     "region_name": "us-east-1"}}
+    server.stop()
+
+
+@pytest.fixture(scope="module")
+def local_sets(tmp_path_factory):
+    base = tmp_path_factory.mktemp("remote")
+    src = str(base / "src")
+    make_folder(src, {c: [(f"{i}.png", 16 + i, 20) for i in range(8)] for c in ("a", "b", "c")})
+    writer = {"shard_samples": 2}
+    return {fmt: pack(src, str(base / fmt), fmt, encode="png", shuffle=False,
+                      writer=writer if fmt in ("tar", "tfrecord") else None).output for fmt in FORMATS}
+
+
+def _upload(s3, local, name):
+    url = f"s3://data/{name}"
+    upload_dataset(local, _remote(url, s3), read_manifest(local))
+    return url
+
+
+def _remote(url, s3):
+    from packer.storage import Remote
+
+    return Remote(url, s3)
+
+
+def _same(a, b):
+    assert len(a) == len(b)
+    for i in range(len(a)):
+        x, y = a[i], b[i]
+        assert x[1] == y[1] and torch.equal(x[0], y[0]), i
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_a_dataset_in_s3_reads_like_its_local_copy(s3, local_sets, tmp_path, fmt):
+    url = _upload(s3, local_sets[fmt], f"same/{fmt}")
+    ds = open_dataset(url, storage_options=s3, cache_dir=str(tmp_path / "cache"))
+    assert ds.url == url and is_url(url)
+    _same(ds, open_dataset(local_sets[fmt]))
+    # Through a DataLoader with 2 workers, every sample once, the same pixels.
+    loader = torch.utils.data.DataLoader(ds, batch_size=None, num_workers=2, shuffle=False)
+    local = open_dataset(local_sets[fmt])
+    got = [(img, label) for img, label in loader]
+    assert len(got) == len(local)
+    for i, (img, label) in enumerate(got):
+        assert label == local[i][1] and torch.equal(img, local[i][0])
+
+
+def test_the_cache_is_shared_and_downloads_each_file_once(s3, local_sets, tmp_path):
+    url = _upload(s3, local_sets["tar"], "once/tar")
+    cache = str(tmp_path / "cache")
+    first = open_dataset(url, storage_options=s3, cache_dir=cache)
+    [first[i] for i in range(len(first))]
+    view = first.root
+    stamps = {n: os.stat(os.path.join(view, n)).st_ino for n in os.listdir(view) if not n.startswith(".")}
+    second = open_dataset(url, storage_options=s3, cache_dir=cache)
+    assert second.root == view
+    [second[i] for i in range(len(second))]
+    assert {n: os.stat(os.path.join(view, n)).st_ino for n in stamps} == stamps  # nothing fetched again
+
+
+def test_cache_limit_holds_at_every_moment(s3, local_sets, tmp_path):
+    local = local_sets["tar"]
+    url = _upload(s3, local, "limit/tar")
+    total = sum(f.bytes for f in read_manifest(local).files)
+    limit = total // 4
+    cache_dir = str(tmp_path / "cache")
+    ds = open_dataset(url, storage_options=s3, cache_dir=cache_dir, cache_limit=limit)
+    cache = NodeCache(cache_dir)
+    peak, stop = [0], threading.Event()
+
+    def poll():
+        while not stop.is_set():
+            peak[0] = max(peak[0], cache.usage() - os.path.getsize(os.path.join(ds.root, "manifest.json")))
+            time.sleep(0.001)
+
+    t = threading.Thread(target=poll)
+    t.start()
+    try:
+        ref = open_dataset(local)
+        for i in range(len(ds)):
+            img, label = ds[i]
+            assert label == ref[i][1] and torch.equal(img, ref[i][0])
+    finally:
+        stop.set()
+        t.join()
+    assert 0 < peak[0] <= limit
+
+
+def test_a_file_larger_than_the_limit_is_a_clear_error(s3, local_sets, tmp_path):
+    url = _upload(s3, local_sets["lmdb"], "big/lmdb")
+    with pytest.raises(CacheFullError, match="more than cache_limit"):
+        open_dataset(url, storage_options=s3, cache_dir=str(tmp_path / "c"), cache_limit=1000)[0]
+
+
+def test_a_shard_altered_on_the_server_is_detected(s3, local_sets, tmp_path):
+    import s3fs
+
+    url = _upload(s3, local_sets["tar"], "altered/tar")
+    fs = s3fs.S3FileSystem(**s3)
+    name = read_manifest(local_sets["tar"]).files[0].name
+    data = bytearray(fs.cat(f"data/altered/tar/{name}"))
+    data[700] ^= 0xFF
+    fs.pipe(f"data/altered/tar/{name}", bytes(data))
+    ds = open_dataset(url, storage_options=s3, cache_dir=str(tmp_path / "c"))
+    with pytest.raises(CorruptDataError, match="SHA-256"):
+        ds[0]
+    assert not [n for n in os.listdir(ds.root) if n.endswith(".partial")]
+
+
+def test_missing_datasets_and_buckets_name_the_url(s3, tmp_path):
+    with pytest.raises(UnfinishedDatasetError, match="s3://data/nothing/manifest.json does not exist"):
+        open_dataset("s3://data/nothing", storage_options=s3, cache_dir=str(tmp_path))
+    with pytest.raises((UnfinishedDatasetError, RemoteError), match="s3://no-such-bucket"):
+        open_dataset("s3://no-such-bucket/x", storage_options=s3, cache_dir=str(tmp_path))
+
+
+def test_storage_options_from_the_command_line():
+    assert parse_storage_options(["anon=true", "client_kwargs.endpoint_url=http://h:1", "key=abc"]) == {
+        "anon": True, "client_kwargs": {"endpoint_url": "http://h:1"}, "key": "abc"}
+    with pytest.raises(ValueError, match="KEY=VALUE"):
+        parse_storage_options(["novalue"])
+    assert not is_url("/data/x") and not is_url("file:///x") and is_url("gs://b/x")
+
+
+def test_a_killed_download_leaves_nothing_that_breaks_the_next(s3, local_sets, tmp_path):
+    url = _upload(s3, local_sets["hdf5"], "killed/hdf5")
+    cache_dir = str(tmp_path / "c")
+    ds = open_dataset(url, storage_options=s3, cache_dir=cache_dir)
+    name = ds.manifest.files[0].name
+    # What a downloader killed mid-file leaves: an allocated partial file and a lock file.
+    with open(os.path.join(ds.root, name + ".partial"), "wb") as f:
+        f.write(b"\0" * 100)
+    open(os.path.join(ds.root, name + ".fetch"), "wb").close()
+    ref = open_dataset(local_sets["hdf5"])
+    assert torch.equal(ds[3][0], ref[3][0])
+    assert np.array_equal(open(os.path.join(ds.root, name), "rb").read(),
+                          open(os.path.join(local_sets["hdf5"], name), "rb").read())
+
+
+def _cli(*args, cwd=None):
+    import subprocess
+    import sys
+
+    return subprocess.run([sys.executable, "-m", "packer", *args], capture_output=True, text=True, timeout=300)
+
+
+def test_the_command_line_converts_to_reads_from_and_verifies_urls(s3, tmp_path):
+    src = str(tmp_path / "src")
+    make_folder(src, {c: [(f"{i}.png", 16, 16) for i in range(5)] for c in ("a", "b")})
+    endpoint = s3["client_kwargs"]["endpoint_url"]
+    opts = ["--storage-option", "key=testing", "--storage-option", "secret=testing",
+            "--storage-option", f"client_kwargs.endpoint_url={endpoint}",
+            "--storage-option", "client_kwargs.region_name=us-east-1", "--cache-dir", str(tmp_path / "cache")]
+    url = "s3://data/cli/tar"
+    r = _cli("convert", "imagefolder", "tar", src, url, "--encode", "png", "--shard-samples", "4", "-q", *opts)
+    assert r.returncode == 0 and f"uploaded to {url}" in r.stdout, r.stderr
+    r = _cli("convert", "imagefolder", "tar", src, url, "--encode", "png", *opts)
+    assert r.returncode == 1 and "already holds a packed dataset" in r.stderr and "Traceback" not in r.stderr
+    r = _cli("info", url, *opts)
+    assert r.returncode == 0 and "samples     10" in r.stdout and f"path        {url}" in r.stdout, r.stderr
+    r = _cli("verify", url, *opts)
+    assert r.returncode == 0 and "3/3 files intact" not in r.stdout and "10/10 samples decoded" in r.stdout, r.stdout
+    out = str(tmp_path / "back")
+    r = _cli("convert", "tar", "lmdb", url, out, *opts)
+    assert r.returncode == 0, r.stderr
+    ref = open_dataset(out)
+    remote = open_dataset(url, storage_options=s3, cache_dir=str(tmp_path / "cache"))
+    _same(ref, remote)
+    # A shard altered on the server: verify names it and fails.
+    import s3fs
+
+    fs = s3fs.S3FileSystem(**s3)
+    fs.pipe("data/cli/tar/shard-000000.tar", b"x" * 10240)
+    r = _cli("verify", url, *opts[:-2], "--cache-dir", str(tmp_path / "cache2"))
+    assert r.returncode == 1 and "shard-000000.tar" in r.stderr and "CORRUPT" in r.stdout, (r.stdout, r.stderr)
+    r = _cli("info", "s3://data/cli/none", *opts)
+    assert r.returncode == 1 and "s3://data/cli/none/manifest.json does not exist" in r.stderr, r.stderr
