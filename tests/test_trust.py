@@ -811,6 +811,24 @@ def test_a_sample_count_the_files_cannot_hold_is_refused_at_once(tmp_path, fmt):
         assert len(r.stderr.strip().splitlines()) == 1
 
 
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_a_sample_count_the_payload_does_not_hold_is_one_problem_in_verify(tmp_path, fmt):
+    """num_samples forged to the payload file's byte count (the most the manifest allows): verify
+    reported one problem per sample (LMDB) or reopened the file for each of 1.4 million (HDF5)."""
+    import json
+
+    dst, _ = _two_datasets(tmp_path, fmt)
+    path = os.path.join(dst, "manifest.json")
+    d = json.load(open(path))
+    n = d["files"][0]["bytes"]
+    d["files"][0]["samples"] += n - d["num_samples"]
+    d["num_samples"] = n
+    json.dump(d, open(path, "w"))
+    r = subprocess.run([sys.executable, "-m", "packer", "verify", dst], cwd=ROOT, capture_output=True, text=True,
+                       timeout=60)
+    assert r.returncode == 1 and "cannot open" in r.stdout + r.stderr and "more problems" not in r.stdout, r.stdout
+
+
 # -- bounded memory for any HDF5 file -----------------------------------------------------------------
 def _forged_h5(tmp_path, replace):
     """A small packed HDF5 dataset whose data.h5 is rebuilt with ``replace(new_file, old_file)``

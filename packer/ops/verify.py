@@ -110,6 +110,7 @@ def _read_samples(root: str, m: Manifest, check_unique: bool, rep: VerifyReport)
 
     try:
         ds = open_dataset(root, output="numpy")
+        ds._ensure_open()  # a file that fails the checks at open is one problem, not one per sample
     except (CorruptDataError, OSError, ValueError) as e:
         rep.problems.append(f"{root}: cannot open: {e}")
         return
