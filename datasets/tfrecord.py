@@ -91,9 +91,8 @@ class TFRecordDataset(ShardedDataset):
         return self._read_small_file(name, "TFRecord index file")
 
     def _load_index(self, entries: list[FileEntry]) -> dict[str, np.ndarray]:
-        cols = _empty_columns(sum(f.samples for f in entries))
-        pos = 0
-        for s, f in enumerate(entries):
+        indexes = []
+        for f in entries:  # every count checked before the columns are allocated
             gz = f.name.endswith(GZIP_SUFFIX)
             stem = f.name[: -len(GZIP_SUFFIX if gz else TFRECORD_SUFFIX)]
             idx_path = os.path.join(self.root, stem + INDEX_SUFFIX)
@@ -101,6 +100,10 @@ class TFRecordDataset(ShardedDataset):
             if len(pairs) != f.samples:
                 raise CorruptDataError(f"TFRecord index lists {len(pairs)} records, the manifest {f.samples}",
                                        path=idx_path)
+            indexes.append((gz, stem, idx_path, pairs))
+        cols = _empty_columns(sum(f.samples for f in entries))
+        pos = 0
+        for s, (f, (gz, stem, idx_path, pairs)) in enumerate(zip(entries, indexes)):
             sl = slice(pos, pos + len(pairs))
             cols["shard"][sl] = s
             cols["offset"][sl] = pairs[:, 0]
