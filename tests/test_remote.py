@@ -221,3 +221,65 @@ def test_the_command_line_converts_to_reads_from_and_verifies_urls(s3, tmp_path)
     assert r.returncode == 1 and "shard-000000.tar" in r.stderr and "CORRUPT" in r.stdout, (r.stdout, r.stderr)
     r = _cli("info", "s3://data/cli/none", *opts)
     assert r.returncode == 1 and "s3://data/cli/none/manifest.json does not exist" in r.stderr, r.stderr
+
+
+def test_a_server_that_stops_gives_a_clear_error_in_bounded_time(local_sets, tmp_path):
+    import boto3
+
+    port = _free_port()
+    server = moto_server.ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
+    server.start()
+    endpoint = f"http://127.0.0.1:{port}"
+    boto3.client("s3", endpoint_url=endpoint, aws_access_key_id="testing", aws_secret_access_key="testing",
+                 region_name="us-east-1").create_bucket(Bucket="gone")
+    opts = {"key": "testing", "secret": "testing", "client_kwargs": {"endpoint_url": endpoint,
+                                                                      "region_name": "us-east-1"}}
+    from packer.storage import Remote
+
+    upload_dataset(local_sets["tar"], Remote("s3://gone/tar", opts), read_manifest(local_sets["tar"]))
+    ds = open_dataset("s3://gone/tar", storage_options=opts, cache_dir=str(tmp_path / "c"))
+    ds[0]  # the first shard is cached
+    server.stop()
+    start = time.monotonic()
+    with pytest.raises(RemoteError, match=r"s3://gone/tar/shard-0000\d\d\.tar"):
+        for i in range(len(ds)):
+            ds[i]
+    assert time.monotonic() - start < 120
+    assert not [n for n in os.listdir(ds.root) if n.endswith(".partial")]
+
+
+def _read_all(url, cache_dir):
+    ds = open_dataset(url, cache_dir=cache_dir)
+    return [int(ds[i][1]) for i in range(len(ds))]
+
+
+def test_two_processes_on_one_node_download_each_file_once_over_http(local_sets, tmp_path):
+    import collections
+    import functools
+    import http.server
+    import multiprocessing
+
+    gets: collections.Counter = collections.Counter()
+
+    class Handler(http.server.SimpleHTTPRequestHandler):
+        def do_GET(self):
+            gets[self.path] += 1
+            super().do_GET()
+
+        def log_message(self, *args):
+            pass
+
+    root = os.path.dirname(local_sets["tfrecord"])
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), functools.partial(Handler, directory=root))
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        url = f"http://127.0.0.1:{server.server_address[1]}/tfrecord"
+        cache_dir = str(tmp_path / "cache")
+        with multiprocessing.get_context("spawn").Pool(2) as pool:
+            labels = pool.starmap(_read_all, [(url, cache_dir), (url, cache_dir)])
+    finally:
+        server.shutdown()
+    ref = open_dataset(local_sets["tfrecord"])
+    assert labels[0] == labels[1] == [ref[i][1] for i in range(len(ref))]
+    files = [f"/tfrecord/{f.name}" for f in read_manifest(local_sets["tfrecord"]).files]
+    assert all(gets[f] == 1 for f in files), {f: gets[f] for f in files}
