@@ -15,8 +15,8 @@ from packer.registry import reader_class
 from packer.storage import is_url
 
 from .base import OUTPUTS, PackedDataset
-from .batching import collate
 from .cache import SharedCache
+from .collation import collate
 from .prefetch import prefetch_to_device
 from .seeding import seed_everything, seed_worker, worker_rng
 from .streaming import StreamingDataset
