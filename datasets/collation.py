@@ -19,6 +19,7 @@ import gc
 import itertools
 import multiprocessing
 import os
+import re
 import threading
 import warnings
 import weakref
@@ -59,7 +60,8 @@ KNOWN_GOOD_TORCH = ((2, 13),)
 
 def _torch_internals() -> tuple[Callable[..., Any], Callable[..., Any], dict] | None:
     """torch's recursive collate, its tensor collate and its type map, on a known-good torch."""
-    version = tuple(int(part) for part in torch.__version__.split("+")[0].split(".")[:2])
+    match = re.match(r"(\d+)\.(\d+)", torch.__version__)
+    version = (int(match.group(1)), int(match.group(2))) if match else None
     try:
         from torch.utils.data._utils.collate import collate as recursive_collate
         from torch.utils.data._utils.collate import collate_tensor_fn, default_collate_fn_map

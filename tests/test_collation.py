@@ -5,6 +5,7 @@ from __future__ import annotations
 import collections
 import gc
 import os
+import re
 
 import numpy as np
 import pytest
@@ -222,6 +223,10 @@ def test_old_module_name_is_the_same_module():
 
 def test_untested_torch_falls_back_to_default_collate(monkeypatch):
     assert collation._torch_internals() is not None, "the installed torch is a known-good one"
-    monkeypatch.setattr(torch, "__version__", "1.99.0+cpu")
-    with pytest.warns(RuntimeWarning, match=r"torch 1\.99\.0\+cpu is not a version .*\(2\.13\)"):
-        assert collation._torch_internals() is None
+    for version in ("1.99.0+cpu", "2.130.0", "nightly"):
+        monkeypatch.setattr(torch, "__version__", version)
+        with pytest.warns(RuntimeWarning, match=rf"torch {re.escape(version)} is not a version "
+                                                r".*\(2\.13\)"):
+            assert collation._torch_internals() is None
+    monkeypatch.setattr(torch, "__version__", "2.13.1a0+git")
+    assert collation._torch_internals() is not None
