@@ -210,6 +210,44 @@ TRUST = {
         "one line saying what it is and what to do (only unfinished output is told to re-run)"),
     "test_malloc_tuning_reports_a_failure_every_time_not_only_the_first": (
         "malloc tuning failing in a DataLoader worker", "reported as failed on every call"),
+    "test_nested_manifest_fields_of_the_wrong_type_are_one_line_naming_the_field": (
+        "manifest processing, skipped[], files[], layout, ignored, shuffle_seed, created_by of the wrong JSON type "
+        "or missing; an unknown format name", "info and verify exit 1 with one line naming the field; ManifestError"),
+    "test_a_sample_count_the_files_cannot_hold_is_refused_at_once": (
+        "num_samples of 10^15 with files[] forged to agree; 4 formats",
+        "info and verify exit 1 at once (verify looped for ever, TFRecord tried to allocate 3.5 PiB)"),
+    "test_a_sample_count_the_payload_does_not_hold_is_one_problem_in_verify": (
+        "num_samples forged to the payload file's byte count; 4 formats",
+        "verify: one 'cannot open' problem (was one per sample; HDF5 reopened the file 1.4 million times)"),
+    "test_hdf5_rows_declared_but_not_stored_are_refused_before_allocating": (
+        "a 10 kB data.h5 whose per-sample datasets declare 50 million rows",
+        "CorruptDataError at open, peak RSS within 100 MB of a bare import (was 2.2 GB)"),
+    "test_hdf5_rows_the_manifest_agrees_with_but_the_file_does_not_store_are_refused": (
+        "HDF5 /labels of 4,000 rows with no chunk stored, the manifest forged to agree",
+        "CorruptDataError: rows declared but not stored"),
+    "test_hdf5_one_byte_chunks_do_not_make_a_chunk_table": (
+        "HDF5 /images in 1-byte chunks over a 270 MB extent", "every sample read, peak RSS within 100 MB of a bare "
+        "import (was 2.3 GB)"),
+    "test_names_that_are_not_utf8_are_skipped_shown_escaped_not_a_crash": (
+        "source file, sub-folder and class folder names that are not UTF-8 (b'caf\\xe9.jpg'); 4 formats",
+        "skipped, shown escaped, with the reason (exit 3); the manifest stays UTF-8 (was: the conversion aborted)"),
+    "test_folder_symlinks_out_of_a_class_folder_are_not_followed": (
+        "'loop -> ..', '-> ../b', a loop below the class, a link to a folder outside the source",
+        "the first three reported and not followed (b's images were packed as a's); the outside link followed"),
+    "test_a_skip_reason_never_shows_the_files_bytes": (
+        "a source .jpg that is a symlink to a text file", "skipped; none of its bytes in the reason or manifest"),
+    "test_foreign_tar_member_names_that_are_not_utf8_are_read": (
+        "WebDataset tar members named b'caf\\xe9.jpg', converted to lmdb and imagefolder",
+        "every sample converted, keys valid UTF-8 (was UnicodeEncodeError for the whole conversion)"),
+    "test_zlib_compressed_foreign_tfrecord_is_told_for_what_it_is": (
+        "another tool's ZLIB-compressed TFRecord file, converted and given to info",
+        "one line saying it is ZLIB-compressed and what to do (was 'checksum mismatch')"),
+    "test_compressed_tar_shards_are_told_for_what_they_are": (
+        "a folder of .tar.gz shards given to convert and info; one given to open_dataset",
+        "one line: compressed tar shards are not read, gunzip them (was 'no .tar shards')"),
+    "test_hdf5_disk_filled_after_the_space_check_is_one_line_not_a_crash": (
+        "DST on a 2 MB tmpfs filled after HDF5's free-space check passed; 1 and 2 workers",
+        "exit 1, one line 'disk full', nothing left (was h5py tracebacks and a SIGSEGV at exit)"),
 }
 
 
