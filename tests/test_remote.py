@@ -283,3 +283,19 @@ def test_two_processes_on_one_node_download_each_file_once_over_http(local_sets,
     assert labels[0] == labels[1] == [ref[i][1] for i in range(len(ref))]
     files = [f"/tfrecord/{f.name}" for f in read_manifest(local_sets["tfrecord"]).files]
     assert all(gets[f] == 1 for f in files), {f: gets[f] for f in files}
+
+
+def test_streaming_from_s3_reads_every_sample_once(s3, local_sets, tmp_path):
+    from packer.datasets import StreamingDataset
+
+    url = _upload(s3, local_sets["tfrecord"], "stream/tfrecord")
+    kwargs = {"shuffle": True, "seed": 3, "output": "numpy"}
+    local = StreamingDataset(local_sets["tfrecord"], **kwargs)
+    remote = StreamingDataset(url, storage_options=s3, cache_dir=str(tmp_path / "c"), cache_limit="60kB", **kwargs)
+
+    def pixels(ds):
+        loader = torch.utils.data.DataLoader(ds, batch_size=None, num_workers=2)
+        return sorted((int(label), bytes(img.numpy().tobytes())) for img, label in loader)
+
+    got = pixels(remote)
+    assert len(got) == len(local) and got == pixels(local)
