@@ -24,11 +24,33 @@ import numpy as np
 
 from packer.fileio import anonymous_file
 
-__all__ = ["SharedRegion", "ProcessLock", "SlotTable"]
+__all__ = ["SharedRegion", "ProcessLock", "SlotTable", "int64_rows"]
 
 
-class SharedRegion:
+class _OwnedDescriptor:
+    """Owns ``self.fd`` and closes it once: on :meth:`close` or when garbage collected."""
+
+    fd: int | None
+
+    def close(self) -> None:
+        """Close this process's descriptor; idempotent."""
+        fd, self.fd = self.fd, None
+        if fd is not None:
+            os.close(fd)
+
+    def __del__(self) -> None:
+        try:
+            if getattr(self, "fd", None) is not None:  # not if __init__ failed
+                self.close()
+        except OSError:  # pragma: no cover - closed elsewhere
+            pass
+
+
+class SharedRegion(_OwnedDescriptor):
     """``size`` bytes of anonymous shared memory, mapped in this process.
+
+    :meth:`close` closes the descriptor: the region can no longer be sent to another process,
+    and the mapping stays while this object or a view of it is alive.
 
     Args:
         size: bytes, at least 1.
@@ -59,22 +81,9 @@ class SharedRegion:
         """A writable byte view of the region from byte ``offset`` to its end."""
         return np.frombuffer(self.buffer, np.uint8, offset=offset)
 
-    def close(self) -> None:
-        """Close the descriptor: the region can no longer be sent to another process. The
-        mapping stays while this object or a view of it is alive; idempotent."""
-        fd, self.fd = self.fd, None
-        if fd is not None:
-            os.close(fd)
-
     def __reduce__(self) -> tuple:
         raise TypeError(f"shared memory {self.name!r} can only be sent through multiprocessing; "
                         f"a pickled copy would no longer be shared")
-
-    def __del__(self) -> None:
-        try:
-            self.close()
-        except OSError:  # pragma: no cover - closed elsewhere
-            pass
 
 
 def _rebuild_region(dup_fd: Any, size: int, name: str) -> SharedRegion:
@@ -106,7 +115,7 @@ def _thread_lock(file: tuple[int, int]) -> threading.Lock:
     return lock
 
 
-class ProcessLock:
+class ProcessLock(_OwnedDescriptor):
     """A lock between processes: ``fcntl.lockf`` on an anonymous file, plus a thread lock.
 
     Unlike ``multiprocessing.Lock`` (a named POSIX semaphore, ``/dev/shm/sem.mp-*``, left behind
@@ -142,20 +151,8 @@ class ProcessLock:
             finally:
                 fcntl.lockf(self.fd, fcntl.LOCK_UN)
 
-    def close(self) -> None:
-        """Close this process's descriptor of the lock; idempotent."""
-        fd, self.fd = self.fd, None
-        if fd is not None:
-            os.close(fd)
-
     def __reduce__(self) -> tuple:
         raise TypeError(f"a {self.owner} lock can only be sent through multiprocessing")
-
-    def __del__(self) -> None:
-        try:
-            self.close()
-        except OSError:  # pragma: no cover - closed elsewhere
-            pass
 
 
 def _rebuild_lock(owner: str, dup_fd: Any) -> ProcessLock:
