@@ -1024,6 +1024,24 @@ def test_foreign_tar_member_names_that_are_not_utf8_are_read(tmp_path, capsys, d
         assert sorted(ds.read_record(i).key for i in range(3)) == ["caf\ufffd", "caf\ufffd", "ok"]
 
 
+@pytest.mark.parametrize("length", [2**63 - 1, 2**64 - 1, -16])
+def test_tfrecord_index_lengths_beyond_int64_are_one_line(tmp_path, length):
+    """A packer .idx (manifest forged to match) with a record length of 2^63-1 overflowed numpy with
+    a RuntimeWarning and a negative size in the message; 2^64-1 raised OverflowError."""
+    from conftest import forge_manifest_sizes
+
+    dst, _ = _two_datasets(tmp_path, "tfrecord")
+    idx = os.path.join(dst, "shard-000000.idx")
+    lines = open(idx).read().split("\n")
+    lines[1] = f"{lines[1].split()[0]} {length}"
+    open(idx, "w").write("\n".join(lines))
+    forge_manifest_sizes(dst)
+    r = subprocess.run([sys.executable, "-m", "packer", "verify", dst], cwd=ROOT, capture_output=True, text=True,
+                       timeout=60)
+    assert r.returncode == 1 and "cannot open: TFRecord index" in r.stdout + r.stderr, r.stdout + r.stderr
+    assert "Traceback" not in r.stderr and "Warning" not in r.stderr, r.stderr
+
+
 def test_zlib_compressed_foreign_tfrecord_is_told_for_what_it_is(tmp_path, capsys):
     import zlib
 

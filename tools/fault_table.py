@@ -239,6 +239,9 @@ TRUST = {
     "test_foreign_tar_member_names_that_are_not_utf8_are_read": (
         "WebDataset tar members named b'caf\\xe9.jpg', converted to lmdb and imagefolder",
         "every sample converted, keys valid UTF-8 (was UnicodeEncodeError for the whole conversion)"),
+    "test_tfrecord_index_lengths_beyond_int64_are_one_line": (
+        "a TFRecord .idx (manifest forged to match) with a record length of 2^63-1, 2^64-1, -16",
+        "verify: one 'cannot open' line (2^64-1 raised OverflowError; 2^63-1 overflowed with a warning)"),
     "test_zlib_compressed_foreign_tfrecord_is_told_for_what_it_is": (
         "another tool's ZLIB-compressed TFRecord file, converted and given to info",
         "one line saying it is ZLIB-compressed and what to do (was 'checksum mismatch')"),

@@ -142,8 +142,11 @@ def parse_idx(text: bytes, path: str) -> np.ndarray:
         raise CorruptDataError(f"{path} is {why}", path=path)
     try:
         values = np.array(text.split(), dtype=np.int64)
-    except ValueError:
+    except (ValueError, OverflowError):
         raise CorruptDataError("TFRecord index is not decimal 'offset length' lines", path=path) from None
+    if len(values) and (values.min() < 0 or values.max() >= 1 << 62):  # sums below never overflow int64
+        raise CorruptDataError("TFRecord index holds a negative offset or length, or one of 2^62 bytes or more",
+                               path=path)
     if len(values) % 2:
         raise CorruptDataError("TFRecord index has an odd number of fields", path=path)
     pairs = values.reshape(-1, 2)
