@@ -28,6 +28,7 @@ and HDF5 errors become CorruptDataError naming the file (and the sample where th
 
 from __future__ import annotations
 
+import math
 import os
 from typing import Any
 
@@ -158,7 +159,7 @@ class _Meta:
         elif self.storage == "array":
             if images.ndim != 4 or images.shape[0] != n or images.shape[3] != 3:
                 raise CorruptDataError(f"/images has shape {images.shape}, expected ({n}, H, W, 3)", path=self.path)
-            self.row = int(np.prod(images.shape[1:]))
+            self.row = math.prod(images.shape[1:])  # Python ints: a forged extent cannot wrap to 0
             self.offsets = None
         else:
             raise CorruptDataError(f"unknown storage {self.storage!r}", path=self.path)

@@ -830,7 +830,7 @@ def test_a_sample_count_the_payload_does_not_hold_is_one_problem_in_verify(tmp_p
 
 
 # -- bounded memory for any HDF5 file -----------------------------------------------------------------
-def _forged_h5(tmp_path, replace):
+def _forged_h5(tmp_path, replace, encode="png"):
     """A small packed HDF5 dataset whose data.h5 is rebuilt with ``replace(new_file, old_file)``
     swapping some datasets (the rest copied as they are); the manifest is forged to match."""
     import h5py
@@ -839,7 +839,7 @@ def _forged_h5(tmp_path, replace):
     src = str(tmp_path / "src")
     make_folder(src, {"a": [("x.png", 8, 8), ("y.png", 8, 8)]})
     dst = str(tmp_path / "out")
-    pack(src, dst, "hdf5", encode="png")
+    pack(src, dst, "hdf5", encode=encode)
     path = os.path.join(dst, "data.h5")
     os.rename(path, path + ".old")
     with h5py.File(path + ".old", "r") as old, h5py.File(path, "w") as new:
@@ -921,6 +921,21 @@ def test_hdf5_rows_the_manifest_agrees_with_but_the_file_does_not_store_are_refu
     d["num_samples"] = d["files"][0]["samples"] = n
     json.dump(d, open(path, "w"))
     with pytest.raises(CorruptDataError, match=r"/labels declares 32000 bytes of rows, but they are not stored"):
+        open_dataset(dst)[0]
+
+
+def test_hdf5_image_rows_whose_size_overflows_int64_are_refused(tmp_path):
+    """Raw rows of 2^32 x 2^32 x 3 bytes: their size wrapped to 0 in int64 and passed the checks."""
+    import numpy as np
+
+    from packer.datasets import open_dataset
+    from packer.errors import CorruptDataError
+
+    def replace(new, old):
+        new.create_dataset("images", (2, 2**32, 2**32, 3), np.uint8, chunks=(1, 1, 16, 3))
+
+    dst = _forged_h5(tmp_path, replace, encode="raw")
+    with pytest.raises(CorruptDataError, match="the samples need 110680464442257309696 bytes of /images"):
         open_dataset(dst)[0]
 
 
