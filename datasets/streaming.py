@@ -34,8 +34,10 @@ import numpy as np
 from torch.utils.data import IterableDataset, get_worker_info
 
 from packer.checks import check_int
+from packer.storage import is_url
 
 from .partition import EpochCounts, Partition, epoch_counts, plan
+from .readahead import ShardReadAhead
 from .shm import ProcessLock, SharedRegion, SlotTable, int64_rows
 from .world import World, detect_rank_and_world_size, detect_worker
 
@@ -248,7 +250,7 @@ class StreamingDataset(IterableDataset):
     per epoch, the same on every rank.
 
     Args:
-        path: the packed dataset directory.
+        path: the packed dataset directory or URL.
         shuffle, seed, shuffle_buffer, block_samples, partition, batch_size: see
             :class:`StreamOptions` (stored as ``ds.options``). ``batch_size`` must equal the
             DataLoader's for the DataLoader to yield exactly the rank's sequence (needed by
@@ -257,7 +259,13 @@ class StreamingDataset(IterableDataset):
         world: rank and world size to use instead of detecting them (``torch.distributed`` when
             initialised, else ``RANK``/``WORLD_SIZE``, else a single process). Worker and number
             of workers come from the DataLoader inside a worker, and from ``world`` outside one.
-        **reader_kwargs: passed to the map-style reader (``verify``, ``on_error``, ...).
+        prefetch_shards: for a dataset at a URL, how many shards of its plan each worker
+            downloads ahead of the one it reads (0: none).
+        **reader_kwargs: passed to the map-style reader (``verify``, ``on_error``, and for a URL
+            ``storage_options``, ``cache_dir``, ``cache_limit``).
+
+    ``block_samples="auto"`` (the default) is 4096 for a local dataset and whole files (None) for
+    a dataset at a URL, so that each node downloads only the shards its ranks read.
     """
 
     def __init__(
@@ -267,17 +275,21 @@ class StreamingDataset(IterableDataset):
         shuffle: bool = True,
         seed: int = 0,
         shuffle_buffer: int = 65536,
-        block_samples: int | None = 4096,
+        block_samples: int | None | str = "auto",
         partition: Partition = "pad",
         batch_size: int = 1,
         transform: Callable[[Any], Any] | None = None,
         target_transform: Callable[[int], Any] | None = None,
         output: str = "tensor",
         world: World | None = None,
+        prefetch_shards: int = 2,
         **reader_kwargs: Any,
     ) -> None:
         from . import open_dataset
 
+        self.prefetch_shards = check_int("prefetch_shards", prefetch_shards, 0)
+        if block_samples == "auto":  # remote data by whole shards: a node downloads only its own
+            block_samples = None if is_url(path) else 4096
         self.options = StreamOptions(shuffle=shuffle, seed=seed, shuffle_buffer=shuffle_buffer,
                                      block_samples=block_samples, partition=partition,
                                      batch_size=batch_size)
@@ -430,11 +442,20 @@ class StreamingDataset(IterableDataset):
 
     def _samples(self, indices: np.ndarray, position: _Position) -> Iterator[tuple[Any, Any]]:
         getitem = self.reader.__getitem__
-        for start in range(0, len(indices), _CHUNK):
-            for index in indices[start : start + _CHUNK].tolist():
-                sample = getitem(index)
-                position.yielded += 1
-                yield sample
+        ahead = None
+        if self.prefetch_shards and self.reader.url is not None and hasattr(self.reader, "shard_paths"):
+            ahead = ShardReadAhead(self.reader, indices, self.prefetch_shards)
+        try:
+            for start in range(0, len(indices), _CHUNK):
+                for offset, index in enumerate(indices[start : start + _CHUNK].tolist()):
+                    if ahead is not None:
+                        ahead.at(start + offset)
+                    sample = getitem(index)
+                    position.yielded += 1
+                    yield sample
+        finally:
+            if ahead is not None:
+                ahead.close()
 
     # -- resume -------------------------------------------------------------------------------
     def _layout(self) -> dict[str, Any]:

@@ -299,3 +299,39 @@ def test_streaming_from_s3_reads_every_sample_once(s3, local_sets, tmp_path):
 
     got = pixels(remote)
     assert len(got) == len(local) and got == pixels(local)
+
+
+def test_streaming_downloads_the_next_shards_ahead_and_partitions_by_shard(s3, local_sets, tmp_path):
+    from packer.datasets import StreamingDataset
+
+    url = _upload(s3, local_sets["tar"], "ahead/tar")
+    ds = StreamingDataset(url, storage_options=s3, cache_dir=str(tmp_path / "c"), shuffle=False, prefetch_shards=2)
+    assert ds.options.block_samples is None  # whole shards: a node downloads only what its ranks read
+    assert StreamingDataset(local_sets["tar"]).options.block_samples == 4096
+    it = iter(ds)
+    next(it)
+    root = ds.reader.root
+    names = [os.path.basename(p) for p in ds.reader.shard_paths]
+    deadline = time.monotonic() + 20
+    while time.monotonic() < deadline and not all(os.path.exists(os.path.join(root, n)) for n in names[:3]):
+        time.sleep(0.05)
+    assert [os.path.exists(os.path.join(root, n)) for n in names[:4]] == [True, True, True, False]
+    rest = list(it)
+    assert len(rest) + 1 == len(ds)
+
+
+def test_two_ranks_on_one_node_download_only_their_shards(s3, local_sets, tmp_path):
+    from packer.datasets import StreamingDataset
+    from packer.datasets.partition import World
+
+    url = _upload(s3, local_sets["tar"], "ranks/tar")
+    seen, fetched = [], []
+    for rank in range(2):
+        cache = str(tmp_path / f"node{rank}")  # one node per rank: count what each downloads
+        ds = StreamingDataset(url, storage_options=s3, cache_dir=cache, world=World(rank, 2), seed=1)
+        seen += [int(label) * 1000 + int(img.sum()) for img, label in ds]
+        fetched.append({n for n in os.listdir(ds.reader.root) if n.endswith(".tar")})
+    shards = {f.name for f in read_manifest(local_sets["tar"]).files if f.name.endswith(".tar")}
+    assert fetched[0] | fetched[1] == shards and not fetched[0] & fetched[1]
+    ref = open_dataset(local_sets["tar"])
+    assert len(seen) >= len(ref)
