@@ -29,7 +29,7 @@ __all__ = ["NodeCache", "CacheFullError", "default_cache_dir"]
 _LOCK = ".lock"  # the whole cache's lock, beside its datasets/ folder
 _FETCH = ".fetch"  # suffix of a file's download lock
 _PARTIAL = ".partial"  # suffix of a download in progress
-_CHUNK = 1 << 22
+_CHUNK = 1 << 24  # bytes per read of a download: one request each
 
 
 class CacheFullError(PackerError):

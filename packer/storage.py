@@ -12,7 +12,7 @@ import os
 import posixpath
 from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import IO, Any
+from typing import Any
 
 from .errors import CorruptDataError, ManifestError, PackerError, UnfinishedDatasetError
 from .manifest import MANIFEST_NAME, MAX_MANIFEST_BYTES, Manifest
@@ -37,6 +37,10 @@ _EXTRAS = {"s3": "s3", "s3a": "s3", "gs": "gcs", "gcs": "gcs", "http": "http", "
 #: Bounded waits and retries for S3 unless the caller's storage_options say otherwise: a server
 #: that stops answering fails a job after about a minute instead of hanging it forever.
 _S3_DEFAULTS = {"connect_timeout": 10, "read_timeout": 30, "retries": {"max_attempts": 5, "mode": "standard"}}
+
+
+#: Protocols whose fsspec file takes a known ``size`` instead of asking the server.
+_SIZED = ("s3", "s3a", "http", "https")
 
 
 class RemoteError(PackerError, OSError):
@@ -109,10 +113,40 @@ class Remote:
         """The URL of the dataset's file ``name``."""
         return f"{self.url}/{name}"
 
-    def open(self, name: str) -> IO[bytes]:
-        """The dataset's file ``name`` opened for reading (streamed, not read whole)."""
+    def open(self, name: str, size: int | None = None) -> _Stream:
+        """The dataset's file ``name`` opened for sequential reading; each ``read(n)`` is one
+        request. ``size`` (from the manifest) saves the request that would ask for it."""
         fs, path = self.filesystem()
-        return call(self.join(name), fs.open, posixpath.join(path, name), "rb", block_size=1 << 22)
+        extra: dict[str, Any] = {"cache_type": "none"}
+        if size is not None and self.url.partition("://")[0] in _SIZED:
+            extra["size"] = size
+        url = self.join(name)
+        return _Stream(call(url, fs.open, posixpath.join(path, name), "rb", **extra), url)
+
+
+class _Stream:
+    """A remote file being read: the storage library's errors as RemoteError naming the URL, and
+    a read past the object's real end (it is shorter than the manifest says) as end of data."""
+
+    def __init__(self, f: Any, url: str) -> None:
+        self._f, self._url = f, url
+
+    def read(self, n: int = -1) -> bytes:
+        try:
+            return call(self._url, self._f.read, n)
+        except RemoteError as e:
+            if "range is not satisfiable" in str(e).lower() or "invalidrange" in str(e).lower():
+                return b""  # the object ended before the size the manifest gives: a short download
+            raise
+
+    def __enter__(self) -> _Stream:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        try:
+            self._f.close()
+        except Exception:  # noqa: BLE001 - closing after a failed read
+            pass
 
 
 def call(url: str, fn: Any, *args: Any, **kwargs: Any) -> Any:
@@ -176,7 +210,7 @@ class RemoteFiles:
 
     def __call__(self, name: str) -> int:
         size, sha = self._entries[name]
-        return self.cache.fetch(os.path.join(self.view, name), size, sha, lambda: self.remote.open(name),
+        return self.cache.fetch(os.path.join(self.view, name), size, sha, lambda: self.remote.open(name, size),
                                 self.remote.join(name))
 
 

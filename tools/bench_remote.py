@@ -77,7 +77,8 @@ def main() -> None:
     ap.add_argument("--src", required=True, help="an image folder")
     ap.add_argument("--work", default="/tmp/bench-remote")
     ap.add_argument("--latency-ms", type=float, default=50.0)
-    ap.add_argument("--shard-size", default="8MB")
+    ap.add_argument("--shard-size", default="4MB")
+    ap.add_argument("--prefetch-shards", type=int, default=2)
     a = ap.parse_args()
 
     import logging
@@ -85,7 +86,7 @@ def main() -> None:
     import boto3
     from moto.server import ThreadedMotoServer
 
-    from packer.datasets import open_dataset
+    from packer.datasets import StreamingDataset, open_dataset
     from packer.manifest import read_manifest
     from packer.ops.cli import main as cli
     from packer.storage import Remote, upload_dataset
@@ -112,14 +113,20 @@ def main() -> None:
                                                               "region_name": "us-east-1"}}
 
     upload_dataset(local, Remote("s3://bench/ds", options(proxies["none"])), m)
+    epoch(open_dataset(local))  # warm-up: page cache, imports, worker start-up paths
     rows = [("local disk", *epoch(open_dataset(local)), 0)]
     for label, proxy in proxies.items():
-        cache = os.path.join(a.work, f"cache-{len(rows)}")
-        for which in ("epoch 1 (cold cache)", "epoch 2 (warm cache)"):
-            before = proxy.down
-            ds = open_dataset("s3://bench/ds", storage_options=options(proxy), cache_dir=cache)
-            rate, cpu = epoch(ds)
-            rows.append((f"S3, latency {label}, {which}", rate, cpu, proxy.down - before))
+        for kind in ("map-style", "streaming"):
+            cache = os.path.join(a.work, f"cache-{len(rows)}")
+            for which in ("epoch 1 (cold cache)", "epoch 2 (warm cache)"):
+                before = proxy.down
+                if kind == "streaming":  # read-ahead of the next shards, whole shards per worker
+                    ds = StreamingDataset("s3://bench/ds", storage_options=options(proxy), cache_dir=cache,
+                                          shuffle=False, batch_size=64, prefetch_shards=a.prefetch_shards)
+                else:
+                    ds = open_dataset("s3://bench/ds", storage_options=options(proxy), cache_dir=cache)
+                rate, cpu = epoch(ds)
+                rows.append((f"S3 {kind}, latency {label}, {which}", rate, cpu, proxy.down - before))
     server.stop()
     rows.append(("local disk, again", *epoch(open_dataset(local)), 0))
     base = max(rows[0][1], rows[-1][1])
