@@ -1057,18 +1057,20 @@ def test_tfrecord_index_lengths_beyond_int64_are_one_line(tmp_path, length):
     assert "Traceback" not in r.stderr and "Warning" not in r.stderr, r.stderr
 
 
-def test_zlib_compressed_foreign_tfrecord_is_told_for_what_it_is(tmp_path, capsys):
+@pytest.mark.parametrize("compression", ["ZLIB", "gzip"])
+def test_compressed_foreign_tfrecord_is_told_for_what_it_is(tmp_path, capsys, compression):
+    import gzip
     import zlib
 
     dst, _ = _two_datasets(tmp_path, "tfrecord")
     foreign = tmp_path / "foreign"
     foreign.mkdir()
     raw = open(os.path.join(dst, "shard-000000.tfrecord"), "rb").read()
-    (foreign / "train.tfrecord").write_bytes(zlib.compress(raw))
+    (foreign / "train.tfrecord").write_bytes(zlib.compress(raw) if compression == "ZLIB" else gzip.compress(raw))
     for argv in (["convert", "tfrecord", "lmdb", str(foreign), str(tmp_path / "o")], ["info", str(foreign)]):
         assert main(argv) == 1
         err = capsys.readouterr().err.strip()
-        assert len(err.splitlines()) == 1 and "ZLIB-compressed" in err and "checksum" not in err, err
+        assert len(err.splitlines()) == 1 and f"{compression}-compressed" in err and "checksum" not in err, err
 
 
 def test_compressed_tar_shards_are_told_for_what_they_are(tmp_path, capsys):

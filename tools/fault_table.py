@@ -245,9 +245,10 @@ TRUST = {
     "test_tfrecord_index_lengths_beyond_int64_are_one_line": (
         "a TFRecord .idx (manifest forged to match) with a record length of 2^63-1, 2^64-1, -16",
         "verify: one 'cannot open' line (2^64-1 raised OverflowError; 2^63-1 overflowed with a warning)"),
-    "test_zlib_compressed_foreign_tfrecord_is_told_for_what_it_is": (
-        "another tool's ZLIB-compressed TFRecord file, converted and given to info",
-        "one line saying it is ZLIB-compressed and what to do (was 'checksum mismatch')"),
+    "test_compressed_foreign_tfrecord_is_told_for_what_it_is": (
+        "another tool's ZLIB- and gzip-compressed TFRecord files, converted and given to info",
+        "one line saying how it is compressed and what to do (ZLIB was 'checksum mismatch'; info said "
+        "'TFRecord files written by another tool')"),
     "test_compressed_tar_shards_are_told_for_what_they_are": (
         "a folder of .tar.gz shards given to convert and info; one given to open_dataset",
         "one line: compressed tar shards are not read, gunzip them (was 'no .tar shards')"),

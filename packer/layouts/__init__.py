@@ -101,6 +101,9 @@ def describe_directory(directory: str) -> str | None:
             return None
         if zlib_tfrecord(head):
             return f"ZLIB-compressed TFRecord files written by another tool: {ZLIB_ADVICE}"
+        if head[:2] == b"\x1f\x8b":
+            return ("gzip-compressed TFRecord files written by another tool: without packer's index they cannot be "
+                    "read randomly; decompress them (gunzip) first")
         return (f"TFRecord files written by another tool ({len(records)} files): open them with "
                 f"open_dataset(path, format='tfrecord') or convert them with 'packer convert tfrecord FMT "
                 f"{directory} DST'")
