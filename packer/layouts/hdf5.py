@@ -37,6 +37,12 @@ sample with one ``os.pread`` (3.4 us; ``ds[i]`` then runs at about 0.97x the bar
 Any h5py user still reads a sample with one slice. No compression filter is set: payloads are
 already compressed, and a filter would force every read through HDF5.
 
+What a reader accepts: every per-sample dataset has exactly the manifest's rows, and those rows
+and the ``/images`` bytes the samples need are stored in the file (all chunks written; under a
+compression filter, at most 1,100 times their stored size), so a file that only declares rows
+is refused before anything is allocated for them. ``/images`` chunks under 64 kB are read
+through h5py rather than by file address.
+
 The ``manifest`` attribute holds the manifest facts that exist while this file is written
 (version, format, created_by, num_samples, classes, processing, shuffle_seed, source, layout); the
 per-file SHA-256, the skip list and ignored counts exist only after the file is finished, so they
