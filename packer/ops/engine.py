@@ -64,6 +64,7 @@ __all__ = [
     "write_packed",
     "write_packed_result",
     "options_fingerprint",
+    "process_data",
 ]
 
 
@@ -115,6 +116,11 @@ def _process_file(path: str, opts: ProcessOptions) -> Result:
             data = f.read()
     except OSError as e:
         return None, f"cannot read: {e.strerror or e}"
+    return process_data(data, opts)
+
+
+def process_data(data: bytes, opts: ProcessOptions) -> Result:
+    """One image file's bytes processed, or (None, the reason) for a skip: any decoder failure."""
     try:
         return process_image(data, opts), None
     except ImageError as e:
