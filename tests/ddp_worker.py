@@ -32,12 +32,16 @@ def main() -> None:
     p.add_argument("--workers", type=int, default=2)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--block-samples", type=int, default=0, help="0: partition by whole files")
+    p.add_argument("--storage-options", default=None, help="JSON: fsspec options when --data is a URL")
+    p.add_argument("--cache-dir", default=None, help="node cache when --data is a URL")
     a = p.parse_args()
 
     dist.init_process_group("gloo")
     rank = dist.get_rank()
     ds = StreamingDataset(a.data, batch_size=a.batch_size, seed=a.seed, shuffle_buffer=8,
-                          block_samples=a.block_samples or None)
+                          block_samples=a.block_samples or None,
+                          **({"storage_options": json.loads(a.storage_options), "cache_dir": a.cache_dir}
+                             if a.storage_options else {}))
     loader = DataLoader(ds, batch_size=a.batch_size, num_workers=a.workers,
                         persistent_workers=a.workers > 0)
     record = {"rank": rank, "world_size": dist.get_world_size(), "len": len(ds),

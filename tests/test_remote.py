@@ -413,3 +413,31 @@ def test_access_denied_fails_at_once_naming_the_url(s3, local_sets, tmp_path):
     with pytest.raises(RemoteError, match="s3://data/denied/tar/manifest.json: access denied"):
         open_dataset(url, storage_options=proxy.options(s3), cache_dir=str(tmp_path / "c"))
     assert time.monotonic() - start < 10 and proxy.requests <= 2
+
+
+def test_two_torchrun_ranks_stream_from_s3_every_sample_once(s3, tmp_path_factory, tmp_path):
+    import collections
+    import json
+    import subprocess
+    import sys
+
+    from test_ddp import free_port
+    from test_streaming import N, convert, expected
+
+    data = convert(tmp_path_factory, "tar")
+    url = _upload(s3, data, "ddp/tar")
+    here = os.path.dirname(os.path.abspath(__file__))
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", f"--master_port={free_port()}",
+           os.path.join(here, "ddp_worker.py"), "--data", url, "--out", str(tmp_path), "--epochs", "auto,auto",
+           "--batch-size", "3", "--workers", "2", "--storage-options", json.dumps(s3),
+           "--cache-dir", str(tmp_path / "cache")]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=180, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    ranks = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(2)]
+    for epoch in range(2):
+        seen = collections.Counter()
+        for r, rec in enumerate(ranks):
+            ids = [p // 10 for p in rec["epochs"][epoch]["pixels"]]
+            assert ids == expected(data, rank=r, world_size=2, epoch=epoch, block=None)  # the local plan
+            seen.update(ids)
+        assert set(seen) == set(range(N)) and sum(seen.values()) == N + ranks[0]["padded"]
