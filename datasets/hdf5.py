@@ -104,9 +104,8 @@ class _Meta:
                                    path=self.path)
         return stored * (_MAX_INFLATION if d.id.get_create_plist().get_nfilters() else 1)
 
-    def _rows(self, f: h5py.File, name: str, rows: int, verify: bool) -> np.ndarray:
-        """Per-sample dataset ``name``, checked to have ``rows`` rows stored in the file before it
-        is read into memory, and against its ``crc32c`` attribute."""
+    def _stored_rows(self, f: h5py.File, name: str, rows: int) -> h5py.Dataset:
+        """Per-sample dataset ``name``, checked to have ``rows`` rows, all stored in the file."""
         d = f[name]
         have = d.shape[0] if d.shape else 0
         if have != rows:
@@ -115,7 +114,12 @@ class _Meta:
         if declared > self._stored_limit(d, name):
             raise CorruptDataError(f"/{name} declares {declared} bytes of rows, but they are not stored in the "
                                    f"file ({d.id.get_storage_size()} bytes stored)", path=self.path)
-        return self._check(f, name, d[()], verify)
+        return d
+
+    def _rows(self, f: h5py.File, name: str, rows: int, verify: bool) -> np.ndarray:
+        """Per-sample dataset ``name`` read into memory once its rows are known to be stored in the
+        file, checked against its ``crc32c`` attribute."""
+        return self._check(f, name, self._stored_rows(f, name, rows)[()], verify)
 
     def _check(self, f: h5py.File, name: str, a: np.ndarray, verify: bool) -> np.ndarray:
         if a.dtype.kind not in "iu":
@@ -145,6 +149,8 @@ class _Meta:
         self.shapes = self._rows(f, "shapes", n, verify)
         self.crcs = self._rows(f, "crc32c", n, verify)
         self.key_crcs = self._rows(f, "key_crc32c", n, verify) if "key_crc32c" in f else None
+        if "keys" in f:  # read in blocks by read_record: checked here, before any block is
+            self._stored_rows(f, "keys", n)
         codec = str(f.attrs["codec"])
         self.codec = codec if codec != "mixed" else None
         self.codecs = self._rows(f, "codecs", n, verify) if codec == "mixed" else None

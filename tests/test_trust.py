@@ -861,7 +861,7 @@ from packer.datasets import open_dataset
 from packer.errors import CorruptDataError
 try:
     ds = open_dataset(sys.argv[1], output="numpy")
-    print("read", [ds[i][1] for i in range(len(ds))])
+    print("read", [ds.read_record(i).label for i in range(len(ds))])
 except CorruptDataError as e:
     print("refused", e)
 print("rss", resource.getrusage(resource.RUSAGE_SELF).ru_maxrss // 1024)
@@ -922,6 +922,17 @@ def test_hdf5_rows_the_manifest_agrees_with_but_the_file_does_not_store_are_refu
     json.dump(d, open(path, "w"))
     with pytest.raises(CorruptDataError, match=r"/labels declares 32000 bytes of rows, but they are not stored"):
         open_dataset(dst)[0]
+
+
+def test_hdf5_keys_declared_but_not_stored_are_refused_before_reading(tmp_path):
+    """/keys as two fixed-width strings of 100 MB, nothing stored: read_record read 200 MB for them."""
+    def replace(new, old):
+        new.create_dataset("keys", (2,), "S100000000", chunks=(1,))
+
+    dst = _forged_h5(tmp_path, replace)
+    what, rss = _open_measured(dst)
+    assert what.startswith("refused") and "/keys declares 200000000 bytes of rows" in what, what
+    assert rss < _baseline_rss() + 100, rss
 
 
 def test_hdf5_image_rows_whose_size_overflows_int64_are_refused(tmp_path):

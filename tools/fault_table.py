@@ -225,6 +225,9 @@ TRUST = {
     "test_hdf5_rows_the_manifest_agrees_with_but_the_file_does_not_store_are_refused": (
         "HDF5 /labels of 4,000 rows with no chunk stored, the manifest forged to agree",
         "CorruptDataError: rows declared but not stored"),
+    "test_hdf5_keys_declared_but_not_stored_are_refused_before_reading": (
+        "HDF5 /keys as two 100 MB fixed-width strings, nothing stored",
+        "CorruptDataError at open, peak RSS within 100 MB of a bare import (read_record read 200 MB)"),
     "test_hdf5_image_rows_whose_size_overflows_int64_are_refused": (
         "HDF5 raw /images rows of 2^32 x 2^32 x 3 bytes (their size wrapped to 0 in int64)",
         "CorruptDataError at open: the bytes are not stored"),
