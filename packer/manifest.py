@@ -10,6 +10,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -294,7 +295,35 @@ def read_manifest(directory: str | os.PathLike[str]) -> Manifest:
         raise ManifestError(f"{path}: not valid JSON ({str(e)[:200]})") from None
     except RecursionError:
         raise ManifestError(f"{path}: JSON nested too deeply; not a packer manifest") from None
+    if _SURROGATE_ESCAPE.search(raw):  # rare: only then is every string walked
+        where = _lone_surrogate(d, "manifest")
+        if where:
+            raise ManifestError(f"{path}: {where} holds a lone UTF-16 surrogate escape (\\ud800-\\udfff): "
+                                f"not Unicode text, so it could not be written anywhere")
     return Manifest.from_json(d, path)
+
+
+_SURROGATE_ESCAPE = re.compile(rb"\\u[dD][89a-fA-F][0-9a-fA-F]{2}")
+
+
+def _lone_surrogate(value: Any, where: str) -> str | None:
+    """The field (``classes[0]``, ``skipped[2].path``) of the first string or key in ``value``
+    that is not valid Unicode (JSON lets ``\\udce9`` stand alone), or None."""
+    stack = [(value, where)]
+    while stack:
+        v, at = stack.pop()
+        if isinstance(v, str):
+            try:
+                v.encode("utf-8")
+            except UnicodeEncodeError:
+                return at
+        elif isinstance(v, list):
+            stack.extend((x, f"{at}[{i}]") for i, x in enumerate(v))
+        elif isinstance(v, dict):
+            for k, x in v.items():
+                stack.append((k, f"{at} key {k.encode('utf-8', 'backslashreplace').decode()!r}"))
+                stack.append((x, f"{at}.{k}" if at != "manifest" else k))
+    return None
 
 
 def file_sha256(path: str, chunk: int = 1 << 20) -> str:

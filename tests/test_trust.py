@@ -792,6 +792,26 @@ def test_nested_manifest_fields_of_the_wrong_type_are_one_line_naming_the_field(
         open_dataset(dst)
 
 
+def test_manifest_strings_with_lone_surrogate_escapes_are_refused_naming_the_field(tmp_path, capsys):
+    """JSON lets "caf\\udce9" stand alone; converting such a dataset failed with a raw
+    UnicodeEncodeError. A valid pair (an emoji written as two escapes) is fine."""
+    import json
+
+    dst, _ = _two_datasets(tmp_path, "tar")
+    path = os.path.join(dst, "manifest.json")
+    d = json.load(open(path))
+    d["created_by"] = "packer \U0001f600"
+    d["classes"][0] = "caf\udce9"
+    open(path, "w").write(json.dumps(d))  # ASCII: the emoji as a surrogate pair, the other one alone
+    for argv in (["info", dst], ["verify", dst], ["convert", "tar", "lmdb", dst, str(tmp_path / "o")]):
+        assert main(argv) == 1
+        err = capsys.readouterr().err.strip()
+        assert len(err.splitlines()) == 1 and "classes[0] holds a lone UTF-16 surrogate" in err, err
+    d["classes"][0] = "x"
+    open(path, "w").write(json.dumps(d))
+    assert main(["info", dst]) == 0 and "\U0001f600" in capsys.readouterr().out
+
+
 @pytest.mark.parametrize("fmt", FORMATS)
 def test_a_sample_count_the_files_cannot_hold_is_refused_at_once(tmp_path, fmt):
     """num_samples of 10^15 (files[] forged to agree): verify used to loop for ever (LMDB, HDF5) or

@@ -213,6 +213,9 @@ TRUST = {
     "test_nested_manifest_fields_of_the_wrong_type_are_one_line_naming_the_field": (
         "manifest processing, skipped[], files[], layout, ignored, shuffle_seed, created_by of the wrong JSON type "
         "or missing; an unknown format name", "info and verify exit 1 with one line naming the field; ManifestError"),
+    "test_manifest_strings_with_lone_surrogate_escapes_are_refused_naming_the_field": (
+        "a manifest class name written as 'caf\\udce9' (a lone surrogate escape, valid JSON)",
+        "info, verify and convert exit 1 with one line naming classes[0] (convert raised UnicodeEncodeError)"),
     "test_a_sample_count_the_files_cannot_hold_is_refused_at_once": (
         "num_samples of 10^15 with files[] forged to agree; 4 formats",
         "info and verify exit 1 at once (verify looped for ever, TFRecord tried to allocate 3.5 PiB)"),
