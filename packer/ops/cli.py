@@ -138,25 +138,40 @@ def _run_convert(a: argparse.Namespace) -> int:
         a.src = _fetched(a, a.src)
     if not is_url(a.dst):
         return _convert_local(a)
+    return _convert_to_url(a)
+
+
+def _convert_to_url(a: argparse.Namespace) -> int:
+    """Convert into a local folder of the node cache, uploading each file as it is finished (the
+    manifest last); the folder's name comes from the URL, so --resume finds it again."""
+    import hashlib
     import shutil
-    import tempfile
 
     from ..nodecache import NodeCache
-    from ..storage import check_remote_destination, upload_converted
+    from ..storage import Uploader, check_remote_destination, watch_uploads
 
-    if a.resume:
-        raise UsageError("packer convert: --resume is not supported for a URL destination yet; run without it")
     url = a.dst
-    check_remote_destination(url, _storage(a), a.overwrite)
-    work = tempfile.mkdtemp(prefix="upload-", dir=NodeCache(a.cache_dir).root)
-    try:  # written locally in full, then uploaded: payload files first, the manifest last
-        a.dst = os.path.join(work, "dataset")
-        status = _convert_local(a)
-        upload_converted(a.dst, url, _storage(a), a.overwrite)
+    uploader = Uploader(check_remote_destination(url, _storage(a), a.overwrite))
+    work = os.path.join(NodeCache(a.cache_dir).root, "uploads", hashlib.sha256(url.encode()).hexdigest()[:16])
+    os.makedirs(work, exist_ok=True)
+    a.dst = os.path.join(work, "dataset")
+    if os.path.lexists(a.dst):
+        shutil.rmtree(a.dst)  # the last run's copy, uploaded already
+    keep = False
+    try:
+        with watch_uploads(uploader, a.dst):
+            status = _convert_local(a)
+        from ..manifest import read_manifest
+
+        uploader.finish(a.dst, read_manifest(a.dst))
         print(f"uploaded to {url}")
+        return status
+    except BaseException as e:
+        keep = getattr(e, "partial_output", None) is not None
+        raise
     finally:
-        shutil.rmtree(work, ignore_errors=True)
-    return status
+        if not keep:
+            shutil.rmtree(work, ignore_errors=True)
 
 
 def _convert_local(a: argparse.Namespace) -> int:
@@ -352,6 +367,28 @@ def _run_bench(a: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+# -- merge ---------------------------------------------------------------------------------------
+def _add_merge(p: argparse.ArgumentParser) -> None:
+    p.add_argument("dst", help="destination directory (must not exist unless --overwrite)")
+    p.add_argument("parts", nargs="+", metavar="PART", help="packed datasets of one format, in sample order")
+    p.add_argument("--overwrite", action="store_true", help="replace DST (atomically, once the new one is complete)")
+
+
+def _run_merge(a: argparse.Namespace) -> int:
+    from ..sizes import format_size
+    from .merge import merge
+
+    report = merge(a.parts, a.dst, a.overwrite)
+    for line in report.mapping_lines(a.parts):
+        print(f"labels of {line}")
+    m = report.manifest
+    done = (f"{report.copied_files} shard(s) copied, {report.rewritten_files} rewritten"
+            if report.copied_files or report.rewritten_files else "records copied")
+    print(f"merged {m.num_samples} images in {len(m.classes)} classes from {len(a.parts)} part(s) into {a.dst} "
+          f"({m.format}, {format_size(sum(f.bytes for f in m.files))}; {done}) in {report.seconds:.1f} s")
+    return EXIT_OK
+
+
 #: name -> (help, add_arguments, run)
 COMMANDS: dict[str, tuple[str, Callable[[argparse.ArgumentParser], None], Callable[[argparse.Namespace], int]]] = {
     "convert": ("convert an image folder or packed dataset to another format", _add_convert, _run_convert),
@@ -359,6 +396,7 @@ COMMANDS: dict[str, tuple[str, Callable[[argparse.ArgumentParser], None], Callab
     "verify": ("check every checksum and decode every sample", _add_verify, _run_verify),
     "demo": ("convert and read a generated sample end to end", _add_demo, _run_demo),
     "bench": ("measure the DataLoader alone over a grid of settings", _add_bench, _run_bench),
+    "merge": ("merge packed datasets of one format, made separately, into one", _add_merge, _run_merge),
 }
 
 

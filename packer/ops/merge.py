@@ -1,0 +1,339 @@
+"""``packer merge``: one dataset from parts of one format made separately (:func:`merge`).
+
+Stored bytes are copied, never re-encoded: tar and TFRecord shards are copied whole where no
+label changes, otherwise rewritten sample by sample; LMDB and HDF5 records are copied into a new
+file by the format's writer. The rules are in docs/FORMATS.md ("Merged datasets").
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import shutil
+import time
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+from .. import __version__
+from ..converters.base import WriterOptions
+from ..converters.shards import ShardedWriter, shard_name
+from ..errors import CorruptDataError, ImageError, SourceError
+from ..filesystem import (
+    check_destination,
+    claim_destination,
+    disk_full_error,
+    fsync_dir,
+    no_space,
+    publish,
+    recover_publish,
+    temp_dir_for,
+)
+from ..layouts.tar import INDEX_SUFFIX as TAR_INDEX_SUFFIX
+from ..layouts.tar import pack_index, unpack_index
+from ..manifest import FileEntry, Manifest, read_manifest, write_manifest
+from ..registry import writer_class
+from .engine import ConvertOptions, Item, write_packed
+from .transcode import COPY, _open_source, _reprocess_one
+
+__all__ = ["MergeReport", "merge", "merged_classes"]
+
+#: Layout facts that may differ between parts (they decide where shards end, not what they hold).
+_FREE_LAYOUT = ("shard_bytes", "shard_samples", "checkpoint_samples")
+
+
+@dataclass
+class MergeReport:
+    """What :func:`merge` did. ``labels[p][old]`` is the merged label of part ``p``'s label ``old``."""
+
+    output: str
+    manifest: Manifest
+    seconds: float
+    labels: list[list[int]] = field(default_factory=list)
+    copied_files: int = 0
+    rewritten_files: int = 0
+
+    def mapping_lines(self, parts: Sequence[str]) -> list[str]:
+        """One line per part: the labels it keeps, or each renumbered class."""
+        lines = []
+        for part, labels in zip(parts, self.labels):
+            moved = [f"{self.manifest.classes[new]!r} {old} -> {new}" for old, new in enumerate(labels) if old != new]
+            lines.append(f"{part}: " + (", ".join(moved) if moved else "labels unchanged"))
+        return lines
+
+
+def merged_classes(class_lists: Sequence[Sequence[str]]) -> tuple[list[str], list[list[int]]]:
+    """Union of class lists by name in first-seen order (the first part's classes keep their labels,
+    names new in a later part are appended in that part's order), and each part's old -> new labels."""
+    names: list[str] = []
+    index: dict[str, int] = {}
+    labels = []
+    for classes in class_lists:
+        for c in classes:
+            if c not in index:
+                index[c] = len(names)
+                names.append(c)
+        labels.append([index[c] for c in classes])
+    return names, labels
+
+
+def _read_parts(parts: Sequence[str]) -> list[Manifest]:
+    """Each part's manifest (UnfinishedDatasetError for a part without one), checked to be mergeable."""
+    if not parts:
+        raise SourceError("merge needs at least one part")
+    seen: dict[str, str] = {}
+    manifests = []
+    for p in parts:
+        real = os.path.realpath(p)
+        if real in seen:
+            raise SourceError(f"part {p} is given twice (also as {seen[real]})")
+        seen[real] = p
+        if not os.path.isdir(p):
+            raise SourceError(f"part {p} is not a packed dataset directory")
+        manifests.append(read_manifest(p))
+    first, m0 = parts[0], manifests[0]
+    for p, m in zip(parts, manifests):
+        if m.format != m0.format:
+            raise SourceError(f"part {p} is {m.format} but part {first} is {m0.format}; merge parts of one format "
+                              f"(convert one first)")
+        if m.version != 2:
+            raise SourceError(f"part {p} is on-disk version {m.version}; merge needs version 2 parts (file ids): "
+                              f"convert it with this packer first")
+        _same_facts(p, m.processing, first, m0.processing, "processing")
+        _same_facts(p, _fixed_layout(m), first, _fixed_layout(m0), "layout")
+    return manifests
+
+
+def _fixed_layout(m: Manifest) -> dict[str, Any]:
+    return {k: v for k, v in m.layout.items() if k not in _FREE_LAYOUT}
+
+
+def _same_facts(p: str, a: dict[str, Any], q: str, b: dict[str, Any], what: str) -> None:
+    """SourceError naming the first key where the two parts' ``what`` differ."""
+    for key in sorted(set(a) | set(b)):
+        if a.get(key) != b.get(key):
+            raise SourceError(f"parts were made with different {what}: {key} is {a.get(key)!r} in {p} but "
+                              f"{b.get(key)!r} in {q}; convert them with the same options")
+
+
+def _template(manifests: Sequence[Manifest], classes: list[str]) -> Manifest:
+    """The merged manifest before any file is written: summed counts, concatenated skips."""
+    ignored: dict[str, int] = {}
+    for m in manifests:
+        for k, n in m.ignored.items():
+            ignored[k] = ignored.get(k, 0) + n
+    seeds = {m.shuffle_seed for m in manifests}
+    source = {"kind": "merge", "parts": [{"samples": m.num_samples, "classes": len(m.classes), "source": m.source}
+                                         for m in manifests]}
+    return Manifest(format=manifests[0].format, num_samples=0, classes=classes, processing=dict(manifests[0].processing),
+                    files=[], shuffle_seed=seeds.pop() if len(seeds) == 1 else None,
+                    skipped=[s for m in manifests for s in m.skipped], ignored=ignored, source=source,
+                    created_by=f"packer {__version__}")
+
+
+def _stored(ds: Any, part: str, start: int, stop: int, labels: list[int]) -> Iterator[Item]:
+    """Samples ``start`` .. ``stop - 1`` of a part as engine items holding their stored bytes, labels
+    renumbered; a sample that cannot be read raises (a part is a finished dataset)."""
+    for i in range(start, stop):
+        key, label, image, reason = _reprocess_one(ds, i, COPY, copy=True)
+        if image is None:
+            raise ImageError(f"part {part}: sample {i} ({key}): {reason}")
+        yield key, labels[label], image, None
+
+
+def merge(
+    parts: Sequence[str | os.PathLike[str]],
+    dst: str | os.PathLike[str],
+    overwrite: bool = False,
+    *,
+    describe: Callable[[Manifest], Manifest] | None = None,
+) -> MergeReport:
+    """Merge packed datasets of one format (``parts``, in order) into one at ``dst``.
+
+    Samples keep their order (all of the first part, then the second, ...) and their stored bytes.
+    Classes are united by name in first-seen order (:func:`merged_classes`) and labels renumbered;
+    the report's ``labels`` says how. Counts are summed and skip lists concatenated. Refused
+    (SourceError): parts of different formats or on-disk versions, or made with different
+    processing or format options; UnfinishedDatasetError for a part without a manifest;
+    FileExistsError when ``dst`` exists without ``overwrite``. ``describe`` may change the merged
+    manifest's facts (source, skips, seed) before it is written; the files are its own.
+    """
+    t0 = time.perf_counter()
+    paths, dst = [os.fspath(p) for p in parts], os.fspath(dst)
+    for p in paths:
+        check_destination(p, dst)
+    with claim_destination(dst):
+        recover_publish(dst)
+        if os.path.lexists(dst) and not overwrite:
+            raise FileExistsError(f"destination exists: {dst} (use --overwrite to replace it)")
+        manifests = _read_parts(paths)
+        classes, labels = merged_classes([m.classes for m in manifests])
+        template = _template(manifests, classes)
+        template = describe(template) if describe is not None else template
+        report = MergeReport(dst, template, 0.0, labels)
+        if issubclass(writer_class(template.format), ShardedWriter):
+            report.manifest = _merge_shards(paths, manifests, dst, template, overwrite, report)
+        else:
+            report.manifest = _merge_records(paths, manifests, dst, template, overwrite, labels)
+    report.seconds = time.perf_counter() - t0
+    return report
+
+
+def _merge_records(paths: Sequence[str], manifests: Sequence[Manifest], dst: str, template: Manifest,
+                   overwrite: bool, labels: list[list[int]]) -> Manifest:
+    """LMDB and HDF5: every part's records copied into one new file through the engine and the writer."""
+    checkpoint = manifests[0].layout.get("checkpoint_samples")
+    options = ConvertOptions(processing=COPY, overwrite=overwrite,
+                             writer=WriterOptions(checkpoint_samples=checkpoint if isinstance(checkpoint, int) else None))
+
+    def items() -> Iterator[Item]:
+        for p, m, lab in zip(paths, manifests, labels):
+            ds = _open_source(p, m.format)
+            try:
+                yield from _stored(ds, p, 0, len(ds), lab)
+            finally:
+                ds.close()
+
+    return write_packed(dst, template.format, items(), template, options,
+                        total=sum(m.num_samples for m in manifests), source=", ".join(paths))
+
+
+def _merge_shards(paths: Sequence[str], manifests: Sequence[Manifest], dst: str, template: Manifest,
+                  overwrite: bool, report: MergeReport) -> Manifest:
+    """tar and TFRecord: every part's shards, renumbered in order, into a temporary folder; then the
+    manifest and the publish. A shard is copied unchanged (with its id) when its part keeps its
+    labels, else rewritten by the format's writer with the stored payloads (a new id)."""
+    tmp = temp_dir_for(dst)
+    if os.path.lexists(tmp):
+        shutil.rmtree(tmp)
+    os.makedirs(tmp)
+    try:
+        files: list[FileEntry] = []
+        first = number = 0
+        for p, m, labels in zip(paths, manifests, report.labels):
+            for data, indexes in _shard_groups(p, m):
+                if labels == list(range(len(labels))):
+                    files += _copy_shard(p, data, indexes, tmp, number, first)
+                    report.copied_files += 1
+                else:
+                    files += _rewrite_shard(p, m, data, tmp, number, first, labels)
+                    report.rewritten_files += 1
+                first += data.samples
+                number += 1
+        fsync_dir(tmp)
+        manifest = replace(template, num_samples=first, files=files, layout=_merged_layout(manifests))
+        write_manifest(tmp, manifest)
+        publish(tmp, dst, overwrite)
+        return manifest
+    except BaseException as e:
+        shutil.rmtree(tmp, ignore_errors=True)
+        full = no_space(e, tmp)
+        if full is not None:
+            raise disk_full_error(full[0], full[1], tmp, dst) from e
+        raise
+
+
+def _shard_groups(part: str, m: Manifest) -> Iterator[tuple[FileEntry, list[FileEntry]]]:
+    """Each data file of a sharded part with the index files listed after it."""
+    group: tuple[FileEntry, list[FileEntry]] | None = None
+    for f in m.files:
+        if f.samples:
+            if group is not None:
+                yield group
+            group = (f, [])
+        elif group is None:
+            raise SourceError(f"part {part}: its manifest lists {f.name} before any data file")
+        else:
+            group[1].append(f)
+    if group is not None:
+        yield group
+
+
+def _merged_layout(manifests: Sequence[Manifest]) -> dict[str, Any]:
+    """The first part's layout; shard limits that differ between parts become null."""
+    layout = dict(manifests[0].layout)
+    for key in _FREE_LAYOUT:
+        if any(m.layout.get(key) != layout.get(key) for m in manifests):
+            layout[key] = None
+    return layout
+
+
+def _suffix(name: str, stem: str) -> str:
+    return name[len(stem):] if name.startswith(stem) else os.path.splitext(name)[1]
+
+
+def _copy_shard(part: str, data: FileEntry, indexes: list[FileEntry], tmp: str, number: int,
+                first: int) -> list[FileEntry]:
+    """Copy one shard unchanged under its new number (its id and every sample's checksum stay valid:
+    they depend on the file, not on its name or place in the dataset), and its index files, the
+    tar index re-written with the shard's new first sample."""
+    stem = data.name.split(".", 1)[0]
+    new = shard_name(number, _suffix(data.name, stem))
+    out = [replace(_copy_checked(part, data, os.path.join(tmp, new)), first=first, id=data.id)]
+    for f in indexes:
+        name = shard_name(number, _suffix(f.name, stem))
+        if name.endswith(TAR_INDEX_SUFFIX) and data.name.endswith(".tar"):
+            old_first, entries, keys = unpack_index(_read_checked(part, f), os.path.join(part, f.name))
+            if old_first != data.first or len(entries) != data.samples:
+                raise CorruptDataError(f"part {part}: index {f.name} disagrees with the manifest",
+                                       path=os.path.join(part, f.name))
+            out.append(_write_new(tmp, name, pack_index(first, entries, keys), first))
+        else:
+            out.append(replace(_copy_checked(part, f, os.path.join(tmp, name)), first=first))
+    return out
+
+
+def _read_checked(part: str, f: FileEntry) -> bytes:
+    """A small file of a part, checked against its manifest entry."""
+    path = os.path.join(part, f.name)
+    with open(path, "rb") as fh:
+        data = fh.read()
+    if len(data) != f.bytes or hashlib.sha256(data).hexdigest() != f.sha256:
+        raise CorruptDataError(f"part {part}: {f.name} differs from its manifest entry (size or SHA-256)", path=path)
+    return data
+
+
+def _write_new(tmp: str, name: str, data: bytes, first: int) -> FileEntry:
+    path = os.path.join(tmp, name)
+    with open(path, "wb") as fh:
+        fh.write(data)
+        fh.flush()
+        os.fsync(fh.fileno())
+    return FileEntry(name, 0, len(data), hashlib.sha256(data).hexdigest(), first)
+
+
+def _copy_checked(part: str, f: FileEntry, dest: str, chunk: int = 1 << 22) -> FileEntry:
+    """Copy a part's file to ``dest`` (fsynced), checking the bytes against its manifest entry."""
+    src = os.path.join(part, f.name)
+    h, size = hashlib.sha256(), 0
+    with open(src, "rb") as fi, open(dest, "wb") as fo:
+        while block := fi.read(chunk):
+            h.update(block)
+            size += len(block)
+            fo.write(block)
+        fo.flush()
+        os.fsync(fo.fileno())
+    if size != f.bytes or h.hexdigest() != f.sha256:
+        raise CorruptDataError(f"part {part}: {f.name} differs from its manifest entry (size or SHA-256); "
+                               f"verify the part", path=src)
+    return FileEntry(os.path.basename(dest), f.samples, size, f.sha256, f.first, f.id)
+
+
+def _rewrite_shard(part: str, m: Manifest, data: FileEntry, tmp: str, number: int, first: int,
+                   labels: list[int]) -> list[FileEntry]:
+    """Write one shard again with its labels renumbered: the stored payloads through the format's
+    writer, as shard ``number`` holding samples from ``first`` on (a new id, checksums seeded anew)."""
+    options = WriterOptions(shard_samples=data.samples, gzip=bool(m.layout.get("gzip", False)))
+    writer = writer_class(m.format)(tmp, options)
+    writer.number = number
+    ds = _open_source(part, m.format)
+    try:
+        for j, (key, label, image, _) in enumerate(_stored(ds, part, data.first, data.first + data.samples, labels)):
+            writer.add(first + j, key, label, image)
+        files, _layout = writer.close()
+    except BaseException:
+        writer.abort()
+        raise
+    finally:
+        ds.close()
+    return files

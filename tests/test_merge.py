@@ -1,0 +1,151 @@
+"""merge: one dataset from parts made separately; stored bytes copied, classes united by name."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+from conftest import make_folder
+
+from packer.datasets import open_dataset
+from packer.errors import SourceError, UnfinishedDatasetError
+from packer.imageproc import ProcessOptions, parse_encoding
+from packer.manifest import read_manifest
+from packer.ops.cli import main
+from packer.ops.engine import ConvertOptions
+from packer.ops.items import convert_items
+from packer.ops.merge import merge, merged_classes
+from packer.ops.verify import verify_dataset
+
+FORMATS = ["lmdb", "hdf5", "tar", "tfrecord"]
+CLASSES = ["cat", "dog", "eel"]
+
+
+@pytest.fixture(scope="module")
+def items(tmp_path_factory):
+    root = str(tmp_path_factory.mktemp("merge") / "src")
+    make_folder(root, {"cat": [("c0.jpg", 30, 40), ("c1.png", 24, 24), ("c2.jpg", 20, 28)],
+                       "dog": [("d0.jpg", 40, 30), ("d1.jpg", 20, 20)], "eel": [("e0.png", 22, 26), ("e1.jpg", 18, 30)]})
+    return [(os.path.join(root, c, n), c, None) for c in CLASSES for n in sorted(os.listdir(os.path.join(root, c)))]
+
+
+def _convert(items, dst, fmt, encode="jpeg:90", classes=CLASSES, **writer):
+    from packer.converters.base import WriterOptions
+
+    opts = ConvertOptions(processing=ProcessOptions(encoding=parse_encoding(encode)), writer=WriterOptions(**writer))
+    return convert_items(items, str(dst), fmt, opts, classes=classes)
+
+
+def _samples(path):
+    """(key, class name, stored bytes) of every sample, through read_record (checksums checked)."""
+    ds = open_dataset(str(path))
+    try:
+        return [(r.key, ds.classes[r.label], bytes(r.payload)) for r in map(ds.read_record, range(len(ds)))]
+    finally:
+        ds.close()
+
+
+def _shard_writer(fmt):
+    return {"shard_samples": 2} if fmt in ("tar", "tfrecord") else {}
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_merge_same_classes(items, tmp_path, fmt):
+    """Parts with the full class list merge into what one conversion of all items holds; shards are
+    copied unchanged (same bytes, same ids), and verify passes."""
+    _convert(items, tmp_path / "all", fmt, **_shard_writer(fmt))
+    _convert(items[:3], tmp_path / "a", fmt, **_shard_writer(fmt))
+    _convert(items[3:], tmp_path / "b", fmt, **_shard_writer(fmt))
+    report = merge([tmp_path / "a", tmp_path / "b"], tmp_path / "m")
+    assert _samples(tmp_path / "m") == _samples(tmp_path / "all")
+    m = read_manifest(str(tmp_path / "m"))
+    assert m.num_samples == len(items) and m.classes == CLASSES and report.labels == [[0, 1, 2], [0, 1, 2]]
+    assert m.source["kind"] == "merge" and [p["samples"] for p in m.source["parts"]] == [3, 4]
+    assert verify_dataset(str(tmp_path / "m")).ok
+    if fmt in ("tar", "tfrecord"):
+        parts = [f for p in ("a", "b") for f in read_manifest(str(tmp_path / p)).files if f.samples]
+        merged = [f for f in m.files if f.samples]
+        assert [(f.sha256, f.id) for f in merged] == [(f.sha256, f.id) for f in parts]
+        assert [f.first for f in merged] == [0, 2, 3, 5]
+        assert report.copied_files == 4 and report.rewritten_files == 0
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_merge_renumbers_labels(items, tmp_path, fmt):
+    """Classes are united in first-seen order; the second part's labels are renumbered without
+    re-encoding (shards rewritten with new ids, checksums valid)."""
+    a = [it for it in items if it[1] in ("cat", "dog")]
+    b = [it for it in items if it[1] == "eel"][::-1]
+    _convert(a, tmp_path / "a", fmt, classes=None)
+    _convert(b, tmp_path / "b", fmt, classes=["eel", "dog"])
+    report = merge([str(tmp_path / "a"), str(tmp_path / "b")], str(tmp_path / "m"))
+    assert report.manifest.classes == ["cat", "dog", "eel"] and report.labels == [[0, 1], [2, 1]]
+    assert _samples(tmp_path / "m") == _samples(tmp_path / "a") + _samples(tmp_path / "b")
+    assert verify_dataset(str(tmp_path / "m")).ok
+    if fmt in ("tar", "tfrecord"):
+        old = {f.id for f in read_manifest(str(tmp_path / "b")).files if f.samples}
+        new = [f.id for f in report.manifest.files if f.samples]
+        assert report.copied_files == 1 and report.rewritten_files == 1 and new[0] not in old and new[1] not in old
+
+
+def test_merged_classes_first_seen():
+    assert merged_classes([["b", "a"], ["c", "a"], []]) == (["b", "a", "c"], [[0, 1], [2, 1], []])
+
+
+def test_merge_refusals(items, tmp_path):
+    _convert(items[:2], tmp_path / "a", "tar")
+    _convert(items[2:4], tmp_path / "b", "tar", encode="jpeg:80")
+    _convert(items[4:], tmp_path / "c", "lmdb")
+    with pytest.raises(SourceError, match=r"encoding is 'jpeg:80' in .*b but 'jpeg:90' in .*a"):
+        merge([tmp_path / "a", tmp_path / "b"], tmp_path / "m")
+    with pytest.raises(SourceError, match="is lmdb but part .* is tar"):
+        merge([tmp_path / "a", tmp_path / "c"], tmp_path / "m")
+    with pytest.raises(SourceError, match="given twice"):
+        merge([tmp_path / "a", tmp_path / "a"], tmp_path / "m")
+    os.makedirs(tmp_path / "unfinished")
+    with pytest.raises(UnfinishedDatasetError):
+        merge([tmp_path / "a", tmp_path / "unfinished"], tmp_path / "m")
+    with pytest.raises(FileExistsError):
+        merge([tmp_path / "a"], tmp_path / "c")
+    with pytest.raises(SourceError):
+        merge([tmp_path / "a"], tmp_path / "a" / "inside")
+    assert not os.path.exists(tmp_path / "m") and not os.path.exists(tmp_path / ".m.packer-tmp")
+
+
+def test_merge_cli(items, tmp_path, capsys):
+    _convert(items[:3], tmp_path / "a", "tfrecord", classes=None)
+    _convert(items[3:], tmp_path / "b", "tfrecord", classes=None)
+    rc = main(["merge", str(tmp_path / "m"), str(tmp_path / "a"), str(tmp_path / "b")])
+    out, err = capsys.readouterr()
+    assert rc == 0, err
+    assert f"labels of {tmp_path / 'a'}: labels unchanged" in out
+    assert f"labels of {tmp_path / 'b'}: 'dog' 0 -> 1, 'eel' 1 -> 2" in out
+    assert "merged 7 images in 3 classes from 2 part(s)" in out
+    rc = main(["merge", str(tmp_path / "m"), str(tmp_path / "a")])
+    assert rc == 1 and "destination exists" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(("fmt", "encode", "writer"), [("tfrecord", "png", {"gzip": True}), ("tar", "raw", {}),
+                                                        ("hdf5", "raw", {})])
+def test_merge_gzip_and_raw(items, tmp_path, fmt, encode, writer):
+    """gzip TFRecord (``.zidx`` copied, shards rewritten compressed) and raw pixels merge, copied
+    and renumbered."""
+    _convert(items[:3], tmp_path / "a", fmt, encode, classes=None, **writer)
+    _convert(items[3:], tmp_path / "b", fmt, encode, classes=None, **writer)
+    _convert(items[3:], tmp_path / "c", fmt, encode, classes=["dog", "eel", "cat"], **writer)
+    merge([tmp_path / "a", tmp_path / "c", tmp_path / "b"], tmp_path / "m")
+    want = _samples(tmp_path / "a") + _samples(tmp_path / "c") + _samples(tmp_path / "b")
+    assert _samples(tmp_path / "m") == want
+    assert verify_dataset(str(tmp_path / "m")).ok
+
+
+def test_merge_damaged_part(items, tmp_path):
+    """A part whose shard no longer matches its manifest is refused, naming it; nothing is left."""
+    _convert(items[:3], tmp_path / "a", "tar")
+    shard = tmp_path / "a" / "shard-000000.tar"
+    data = bytearray(shard.read_bytes())
+    data[1000] ^= 1
+    shard.write_bytes(bytes(data))
+    with pytest.raises(ValueError, match=r"part .*a: shard-000000.tar differs from its manifest"):
+        merge([tmp_path / "a"], tmp_path / "m")
+    assert not os.path.exists(tmp_path / "m") and not os.path.exists(tmp_path / ".m.packer-tmp")
