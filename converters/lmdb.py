@@ -64,7 +64,7 @@ class LMDBWriter(Writer):
             for name in (PARTIAL, PARTIAL + "-lock"):  # left by an earlier, interrupted run
                 if os.path.exists(self.path(name)):
                     os.remove(self.path(name))
-            self._env = lmdb.open(
+            self._env = _open_env(
                 self.path(PARTIAL), subdir=False, lock=False, map_size=self._map_size, sync=False,
                 metasync=False, meminit=True, readahead=False, max_dbs=0,
             )
@@ -149,7 +149,7 @@ class LMDBWriter(Writer):
         if not os.path.exists(source):
             raise ResumeError(f"cannot resume: {partial} is missing (run without --resume to start over)")
         try:
-            old = lmdb.open(source, subdir=False, readonly=True, lock=False, readahead=True, max_dbs=0)
+            old = _open_env(source, subdir=False, readonly=True, lock=False, readahead=True, max_dbs=0)
         except lmdb.Error as e:
             raise ResumeError(f"cannot resume: {partial} is unreadable ({e}); run without --resume") from None
         try:
@@ -201,3 +201,18 @@ class LMDBWriter(Writer):
         if self._env is not None:
             self._env.close()
             self._env = None
+
+
+def _open_env(path: str, **kwargs: Any) -> lmdb.Environment:
+    """``lmdb.open(path, ...)``. py-lmdb takes only UTF-8 paths, so a file in a folder whose name
+    is not UTF-8 is opened through a descriptor of that folder (Linux ``/proc/self/fd``)."""
+    try:
+        path.encode("utf-8")
+    except UnicodeEncodeError:
+        folder, name = os.path.split(path)
+        fd = os.open(folder, os.O_RDONLY | os.O_DIRECTORY)
+        try:
+            return lmdb.open(f"/proc/self/fd/{fd}/{name}", **kwargs)
+        finally:
+            os.close(fd)
+    return lmdb.open(path, **kwargs)

@@ -240,6 +240,9 @@ TRUST = {
     "test_names_that_are_not_utf8_are_skipped_shown_escaped_not_a_crash": (
         "source file, sub-folder and class folder names that are not UTF-8 (b'caf\\xe9.jpg'); 4 formats",
         "skipped, shown escaped, with the reason (exit 3); the manifest stays UTF-8 (was: the conversion aborted)"),
+    "test_a_source_and_destination_inside_a_folder_whose_name_is_not_utf8": (
+        "SRC and DST inside a folder named b'd\\xe9j\\xe0'; convert, verify, convert again; 4 formats",
+        "exit 0 each (LMDB failed with a raw UnicodeEncodeError: py-lmdb takes only UTF-8 paths)"),
     "test_folder_symlinks_out_of_a_class_folder_are_not_followed": (
         "'loop -> ..', '-> ../b', a loop below the class, a link to a folder outside the source",
         "the first three reported and not followed (b's images were packed as a's); the outside link followed"),
