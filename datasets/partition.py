@@ -33,6 +33,7 @@ __all__ = [
     "EpochCounts",
     "epoch_counts",
     "shard_order",
+    "stream_indices",
     "rank_indices",
     "shuffle_buffer",
     "worker_indices",
@@ -132,6 +133,45 @@ def shard_order(num_shards: int, seed: int, epoch: int, shuffle: bool) -> NDArra
     return rng.permutation(num_shards).astype(np.int64, copy=False)
 
 
+def stream_indices(
+    shard_sizes: Sequence[int] | NDArray[np.integer],
+    positions: ArrayLike,
+    *,
+    seed: int,
+    shuffle: bool = True,
+) -> NDArray[np.int64]:
+    """Global indices at ``positions`` of the dataset's endless stream of passes.
+
+    Pass ``p`` is every sample once: the shards concatenated in :func:`shard_order` of
+    ``(seed, p)``. The stream is pass 0, then pass 1, ...; position ``q`` is sample ``q % N`` of
+    pass ``q // N``. Epoch ``e`` of the whole dataset is positions ``[e * N, (e + 1) * N)``, a
+    subset of ``M`` samples per epoch is ``[e * M, (e + 1) * M)``: consecutive epochs continue
+    the same pass, so no sample repeats before the pass is over and ``ceil(N / M)`` epochs read
+    every sample. Cost: O(n log S) per pass touched.
+    """
+    sizes = _as_shard_sizes(shard_sizes)
+    pos = _as_indices("positions", positions)
+    total = int(sizes.sum())
+    if pos.size == 0:
+        return np.zeros(0, dtype=np.int64)
+    if total == 0:
+        raise ValueError(f"an empty dataset has no stream positions, asked for {pos.size}")
+    if pos.min() < 0:
+        raise ValueError(f"positions must be >= 0, got {int(pos.min())}")
+    stored_starts = np.cumsum(sizes) - sizes  # global index of each shard's first sample
+    passes, within = np.divmod(pos, total)
+    out = np.empty(len(pos), dtype=np.int64)
+    for p in np.unique(passes).tolist():
+        order = shard_order(len(sizes), seed, p, shuffle)
+        ordered_ends = np.cumsum(sizes[order])  # end position of each shard in the pass
+        mask = passes == p
+        at = within[mask]
+        # Which shard (in pass order) holds each position; side="right" steps over empty shards.
+        slot = np.searchsorted(ordered_ends, at, side="right")
+        out[mask] = stored_starts[order[slot]] + (at - (ordered_ends[slot] - sizes[order[slot]]))
+    return out
+
+
 def rank_indices(
     shard_sizes: Sequence[int] | NDArray[np.integer],
     *,
@@ -141,36 +181,35 @@ def rank_indices(
     world_size: int,
     shuffle: bool = True,
     partition: Partition = "pad",
+    take: int | None = None,
 ) -> NDArray[np.int64]:
     """Global sample indices that ``rank`` reads this epoch, in reading order (before shuffling).
 
-    The shards are concatenated in :func:`shard_order`, giving a sequence of all ``N`` global
-    indices (each shard in stored order, so a rank reads whole runs of a shard). With
-    ``n = epoch_counts(N, world_size, partition).per_rank``, rank ``r`` takes positions
-    ``[r * n, (r + 1) * n)`` of that sequence; for ``pad`` the positions past the end wrap around
-    to its start (the fewest repeats that even the ranks out), for ``drop`` the last
-    ``N - n * world_size`` are read by nobody. A contiguous slice keeps each rank on few shards.
-    Cost: O(n log S) for ``n`` samples per rank and ``S`` shards.
+    The epoch's sequence is ``M`` positions of :func:`stream_indices`, ``[e * M, (e + 1) * M)``
+    for epoch ``e``, where ``M = take`` (a subset) or, by default, all ``N`` samples: then it is
+    the shards concatenated in :func:`shard_order` of ``(seed, e)`` (each shard in stored order, so
+    a rank reads whole runs of a shard). With ``n = epoch_counts(M, world_size,
+    partition).per_rank``, rank ``r`` takes positions ``[r * n, (r + 1) * n)`` of that sequence;
+    for ``pad`` the positions past the end wrap around to its start (the fewest repeats that even
+    the ranks out), for ``drop`` the last ``M - n * world_size`` are read by nobody. A contiguous
+    slice keeps each rank on few shards. Cost: O(n log S) for ``n`` samples per rank and ``S``
+    shards.
     """
     sizes = _as_shard_sizes(shard_sizes)
     world_size = check_int("world_size", world_size, 1)
     rank = check_int("rank", rank, 0)
+    epoch = check_int("epoch", epoch, 0, _MAX_WORD)
     if rank >= world_size:
         raise ValueError(f"rank must be in [0, world_size), got rank={rank}, "
                          f"world_size={world_size}")
-    order = shard_order(len(sizes), seed, epoch, shuffle)
     total = int(sizes.sum())
-    per_rank = epoch_counts(total, world_size, partition).per_rank
+    count = total if take is None else check_int("take", take, 0)
+    per_rank = epoch_counts(count, world_size, partition).per_rank
     if per_rank == 0:
+        check_int("seed", seed, 0, _MAX_SEED)
         return np.zeros(0, dtype=np.int64)
-    stored_starts = np.cumsum(sizes) - sizes  # global index of each shard's first sample
-    ordered_sizes = sizes[order]
-    ordered_ends = np.cumsum(ordered_sizes)  # end position of each shard in the sequence
-    ordered_starts = ordered_ends - ordered_sizes
-    positions = (rank * per_rank + np.arange(per_rank, dtype=np.int64)) % total
-    # Which shard (in epoch order) holds each position; side="right" steps over empty shards.
-    slot = np.searchsorted(ordered_ends, positions, side="right")
-    return stored_starts[order[slot]] + (positions - ordered_starts[slot])
+    positions = (rank * per_rank + np.arange(per_rank, dtype=np.int64)) % count
+    return stream_indices(sizes, epoch * count + positions, seed=seed, shuffle=shuffle)
 
 
 def _buffer_draws(
@@ -276,6 +315,7 @@ def plan(
     buffer_size: int,
     batch_size: int,
     skip: int = 0,
+    take: int | None = None,
 ) -> NDArray[np.int64]:
     """Global sample indices that this worker of this rank reads this epoch, in order.
 
@@ -285,11 +325,13 @@ def plan(
     :func:`epoch_counts` ``per_rank``), then :func:`worker_indices`. ``batch_size`` must be the
     DataLoader's. The shuffle is per rank, before the worker split, so the order a rank sees does
     not depend on the number of workers and a run resumes with another ``num_workers``.
+    ``take``: samples per epoch, a subset of the dataset (see :func:`rank_indices`).
     """
     if not isinstance(world, World):
         raise TypeError(f"world must be a World, got {type(world).__name__}")
     seq = rank_indices(shard_sizes, seed=seed, epoch=epoch, rank=world.rank,
-                       world_size=world.world_size, shuffle=shuffle, partition=partition)
+                       world_size=world.world_size, shuffle=shuffle, partition=partition,
+                       take=take)
     if shuffle:
         seq = shuffle_buffer(seq, buffer_size=buffer_size, seed=seed, epoch=epoch,
                              rank=world.rank)

@@ -41,10 +41,15 @@ from .readahead import ShardReadAhead
 from .shm import ProcessLock, SharedRegion, SlotTable, int64_rows
 from .world import World, detect_rank_and_world_size, detect_worker
 
-__all__ = ["StreamingDataset", "StreamOptions", "STATE_VERSION"]
+__all__ = ["StreamingDataset", "StreamOptions", "STATE_VERSION", "ORDER_VERSION"]
 
 #: Version of the dicts :meth:`StreamingDataset.state_dict` returns; others are refused.
 STATE_VERSION = 1
+#: Version of the reading order (partition.py's plan): a state saved under another is refused.
+#: A state without the field predates it and is of order 1, as are states without the fields
+#: added since (``subset``...), which then take their defaults.
+ORDER_VERSION = 1
+_LAYOUT_DEFAULTS: dict[str, Any] = {"order": 1, "subset": None}
 
 _MAX_SEED = 2**128
 _MAX_EPOCH = 2**32
@@ -71,6 +76,10 @@ class StreamOptions:
         partition: ``"pad"`` repeats samples, ``"drop"`` leaves samples out, so every rank gets the
             same count; the amount is reported (``padded``/``dropped`` and a warning).
         batch_size: the DataLoader's batch size (the worker split is by batches of this size).
+        subset: read only part of the dataset each epoch: a fraction in ``(0, 1]`` (a float) or
+            a number of samples (an int); ``None``: all of it. Consecutive epochs continue one
+            pass over the dataset (:func:`~packer.datasets.partition.stream_indices`), so
+            ``subset=0.1`` reads every sample once in 10 epochs, a different part each epoch.
     """
 
     shuffle: bool = True
@@ -79,6 +88,7 @@ class StreamOptions:
     block_samples: int | None = 4096
     partition: Partition = "pad"
     batch_size: int = 1
+    subset: float | int | None = None
 
     def __post_init__(self) -> None:
         if not isinstance(self.shuffle, bool):
@@ -92,6 +102,22 @@ class StreamOptions:
         if self.partition not in ("pad", "drop"):
             raise ValueError(f"partition must be 'pad' or 'drop', got {self.partition!r}")
         object.__setattr__(self, "batch_size", check_int("batch_size", self.batch_size, 1))
+        if isinstance(self.subset, float):
+            if not 0.0 < self.subset <= 1.0:
+                raise ValueError(f"subset as a fraction must be in (0, 1], got {self.subset!r}")
+        elif self.subset is not None:
+            object.__setattr__(self, "subset", check_int("subset", self.subset, 1))
+
+    def epoch_samples(self, num_samples: int) -> int:
+        """Samples an epoch reads over all ranks, for a dataset of ``num_samples``."""
+        if self.subset is None or num_samples == 0:
+            return num_samples
+        if isinstance(self.subset, float):
+            return max(1, min(num_samples, round(self.subset * num_samples)))
+        if self.subset > num_samples:
+            raise ValueError(f"subset={self.subset} samples is more than the {num_samples} of "
+                             f"the dataset")
+        return self.subset
 
 
 # --------------------------------------------------------------------------------------------
@@ -251,7 +277,7 @@ class StreamingDataset(IterableDataset):
 
     Args:
         path: the packed dataset directory or URL.
-        shuffle, seed, shuffle_buffer, block_samples, partition, batch_size: see
+        shuffle, seed, shuffle_buffer, block_samples, partition, batch_size, subset: see
             :class:`StreamOptions` (stored as ``ds.options``). ``batch_size`` must equal the
             DataLoader's for the DataLoader to yield exactly the rank's sequence (needed by
             :meth:`state_dict`); any batch size still reads each sample once per epoch.
@@ -278,6 +304,7 @@ class StreamingDataset(IterableDataset):
         block_samples: int | None | str = "auto",
         partition: Partition = "pad",
         batch_size: int = 1,
+        subset: float | int | None = None,
         transform: Callable[[Any], Any] | None = None,
         target_transform: Callable[[int], Any] | None = None,
         output: str = "tensor",
@@ -292,7 +319,7 @@ class StreamingDataset(IterableDataset):
             block_samples = None if is_url(path) else 4096
         self.options = StreamOptions(shuffle=shuffle, seed=seed, shuffle_buffer=shuffle_buffer,
                                      block_samples=block_samples, partition=partition,
-                                     batch_size=batch_size)
+                                     batch_size=batch_size, subset=subset)
         if world is not None and not isinstance(world, World):
             raise TypeError(f"world must be a packer.datasets.partition.World, got "
                             f"{type(world).__name__}")
@@ -301,6 +328,7 @@ class StreamingDataset(IterableDataset):
         self.reader = open_dataset(path, transform=transform, target_transform=target_transform,
                                    output=output, **reader_kwargs)
         self._sizes = _block_sizes(self.reader.shard_sizes, self.options.block_samples)
+        self._take = self.options.epoch_samples(len(self.reader))
         self._clock = _EpochClock()
         self._parent_world: tuple[int, int] | None = None
         self._position: _Position | None = None
@@ -329,6 +357,11 @@ class StreamingDataset(IterableDataset):
         """Samples in the dataset (all ranks together, without padding)."""
         return len(self.reader)
 
+    @property
+    def samples_per_epoch(self) -> int:
+        """Samples an epoch reads over all ranks, before padding or dropping (``subset``)."""
+        return self._take
+
     def _rank_world(self) -> tuple[int, int]:
         """(rank, world size): the ``world`` given, else the one the main process handed this
         spawned worker (it cannot see a process group set up by hand), else detected."""
@@ -348,7 +381,7 @@ class StreamingDataset(IterableDataset):
         return World(rank, size)
 
     def _counts(self) -> EpochCounts:
-        return epoch_counts(self.num_samples, self._rank_world()[1], self.options.partition)
+        return epoch_counts(self._take, self._rank_world()[1], self.options.partition)
 
     def __len__(self) -> int:
         return self._counts().per_rank
@@ -367,24 +400,24 @@ class StreamingDataset(IterableDataset):
         if get_worker_info() is not None:
             return  # reported by the main process, not once per worker
         size = self._rank_world()[1]
-        counts = epoch_counts(self.num_samples, size, self.options.partition)
+        counts = epoch_counts(self._take, size, self.options.partition)
         if not counts.padded and not counts.dropped and counts.per_rank:
             return
-        key = (self.root, self.num_samples, size, self.options.partition)
+        key = (self.root, self._take, size, self.options.partition)
         with _REPORTED_LOCK:
             if key in _REPORTED:
                 return
             _REPORTED.add(key)
         if counts.padded:
-            msg = (f"{self.num_samples} samples do not divide over {size} ranks: each epoch "
+            msg = (f"{self._take} samples do not divide over {size} ranks: each epoch "
                    f"repeats {counts.padded} samples so every rank reads {counts.per_rank} "
                    f"(partition='pad'; 'drop' leaves them out instead)")
         elif counts.per_rank:
-            msg = (f"{self.num_samples} samples do not divide over {size} ranks: each epoch "
+            msg = (f"{self._take} samples do not divide over {size} ranks: each epoch "
                    f"leaves out {counts.dropped} samples so every rank reads {counts.per_rank} "
                    f"(partition='drop'; 'pad' repeats samples instead)")
         else:
-            msg = (f"every epoch is empty: {self.num_samples} samples over {size} ranks with "
+            msg = (f"every epoch is empty: {self._take} samples over {size} ranks with "
                    f"partition={self.options.partition!r}")
         warnings.warn(f"{self.root}: {msg}", UserWarning, stacklevel=3)
 
@@ -422,7 +455,8 @@ class StreamingDataset(IterableDataset):
         opts = self.options
         indices = plan(self._sizes, world, seed=opts.seed, epoch=epoch, shuffle=opts.shuffle,
                        partition=opts.partition, buffer_size=opts.shuffle_buffer,
-                       batch_size=opts.batch_size, skip=skip)
+                       batch_size=opts.batch_size, skip=skip,
+                       take=None if opts.subset is None else self._take)
         if done > len(indices):
             raise ValueError(f"the state says this worker yielded {done} samples of epoch {epoch}, "
                              f"but it has only {len(indices)}")
@@ -470,6 +504,8 @@ class StreamingDataset(IterableDataset):
             "block_samples": opts.block_samples,
             "partition": opts.partition,
             "world_size": self._rank_world()[1],
+            "subset": opts.subset,
+            "order": ORDER_VERSION,
         }
 
     def state_dict(self, samples_consumed: int | None = None) -> dict[str, Any]:
@@ -532,6 +568,7 @@ class StreamingDataset(IterableDataset):
             raise ValueError(f"unknown StreamingDataset state version {state.get('version')!r} "
                              f"(this version of packer reads version {STATE_VERSION})")
         mine = self._layout()
+        state = {**_LAYOUT_DEFAULTS, **state}
         missing = [k for k in (*mine, "epoch", "samples_consumed") if k not in state]
         if missing:
             raise ValueError(f"StreamingDataset state lacks {', '.join(missing)}")

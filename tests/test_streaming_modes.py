@@ -1,0 +1,106 @@
+"""Streaming for large jobs: subsets of an epoch, exactly-once evaluation, mixtures, elastic resume.
+
+The pure plan is checked over many (world size, workers, seed, epoch) combinations in-process with
+:class:`World` objects; StreamingDataset over the 23-sample test dataset of test_streaming.py.
+"""
+
+from __future__ import annotations
+
+import collections
+import json
+
+import numpy as np
+import pytest
+from test_streaming import N, epoch_ids, ids_by_index, lmdb_packed, loader, stream  # noqa: F401
+
+from packer.datasets.partition import World, plan, stream_indices
+
+
+def rank_plan(sizes, world_size, workers, *, epoch, take=None, skip=0, seed=3, batch=3,
+              partition="pad"):
+    """What each rank reads this epoch, in the order its DataLoader yields (workers in turn)."""
+    out = []
+    for rank in range(world_size):
+        parts = [plan(sizes, World(rank, world_size, w, workers), seed=seed, epoch=epoch,
+                      shuffle=True, partition=partition, buffer_size=5, batch_size=batch,
+                      skip=skip, take=take) for w in range(workers)]
+        out.append(np.concatenate(parts) if parts else np.zeros(0, np.int64))
+    return out
+
+
+# -- subsets ----------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("sizes,take,world_size,workers", [
+    ((40, 37, 23), 10, 2, 2), ((100,), 33, 3, 1), ((7, 0, 9, 4), 5, 1, 3), ((50, 50), 100, 4, 2)])
+def test_subset_epochs_continue_one_pass(sizes, take, world_size, workers):
+    total = sum(sizes)
+    epochs = -(-total // take)
+    seen: list[int] = []
+    for epoch in range(epochs):
+        per_rank = rank_plan(sizes, world_size, workers, epoch=epoch, take=take)
+        assert len({len(r) for r in per_rank}) == 1  # every rank the same count
+        assert len(per_rank[0]) == -(-take // world_size)
+        window = stream_indices(sizes, np.arange(epoch * take, (epoch + 1) * take), seed=3)
+        got = np.concatenate(per_rank)
+        assert set(got.tolist()) == set(window.tolist())  # the epoch is its window, padded
+        seen += window.tolist()
+    assert sorted(seen[:total]) == list(range(total))  # one pass: each sample once, then again
+    assert len(set(seen)) == total
+
+
+def test_full_take_is_the_default_order():
+    sizes = (11, 5, 20)
+    for epoch in range(3):
+        assert all(np.array_equal(a, b) for a, b in zip(
+            rank_plan(sizes, 3, 2, epoch=epoch), rank_plan(sizes, 3, 2, epoch=epoch, take=36)))
+    assert not np.array_equal(stream_indices(sizes, np.arange(36), seed=3),
+                              stream_indices(sizes, np.arange(36, 72), seed=3))
+
+
+def test_subset_stream_dataset(lmdb_packed):  # noqa: F811
+    ds = stream(lmdb_packed, rank=1, world_size=2, subset=0.2)  # 5 of 23 a epoch, padded to 6
+    assert (ds.samples_per_epoch, len(ds), ds.padded) == (5, 3, 1)
+    assert stream(lmdb_packed, subset=7).samples_per_epoch == 7
+    seen = collections.Counter()
+    for epoch in range(5):  # 25 stream positions: the first pass and two of the next
+        for rank in range(2):
+            ds = stream(lmdb_packed, rank=rank, world_size=2, subset=0.2)
+            ds.set_epoch(epoch)
+            ids = epoch_ids(loader(ds, 2))
+            assert len(ids) == 3
+            seen.update(ids)
+    assert set(seen) == set(range(N))
+    for bad, err in [(0.0, ValueError), (1.5, ValueError), (0, ValueError), (24, ValueError),
+                     ("all", TypeError)]:
+        with pytest.raises(err):
+            stream(lmdb_packed, subset=bad)
+
+
+@pytest.mark.filterwarnings("ignore:This DataLoader will create 3 worker")
+def test_subset_resumes_and_is_checked(lmdb_packed):  # noqa: F811
+    ds = stream(lmdb_packed, subset=10)
+    ds.set_epoch(2)
+    whole = epoch_ids(loader(ds, 2))
+    assert len(whole) == 10
+    state = json.loads(json.dumps(ds.state_dict(samples_consumed=4)))
+    fresh = stream(lmdb_packed, subset=10)
+    fresh.load_state_dict(state)
+    assert epoch_ids(loader(fresh, 3)) == whole[4:]
+    with pytest.raises(ValueError, match="subset: saved 10, here 0.5"):
+        stream(lmdb_packed, subset=0.5).load_state_dict(state)
+    with pytest.raises(ValueError, match="order: saved 0"):
+        stream(lmdb_packed, subset=10).load_state_dict({**state, "order": 0})
+    plain = stream(lmdb_packed).state_dict(samples_consumed=3)
+    del plain["order"], plain["subset"]  # a state saved before these fields existed
+    stream(lmdb_packed).load_state_dict(plain)
+
+
+def test_subset_ids_match_the_plan(lmdb_packed):  # noqa: F811
+    ids = ids_by_index(lmdb_packed)
+    ds = stream(lmdb_packed, subset=0.5)
+    ds.set_epoch(1)
+    sizes = [4] * 5 + [3]
+    idx = plan(sizes, World(), seed=0, epoch=1, shuffle=True, partition="pad", buffer_size=8,
+               batch_size=3, take=12)
+    assert epoch_ids(loader(ds, 0)) == [ids[i] for i in idx]
