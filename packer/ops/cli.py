@@ -131,7 +131,11 @@ def _convert_options(a: argparse.Namespace):  # noqa: ANN202 - ConvertOptions, i
 
 def _run_convert(a: argparse.Namespace) -> int:
     from ..storage import is_url
+    from .distributed import torchrun_launch
 
+    launch = torchrun_launch()
+    if launch is not None:
+        return _convert_torchrun(a, launch)
     if is_url(a.src):
         if a.src_format == "imagefolder":
             raise UsageError("packer convert: an image folder is read from a local path; a URL SRC must be packed")
@@ -177,7 +181,6 @@ def _convert_to_url(a: argparse.Namespace) -> int:
 def _convert_local(a: argparse.Namespace) -> int:
     from dataclasses import replace
 
-    from ..sizes import format_size
     from .engine import convert_imagefolder
 
     options = _convert_options(a)
@@ -197,6 +200,14 @@ def _convert_local(a: argparse.Namespace) -> int:
             _say(f"renamed {key} -> {path}: {why}")
         if len(renamed) > 20:
             _say(f"... and {len(renamed) - 20} more renamed")
+    return _summary(a, report)
+
+
+def _summary(a: argparse.Namespace, report, skipped_status: int = EXIT_SKIPPED) -> int:  # noqa: ANN001
+    """Print what a conversion (a ConvertReport) did; the exit status (``skipped_status`` when it
+    skipped files)."""
+    from ..sizes import format_size
+
     for note in getattr(report, "notes", []):
         _say(f"packer: {note}")
     if getattr(report, "resumed", None):
@@ -211,9 +222,28 @@ def _convert_local(a: argparse.Namespace) -> int:
             _say(f"skipped {s.path}: {s.reason}")
         if len(report.skipped) > 20:
             _say(f"... and {len(report.skipped) - 20} more (all listed in {a.dst}/manifest.json)")
-        _say(f"{len(report.skipped)} file(s) skipped; exit status {EXIT_SKIPPED}")
-        return EXIT_SKIPPED
+        _say(f"{len(report.skipped)} file(s) skipped; exit status {skipped_status}")
+        return skipped_status
     return EXIT_OK
+
+
+def _convert_torchrun(a: argparse.Namespace, launch) -> int:  # noqa: ANN001 - a distributed.Launch
+    """One rank of ``torchrun ... -m packer convert imagefolder FMT SRC DST``: a part per rank,
+    merged by rank 0 (packer.ops.distributed). Done with skipped files is status 0 here: torchrun
+    reports any other status as a failed job (the skips are printed and listed in the manifest)."""
+    from ..storage import is_url
+    from .distributed import convert_imagefolder_torchrun
+
+    print(f"packer: torchrun detected: {launch.describe()}; converting one part per rank, rank 0 merges",
+          flush=True)
+    if a.src_format != "imagefolder" or a.dst_format == "imagefolder" or is_url(a.dst):
+        raise UsageError("packer convert: under torchrun only an image folder converts in parts, to a local packed "
+                         "destination; run other conversions without torchrun")
+    report = convert_imagefolder_torchrun(a.src, a.dst, a.dst_format, _convert_options(a), launch)
+    if launch.rank != 0:
+        print(f"rank {launch.rank}: part converted; rank 0 merged the parts into {a.dst}")
+        return EXIT_OK
+    return _summary(a, report, skipped_status=EXIT_OK)
 
 
 # -- object storage ------------------------------------------------------------------------------

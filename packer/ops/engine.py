@@ -65,6 +65,7 @@ __all__ = [
     "write_packed_result",
     "options_fingerprint",
     "process_data",
+    "scan_ordered",
 ]
 
 
@@ -321,7 +322,9 @@ class _Run:
                     self.checkpoint(self.pos)
                 bar.update(1)
         if self.index == 0:
-            raise SourceError(f"no image in {self.source or self.dst} could be converted ({len(self.skipped)} skipped)")
+            error = SourceError(f"no image in {self.source or self.dst} could be converted ({len(self.skipped)} skipped)")
+            error.skipped = [k for _, k in self.skipped]  # type: ignore[attr-defined]  # for a caller making parts
+            raise error
 
     def close_and_publish(self) -> Manifest:
         """Close the writer, make its files durable, write the manifest, publish by rename."""
@@ -409,8 +412,10 @@ def convert_imagefolder(
         return _convert_imagefolder_claimed(src, dst, fmt, options)
 
 
-def _convert_imagefolder_claimed(src: str, dst: str, fmt: str, options: ConvertOptions) -> ConvertReport:
-    t0 = time.perf_counter()
+def scan_ordered(src: str, dst: str, fmt: str, options: ConvertOptions) -> tuple[list[Sample], Manifest, list[tuple[str, str]]]:
+    """What a conversion of the image folder ``src`` to ``dst`` decides before any image is read
+    (``dst``'s claim held): the samples in write order, the manifest template and the scan's
+    errors. FileExistsError when ``dst`` exists without ``overwrite``; strict: a scan error raises."""
     recover_publish(dst)
     if os.path.lexists(dst) and not options.overwrite:
         raise FileExistsError(f"destination exists: {dst} (use --overwrite to replace it)")
@@ -422,14 +427,6 @@ def _convert_imagefolder_claimed(src: str, dst: str, fmt: str, options: ConvertO
     if options.shuffle:
         perm = np.random.default_rng(options.seed).permutation(len(samples))
         samples = [samples[i] for i in perm]
-
-    def items(start: int) -> Iterator[Item]:
-        rest = samples[start:]
-        for sample, (image, reason) in zip(rest, _results(rest, options.processing, options.workers)):
-            if image is None and options.strict:
-                raise ImageError(f"{sample.path}: {reason}")
-            yield sample.relpath.replace(os.sep, "/"), sample.label, image, reason
-
     template = Manifest(
         format=fmt,
         num_samples=0,
@@ -443,7 +440,21 @@ def _convert_imagefolder_claimed(src: str, dst: str, fmt: str, options: ConvertO
         source={"kind": "imagefolder", "empty_classes": scan.empty_classes},
         created_by=f"packer {__version__}",
     )
+    return samples, template, scan.errors
+
+
+def _convert_imagefolder_claimed(src: str, dst: str, fmt: str, options: ConvertOptions) -> ConvertReport:
+    t0 = time.perf_counter()
+    samples, template, errors = scan_ordered(src, dst, fmt, options)
+
+    def items(start: int) -> Iterator[Item]:
+        rest = samples[start:]
+        for sample, (image, reason) in zip(rest, _results(rest, options.processing, options.workers)):
+            if image is None and options.strict:
+                raise ImageError(f"{sample.path}: {reason}")
+            yield sample.relpath.replace(os.sep, "/"), sample.label, image, reason
+
     fingerprint = {"source": source_fingerprint(samples), "options": options_fingerprint(fmt, template, options)}
     manifest, resumed, notes = write_packed_result(dst, fmt, items, template, options, len(samples), src, fingerprint)
-    return ConvertReport(dst, manifest, time.perf_counter() - t0, list(manifest.skipped), scan.errors,
+    return ConvertReport(dst, manifest, time.perf_counter() - t0, list(manifest.skipped), errors,
                          resumed=resumed, notes=notes)

@@ -1,0 +1,222 @@
+"""Converting an image folder with the processes torchrun starts: :func:`convert_imagefolder_torchrun`.
+
+Rank 0 scans and shuffles once and sends the ordered list to every rank (JSON bytes in a tensor,
+gloo); each rank converts one contiguous part into a hidden folder beside the destination with its
+own worker processes; rank 0 merges the parts (:mod:`packer.ops.merge`) and publishes. The result
+holds the samples of a one-process conversion with the same seed, in the same order, with the same
+stored bytes. Any rank failing fails every rank, with nothing at the destination.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass, replace
+from datetime import timedelta
+from typing import Any
+
+from ..errors import PackerError, SourceError
+from ..filesystem import check_destination, claim_destination, sibling_path
+from ..manifest import Manifest, Skipped, read_manifest
+from .engine import ConvertOptions, ConvertReport, scan_ordered
+from .items import convert_items
+from .merge import merge
+
+__all__ = ["DistributedError", "Launch", "torchrun_launch", "part_range", "part_path", "convert_imagefolder_torchrun"]
+
+#: How long a rank waits for the others at a collective (the slowest part's conversion included).
+DEFAULT_TIMEOUT = timedelta(hours=24)
+
+
+class DistributedError(PackerError, RuntimeError):
+    """Another rank failed, or the ranks could not talk to each other."""
+
+
+@dataclass(frozen=True)
+class Launch:
+    """This process's place in a torchrun job, from the environment torchrun sets."""
+
+    rank: int
+    world_size: int
+    local_rank: int
+    master: str
+
+    def describe(self) -> str:
+        """One line for the user."""
+        return f"rank {self.rank} of {self.world_size} (local rank {self.local_rank}, master {self.master})"
+
+
+def torchrun_launch(environ: Mapping[str, str] = os.environ) -> Launch | None:
+    """The torchrun job this process belongs to (RANK, WORLD_SIZE, LOCAL_RANK and MASTER_ADDR all
+    set), else None. ValueError for values that are not a rank within the world size."""
+    names = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR")
+    if not all(environ.get(n, "").strip() for n in names):
+        return None
+    try:
+        rank, size, local = (int(environ[n]) for n in names[:3])
+    except ValueError:
+        raise ValueError(f"torchrun environment RANK={environ['RANK']!r} WORLD_SIZE={environ['WORLD_SIZE']!r} "
+                         f"LOCAL_RANK={environ['LOCAL_RANK']!r} is not integers") from None
+    if not 0 <= rank < size or local < 0:
+        raise ValueError(f"torchrun environment: rank {rank} is not within world size {size}")
+    return Launch(rank, size, local, f"{environ['MASTER_ADDR']}:{environ.get('MASTER_PORT', '')}")
+
+
+def part_range(n: int, world_size: int, rank: int) -> tuple[int, int]:
+    """The contiguous share [start, stop) of ``n`` ordered items that ``rank`` converts; the shares
+    of ranks 0 .. world_size - 1 follow each other and differ in size by at most one."""
+    return n * rank // world_size, n * (rank + 1) // world_size
+
+
+def part_path(dst: str, rank: int, world_size: int) -> str:
+    """The hidden folder beside ``dst`` that ``rank`` writes its part into."""
+    return sibling_path(dst, f"part-{rank}-of-{world_size}")
+
+
+# -- talking between ranks: JSON bytes in tensors (gloo) ------------------------------------------
+def _broadcast_json(obj: Any, src: int = 0) -> Any:
+    """``obj`` of rank ``src``, on every rank."""
+    import torch
+    import torch.distributed as dist
+
+    data = json.dumps(obj).encode() if dist.get_rank() == src else b""
+    size = torch.tensor([len(data)], dtype=torch.int64)
+    dist.broadcast(size, src)
+    buf = torch.frombuffer(bytearray(data), dtype=torch.uint8) if data else torch.empty(int(size), dtype=torch.uint8)
+    dist.broadcast(buf, src)
+    return json.loads(buf.numpy().tobytes())
+
+
+def _gather_json(obj: Any) -> list[Any]:
+    """Every rank's ``obj``, in rank order, on every rank."""
+    import torch
+    import torch.distributed as dist
+
+    data = json.dumps(obj).encode()
+    sizes = [torch.zeros(1, dtype=torch.int64) for _ in range(dist.get_world_size())]
+    dist.all_gather(sizes, torch.tensor([len(data)], dtype=torch.int64))
+    longest = max(int(s) for s in sizes)
+    bufs = [torch.zeros(longest, dtype=torch.uint8) for _ in sizes]
+    mine = torch.zeros(longest, dtype=torch.uint8)
+    mine[: len(data)] = torch.frombuffer(bytearray(data), dtype=torch.uint8)
+    dist.all_gather(bufs, mine)
+    return [json.loads(b.numpy()[: int(s)].tobytes()) for b, s in zip(bufs, sizes)]
+
+
+# -- the conversion ---------------------------------------------------------------------------------
+def convert_imagefolder_torchrun(
+    src: str | os.PathLike[str], dst: str | os.PathLike[str], fmt: str, options: ConvertOptions, launch: Launch,
+    timeout: timedelta = DEFAULT_TIMEOUT,
+) -> ConvertReport:
+    """Convert the image folder ``src`` to ``fmt`` at ``dst`` as rank ``launch.rank`` of a torchrun
+    job (every rank calls it with the same arguments; a gloo process group is started unless one is
+    already). Rank 0 holds the destination's claim from the scan to the publish; each rank uses
+    ``options.workers`` processes. Every rank returns the report of the merged dataset, or raises:
+    its own error, or DistributedError naming the rank that failed."""
+    import torch.distributed as dist
+
+    t0 = time.perf_counter()
+    src, dst = os.fspath(src), os.fspath(dst)
+    own = not dist.is_initialized()
+    if own:
+        dist.init_process_group("gloo", timeout=timeout)
+    try:
+        if launch.rank == 0:
+            check_destination(src, dst)
+            with claim_destination(dst):
+                return _run_rank0(src, dst, fmt, options, launch, t0)
+        return _run_rank(src, dst, fmt, options, launch, t0)
+    except RuntimeError as e:
+        if isinstance(e, PackerError):
+            raise
+        raise DistributedError(f"rank {launch.rank} of {launch.world_size}: {e}") from e
+    finally:
+        if own:
+            dist.destroy_process_group()
+
+
+def _run_rank0(src: str, dst: str, fmt: str, options: ConvertOptions, launch: Launch, t0: float) -> ConvertReport:
+    """Scan, share the plan, convert part 0, merge every part and publish, share the outcome."""
+    try:
+        samples, template, errors = scan_ordered(src, dst, fmt, options)
+    except BaseException as e:
+        _broadcast_json({"error": f"{type(e).__name__}: {e}"})
+        raise
+    plan = {"classes": template.classes, "items": [[s.relpath.replace(os.sep, "/"), s.label] for s in samples]}
+    _broadcast_json(plan)
+    outcome, own_error = _convert_part(plan, src, dst, fmt, options, launch)
+    outcomes = _gather_json(outcome)
+    failed = None
+    try:
+        if own_error is not None:
+            raise own_error
+        failed = next((r for r, o in enumerate(outcomes) if o["error"]), None)
+        if failed is not None:
+            raise DistributedError(f"rank {failed} of {launch.world_size} failed: {outcomes[failed]['error']}")
+        report = _merge_parts(outcomes, src, dst, options, template)
+    except BaseException as e:
+        _broadcast_json({"error": outcomes[failed]["error"] if failed is not None else f"{type(e).__name__}: {e}",
+                         "rank": failed if failed is not None else 0})
+        raise
+    finally:
+        for r in range(launch.world_size):
+            shutil.rmtree(part_path(dst, r, launch.world_size), ignore_errors=True)
+    _broadcast_json({"error": None})
+    return ConvertReport(dst, report.manifest, time.perf_counter() - t0, list(report.manifest.skipped), errors)
+
+
+def _run_rank(src: str, dst: str, fmt: str, options: ConvertOptions, launch: Launch, t0: float) -> ConvertReport:
+    """Any rank but 0: take the plan, convert this rank's part, wait for rank 0's merge."""
+    plan = _broadcast_json(None)
+    if plan.get("error"):
+        raise DistributedError(f"rank 0 of {launch.world_size} failed: {plan['error']}")
+    outcome, own_error = _convert_part(plan, src, dst, fmt, options, launch)
+    _gather_json(outcome)
+    final = _broadcast_json(None)
+    if own_error is not None:
+        raise own_error
+    if final["error"]:
+        raise DistributedError(f"rank {final['rank']} of {launch.world_size} failed: {final['error']}")
+    manifest = read_manifest(dst)
+    return ConvertReport(dst, manifest, time.perf_counter() - t0, list(manifest.skipped))
+
+
+def _convert_part(plan: dict[str, Any], src: str, dst: str, fmt: str, options: ConvertOptions,
+                  launch: Launch) -> tuple[dict[str, Any], BaseException | None]:
+    """Convert this rank's share of the plan into its part folder: the outcome every rank is told
+    (``error``, ``part``: the folder or None, ``skipped`` of a share with no image), and the error."""
+    start, stop = part_range(len(plan["items"]), launch.world_size, launch.rank)
+    share = plan["items"][start:stop]
+    path = part_path(dst, launch.rank, launch.world_size)
+    items = [(os.path.join(src, *rel.split("/")), label, None) for rel, label in share]
+    opts = replace(options, overwrite=True, progress=options.progress and launch.rank == 0)
+    try:
+        if not items:
+            return {"error": None, "part": None, "skipped": []}, None
+        convert_items(items, path, fmt, opts, plan["classes"], root=src)
+        return {"error": None, "part": path, "skipped": None}, None
+    except SourceError as e:
+        skipped = getattr(e, "skipped", None)
+        if skipped is None:
+            return {"error": f"{type(e).__name__}: {e}"}, e
+        return {"error": None, "part": None, "skipped": [[k.path, k.reason] for k in skipped]}, None
+    except Exception as e:  # noqa: BLE001 - every rank is told, then each raises
+        return {"error": f"{type(e).__name__}: {e}"}, e
+
+
+def _merge_parts(outcomes: list[dict[str, Any]], src: str, dst: str, options: ConvertOptions,
+                 template: Manifest) -> Any:
+    """Merge the parts in rank order into ``dst``, with the facts of the image folder conversion:
+    its source, seed and ignored counts, and the skips in the order one process lists them."""
+    skipped: list[Skipped] = []
+    for o in outcomes:
+        skipped += read_manifest(o["part"]).skipped if o["part"] else [Skipped(p, r) for p, r in o["skipped"]]
+    parts = [o["part"] for o in outcomes if o["part"]]
+    if not parts:
+        raise SourceError(f"no image in {src} could be converted ({len(skipped)} skipped)")
+    facts = {"source": template.source, "ignored": template.ignored, "shuffle_seed": template.shuffle_seed,
+             "skipped": skipped + list(template.skipped)}
+    return merge(parts, dst, options.overwrite, describe=lambda m: replace(m, **facts))

@@ -1,0 +1,121 @@
+"""torchrun conversion: real ranks (gloo) convert parts that rank 0 merges; the result holds the
+samples of a one-process conversion with the same seed, in order, with the same stored bytes."""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+
+import pytest
+from conftest import make_folder, pack
+
+from packer.datasets import open_dataset
+from packer.manifest import read_manifest
+from packer.ops.distributed import part_range, torchrun_launch
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def torchrun(nproc: int, *args: str) -> subprocess.CompletedProcess:
+    cmd = [sys.executable, "-m", "torch.distributed.run", f"--nproc_per_node={nproc}", f"--master_port={free_port()}",
+           "-m", "packer", "convert", "imagefolder", *args]
+    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR")}
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=240, cwd=ROOT, env=env)
+
+
+@pytest.fixture
+def folder(tmp_path):
+    root = str(tmp_path / "src")
+    make_folder(root, {"cat": [(f"c{i}.jpg", 30, 40) for i in range(6)], "dog": [(f"d{i}.png", 24, 20) for i in range(5)],
+                       "eel": [("e0.jpg", 20, 20)]})
+    os.makedirs(os.path.join(root, "fox"))  # an empty class keeps its label
+    with open(os.path.join(root, "dog", "z-bad.jpg"), "wb") as f:
+        f.write(b"not an image")
+    return root
+
+
+def samples(path):
+    ds = open_dataset(str(path))
+    try:
+        return [(r.key, r.label, bytes(r.payload)) for r in map(ds.read_record, range(len(ds)))]
+    finally:
+        ds.close()
+
+
+def leftovers(tmp_path):
+    return sorted(n for n in os.listdir(tmp_path) if n.startswith("."))
+
+
+def check_same_as_one_process(folder, tmp_path, fmt, *extra):
+    ref = pack(folder, str(tmp_path / "ref"), fmt, encode="png" if "png" in extra else "jpeg:90", seed=3,
+               writer={"gzip": True} if "--gzip" in extra else None)
+    out = torchrun(2, fmt, folder, str(tmp_path / "dst"), "--seed", "3", "--workers", "2", "-q", *extra)
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert out.stdout.splitlines()[0].startswith("packer: torchrun detected: rank ")
+    assert "skipped dog/z-bad.jpg" in out.stderr
+    assert samples(tmp_path / "dst") == samples(tmp_path / "ref")
+    got, want = read_manifest(str(tmp_path / "dst")).to_json(), ref.manifest.to_json()
+    for k in ("files", "layout"):
+        got.pop(k), want.pop(k)
+    assert got == want  # classes, seed, skips in order, source, ignored counts
+    assert leftovers(tmp_path) == []
+
+
+def test_torchrun_tar_matches_one_process(folder, tmp_path):
+    check_same_as_one_process(folder, tmp_path, "tar", "--shard-samples", "4")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(("fmt", "extra"), [("lmdb", ()), ("hdf5", ("--encode", "png")),
+                                             ("tfrecord", ("--gzip", "--shard-samples", "3"))])
+def test_torchrun_matches_one_process(folder, tmp_path, fmt, extra):
+    check_same_as_one_process(folder, tmp_path, fmt, *extra)
+
+
+@pytest.mark.slow
+def test_torchrun_rank_failure_fails_the_job(folder, tmp_path):
+    """--strict with the bad image in rank 1's share: every rank fails, nothing at DST, no part left."""
+    out = torchrun(2, "lmdb", folder, str(tmp_path / "dst"), "--no-shuffle", "--strict", "--workers", "1", "-q")
+    assert out.returncode != 0
+    assert "rank 1 of 2 failed: ImageError" in out.stderr and "z-bad.jpg" in out.stderr
+    assert not os.path.exists(tmp_path / "dst") and leftovers(tmp_path) == []
+    os.makedirs(tmp_path / "dst")
+    out = torchrun(2, "lmdb", folder, str(tmp_path / "dst"), "-q")
+    assert out.returncode != 0 and "destination exists" in out.stderr
+    assert os.listdir(tmp_path / "dst") == []
+
+
+@pytest.mark.slow
+def test_torchrun_more_ranks_than_images(tmp_path):
+    """A rank with an empty share, and one whose share holds only a bad image, add no part."""
+    root = str(tmp_path / "src")
+    make_folder(root, {"a": [("x.jpg", 20, 20)]})
+    with open(os.path.join(root, "a", "y.jpg"), "wb") as f:
+        f.write(b"junk")
+    out = torchrun(3, "tar", root, str(tmp_path / "dst"), "--no-shuffle", "--workers", "1", "-q")
+    assert out.returncode == 0, out.stderr
+    m = read_manifest(str(tmp_path / "dst"))
+    assert m.num_samples == 1 and [s.path for s in m.skipped] == ["a/y.jpg"]
+
+
+def test_part_range_and_launch():
+    for n in range(0, 12):
+        for world in range(1, 5):
+            ranges = [part_range(n, world, r) for r in range(world)]
+            assert ranges[0][0] == 0 and ranges[-1][1] == n
+            assert all(a[1] == b[0] for a, b in zip(ranges, ranges[1:]))
+            assert max(b - a for a, b in ranges) - min(b - a for a, b in ranges) <= 1
+    env = {"RANK": "1", "WORLD_SIZE": "2", "LOCAL_RANK": "1", "MASTER_ADDR": "h", "MASTER_PORT": "5"}
+    launch = torchrun_launch(env)
+    assert launch is not None and (launch.rank, launch.world_size, launch.master) == (1, 2, "h:5")
+    assert torchrun_launch({"RANK": "0", "WORLD_SIZE": "1"}) is None
+    with pytest.raises(ValueError, match="rank 2 is not within world size 2"):
+        torchrun_launch({**env, "RANK": "2"})
