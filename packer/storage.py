@@ -7,14 +7,22 @@ credentials come from their usual places (environment, config files, instance ro
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import posixpath
-from collections.abc import Iterable
+import threading
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
-from .errors import CorruptDataError, ManifestError, PackerError, UnfinishedDatasetError
+from .errors import (
+    CorruptDataError,
+    DatasetChangedError,
+    ManifestError,
+    PackerError,
+    UnfinishedDatasetError,
+)
 from .manifest import MANIFEST_NAME, MAX_MANIFEST_BYTES, Manifest
 
 __all__ = [
@@ -25,6 +33,8 @@ __all__ = [
     "local_copy",
     "open_remote",
     "upload_converted",
+    "Uploader",
+    "watch_uploads",
     "check_remote_destination",
     "parse_storage_options",
     "read_remote_manifest",
@@ -206,12 +216,30 @@ class RemoteFiles:
         self.remote = remote
         self.cache = cache
         self.view = view
+        self.manifest = manifest
         self._entries = {f.name: (f.bytes, f.sha256) for f in manifest.files}
 
     def __call__(self, name: str) -> int:
         size, sha = self._entries[name]
-        return self.cache.fetch(os.path.join(self.view, name), size, sha, lambda: self.remote.open(name, size),
-                                self.remote.join(name))
+        try:
+            return self.cache.fetch(os.path.join(self.view, name), size, sha,
+                                    lambda: self.remote.open(name, size), self.remote.join(name))
+        except (CorruptDataError, RemoteError) as e:
+            if self._replaced():
+                raise DatasetChangedError(
+                    f"{self.remote.url} was replaced or removed after this reader opened it (e.g. by a conversion "
+                    f"with --overwrite), so {name} is no longer this dataset's; open the dataset again",
+                    path=self.remote.url) from e
+            raise
+
+    def _replaced(self) -> bool:
+        """True when the URL no longer holds the manifest this reader opened."""
+        try:
+            return read_remote_manifest(self.remote)[0] != self.manifest
+        except (UnfinishedDatasetError, ManifestError):  # gone, or another (unreadable) manifest
+            return True
+        except PackerError:  # the server cannot say: report the original error
+            return False
 
 
 def open_remote(url: str, storage_options: dict[str, Any] | None = None, cache_dir: str | None = None,
@@ -244,10 +272,69 @@ def local_copy(url: str, storage_options: dict[str, Any] | None = None, cache_di
 def upload_converted(local: str, url: str, storage_options: dict[str, Any] | None, overwrite: bool) -> None:
     """Publish the packed dataset in ``local`` at ``url`` (files first, manifest last); refused
     when ``url`` already holds a dataset and ``overwrite`` is false."""
-    remote = check_remote_destination(url, storage_options, overwrite)
     from .manifest import read_manifest
 
-    upload_dataset(local, remote, read_manifest(local))
+    uploader = Uploader(check_remote_destination(url, storage_options, overwrite))
+    uploader.finish(local, read_manifest(local))
+
+
+class Uploader:
+    """Uploads a conversion's files to ``remote`` as they are finished, and the manifest last.
+
+    What was uploaded is recorded at ``remote`` in ``.packer-upload.json`` (name -> SHA-256), so a
+    resumed or repeated conversion, which writes the same bytes, uploads each file once. When the
+    destination holds a dataset already (``--overwrite``), nothing is uploaded before
+    :meth:`finish`, which first removes the old manifest (readers that open the dataset meanwhile
+    are told its conversion has not finished; readers already open fail on their next download
+    with an error, never a mix), then uploads, then removes the old files no longer named."""
+
+    JOURNAL = ".packer-upload.json"
+
+    def __init__(self, remote: Remote) -> None:
+        self.remote = remote
+        self.fs, self.path = remote.filesystem()
+        self.live = call(remote.url, self.fs.exists, self._at(MANIFEST_NAME))
+        self.done: dict[str, str] = {}
+        if call(remote.url, self.fs.exists, self._at(self.JOURNAL)):
+            try:
+                self.done = {str(k): str(v) for k, v in json.loads(call(remote.url, self.fs.cat_file,
+                                                                         self._at(self.JOURNAL))).items()}
+            except (ValueError, AttributeError):
+                self.done = {}
+
+    def _at(self, name: str) -> str:
+        return posixpath.join(self.path, name)
+
+    def upload(self, local: str, entries: Iterable[tuple[str, str]]) -> None:
+        """Upload the finished files ``(name, sha256)`` of the folder ``local`` not uploaded yet
+        (nothing while a live dataset is at the destination: see the class docstring)."""
+        if self.live:
+            return
+        todo = [(n, h) for n, h in entries if self.done.get(n) != h]
+        for name, sha in todo:
+            call(self.remote.join(name), self.fs.put_file, os.path.join(local, name), self._at(name))
+            self.done[name] = sha
+        if todo:
+            call(self.remote.url, self.fs.pipe_file, self._at(self.JOURNAL), json.dumps(self.done).encode())
+
+    def finish(self, local: str, manifest: Manifest) -> None:
+        """Upload what is left, then the manifest; remove the upload record and stale files."""
+        old: set[str] = set()
+        if self.live:
+            try:
+                old = {f.name for f in read_remote_manifest(self.remote)[0].files}
+            except PackerError:  # an unreadable old manifest: its files are left where they are
+                old = set()
+            call(self.remote.join(MANIFEST_NAME), self.fs.rm_file, self._at(MANIFEST_NAME))
+            self.live = False
+        self.upload(local, [(f.name, f.sha256) for f in manifest.files])
+        call(self.remote.join(MANIFEST_NAME), self.fs.put_file, os.path.join(local, MANIFEST_NAME),
+             self._at(MANIFEST_NAME))
+        for name in sorted(old - {f.name for f in manifest.files}) + [self.JOURNAL]:
+            try:
+                call(self.remote.join(name), self.fs.rm_file, self._at(name))
+            except RemoteError:
+                pass  # already gone
 
 
 def check_remote_destination(url: str, storage_options: dict[str, Any] | None, overwrite: bool) -> Remote:
@@ -258,3 +345,39 @@ def check_remote_destination(url: str, storage_options: dict[str, Any] | None, o
     if not overwrite and call(remote.url, fs.exists, posixpath.join(path, MANIFEST_NAME)):
         raise FileExistsError(f"{url} already holds a packed dataset; pass --overwrite to replace it")
     return remote
+
+
+@contextlib.contextmanager
+def watch_uploads(uploader: Uploader, dst: str, every: float = 0.5) -> Iterator[None]:
+    """While the body converts into the local ``dst``, upload every file its journal lists as
+    finished (the journal is written at each checkpoint: a finished shard). An upload error is
+    raised when the body ends."""
+    from .filesystem import temp_dir_for
+    from .journal import read_journal
+
+    tmp = temp_dir_for(dst)
+    stop = threading.Event()
+    errors: list[BaseException] = []
+
+    def run() -> None:
+        while not errors:
+            finished = stop.wait(every)
+            journal = read_journal(tmp) if os.path.isdir(tmp) else None
+            files = journal.writer.get("files", []) if journal is not None else []
+            try:
+                uploader.upload(tmp, [(f["name"], f["sha256"]) for f in files if os.path.exists(os.path.join(tmp, f["name"]))])
+            except Exception as e:  # noqa: BLE001 - raised in the converting thread
+                if os.path.isdir(tmp):  # else the folder was just published: finish() uploads from there
+                    errors.append(e)
+            if finished:
+                return
+
+    thread = threading.Thread(target=run, daemon=True, name="packer-upload")
+    thread.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        thread.join()
+    if errors:
+        raise errors[0]

@@ -14,7 +14,7 @@ import torch
 from conftest import make_folder, pack
 
 from packer.datasets import open_dataset
-from packer.errors import CorruptDataError, UnfinishedDatasetError
+from packer.errors import CorruptDataError, DatasetChangedError, UnfinishedDatasetError
 from packer.manifest import read_manifest
 from packer.nodecache import CacheFullError, NodeCache
 from packer.storage import RemoteError, is_url, parse_storage_options, upload_dataset
@@ -342,8 +342,9 @@ class _FaultProxy:
     """A TCP proxy to a server that answers some HTTP requests itself with ``status`` instead of
     forwarding them: every request when ``every`` is 1, every second one when 2, ..."""
 
-    def __init__(self, port, status, every):
+    def __init__(self, port, status, every, delay=0.0):
         self.target, self.status, self.every, self.requests = ("127.0.0.1", port), status, every, 0
+        self.delay = delay
         self.sock = socket.create_server(("127.0.0.1", 0))
         self.port = self.sock.getsockname()[1]
         threading.Thread(target=self._accept, daemon=True).start()
@@ -366,6 +367,7 @@ class _FaultProxy:
                     break
                 if data[:4] in (b"GET ", b"HEAD", b"PUT "):
                     self.requests += 1
+                    time.sleep(self.delay)
                     if self.requests % self.every == 0:
                         body = b"" if data.startswith(b"HEAD") else b"<Error><Code>Injected</Code></Error>"
                         client.sendall(b"HTTP/1.1 %d Injected\r\nContent-Length: %d\r\nConnection: close\r\n\r\n%s"
@@ -441,3 +443,75 @@ def test_two_torchrun_ranks_stream_from_s3_every_sample_once(s3, tmp_path_factor
             assert ids == expected(data, rank=r, world_size=2, epoch=epoch, block=None)  # the local plan
             seen.update(ids)
         assert set(seen) == set(range(N)) and sum(seen.values()) == N + ranks[0]["padded"]
+
+
+def _cli_opts(s3, cache):
+    endpoint = s3["client_kwargs"]["endpoint_url"]
+    return ["--storage-option", "key=testing", "--storage-option", "secret=testing",
+            "--storage-option", f"client_kwargs.endpoint_url={endpoint}",
+            "--storage-option", "client_kwargs.region_name=us-east-1", "--cache-dir", cache]
+
+
+def test_a_killed_upload_resumes_without_uploading_again(s3, tmp_path):
+    import signal
+    import subprocess
+    import sys
+
+    import s3fs
+
+    src = str(tmp_path / "src")
+    make_folder(src, {c: [(f"{i}.png", 32, 32) for i in range(40)] for c in ("a", "b")})
+    url, key = "s3://data/resumed/tar", "data/resumed/tar"
+    args = ["convert", "imagefolder", "tar", src, url, "--encode", "png", "--shard-samples", "4", "--workers", "1",
+            "--no-shuffle", "-q"]
+    fs = s3fs.S3FileSystem(**s3)
+    port = int(s3["client_kwargs"]["endpoint_url"].rsplit(":", 1)[1])
+    slow = _FaultProxy(port, 503, every=10**9, delay=0.1)  # 0.1 s per request: the upload takes seconds
+    proc = subprocess.Popen([sys.executable, "-m", "packer", *args, *_cli_opts(slow.options(s3), str(tmp_path / "c"))],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline and proc.poll() is None:
+        fs.invalidate_cache()
+        if fs.exists(f"{key}/.packer-upload.json") and len(fs.ls(key)) >= 3:
+            break
+        time.sleep(0.05)
+    assert proc.poll() is None, proc.communicate()
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    fs.invalidate_cache()
+    assert not fs.exists(f"{key}/manifest.json")  # no dataset until every file is there
+    first = {p: fs.info(p)["LastModified"] for p in fs.ls(key) if p.endswith(".tar")}
+    assert first
+    r = _cli(*args, *_cli_opts(s3, str(tmp_path / "c")), "--resume")
+    assert r.returncode == 0 and f"uploaded to {url}" in r.stdout, r.stderr
+    fs.invalidate_cache()
+    assert {p: fs.info(p)["LastModified"] for p in first} == first  # kept, not uploaded again
+    assert not fs.exists(f"{key}/.packer-upload.json")
+    local = pack(src, str(tmp_path / "local"), "tar", encode="png", shuffle=False, writer={"shard_samples": 4})
+    _same(open_dataset(url, storage_options=s3, cache_dir=str(tmp_path / "c2")), open_dataset(local.output))
+
+
+def test_overwrite_never_feeds_an_open_reader_a_mix(s3, tmp_path):
+    import s3fs
+
+    a, b = str(tmp_path / "a"), str(tmp_path / "b")
+    make_folder(a, {"x": [(f"{i}.png", 16, 16) for i in range(12)]}, seed=1)
+    make_folder(b, {"x": [(f"{i}.png", 16, 16) for i in range(6)]}, seed=2)
+    url = "s3://data/overwritten/tar"
+    opts = _cli_opts(s3, str(tmp_path / "cache"))
+    common = ["--encode", "png", "--shard-samples", "2", "--no-shuffle", "-q", *opts]
+    assert _cli("convert", "imagefolder", "tar", a, url, *common).returncode == 0
+    old = open_dataset(url, storage_options=s3, cache_dir=str(tmp_path / "reader"))
+    first = old[0]
+    r = _cli("convert", "imagefolder", "tar", b, url, "--overwrite", *common)
+    assert r.returncode == 0, r.stderr
+    with pytest.raises(DatasetChangedError, match="replaced or removed after this reader opened it"):
+        old[len(old) - 1]  # its shard was replaced or removed: an error, not another sample
+    with pytest.raises(DatasetChangedError):
+        old[4]  # a shard whose name the new dataset uses too: its bytes differ
+    assert torch.equal(old[0][0], first[0])  # what it has cached is still its own dataset
+    new = open_dataset(url, storage_options=s3, cache_dir=str(tmp_path / "reader2"))
+    assert len(new) == 6
+    fs = s3fs.S3FileSystem(**s3)
+    names = {p.rsplit("/", 1)[1] for p in fs.ls("data/overwritten/tar")}
+    assert names == {f.name for f in new.manifest.files} | {"manifest.json"}  # the old extra shards removed
