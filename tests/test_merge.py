@@ -118,7 +118,7 @@ def test_merge_cli(items, tmp_path, capsys):
     rc = main(["merge", str(tmp_path / "m"), str(tmp_path / "a"), str(tmp_path / "b")])
     out, err = capsys.readouterr()
     assert rc == 0, err
-    assert f"labels of {tmp_path / 'a'}: labels unchanged" in out
+    assert f"labels of {tmp_path / 'a'}: unchanged" in out
     assert f"labels of {tmp_path / 'b'}: 'dog' 0 -> 1, 'eel' 1 -> 2" in out
     assert "merged 7 images in 3 classes from 2 part(s)" in out
     rc = main(["merge", str(tmp_path / "m"), str(tmp_path / "a")])

@@ -58,7 +58,7 @@ class MergeReport:
         lines = []
         for part, labels in zip(parts, self.labels):
             moved = [f"{self.manifest.classes[new]!r} {old} -> {new}" for old, new in enumerate(labels) if old != new]
-            lines.append(f"{part}: " + (", ".join(moved) if moved else "labels unchanged"))
+            lines.append(f"{part}: " + (", ".join(moved) if moved else "unchanged"))
         return lines
 
 
