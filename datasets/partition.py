@@ -32,6 +32,7 @@ __all__ = [
     "World",
     "EpochCounts",
     "epoch_counts",
+    "rank_span",
     "shard_order",
     "stream_indices",
     "rank_indices",
@@ -41,10 +42,11 @@ __all__ = [
     "reading_runs",
 ]
 
-Partition = Literal["pad", "drop"]
-"""How an epoch that does not divide evenly over ranks is evened out: repeat samples or drop them."""
+Partition = Literal["pad", "drop", "exact"]
+"""How an epoch that does not divide evenly over ranks is evened out: repeat samples or drop them,
+or, for evaluation, not at all (``exact``: every sample once, ranks may differ by one)."""
 
-_PARTITIONS = ("pad", "drop")
+_PARTITIONS = ("pad", "drop", "exact")
 
 # Domain words of the spawn key: one random stream per purpose, never shared.
 _DOMAIN_SHARD_ORDER = 0
@@ -56,7 +58,8 @@ _MAX_WORD = 2**32  # each spawn-key element must be one 32-bit word
 
 def _check_partition(partition: object) -> Partition:
     if partition not in _PARTITIONS:
-        raise ValueError(f"partition must be 'pad' or 'drop', got {partition!r}")
+        raise ValueError(f"partition must be 'pad' or 'drop', got {partition!r} "
+                         f"(or 'exact' for evaluation)")
     return partition  # type: ignore[return-value]
 
 
@@ -93,7 +96,8 @@ class EpochCounts(NamedTuple):
     """How one epoch of ``num_samples`` spreads over the ranks (see :func:`epoch_counts`)."""
 
     per_rank: int
-    """Samples every rank reads this epoch (the same on all ranks)."""
+    """Samples every rank reads this epoch (the same on all ranks; for ``exact`` the most any
+    rank reads, see :func:`rank_span`)."""
     padded: int
     """Repeated samples added over all ranks (``pad``), else 0."""
     dropped: int
@@ -108,14 +112,38 @@ def epoch_counts(num_samples: int, world_size: int, partition: Partition) -> Epo
     ``N = 1, W = 8`` every rank reads that one sample). ``drop``: ``floor(N / W)`` per rank and
     ``dropped`` samples are left out; with ``N < W`` that is 0 per rank, an empty epoch, which is
     allowed (the caller should report it). An empty dataset gives 0 with either policy.
+    ``exact``: nothing padded or dropped; ranks read ``floor(N / W)`` or one more, and
+    ``per_rank`` is the larger.
     """
     n = check_int("num_samples", num_samples, 0)
     w = check_int("world_size", world_size, 1)
-    if _check_partition(partition) == "pad":
+    if _check_partition(partition) == "exact":
+        return EpochCounts(per_rank=-(-n // w), padded=0, dropped=0)
+    if partition == "pad":
         per_rank = -(-n // w)
         return EpochCounts(per_rank=per_rank, padded=per_rank * w - n, dropped=0)
     per_rank = n // w
     return EpochCounts(per_rank=per_rank, padded=0, dropped=n - per_rank * w)
+
+
+def rank_span(num_samples: int, world_size: int, rank: int, partition: Partition) -> tuple[int, int]:
+    """``(start, count)``: the positions ``[start, start + count)`` of an epoch's sequence of
+    ``num_samples`` that ``rank`` reads (for ``pad`` they may run past the end and wrap around).
+
+    ``pad``/``drop``: ``count`` is :func:`epoch_counts`'s ``per_rank`` and ``start = rank *
+    count``. ``exact``: the first ``N % W`` ranks read ``floor(N / W) + 1``, the others
+    ``floor(N / W)``, in consecutive slices, so the ranks read every position exactly once.
+    """
+    n = check_int("num_samples", num_samples, 0)
+    w = check_int("world_size", world_size, 1)
+    rank = check_int("rank", rank, 0)
+    if rank >= w:
+        raise ValueError(f"rank must be in [0, world_size), got rank={rank}, world_size={w}")
+    if _check_partition(partition) == "exact":
+        base, extra = divmod(n, w)
+        return rank * base + min(rank, extra), base + (rank < extra)
+    per_rank = epoch_counts(n, w, partition).per_rank
+    return rank * per_rank, per_rank
 
 
 def shard_order(num_shards: int, seed: int, epoch: int, shuffle: bool) -> NDArray[np.int64]:
@@ -191,24 +219,22 @@ def rank_indices(
     a rank reads whole runs of a shard). With ``n = epoch_counts(M, world_size,
     partition).per_rank``, rank ``r`` takes positions ``[r * n, (r + 1) * n)`` of that sequence;
     for ``pad`` the positions past the end wrap around to its start (the fewest repeats that even
-    the ranks out), for ``drop`` the last ``M - n * world_size`` are read by nobody. A contiguous
-    slice keeps each rank on few shards. Cost: O(n log S) for ``n`` samples per rank and ``S``
-    shards.
+    the ranks out), for ``drop`` the last ``M - n * world_size`` are read by nobody, for ``exact``
+    the ranks read consecutive slices of ``floor(M / W)`` or one more (:func:`rank_span`). A
+    contiguous slice keeps each rank on few shards. Cost: O(n log S) for ``n`` samples per rank
+    and ``S`` shards.
     """
     sizes = _as_shard_sizes(shard_sizes)
     world_size = check_int("world_size", world_size, 1)
     rank = check_int("rank", rank, 0)
     epoch = check_int("epoch", epoch, 0, _MAX_WORD)
-    if rank >= world_size:
-        raise ValueError(f"rank must be in [0, world_size), got rank={rank}, "
-                         f"world_size={world_size}")
     total = int(sizes.sum())
     count = total if take is None else check_int("take", take, 0)
-    per_rank = epoch_counts(count, world_size, partition).per_rank
+    start, per_rank = rank_span(count, world_size, rank, partition)
     if per_rank == 0:
         check_int("seed", seed, 0, _MAX_SEED)
         return np.zeros(0, dtype=np.int64)
-    positions = (rank * per_rank + np.arange(per_rank, dtype=np.int64)) % count
+    positions = (start + np.arange(per_rank, dtype=np.int64)) % count
     return stream_indices(sizes, epoch * count + positions, seed=seed, shuffle=shuffle)
 
 

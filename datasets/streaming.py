@@ -36,7 +36,7 @@ from torch.utils.data import IterableDataset, get_worker_info
 from packer.checks import check_int
 from packer.storage import is_url
 
-from .partition import EpochCounts, Partition, epoch_counts, plan
+from .partition import EpochCounts, Partition, epoch_counts, plan, rank_span
 from .readahead import ShardReadAhead
 from .shm import ProcessLock, SharedRegion, SlotTable, int64_rows
 from .world import World, detect_rank_and_world_size, detect_worker
@@ -75,6 +75,9 @@ class StreamOptions:
             files).
         partition: ``"pad"`` repeats samples, ``"drop"`` leaves samples out, so every rank gets the
             same count; the amount is reported (``padded``/``dropped`` and a warning).
+            ``"exact"`` (evaluation): every sample once, nothing repeated or left out; ranks read
+            counts that differ by at most one, so gather per-rank sums rather than stepping in
+            lockstep (a DDP training step would hang).
         batch_size: the DataLoader's batch size (the worker split is by batches of this size).
         subset: read only part of the dataset each epoch: a fraction in ``(0, 1]`` (a float) or
             a number of samples (an int); ``None``: all of it. Consecutive epochs continue one
@@ -99,8 +102,9 @@ class StreamOptions:
         if self.block_samples is not None:
             object.__setattr__(self, "block_samples",
                                check_int("block_samples", self.block_samples, 1))
-        if self.partition not in ("pad", "drop"):
-            raise ValueError(f"partition must be 'pad' or 'drop', got {self.partition!r}")
+        if self.partition not in ("pad", "drop", "exact"):
+            raise ValueError(f"partition must be 'pad' or 'drop', got {self.partition!r} "
+                             f"(or 'exact' for evaluation)")
         object.__setattr__(self, "batch_size", check_int("batch_size", self.batch_size, 1))
         if isinstance(self.subset, float):
             if not 0.0 < self.subset <= 1.0:
@@ -273,7 +277,7 @@ class StreamingDataset(IterableDataset):
 
     Yields ``(image, label)`` as the format's map-style reader does (same ``output``,
     ``transform`` and ``target_transform``). ``len(ds)`` is the number of samples this rank reads
-    per epoch, the same on every rank.
+    per epoch, the same on every rank (except with ``partition="exact"``).
 
     Args:
         path: the packed dataset directory or URL.
@@ -384,7 +388,8 @@ class StreamingDataset(IterableDataset):
         return epoch_counts(self._take, self._rank_world()[1], self.options.partition)
 
     def __len__(self) -> int:
-        return self._counts().per_rank
+        rank, size = self._rank_world()
+        return rank_span(self._take, size, rank, self.options.partition)[1]
 
     @property
     def padded(self) -> int:

@@ -11,9 +11,42 @@ import json
 
 import numpy as np
 import pytest
+from conftest import pack, write_image
 from test_streaming import N, epoch_ids, ids_by_index, lmdb_packed, loader, stream  # noqa: F401
+from torch.utils.data import DataLoader
 
-from packer.datasets.partition import World, plan, stream_indices
+from packer.datasets import ExactDistributedSampler, StreamingDataset, open_dataset
+from packer.datasets.partition import World, plan, rank_span, stream_indices
+
+
+def make_numbered(root: str, count: int, classes: int = 3, prefix: str = "c") -> None:
+    """``count`` 4 x 4 PNGs, sample ``i`` in class ``i % classes`` with ``i`` in its first pixel."""
+    for i in range(count):
+        px = np.zeros((4, 4, 3), np.uint8)
+        px[0, 0, :2] = i % 256, i // 256
+        write_image(f"{root}/{prefix}{i % classes}/s{i:04d}.png", px)
+
+
+def numbered(tmp_path_factory, count: int, name: str, **kw) -> str:
+    """A tar dataset of ``count`` numbered samples in shards of 100; its path."""
+    tmp = tmp_path_factory.mktemp(name)
+    make_numbered(str(tmp / "src"), count, **kw)
+    pack(str(tmp / "src"), str(tmp / "out"), "tar", encode="png", writer={"shard_samples": 100})
+    return str(tmp / "out")
+
+
+def number(image) -> int:
+    return int(image[0, 0, 0]) + 256 * int(image[1, 0, 0])
+
+
+def numbers(dl) -> list[int]:
+    return [number(img) for images, *_ in dl for img in images]
+
+
+@pytest.fixture(scope="module")
+def thousand(tmp_path_factory):
+    """1,001 numbered samples in 11 shards (the last of one sample), three classes."""
+    return numbered(tmp_path_factory, 1001, "thousand")
 
 
 def rank_plan(sizes, world_size, workers, *, epoch, take=None, skip=0, seed=3, batch=3,
@@ -104,3 +137,56 @@ def test_subset_ids_match_the_plan(lmdb_packed):  # noqa: F811
     idx = plan(sizes, World(), seed=0, epoch=1, shuffle=True, partition="pad", buffer_size=8,
                batch_size=3, take=12)
     assert epoch_ids(loader(ds, 0)) == [ids[i] for i in idx]
+
+
+# -- exactly once, for evaluation ---------------------------------------------------------------
+
+
+@pytest.mark.parametrize("total,world_size", [(1001, 3), (5, 8), (0, 2), (64, 4), (7, 1)])
+def test_exact_spans_cover_every_position_once(total, world_size):
+    spans = [rank_span(total, world_size, r, "exact") for r in range(world_size)]
+    assert [s for s, _ in spans] == [sum(c for _, c in spans[:r]) for r in range(world_size)]
+    assert sum(c for _, c in spans) == total
+    assert max(c for _, c in spans) - min(c for _, c in spans) <= 1
+
+
+@pytest.mark.parametrize("take", [None, 500])
+def test_exact_plan_reads_every_sample_once(take):
+    sizes = [100] * 10 + [1]
+    for epoch in range(2):
+        per_rank = rank_plan(sizes, 3, 2, epoch=epoch, take=take, partition="exact")
+        want = 1001 if take is None else take
+        assert [len(r) for r in per_rank] == [-(-want // 3)] * (want % 3) + [want // 3] * (
+            3 - want % 3)
+        got = np.concatenate(per_rank)
+        assert len(set(got.tolist())) == len(got) == want
+
+
+def test_exact_streaming_under_three_ranks(thousand):
+    seen = []
+    for rank in range(3):
+        ds = StreamingDataset(thousand, partition="exact", batch_size=16, world=World(rank, 3))
+        assert (ds.padded, ds.dropped) == (0, 0)
+        ids = numbers(DataLoader(ds, batch_size=16, num_workers=2))
+        assert len(ids) == len(ds) == (334 if rank < 2 else 333)
+        seen += ids
+        state = ds.state_dict(samples_consumed=len(ds))
+        assert (state["epoch"], state["samples_consumed"]) == (1, 0)
+    assert sorted(seen) == list(range(1001))
+
+
+@pytest.mark.parametrize("shuffle", [False, True])
+def test_exact_sampler_gives_disjoint_parts(thousand, shuffle):
+    ds = open_dataset(thousand)
+    seen = []
+    for rank in range(3):
+        sampler = ExactDistributedSampler(ds, world=World(rank, 3), shuffle=shuffle, seed=4)
+        sampler.set_epoch(2)
+        ids = numbers(DataLoader(ds, batch_size=50, sampler=sampler, num_workers=2))
+        assert len(ids) == len(sampler) == (334 if rank < 2 else 333)
+        seen += ids
+    assert sorted(seen) == list(range(1001))
+    stored = [number(ds[i][0]) for i in range(len(ds))]
+    assert (seen == stored) != shuffle
+    with pytest.raises(TypeError):
+        ExactDistributedSampler(ds, world=(0, 3))
