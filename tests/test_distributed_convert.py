@@ -82,15 +82,37 @@ def test_torchrun_matches_one_process(folder, tmp_path, fmt, extra):
 
 @pytest.mark.slow
 def test_torchrun_rank_failure_fails_the_job(folder, tmp_path):
-    """--strict with the bad image in rank 1's share: every rank fails, nothing at DST, no part left."""
+    """--strict with the bad image in rank 1's share: every rank fails, nothing at DST. A DST that
+    exists fails every rank before any work."""
     out = torchrun(2, "lmdb", folder, str(tmp_path / "dst"), "--no-shuffle", "--strict", "--workers", "1", "-q")
     assert out.returncode != 0
     assert "rank 1 of 2 failed: ImageError" in out.stderr and "z-bad.jpg" in out.stderr
-    assert not os.path.exists(tmp_path / "dst") and leftovers(tmp_path) == []
+    assert not os.path.exists(tmp_path / "dst") and leftovers(tmp_path) == [".dst.packer-part-0-of-2"]
     os.makedirs(tmp_path / "dst")
     out = torchrun(2, "lmdb", folder, str(tmp_path / "dst"), "-q")
     assert out.returncode != 0 and "destination exists" in out.stderr
     assert os.listdir(tmp_path / "dst") == []
+
+
+@pytest.mark.slow
+def test_torchrun_resume_keeps_finished_parts(folder, tmp_path):
+    """Rank 1 cannot write its part (its lock path is a folder): the job fails, rank 0's finished
+    part stays; --resume with the same world size keeps it and converts only rank 1's share."""
+    from packer.filesystem import sibling_path
+    from packer.ops.distributed import part_path
+
+    dst = str(tmp_path / "dst")
+    blocker = sibling_path(part_path(dst, 1, 2), "lock")
+    os.makedirs(blocker)
+    out = torchrun(2, "hdf5", folder, dst, "--workers", "1", "-q")
+    assert out.returncode != 0 and "rank 1 of 2 failed" in out.stderr and "--resume" in out.stderr
+    assert not os.path.exists(dst)
+    os.rmdir(blocker)
+    out = torchrun(2, "hdf5", folder, dst, "--workers", "1", "-q", "--resume")
+    assert out.returncode == 0, out.stderr
+    assert "kept the parts of rank(s) 0" in out.stderr and leftovers(tmp_path) == []
+    pack(folder, str(tmp_path / "ref"), "hdf5")
+    assert samples(dst) == samples(tmp_path / "ref")
 
 
 @pytest.mark.slow

@@ -42,7 +42,7 @@ def test_items_match_folder_conversion(folder, tmp_path, fmt):
     pack(folder, str(tmp_path / "ref"), fmt, shuffle=False)
     opts = ConvertOptions(processing=ProcessOptions(encoding=parse_encoding("jpeg:90")), workers=2)
     report = convert_items(_folder_items(folder), tmp_path / "out", fmt, opts, root=folder)
-    assert report.manifest.source == {"kind": "items"}
+    assert report.manifest.source["kind"] == "items" and len(report.manifest.source["fingerprint"]) == 64
     assert _records(tmp_path / "out") == _records(tmp_path / "ref")
 
 
@@ -73,3 +73,16 @@ def test_classes_given_and_refused_labels(folder, tmp_path):
     with pytest.raises(FileExistsError):
         convert_items(items, str(tmp_path / "out"), "lmdb")
     assert item_classes(["b", "a", "b"], None) == (["a", "b"], [1, 0, 1])
+
+
+def test_resume_keeps_a_finished_dataset(folder, tmp_path):
+    """A retried call with resume keeps what the same items and options finished; other items or
+    options are a new conversion (refused here: the destination exists)."""
+    items = _folder_items(folder)
+    first = convert_items(items, str(tmp_path / "out"), "tar", root=folder)
+    before = os.stat(tmp_path / "out" / "manifest.json").st_mtime_ns
+    again = convert_items(items, str(tmp_path / "out"), "tar", ConvertOptions(resume=True), root=folder)
+    assert again.manifest == first.manifest and "kept" in again.notes[0]
+    assert os.stat(tmp_path / "out" / "manifest.json").st_mtime_ns == before
+    with pytest.raises(FileExistsError):
+        convert_items(items[1:], str(tmp_path / "out"), "tar", ConvertOptions(resume=True), root=folder)

@@ -4,7 +4,8 @@ Rank 0 scans and shuffles once and sends the ordered list to every rank (JSON by
 gloo); each rank converts one contiguous part into a hidden folder beside the destination with its
 own worker processes; rank 0 merges the parts (:mod:`packer.ops.merge`) and publishes. The result
 holds the samples of a one-process conversion with the same seed, in the same order, with the same
-stored bytes. Any rank failing fails every rank, with nothing at the destination.
+stored bytes. Any rank failing fails every rank, with nothing at the destination; the finished
+parts stay beside it, and ``--resume`` keeps them (and continues interrupted ones).
 """
 
 from __future__ import annotations
@@ -160,12 +161,17 @@ def _run_rank0(src: str, dst: str, fmt: str, options: ConvertOptions, launch: La
     except BaseException as e:
         _broadcast_json({"error": outcomes[failed]["error"] if failed is not None else f"{type(e).__name__}: {e}",
                          "rank": failed if failed is not None else 0})
+        finished = [o["part"] for o in outcomes if o.get("part")]
+        if finished and not getattr(e, "partial_output", None):
+            e.partial_output = ", ".join(finished)  # type: ignore[attr-defined]  # the CLI's --resume hint
         raise
-    finally:
-        for r in range(launch.world_size):
-            shutil.rmtree(part_path(dst, r, launch.world_size), ignore_errors=True)
+    for r in range(launch.world_size):
+        shutil.rmtree(part_path(dst, r, launch.world_size), ignore_errors=True)
     _broadcast_json({"error": None})
-    return ConvertReport(dst, report.manifest, time.perf_counter() - t0, list(report.manifest.skipped), errors)
+    kept = [str(r) for r, o in enumerate(outcomes) if o.get("kept")]
+    notes = [f"kept the parts of rank(s) {', '.join(kept)}, finished by an earlier run"] if kept else []
+    return ConvertReport(dst, report.manifest, time.perf_counter() - t0, list(report.manifest.skipped), errors,
+                         notes=notes)
 
 
 def _run_rank(src: str, dst: str, fmt: str, options: ConvertOptions, launch: Launch, t0: float) -> ConvertReport:
@@ -196,8 +202,9 @@ def _convert_part(plan: dict[str, Any], src: str, dst: str, fmt: str, options: C
     try:
         if not items:
             return {"error": None, "part": None, "skipped": []}, None
-        convert_items(items, path, fmt, opts, plan["classes"], root=src)
-        return {"error": None, "part": path, "skipped": None}, None
+        report = convert_items(items, path, fmt, opts, plan["classes"], root=src)
+        kept = bool(report.notes) and report.notes[0].startswith("kept ")
+        return {"error": None, "part": path, "skipped": None, "kept": kept}, None
     except SourceError as e:
         skipped = getattr(e, "skipped", None)
         if skipped is None:

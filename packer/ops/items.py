@@ -12,11 +12,11 @@ from collections.abc import Iterable, Iterator, Sequence
 from typing import Any, Union
 
 from .. import __version__
-from ..errors import ImageError
+from ..errors import ImageError, PackerError
 from ..filesystem import claim_destination, recover_publish
 from ..imageproc import ProcessOptions
 from ..journal import digest
-from ..manifest import Manifest
+from ..manifest import Manifest, read_manifest
 from ..registry import writer_class
 from .engine import (
     ConvertOptions,
@@ -110,7 +110,8 @@ def convert_items(
     full ``classes`` list when parts made separately are to be merged without renumbering. Images
     are decoded and processed by ``options.workers`` processes, bad ones skipped and listed (or,
     ``strict``, raise ImageError), as for an image folder; ``options.resume`` continues an
-    interrupted call with the same items. A path's key is the path (relative to ``root``), an
+    interrupted call with the same items, and keeps a dataset at ``dst`` that such a call finished
+    (its manifest's ``source.fingerprint``: a retried task does no work twice). A path's key is the path (relative to ``root``), an
     image given as bytes is ``item-N``. ``metadata`` (a dict or None) is accepted but not stored
     yet: no format has per-sample metadata so far. FileExistsError when ``dst`` exists without
     ``overwrite``; SourceError when no image could be converted.
@@ -118,14 +119,7 @@ def convert_items(
     t0 = time.perf_counter()
     dst = os.fspath(dst)
     options = options if options is not None else ConvertOptions()
-    rows = list(items)
-    for i, row in enumerate(rows):
-        if not isinstance(row, tuple) or len(row) != 3 or not isinstance(row[2], (dict, type(None))):
-            raise TypeError(f"item {i} must be a (path or bytes, label, metadata dict or None) tuple")
-    names, labels = item_classes([row[1] for row in rows], classes)
-    sources = [bytes(r[0]) if isinstance(r[0], (bytes, bytearray, memoryview)) else os.fspath(r[0]) for r in rows]
-    base = os.fspath(root) if root is not None else None
-    keys = [_key(i, s, base) for i, s in enumerate(sources)]
+    names, labels, sources, keys = _rows(items, classes, root)
     writer_class(fmt)  # an unknown format fails before any work
     template = Manifest(format=fmt, num_samples=0, classes=names, processing=options.processing.to_json(), files=[],
                         source={"kind": "items"}, created_by=f"packer {__version__}")
@@ -140,10 +134,37 @@ def convert_items(
 
     fingerprint = {"source": _fingerprint(sources, keys, labels),
                    "options": options_fingerprint(fmt, template, options)}
+    template.source["fingerprint"] = digest(fingerprint)
     with claim_destination(dst):
         recover_publish(dst)
+        kept = _finished(dst, template.source["fingerprint"]) if options.resume else None
+        if kept is not None:
+            return ConvertReport(dst, kept, time.perf_counter() - t0, list(kept.skipped),
+                                 notes=[f"kept {dst}: finished before from the same items and options"])
         if os.path.lexists(dst) and not options.overwrite:
             raise FileExistsError(f"destination exists: {dst} (use --overwrite to replace it)")
-        manifest, resumed, notes = write_packed_result(dst, fmt, stream, template, options, len(rows),
-                                                       f"the {len(rows)} items", fingerprint)
+        manifest, resumed, notes = write_packed_result(dst, fmt, stream, template, options, len(sources),
+                                                       f"the {len(sources)} items", fingerprint)
     return ConvertReport(dst, manifest, time.perf_counter() - t0, list(manifest.skipped), resumed=resumed, notes=notes)
+
+
+def _rows(items: Iterable[ImageItem], classes: Sequence[str] | None,
+          root: str | os.PathLike[str] | None) -> tuple[list[str], list[int], list[str | bytes], list[str]]:
+    """Classes, labels, sources (paths or bytes) and keys of the items, checked."""
+    rows = list(items)
+    for i, row in enumerate(rows):
+        if not isinstance(row, tuple) or len(row) != 3 or not isinstance(row[2], (dict, type(None))):
+            raise TypeError(f"item {i} must be a (path or bytes, label, metadata dict or None) tuple")
+    names, labels = item_classes([row[1] for row in rows], classes)
+    sources = [bytes(r[0]) if isinstance(r[0], (bytes, bytearray, memoryview)) else os.fspath(r[0]) for r in rows]
+    base = os.fspath(root) if root is not None else None
+    return names, labels, sources, [_key(i, s, base) for i, s in enumerate(sources)]
+
+
+def _finished(dst: str, fingerprint: str) -> Manifest | None:
+    """The manifest of a dataset at ``dst`` that a call with the same items and options finished."""
+    try:
+        m = read_manifest(dst)
+    except (OSError, PackerError):
+        return None
+    return m if m.source.get("fingerprint") == fingerprint else None
