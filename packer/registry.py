@@ -44,6 +44,10 @@ class Format:
     foreign: bool = False
     #: Names the damaged samples of a file that failed its SHA-256 (None: the SHA-256 names the file).
     locate_damage: Locator | None = None
+    #: For a folder without a manifest: ``identify(directory, file_names)`` is None when it holds
+    #: none of this format's files, "" when they are packer's own (an unfinished conversion), else
+    #: a sentence saying what they are and what to do (``packer.layouts.describe_directory``).
+    identify: Callable[[str, set[str]], str | None] | None = None
     #: One B-tree over the whole file: a damaged pointer can lead to another intact record, which
     #: ``verify`` looks for in version 1 datasets (version 2 binds each record to its place).
     check_unique_records: bool = False
@@ -130,12 +134,38 @@ def _locate_tfrecord(*args: Any) -> None:
     locate_damage(*args)
 
 
+def _identify_lmdb(directory: str, files: set[str]) -> str | None:
+    from packer.layouts.lmdb import identify
+
+    return identify(directory, files)
+
+
+def _identify_hdf5(directory: str, files: set[str]) -> str | None:
+    from packer.layouts.hdf5 import identify
+
+    return identify(directory, files)
+
+
+def _identify_tar(directory: str, files: set[str]) -> str | None:
+    from packer.layouts.tar import identify
+
+    return identify(directory, files)
+
+
+def _identify_tfrecord(directory: str, files: set[str]) -> str | None:
+    from packer.layouts.tfrecord import identify
+
+    return identify(directory, files)
+
+
 FORMATS: dict[str, Format] = {f.name: f for f in (
-    Format("lmdb", _lmdb_writer, _lmdb_reader, frozenset({"checkpoint_samples"}), check_unique_records=True),
-    Format("tar", _tar_writer, _tar_reader, SHARD_OPTIONS, foreign=True, locate_damage=_locate_tar),
+    Format("lmdb", _lmdb_writer, _lmdb_reader, frozenset({"checkpoint_samples"}), check_unique_records=True,
+           identify=_identify_lmdb),
+    Format("tar", _tar_writer, _tar_reader, SHARD_OPTIONS, foreign=True, locate_damage=_locate_tar,
+           identify=_identify_tar),
     Format("tfrecord", _tfrecord_writer, _tfrecord_reader, SHARD_OPTIONS | {"gzip"}, foreign=True,
-           locate_damage=_locate_tfrecord),
-    Format("hdf5", _hdf5_writer, _hdf5_reader, frozenset({"checkpoint_samples"})),
+           locate_damage=_locate_tfrecord, identify=_identify_tfrecord),
+    Format("hdf5", _hdf5_writer, _hdf5_reader, frozenset({"checkpoint_samples"}), identify=_identify_hdf5),
 )}
 
 

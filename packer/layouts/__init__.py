@@ -9,10 +9,9 @@ import os
 import zlib
 
 __all__ = ["describe_directory", "explain_missing_manifest", "compressed_tar_note", "zlib_tfrecord",
-           "ZLIB_ADVICE"]
+           "ZLIB_ADVICE", "read_head"]
 
 _IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png", ".ppm", ".bmp", ".pgm", ".tif", ".tiff", ".webp")
-_TFRECORD_SUFFIXES = (".tfrecord", ".tfrecords", ".tfr")
 #: Compressed tar files and the command that decompresses each (packer reads samples at their
 #: offsets inside uncompressed tar files).
 _COMPRESSED_TARS = {".tar.gz": "gunzip", ".tgz": "gunzip", ".tar.bz2": "bunzip2", ".tar.xz": "unxz",
@@ -51,7 +50,8 @@ def zlib_tfrecord(head: bytes) -> bool:
     return True
 
 
-def _head(path: str, n: int = 1 << 16) -> bytes:
+def read_head(path: str, n: int = 1 << 16) -> bytes:
+    """The first ``n`` bytes of ``path`` (empty when it cannot be read)."""
     try:
         with open(path, "rb") as f:
             return f.read(n)
@@ -61,8 +61,11 @@ def _head(path: str, n: int = 1 << 16) -> bytes:
 
 def describe_directory(directory: str) -> str | None:
     """What a directory without ``manifest.json`` holds, when it is not packer output whose
-    conversion did not finish (None then): an image folder, an LMDB or HDF5 file of another
-    tool, or shards of another tool; the text says what to do with it."""
+    conversion did not finish (None then): an image folder, another tool's files of a format
+    (each format's layout module says, through the registry's ``identify``), or nothing packed;
+    the text says what to do with it."""
+    from packer.registry import FORMATS
+
     try:
         names = [n for n in os.listdir(directory) if not n.startswith(".")]
     except OSError:
@@ -70,43 +73,10 @@ def describe_directory(directory: str) -> str | None:
     if any(n.endswith(".packer-journal.json") for n in os.listdir(directory)):
         return None
     files = {n for n in names if os.path.isfile(os.path.join(directory, n))}
-    if "data.mdb" in files:
-        head = _head(os.path.join(directory, "data.mdb"), 1 << 20)
-        if b"PKS1" in head or b"PKS2" in head:
-            return None
-        return "an LMDB environment not written by packer (no packer records in data.mdb)"
-    if "data.h5" in files:
-        try:
-            import h5py
-
-            with h5py.File(os.path.join(directory, "data.h5"), "r") as f:
-                if "packer_layout" in f.attrs:
-                    return None
-        except Exception:  # noqa: BLE001 - unreadable: not ours to describe further
-            pass
-        return "an HDF5 file not written by packer"
-    tars = [n for n in files if n.endswith(".tar")]
-    if tars:
-        if any(_head(os.path.join(directory, n), 4) == b"PKTI" for n in files if n.endswith(".idx")):
-            return None
-        return (f"tar shards written by another tool ({len(tars)} .tar files): open them with "
-                f"open_dataset(path, format='tar') or convert them with 'packer convert tar FMT {directory} DST'")
-    note = compressed_tar_note(sorted(files))
-    if note:
-        return note
-    records = [n for n in files if n.endswith(_TFRECORD_SUFFIXES)]
-    if records:
-        head = _head(os.path.join(directory, sorted(records)[0]))
-        if b"packer/place" in head:
-            return None
-        if zlib_tfrecord(head):
-            return f"ZLIB-compressed TFRecord files written by another tool: {ZLIB_ADVICE}"
-        if head[:2] == b"\x1f\x8b":
-            return ("gzip-compressed TFRecord files written by another tool: without packer's index they cannot be "
-                    "read randomly; decompress them (gunzip) first")
-        return (f"TFRecord files written by another tool ({len(records)} files): open them with "
-                f"open_dataset(path, format='tfrecord') or convert them with 'packer convert tfrecord FMT "
-                f"{directory} DST'")
+    for fmt in FORMATS.values():
+        what = fmt.identify(directory, files) if fmt.identify is not None else None
+        if what is not None:
+            return what or None  # "": the format's own files, an unfinished conversion
     for n in names:
         sub = os.path.join(directory, n)
         if os.path.isdir(sub) and any(f.lower().endswith(_IMAGE_SUFFIXES) for f in os.listdir(sub)[:1000]):

@@ -49,10 +49,28 @@ per-file SHA-256, the skip list and ignored counts exist only after the file is 
 live in manifest.json alone, which stays the authority.
 """
 
-__all__ = ["DATA_FILE", "LAYOUT_VERSION", "LAYOUT_VERSIONS", "CHUNK_BYTES", "LIBVER"]
+import os
+
+__all__ = ["DATA_FILE", "LAYOUT_VERSION", "LAYOUT_VERSIONS", "CHUNK_BYTES", "LIBVER", "identify"]
 
 DATA_FILE = "data.h5"
 LAYOUT_VERSION = 2  # 2: /crc32c seeded with each sample's place (packer.placement); the file_id attribute
 LAYOUT_VERSIONS = (1, 2)  # readable
 CHUNK_BYTES = 1 << 20  # payload chunk size
 LIBVER = ("earliest", "v110")  # pinned file format: identical input gives identical bytes
+
+
+def identify(directory: str, files: set[str]) -> str | None:
+    """For a folder without a manifest: None when it holds no HDF5 file, "" when the file is
+    packer's own (an unfinished conversion), else what it is."""
+    if DATA_FILE not in files:
+        return None
+    try:
+        import h5py
+
+        with h5py.File(os.path.join(directory, DATA_FILE), "r") as f:
+            if "packer_layout" in f.attrs:
+                return ""
+    except Exception:  # noqa: BLE001 - unreadable: not ours to describe further
+        pass
+    return "an HDF5 file not written by packer"

@@ -17,7 +17,7 @@ from packer.fileio import open_regular, pread_buffer
 from packer.placeholder import file_placeholder_reason
 from packer.record import MAGICS
 
-__all__ = ["DATA_FILE", "lmdb_key", "LMDBFile"]
+__all__ = ["DATA_FILE", "lmdb_key", "LMDBFile", "identify"]
 
 DATA_FILE = "data.mdb"
 
@@ -246,3 +246,16 @@ class LMDBFile:
         if 32 + klen + plen != len(value):
             raise self._bad(f"record header says {32 + klen + plen} bytes, the LMDB node {len(value)}", index, where)
         return value
+
+
+def identify(directory: str, files: set[str]) -> str | None:
+    """For a folder without a manifest: None when it holds no LMDB file, "" when the file is
+    packer's own (an unfinished conversion), else what it is."""
+    if DATA_FILE not in files:
+        return None
+    from . import read_head
+
+    head = read_head(os.path.join(directory, DATA_FILE), 1 << 20)
+    if b"PKS1" in head or b"PKS2" in head:
+        return ""
+    return "an LMDB environment not written by packer (no packer records in data.mdb)"

@@ -24,6 +24,7 @@ from packer.placeholder import file_placeholder_reason
 from packer.placement import place_seed
 
 __all__ = [
+    "identify",
     "TAR_SUFFIX",
     "INDEX_SUFFIX",
     "INDEX_MAGIC",
@@ -377,3 +378,17 @@ def _locate_in_index(path: str, root: str, tar_name: str, m: Manifest, first: in
         if sample not in reported:
             reported.add(sample)
             report(path, sample, b, "index bytes differ from what the shard implies")
+
+
+def identify(directory: str, files: set[str]) -> str | None:
+    """For a folder without a manifest: None when it holds no tar files, "" when they are
+    packer's own (an unfinished conversion), else what they are and what to do."""
+    from . import compressed_tar_note, read_head
+
+    tars = [n for n in files if n.endswith(TAR_SUFFIX)]
+    if not tars:
+        return compressed_tar_note(sorted(files))
+    if any(read_head(os.path.join(directory, n), 4) == INDEX_MAGIC for n in files if n.endswith(INDEX_SUFFIX)):
+        return ""
+    return (f"tar shards written by another tool ({len(tars)} .tar files): open them with "
+            f"open_dataset(path, format='tar') or convert them with 'packer convert tar FMT {directory} DST'")

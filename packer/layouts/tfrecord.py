@@ -27,6 +27,7 @@ from packer.record import Record
 from packer.tfexample import encode_example
 
 __all__ = [
+    "identify",
     "TFRECORD_SUFFIX",
     "GZIP_SUFFIX",
     "INDEX_SUFFIX",
@@ -291,3 +292,24 @@ def locate_damage(root: str, m: Manifest, f: FileEntry, intact: set[str], report
             report(path, None, 0, "the gzip stream does not decompress as a whole (damaged record data or trailer)")
             return
         del stream
+
+
+def identify(directory: str, files: set[str]) -> str | None:
+    """For a folder without a manifest: None when it holds no TFRecord files, "" when they are
+    packer's own (an unfinished conversion), else what they are and what to do."""
+    from . import ZLIB_ADVICE, read_head, zlib_tfrecord
+
+    records = [n for n in files if n.endswith(FOREIGN_SUFFIXES)]
+    if not records:
+        return None
+    head = read_head(os.path.join(directory, sorted(records)[0]))
+    if PLACE_FEATURE.encode() in head:
+        return ""
+    if zlib_tfrecord(head):
+        return f"ZLIB-compressed TFRecord files written by another tool: {ZLIB_ADVICE}"
+    if head[:2] == b"\x1f\x8b":
+        return ("gzip-compressed TFRecord files written by another tool: without packer's index they cannot be "
+                "read randomly; decompress them (gunzip) first")
+    return (f"TFRecord files written by another tool ({len(records)} files): open them with "
+            f"open_dataset(path, format='tfrecord') or convert them with 'packer convert tfrecord FMT "
+            f"{directory} DST'")
