@@ -6,7 +6,7 @@ Each revision is exported with ``git archive`` into a temporary folder laid out 
 package (packer/, packer/converters, packer/datasets) and run in subprocesses with that folder
 first on PYTHONPATH, so both run against the same Python and libraries. Conversions (ImageFolder of
 real photos from the workplace's shared photo set, ``shorter:160``, JPEG 90, 2 workers) and reads
-(``read_record`` and ``ds[i]`` over every sample, best of 3) alternate between the revisions, round
+(``read_record`` and ``ds[i]`` over every sample, and DataLoader epochs with 2 workers, best of 3) alternate between the revisions, round
 by round; the table gives the best of the rounds and the new/old ratio (machines drift 10-20%
 between runs, so only the ratio of one run means anything).
 """
@@ -54,7 +54,15 @@ for _ in range(3):
     for i in range(len(ds)):
         ds[i]
     get = min(get, time.perf_counter() - t)
-print(json.dumps({"rec_us": rec / len(ds) * 1e6, "get_us": get / len(ds) * 1e6}))
+import torch
+loader = torch.utils.data.DataLoader(ds, batch_size=64, num_workers=2, collate_fn=len)
+sum(loader)  # warm-up: worker start-up paths, page cache
+epoch = 1e9
+for _ in range(3):
+    t = time.perf_counter()
+    sum(loader)
+    epoch = min(epoch, time.perf_counter() - t)
+print(json.dumps({"rec_us": rec / len(ds) * 1e6, "get_us": get / len(ds) * 1e6, "loader_img_s": len(ds) / epoch}))
 '''
 
 
@@ -104,15 +112,17 @@ def main() -> int:
     finally:
         shutil.rmtree(work, ignore_errors=True)
     print(f"old {a.old}, new {a.new}; {4 * a.per_class} images; best of {a.rounds} rounds\n")
-    print("| format | convert img/s, old / new | read_record us, old / new | ds[i] us, old / new |")
-    print("|---|---|---|---|")
+    print("| format | convert img/s, old / new | read_record us, old / new | ds[i] us, old / new | "
+          "DataLoader (2 workers) img/s, old / new |")
+    print("|---|---|---|---|---|")
     for fmt in FORMATS:
         o, n = res[(fmt, "old")], res[(fmt, "new")]
         co, cn = max(r["img_s"] for r in o), max(r["img_s"] for r in n)
         ro, rn = min(r["rec_us"] for r in o), min(r["rec_us"] for r in n)
         go, gn = min(r["get_us"] for r in o), min(r["get_us"] for r in n)
+        lo, ln = max(r["loader_img_s"] for r in o), max(r["loader_img_s"] for r in n)
         print(f"| {fmt} | {co:.0f} / {cn:.0f} ({cn / co:.2f}x) | {ro:.1f} / {rn:.1f} | {go:.0f} / {gn:.0f} "
-              f"({go / gn:.2f}x speed) |")
+              f"({go / gn:.2f}x speed) | {lo:.0f} / {ln:.0f} ({ln / lo:.2f}x) |")
     return 0
 
 
