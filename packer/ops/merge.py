@@ -211,15 +211,21 @@ def _merge_shards(paths: Sequence[str], manifests: Sequence[Manifest], dst: str,
         files: list[FileEntry] = []
         first = number = 0
         for p, m, labels in zip(paths, manifests, report.labels):
-            for data, indexes in _shard_groups(p, m):
-                if labels == list(range(len(labels))):
-                    files += _copy_shard(p, data, indexes, tmp, number, first)
-                    report.copied_files += 1
-                else:
-                    files += _rewrite_shard(p, m, data, tmp, number, first, labels)
-                    report.rewritten_files += 1
-                first += data.samples
-                number += 1
+            keep = labels == list(range(len(labels)))
+            ds = None if keep else _open_source(p, m.format)
+            try:
+                for data, indexes in _shard_groups(p, m):
+                    if ds is None:
+                        files += _copy_shard(p, data, indexes, tmp, number, first)
+                        report.copied_files += 1
+                    else:
+                        files += _rewrite_shard(ds, p, m, data, tmp, number, first, labels)
+                        report.rewritten_files += 1
+                    first += data.samples
+                    number += 1
+            finally:
+                if ds is not None:
+                    ds.close()
         fsync_dir(tmp)
         manifest = replace(template, num_samples=first, files=files, layout=_merged_layout(manifests))
         write_manifest(tmp, manifest)
@@ -319,14 +325,13 @@ def _copy_checked(part: str, f: FileEntry, dest: str, chunk: int = 1 << 22) -> F
     return FileEntry(os.path.basename(dest), f.samples, size, f.sha256, f.first, f.id)
 
 
-def _rewrite_shard(part: str, m: Manifest, data: FileEntry, tmp: str, number: int, first: int,
+def _rewrite_shard(ds: Any, part: str, m: Manifest, data: FileEntry, tmp: str, number: int, first: int,
                    labels: list[int]) -> list[FileEntry]:
     """Write one shard again with its labels renumbered: the stored payloads through the format's
     writer, as shard ``number`` holding samples from ``first`` on (a new id, checksums seeded anew)."""
     options = WriterOptions(shard_samples=data.samples, gzip=bool(m.layout.get("gzip", False)))
     writer = writer_class(m.format)(tmp, options)
     writer.number = number
-    ds = _open_source(part, m.format)
     try:
         for j, (key, label, image, _) in enumerate(_stored(ds, part, data.first, data.first + data.samples, labels)):
             writer.add(first + j, key, label, image)
@@ -334,6 +339,4 @@ def _rewrite_shard(part: str, m: Manifest, data: FileEntry, tmp: str, number: in
     except BaseException:
         writer.abort()
         raise
-    finally:
-        ds.close()
     return files
