@@ -141,3 +141,21 @@ def test_part_range_and_launch():
     assert torchrun_launch({"RANK": "0", "WORLD_SIZE": "1"}) is None
     with pytest.raises(ValueError, match="rank 2 is not within world size 2"):
         torchrun_launch({**env, "RANK": "2"})
+
+
+def test_torchrun_environment_in_process(folder, tmp_path, monkeypatch, capsys):
+    """A world of one in this process: the torchrun path end to end (scan, part, merge), and
+    --no-torchrun for a conversion started by a process that torchrun runs."""
+    from packer.ops.cli import main
+
+    for k, v in {"RANK": "0", "WORLD_SIZE": "1", "LOCAL_RANK": "0", "MASTER_ADDR": "127.0.0.1",
+                 "MASTER_PORT": str(free_port())}.items():
+        monkeypatch.setenv(k, v)
+    assert main(["convert", "imagefolder", "tfrecord", folder, str(tmp_path / "dst"), "--workers", "1", "-q"]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("packer: torchrun detected: rank 0 of 1 (local rank 0, master 127.0.0.1:")
+    ref = pack(folder, str(tmp_path / "ref"), "tfrecord")
+    assert samples(tmp_path / "dst") == samples(tmp_path / "ref") and leftovers(tmp_path) == []
+    assert read_manifest(str(tmp_path / "dst")).skipped == ref.manifest.skipped
+    assert main(["convert", "imagefolder", "lmdb", folder, str(tmp_path / "one"), "--no-torchrun", "-q"]) == 3
+    assert capsys.readouterr().out.startswith("wrote 12 images")

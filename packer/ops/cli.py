@@ -67,6 +67,9 @@ def _add_convert(p: argparse.ArgumentParser) -> None:
                    help="lmdb, hdf5: commit (a point --resume continues from) every N samples "
                         "(default: 1024 lmdb, 8192 hdf5); tar and tfrecord checkpoint at every shard")
     g.add_argument("--quiet", "-q", action="store_true", help="no progress bar")
+    g.add_argument("--no-torchrun", action="store_true",
+                   help="convert in this process alone even where torchrun's environment is set (e.g. when started "
+                        "by a training script that torchrun runs)")
     g = p.add_argument_group("shards (tar, tfrecord)")
     g.add_argument("--shard-size", default=None, help="max bytes per shard, e.g. 256MB, 1GiB")
     g.add_argument("--shard-samples", type=int, default=None, help="max samples per shard")
@@ -133,7 +136,7 @@ def _run_convert(a: argparse.Namespace) -> int:
     from ..storage import is_url
     from .distributed import torchrun_launch
 
-    launch = torchrun_launch()
+    launch = None if a.no_torchrun else torchrun_launch()
     if launch is not None:
         return _convert_torchrun(a, launch)
     if is_url(a.src):
