@@ -35,6 +35,7 @@ __all__ = [
     "rank_span",
     "shard_order",
     "stream_indices",
+    "interleave",
     "rank_indices",
     "shuffle_buffer",
     "worker_indices",
@@ -146,18 +147,22 @@ def rank_span(num_samples: int, world_size: int, rank: int, partition: Partition
     return rank * per_rank, per_rank
 
 
-def shard_order(num_shards: int, seed: int, epoch: int, shuffle: bool) -> NDArray[np.int64]:
+def shard_order(num_shards: int, seed: int, epoch: int, shuffle: bool,
+                source: int = 0) -> NDArray[np.int64]:
     """The order in which the shards are concatenated this epoch.
 
     A permutation of ``range(num_shards)`` that depends only on ``(seed, epoch)``, so every rank
     and worker computes the same one without communicating; the identity when ``shuffle`` is false.
+    Each source of a mixture other than the first (``source > 0``) has its own random stream.
     """
     num_shards = check_int("num_shards", num_shards, 0)
     epoch = check_int("epoch", epoch, 0, _MAX_WORD)
+    source = check_int("source", source, 0, _MAX_WORD)
     if not shuffle:
         check_int("seed", seed, 0, _MAX_SEED)
         return np.arange(num_shards, dtype=np.int64)
-    rng = _rng(seed, _DOMAIN_SHARD_ORDER, epoch)
+    key = (_DOMAIN_SHARD_ORDER, epoch) if source == 0 else (_DOMAIN_SHARD_ORDER, epoch, source)
+    rng = _rng(seed, *key)
     return rng.permutation(num_shards).astype(np.int64, copy=False)
 
 
@@ -167,6 +172,7 @@ def stream_indices(
     *,
     seed: int,
     shuffle: bool = True,
+    source: int = 0,
 ) -> NDArray[np.int64]:
     """Global indices at ``positions`` of the dataset's endless stream of passes.
 
@@ -175,7 +181,8 @@ def stream_indices(
     pass ``q // N``. Epoch ``e`` of the whole dataset is positions ``[e * N, (e + 1) * N)``, a
     subset of ``M`` samples per epoch is ``[e * M, (e + 1) * M)``: consecutive epochs continue
     the same pass, so no sample repeats before the pass is over and ``ceil(N / M)`` epochs read
-    every sample. Cost: O(n log S) per pass touched.
+    every sample. A source of a mixture draws its epochs from its own stream the same way
+    (``source`` selects its shard orders). Cost: O(n log S) per pass touched.
     """
     sizes = _as_shard_sizes(shard_sizes)
     pos = _as_indices("positions", positions)
@@ -190,7 +197,7 @@ def stream_indices(
     passes, within = np.divmod(pos, total)
     out = np.empty(len(pos), dtype=np.int64)
     for p in np.unique(passes).tolist():
-        order = shard_order(len(sizes), seed, p, shuffle)
+        order = shard_order(len(sizes), seed, p, shuffle, source)
         ordered_ends = np.cumsum(sizes[order])  # end position of each shard in the pass
         mask = passes == p
         at = within[mask]
@@ -198,6 +205,50 @@ def stream_indices(
         slot = np.searchsorted(ordered_ends, at, side="right")
         out[mask] = stored_starts[order[slot]] + (at - (ordered_ends[slot] - sizes[order[slot]]))
     return out
+
+
+def interleave(takes: Sequence[int]) -> tuple[NDArray[np.int64], NDArray[np.int64]]:
+    """How an epoch that draws ``takes[s]`` samples from each source ``s`` mixes them.
+
+    Returns ``(source, draw)`` for each position of the epoch's sequence (``sum(takes)`` long):
+    the source, and which of that source's draws this epoch it is (0, 1, ... in order). The
+    sources are spread evenly (draw ``j`` of source ``s`` sits at ``(j + 0.5) / takes[s]`` of
+    the way, ties by source), so every slice of the sequence, hence every rank, holds each
+    source in proportion, within one sample per source.
+    """
+    counts = [check_int("take", t, 0) for t in takes]
+    source = np.repeat(np.arange(len(counts), dtype=np.int64), counts)
+    draw = np.concatenate([np.arange(c, dtype=np.int64) for c in counts] or
+                          [np.zeros(0, np.int64)])
+    if len(counts) == 1:
+        return source, draw
+    where = (draw + 0.5) / np.repeat(np.maximum(counts, 1), counts)
+    order = np.lexsort((source, where))
+    return source[order], draw[order]
+
+
+def _split_sources(sizes: NDArray[np.int64], sources: Sequence[int] | None,
+                   take: int | Sequence[int] | None) -> list[tuple[NDArray[np.int64], int, int]]:
+    """``(shard sizes, first global index, samples drawn per epoch)`` of each source."""
+    counts = [len(sizes)] if sources is None else [check_int("sources", n, 0) for n in sources]
+    if sum(counts) != len(sizes):
+        raise ValueError(f"sources must split the {len(sizes)} shards, got {list(counts)}")
+    ends = np.cumsum(counts)
+    parts = [sizes[end - n : end] for n, end in zip(counts, ends.tolist())]
+    totals = [int(p.sum()) for p in parts]
+    if take is None:
+        takes = totals
+    elif isinstance(take, (Sequence, np.ndarray)):
+        takes = [check_int("take", t, 0) for t in take]
+    else:
+        takes = [check_int("take", take, 0)]
+    if len(takes) != len(parts):
+        raise ValueError(f"take must give one count per source ({len(parts)}), got {len(takes)}")
+    for s, (t, n) in enumerate(zip(takes, totals)):
+        if t and not n:
+            raise ValueError(f"source {s} is empty but {t} samples of it are asked for")
+    firsts = np.cumsum([0, *totals[:-1]]).tolist()
+    return list(zip(parts, firsts, takes))
 
 
 def rank_indices(
@@ -209,7 +260,8 @@ def rank_indices(
     world_size: int,
     shuffle: bool = True,
     partition: Partition = "pad",
-    take: int | None = None,
+    take: int | Sequence[int] | None = None,
+    sources: Sequence[int] | None = None,
 ) -> NDArray[np.int64]:
     """Global sample indices that ``rank`` reads this epoch, in reading order (before shuffling).
 
@@ -223,19 +275,35 @@ def rank_indices(
     the ranks read consecutive slices of ``floor(M / W)`` or one more (:func:`rank_span`). A
     contiguous slice keeps each rank on few shards. Cost: O(n log S) for ``n`` samples per rank
     and ``S`` shards.
+
+    A mixture: ``sources`` gives the number of shards of each source (the shards are the
+    sources' shards one source after the other, global indices likewise), ``take`` the samples
+    drawn from each source per epoch. The epoch's sequence is the sources' draws spread evenly
+    (:func:`interleave`); draw ``j`` of source ``s`` in epoch ``e`` is position ``e * take[s] +
+    j`` of that source's :func:`stream_indices`, so a source repeats no sample before its pass
+    is over, and a source drawn more than its size repeats only then.
     """
     sizes = _as_shard_sizes(shard_sizes)
     world_size = check_int("world_size", world_size, 1)
     rank = check_int("rank", rank, 0)
     epoch = check_int("epoch", epoch, 0, _MAX_WORD)
-    total = int(sizes.sum())
-    count = total if take is None else check_int("take", take, 0)
+    parts = _split_sources(sizes, sources, take)
+    count = sum(t for _, _, t in parts)
     start, per_rank = rank_span(count, world_size, rank, partition)
     if per_rank == 0:
         check_int("seed", seed, 0, _MAX_SEED)
         return np.zeros(0, dtype=np.int64)
     positions = (start + np.arange(per_rank, dtype=np.int64)) % count
-    return stream_indices(sizes, epoch * count + positions, seed=seed, shuffle=shuffle)
+    if len(parts) == 1:
+        return stream_indices(sizes, epoch * count + positions, seed=seed, shuffle=shuffle)
+    source, draw = interleave([t for _, _, t in parts])
+    source, draw = source[positions], draw[positions]
+    out = np.empty(per_rank, dtype=np.int64)
+    for s, (part, first, t) in enumerate(parts):
+        mask = source == s
+        out[mask] = first + stream_indices(part, epoch * t + draw[mask], seed=seed,
+                                           shuffle=shuffle, source=s)
+    return out
 
 
 def _buffer_draws(
@@ -341,7 +409,8 @@ def plan(
     buffer_size: int,
     batch_size: int,
     skip: int = 0,
-    take: int | None = None,
+    take: int | Sequence[int] | None = None,
+    sources: Sequence[int] | None = None,
 ) -> NDArray[np.int64]:
     """Global sample indices that this worker of this rank reads this epoch, in order.
 
@@ -351,13 +420,14 @@ def plan(
     :func:`epoch_counts` ``per_rank``), then :func:`worker_indices`. ``batch_size`` must be the
     DataLoader's. The shuffle is per rank, before the worker split, so the order a rank sees does
     not depend on the number of workers and a run resumes with another ``num_workers``.
-    ``take``: samples per epoch, a subset of the dataset (see :func:`rank_indices`).
+    ``take``: samples per epoch, a subset of the dataset, or per source of a mixture whose
+    sources have ``sources`` shards each (see :func:`rank_indices`).
     """
     if not isinstance(world, World):
         raise TypeError(f"world must be a World, got {type(world).__name__}")
     seq = rank_indices(shard_sizes, seed=seed, epoch=epoch, rank=world.rank,
                        world_size=world.world_size, shuffle=shuffle, partition=partition,
-                       take=take)
+                       take=take, sources=sources)
     if shuffle:
         seq = shuffle_buffer(seq, buffer_size=buffer_size, seed=seed, epoch=epoch,
                              rank=world.rank)

@@ -26,7 +26,7 @@ import os
 import struct
 import threading
 import warnings
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -36,6 +36,7 @@ from torch.utils.data import IterableDataset, get_worker_info
 from packer.checks import check_int
 from packer.storage import is_url
 
+from .mixture import MixOptions, Mixture
 from .partition import EpochCounts, Partition, epoch_counts, plan, rank_span
 from .readahead import ShardReadAhead
 from .shm import ProcessLock, SharedRegion, SlotTable, int64_rows
@@ -49,7 +50,7 @@ STATE_VERSION = 1
 #: A state without the field predates it and is of order 1, as are states without the fields
 #: added since (``subset``...), which then take their defaults.
 ORDER_VERSION = 1
-_LAYOUT_DEFAULTS: dict[str, Any] = {"order": 1, "subset": None}
+_LAYOUT_DEFAULTS: dict[str, Any] = {"order": 1, "subset": None, "mixture": None}
 
 _MAX_SEED = 2**128
 _MAX_EPOCH = 2**32
@@ -300,7 +301,7 @@ class StreamingDataset(IterableDataset):
 
     def __init__(
         self,
-        path: str | os.PathLike[str],
+        path: str | os.PathLike[str] | Sequence[str | os.PathLike[str]],
         *,
         shuffle: bool = True,
         seed: int = 0,
@@ -314,13 +315,16 @@ class StreamingDataset(IterableDataset):
         output: str = "tensor",
         world: World | None = None,
         prefetch_shards: int = 2,
+        weights: Sequence[float] | None = None,
+        epoch_samples: int | None = None,
+        return_source: bool = False,
+        classes: str = "source",
         **reader_kwargs: Any,
     ) -> None:
-        from . import open_dataset
-
         self.prefetch_shards = check_int("prefetch_shards", prefetch_shards, 0)
+        paths = [path] if isinstance(path, (str, os.PathLike)) else list(path)
         if block_samples == "auto":  # remote data by whole shards: a node downloads only its own
-            block_samples = None if is_url(path) else 4096
+            block_samples = None if any(is_url(p) for p in paths) else 4096
         self.options = StreamOptions(shuffle=shuffle, seed=seed, shuffle_buffer=shuffle_buffer,
                                      block_samples=block_samples, partition=partition,
                                      batch_size=batch_size, subset=subset)
@@ -328,11 +332,15 @@ class StreamingDataset(IterableDataset):
             raise TypeError(f"world must be a packer.datasets.partition.World, got "
                             f"{type(world).__name__}")
         self.world = world
-        # Handles open lazily in the process that reads, so the reader pickles to workers.
-        self.reader = open_dataset(path, transform=transform, target_transform=target_transform,
-                                   output=output, **reader_kwargs)
-        self._sizes = _block_sizes(self.reader.shard_sizes, self.options.block_samples)
-        self._take = self.options.epoch_samples(len(self.reader))
+        mix = None
+        if not isinstance(path, (str, os.PathLike)):
+            mix = MixOptions(weights=weights, epoch_samples=epoch_samples,
+                             return_source=return_source, classes=classes)
+        elif (weights, epoch_samples, return_source, classes) != (None, None, False, "source"):
+            raise ValueError("weights, epoch_samples, return_source and classes are for a "
+                             "mixture: give a list of paths")
+        self._open(paths, mix, dict(transform=transform, target_transform=target_transform,
+                                    output=output, **reader_kwargs))
         self._clock = _EpochClock()
         self._parent_world: tuple[int, int] | None = None
         self._position: _Position | None = None
@@ -340,26 +348,61 @@ class StreamingDataset(IterableDataset):
         self._iterations = (os.getpid(), 0)
         self._report_partition()
 
+    def _open(self, paths: list[Any], mix: MixOptions | None, kwargs: dict[str, Any]) -> None:
+        """Open the reader (or a mixture's readers) and size the partitioning blocks."""
+        from . import open_dataset
+
+        # Handles open lazily in the process that reads, so the readers pickle to workers.
+        if mix is None:
+            self.reader = open_dataset(paths[0], **kwargs)
+            self._mix: Mixture | None = None
+            self._sizes = _block_sizes(self.reader.shard_sizes, self.options.block_samples)
+            self._take = self.options.epoch_samples(len(self.reader))
+            return
+        if not paths:
+            raise ValueError("a mixture needs at least one path")
+        if self.options.subset is not None:
+            raise ValueError("subset is for one dataset; a mixture takes weights and "
+                             "epoch_samples")
+        target_transform = kwargs.pop("target_transform")
+        readers = [open_dataset(p, target_transform=None, **kwargs) for p in paths]
+        self.reader = readers[0]
+        self._mix = Mixture(readers, mix, target_transform)
+        blocks = [_block_sizes(r.shard_sizes, self.options.block_samples) for r in readers]
+        self._sources = [len(b) for b in blocks]
+        self._sizes = np.concatenate(blocks)
+        self._take = sum(self._mix.takes)
+
     # -- what is read -------------------------------------------------------------------------
     @property
     def root(self) -> str:
-        """The packed dataset directory."""
-        return self.reader.root
+        """The packed dataset directory (of a mixture: the directories joined by " + ")."""
+        return self.reader.root if self._mix is None else self._mix.root
 
     @property
     def classes(self) -> list[str]:
-        """Class names in label order."""
-        return self.reader.classes
+        """Class names in label order (of a mixture: see ``MixOptions.classes``)."""
+        return self.reader.classes if self._mix is None else self._mix.classes
+
+    @property
+    def source_classes(self) -> list[list[str]]:
+        """Each source's own class list (one list for a single dataset)."""
+        return [r.classes for r in (self._mix.readers if self._mix else [self.reader])]
 
     @property
     def class_to_idx(self) -> dict[str, int]:
         """Class name -> label."""
-        return self.reader.class_to_idx
+        return {c: i for i, c in enumerate(self.classes)}
 
     @property
     def num_samples(self) -> int:
-        """Samples in the dataset (all ranks together, without padding)."""
-        return len(self.reader)
+        """Samples in the dataset (all ranks together, without padding; all sources)."""
+        return len(self.reader) if self._mix is None else sum(map(len, self._mix.readers))
+
+    @property
+    def source_takes(self) -> list[int]:
+        """Samples each source gives an epoch over all ranks (one number for a single dataset)."""
+        return [self._take] if self._mix is None else list(self._mix.takes)
 
     @property
     def samples_per_epoch(self) -> int:
@@ -460,14 +503,19 @@ class StreamingDataset(IterableDataset):
         opts = self.options
         indices = plan(self._sizes, world, seed=opts.seed, epoch=epoch, shuffle=opts.shuffle,
                        partition=opts.partition, buffer_size=opts.shuffle_buffer,
-                       batch_size=opts.batch_size, skip=skip,
-                       take=None if opts.subset is None else self._take)
+                       batch_size=opts.batch_size, skip=skip, **self._draws())
         if done > len(indices):
             raise ValueError(f"the state says this worker yielded {done} samples of epoch {epoch}, "
                              f"but it has only {len(indices)}")
         position = _Position(epoch, skip, world.worker, world.num_workers, done)
         self._position = position
         return self._samples(indices[done:], position)
+
+    def _draws(self) -> dict[str, Any]:
+        """What plan draws per epoch beyond the whole dataset: a subset, a mixture's sources."""
+        if self._mix is not None:
+            return {"take": self._mix.takes, "sources": self._sources}
+        return {"take": None if self.options.subset is None else self._take}
 
     def _next_key(self, world: World) -> int | None:
         pid, count = self._iterations
@@ -480,9 +528,10 @@ class StreamingDataset(IterableDataset):
         return _iteration_key(info.seed - info.id, count)
 
     def _samples(self, indices: np.ndarray, position: _Position) -> Iterator[tuple[Any, Any]]:
-        getitem = self.reader.__getitem__
+        getitem = self.reader.__getitem__ if self._mix is None else self._mix.__getitem__
         ahead = None
-        if self.prefetch_shards and self.reader.url is not None and hasattr(self.reader, "shard_paths"):
+        if (self._mix is None and self.prefetch_shards and self.reader.url is not None
+                and hasattr(self.reader, "shard_paths")):
             ahead = ShardReadAhead(self.reader, indices, self.prefetch_shards)
         try:
             for start in range(0, len(indices), _CHUNK):
@@ -501,7 +550,8 @@ class StreamingDataset(IterableDataset):
         """What a state must agree on to resume here."""
         opts = self.options
         return {
-            "dataset": _fingerprint(self.reader),
+            "dataset": (_fingerprint(self.reader) if self._mix is None
+                        else self._mix.fingerprint(_fingerprint)),
             "num_samples": self.num_samples,
             "seed": opts.seed,
             "shuffle": opts.shuffle,
@@ -510,6 +560,7 @@ class StreamingDataset(IterableDataset):
             "partition": opts.partition,
             "world_size": self._rank_world()[1],
             "subset": opts.subset,
+            "mixture": None if self._mix is None else self._mix.takes,
             "order": ORDER_VERSION,
         }
 

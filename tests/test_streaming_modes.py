@@ -190,3 +190,100 @@ def test_exact_sampler_gives_disjoint_parts(thousand, shuffle):
     assert (seen == stored) != shuffle
     with pytest.raises(TypeError):
         ExactDistributedSampler(ds, world=(0, 3))
+
+
+# -- weighted mixtures --------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def sources(tmp_path_factory):
+    """Source a: 1,000 numbered samples in classes a0..a2; source b: 100 in classes b0, b1."""
+    return (numbered(tmp_path_factory, 1000, "mix-a", prefix="a"),
+            numbered(tmp_path_factory, 100, "mix-b", classes=2, prefix="b"))
+
+
+def mixed(sources, rank=0, world_size=1, **kw):  # noqa: F811
+    kw.setdefault("weights", [0.7, 0.3])
+    kw.setdefault("epoch_samples", 2000)
+    return StreamingDataset(list(sources), batch_size=25, world=World(rank, world_size),
+                            return_source=True, **kw)
+
+
+def read_mixed(ds, workers=2):
+    out = []
+    for images, labels, source in DataLoader(ds, batch_size=25, num_workers=workers):
+        out += [(int(s), number(img), int(lab)) for img, lab, s in zip(images, labels, source)]
+    return out
+
+
+def test_mixture_draws_in_proportion_without_early_repeats(sources):
+    counts = collections.Counter()
+    per_sample = collections.Counter()
+    for rank in range(2):
+        ds = mixed(sources, rank, 2)
+        assert ds.source_takes == [1400, 600] and len(ds) == 1000 and ds.padded == 0
+        got = read_mixed(ds)
+        assert len(got) == 1000
+        by_source = collections.Counter(s for s, _, _ in got)
+        assert abs(by_source[0] - 700) <= 1 and abs(by_source[1] - 300) <= 1
+        counts.update(by_source)
+        per_sample.update((s, n) for s, n, _ in got)
+        assert all(lab == n % (3 if s == 0 else 2) for s, n, lab in got)  # own class lists
+    assert abs(counts[0] / 2000 - 0.7) <= 0.01 and abs(counts[1] / 2000 - 0.3) <= 0.01
+    assert sorted(n for s, n in per_sample if s == 1) == list(range(100))
+    assert {per_sample[1, n] for n in range(100)} == {6}  # six whole passes over b
+    a = [per_sample[0, n] for n in range(1000)]
+    assert min(a) == 1 and sum(a) == 1400 and a.count(2) == 400  # one pass, then 400 of the next
+
+
+def test_mixture_passes_do_not_repeat_early(sources):
+    """Before the shuffle buffer each source's draws run through whole passes."""
+    ds = mixed(sources, shuffle_buffer=0)
+    for epoch in range(2):
+        ds.set_epoch(epoch)
+        got = read_mixed(ds, workers=0)
+        for s, size in ((0, 1000), (1, 100)):
+            seq = [n for src, n, _ in got if src == s]
+            first = epoch * ds.source_takes[s] % size  # where this epoch's window starts
+            for start in range((size - first) % size, len(seq), size):
+                window = seq[start : start + size]
+                assert len(set(window)) == len(window)
+    assert not np.array_equal(*[np.array([n for _, n, _ in read_mixed(mixed(sources, seed=sd),
+                                                                         0)]) for sd in (1, 2)])
+
+
+def test_mixture_labels_by_name_and_options(sources):
+    ds = mixed(sources, classes="union")
+    assert ds.classes == ["a0", "a1", "a2", "b0", "b1"]
+    got = read_mixed(ds, workers=0)[:200]
+    assert all(lab == (n % 3 if s == 0 else 3 + n % 2) for s, n, lab in got)
+    plain = mixed(sources)
+    assert plain.source_classes == [["a0", "a1", "a2"], ["b0", "b1"]]
+    with pytest.raises(ValueError, match="different class lists"):
+        _ = plain.classes
+    by_size = StreamingDataset(list(sources), world=World())  # weights: the sizes, one pass each
+    assert by_size.source_takes == [1000, 100] and len(by_size) == 1100
+    for kw, err in [({"weights": [1]}, ValueError), ({"weights": [-1, 1]}, ValueError),
+                    ({"weights": [0, 0]}, ValueError), ({"weights": ["a", 1]}, TypeError),
+                    ({"classes": "merge"}, ValueError), ({"subset": 0.5}, ValueError)]:
+        with pytest.raises(err):
+            mixed(sources, **kw)
+    with pytest.raises(ValueError, match="list of paths"):
+        StreamingDataset(sources[0], weights=[1])
+
+
+@pytest.mark.filterwarnings("ignore:This DataLoader will create 3 worker")
+def test_mixture_resumes_mid_epoch(sources):
+    ds = mixed(sources, rank=1, world_size=2)
+    ds.set_epoch(3)
+    whole = read_mixed(ds)
+    state = json.loads(json.dumps(ds.state_dict(samples_consumed=300)))
+    assert state["mixture"] == [1400, 600]
+    fresh = mixed(sources, rank=1, world_size=2)
+    fresh.load_state_dict(state)
+    assert fresh.epoch == 3
+    assert read_mixed(fresh, workers=3) == whole[300:]
+    with pytest.raises(ValueError, match="mixture"):
+        mixed(sources, rank=1, world_size=2, weights=[0.5, 0.5]).load_state_dict(state)
+    with pytest.raises(ValueError, match="dataset"):
+        mixed(sources[::-1], rank=1, world_size=2, weights=[0.7, 0.3]).load_state_dict(state)
