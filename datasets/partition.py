@@ -17,7 +17,7 @@ docs/datasets.md.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Literal, NamedTuple
 
 import numpy as np
@@ -40,6 +40,8 @@ __all__ = [
     "shuffle_buffer",
     "worker_indices",
     "plan",
+    "resharded_sequence",
+    "resharded_count",
     "reading_runs",
 ]
 
@@ -411,6 +413,7 @@ def plan(
     skip: int = 0,
     take: int | Sequence[int] | None = None,
     sources: Sequence[int] | None = None,
+    history: Sequence[tuple[int, int]] = (),
 ) -> NDArray[np.int64]:
     """Global sample indices that this worker of this rank reads this epoch, in order.
 
@@ -421,22 +424,104 @@ def plan(
     DataLoader's. The shuffle is per rank, before the worker split, so the order a rank sees does
     not depend on the number of workers and a run resumes with another ``num_workers``.
     ``take``: samples per epoch, a subset of the dataset, or per source of a mixture whose
-    sources have ``sources`` shards each (see :func:`rank_indices`).
+    sources have ``sources`` shards each (see :func:`rank_indices`). ``history``: the epoch was
+    resumed after changes of world size (see :func:`resharded_sequence`).
     """
     if not isinstance(world, World):
         raise TypeError(f"world must be a World, got {type(world).__name__}")
-    seq = rank_indices(shard_sizes, seed=seed, epoch=epoch, rank=world.rank,
-                       world_size=world.world_size, shuffle=shuffle, partition=partition,
-                       take=take, sources=sources)
-    if shuffle:
-        seq = shuffle_buffer(seq, buffer_size=buffer_size, seed=seed, epoch=epoch,
-                             rank=world.rank)
+
+    def rank_sequence(rank: int, world_size: int) -> NDArray[np.int64]:
+        seq = rank_indices(shard_sizes, seed=seed, epoch=epoch, rank=rank,
+                           world_size=world_size, shuffle=shuffle, partition=partition,
+                           take=take, sources=sources)
+        if shuffle:
+            seq = shuffle_buffer(seq, buffer_size=buffer_size, seed=seed, epoch=epoch, rank=rank)
+        return seq
+
+    if history:
+        seq = resharded_sequence(rank_sequence, history, world.rank, world.world_size, partition)
+    else:
+        seq = rank_sequence(world.rank, world.world_size)
     skip = check_int("skip", skip, 0)
     if skip > len(seq):
         raise ValueError(f"skip must be at most the {len(seq)} samples of rank {world.rank} "
                          f"this epoch, got {skip}")
     return worker_indices(seq[skip:], worker=world.worker, num_workers=world.num_workers,
                           batch_size=batch_size)
+
+
+def _check_history(history: Sequence[tuple[int, int]]) -> list[tuple[int, int]]:
+    steps = []
+    for step in history:
+        if len(step) != 2:
+            raise ValueError(f"history steps are (world_size, samples_consumed), got {step!r}")
+        steps.append((check_int("world_size", step[0], 1),
+                      check_int("samples_consumed", step[1], 1)))
+    if not steps:
+        raise ValueError("history must hold at least one (world_size, samples_consumed) step")
+    return steps
+
+
+def _rank_slice(rest: NDArray[np.int64], world_size: int, rank: int,
+                partition: Partition) -> NDArray[np.int64]:
+    start, count = rank_span(len(rest), world_size, rank, partition)
+    if count == 0:
+        return rest[:0]
+    return rest[(start + np.arange(count, dtype=np.int64)) % len(rest)]
+
+
+def resharded_sequence(
+    rank_sequence: Callable[[int, int], NDArray[np.int64]],
+    history: Sequence[tuple[int, int]],
+    rank: int,
+    world_size: int,
+    partition: Partition,
+) -> NDArray[np.int64]:
+    """The rank sequence of an epoch resumed after its world size changed (elastic resume).
+
+    ``history`` is ``[(W0, c0), (W1, c1), ...]``: the epoch started on ``W0`` ranks, whose
+    sequences are ``rank_sequence(r, W0)``, and stopped after every rank consumed ``c0`` samples
+    (DDP keeps ranks in step); the rest, the ranks' remaining samples one rank after the other, was
+    then split over ``W1`` ranks in consecutive slices (:func:`rank_span`, so ``pad`` repeats and
+    ``drop`` leaves out the few that even the ranks out), of which each consumed ``c1``; and so on.
+    Returns this ``rank``'s slice of what is left for ``world_size`` ranks. What survives a change:
+    the epoch and which samples it still owes, and their shuffled order; the split over ranks is
+    new. The next epochs are the ordinary ones of the new world size. Cost: the whole epoch's
+    plan (every rank of ``W0``), once per resume.
+    """
+    steps = _check_history(history)
+    _refuse_exact(partition)
+    seqs = [rank_sequence(r, steps[0][0]) for r in range(steps[0][0])]
+    following = [size for size, _ in steps[1:]]
+    for i, (_, consumed) in enumerate(steps):
+        if consumed > len(seqs[0]):
+            raise ValueError(f"history step {i} consumed {consumed} samples of a rank's "
+                             f"{len(seqs[0])}")
+        rest = np.concatenate([seq[consumed:] for seq in seqs])
+        if i < len(following):
+            seqs = [_rank_slice(rest, following[i], r, partition) for r in range(following[i])]
+    return _rank_slice(rest, world_size, rank, partition)
+
+
+def _refuse_exact(partition: object) -> None:
+    if _check_partition(partition) == "exact":
+        raise ValueError("an epoch with partition='exact' cannot change world size: its ranks "
+                         "read different counts")
+
+
+def resharded_count(num_samples: int, history: Sequence[tuple[int, int]], world_size: int,
+                    partition: Partition) -> int:
+    """Samples per rank of an epoch of ``num_samples`` resumed after ``history`` (see
+    :func:`resharded_sequence`) on ``world_size`` ranks; ``pad``/``drop`` only."""
+    _refuse_exact(partition)
+    per_rank = epoch_counts(num_samples, _check_history(history)[0][0], partition).per_rank
+    for i, (size, consumed) in enumerate(history):
+        if consumed > per_rank:
+            raise ValueError(f"history step {i} consumed {consumed} samples of a rank's "
+                             f"{per_rank}")
+        following = history[i + 1][0] if i + 1 < len(history) else world_size
+        per_rank = epoch_counts(size * (per_rank - consumed), following, partition).per_rank
+    return per_rank
 
 
 def reading_runs(indices: ArrayLike) -> NDArray[np.int64]:

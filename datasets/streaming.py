@@ -37,7 +37,14 @@ from packer.checks import check_int
 from packer.storage import is_url
 
 from .mixture import MixOptions, Mixture
-from .partition import EpochCounts, Partition, epoch_counts, plan, rank_span
+from .partition import (
+    EpochCounts,
+    Partition,
+    epoch_counts,
+    plan,
+    rank_span,
+    resharded_count,
+)
 from .readahead import ShardReadAhead
 from .shm import ProcessLock, SharedRegion, SlotTable, int64_rows
 from .world import World, detect_rank_and_world_size, detect_worker
@@ -268,6 +275,7 @@ class _Position:
     worker: int
     num_workers: int
     yielded: int  # of this worker's part of the epoch (after ``skip``)
+    history: tuple[tuple[int, int], ...] = ()  # the epoch's changes of world size (elastic)
 
 
 # --------------------------------------------------------------------------------------------
@@ -345,6 +353,7 @@ class StreamingDataset(IterableDataset):
         self._parent_world: tuple[int, int] | None = None
         self._position: _Position | None = None
         self._restore: dict[str, Any] | None = None
+        self._elastic: tuple[int, list[tuple[int, int]]] | None = None
         self._iterations = (os.getpid(), 0)
         self._report_partition()
 
@@ -503,13 +512,31 @@ class StreamingDataset(IterableDataset):
         opts = self.options
         indices = plan(self._sizes, world, seed=opts.seed, epoch=epoch, shuffle=opts.shuffle,
                        partition=opts.partition, buffer_size=opts.shuffle_buffer,
-                       batch_size=opts.batch_size, skip=skip, **self._draws())
+                       batch_size=opts.batch_size, skip=skip, **self._draws(),
+                       history=self._history_of(epoch))
         if done > len(indices):
             raise ValueError(f"the state says this worker yielded {done} samples of epoch {epoch}, "
                              f"but it has only {len(indices)}")
-        position = _Position(epoch, skip, world.worker, world.num_workers, done)
+        position = _Position(epoch, skip, world.worker, world.num_workers, done,
+                             self._history_of(epoch))
         self._position = position
         return self._samples(indices[done:], position)
+
+    def _history_of(self, epoch: int) -> tuple[tuple[int, int], ...]:
+        """The changes of world size of ``epoch`` (an elastic resume), else ()."""
+        if self._elastic is None or self._elastic[0] != epoch:
+            return ()
+        return tuple(self._elastic[1])
+
+    def _epoch_len(self, history: Sequence[tuple[int, int]], world_size: int | None = None) -> int:
+        """Samples per rank of an epoch with ``history`` on ``world_size`` ranks (default: here)."""
+        here = self._rank_world()[1]
+        size = here if world_size is None else world_size
+        if history:
+            return resharded_count(self._take, history, size, self.options.partition)
+        if size == here:
+            return len(self)
+        return epoch_counts(self._take, size, self.options.partition).per_rank
 
     def _draws(self) -> dict[str, Any]:
         """What plan draws per epoch beyond the whole dataset: a subset, a mixture's sources."""
@@ -592,10 +619,12 @@ class StreamingDataset(IterableDataset):
             epoch, explicit = position.epoch, self._clock.current()[2]
             state.update(epoch=epoch, samples_consumed=position.skip,
                          worker=position.worker, num_workers=position.num_workers,
-                         yielded=position.yielded, batch_size=self.options.batch_size)
+                         yielded=position.yielded, batch_size=self.options.batch_size,
+                         elastic=[list(step) for step in position.history])
         else:
-            per_rank = len(self)
             epoch, skipped, explicit = self._clock.current()
+            history = self._history_of(epoch)
+            per_rank = self._epoch_len(history)
             consumed = skipped + check_int("samples_consumed", samples_consumed, 0)
             if consumed > per_rank:
                 raise ValueError(
@@ -605,7 +634,9 @@ class StreamingDataset(IterableDataset):
                 epoch, consumed = epoch + 1, 0  # the epoch is done: resume at the next one
                 if epoch >= _MAX_EPOCH:
                     raise ValueError(f"epoch {epoch} is out of range")
-            state.update(epoch=epoch, samples_consumed=consumed)
+                history = ()
+            state.update(epoch=epoch, samples_consumed=consumed,
+                         elastic=[list(step) for step in history])
         state["explicit_epoch"] = explicit
         state["rank"] = self._rank_world()[0]
         state.update(self._layout())
@@ -615,8 +646,13 @@ class StreamingDataset(IterableDataset):
         """Resume from :meth:`state_dict`: the next iteration runs the saved epoch without the
         consumed samples (skipped by index, never read), later iterations the epochs after it.
 
-        Raises ValueError when the state is of another version, dataset, seed, world size or
-        order option, or is not a state at all.
+        A state saved by the training loop (``state_dict(samples_consumed)``) resumes at another
+        world size too (elastic): the samples of the saved epoch that no rank consumed yet are
+        split over the ranks here (:func:`~packer.datasets.partition.resharded_sequence`), every
+        rank reading the same count, and the next epochs are the usual ones of this world size.
+
+        Raises ValueError when the state is of another version, dataset, seed or order option, a
+        worker state (StatefulDataLoader) of another world size, or is not a state at all.
         """
         if not isinstance(state, dict):
             raise ValueError(f"a StreamingDataset state is a dict, got {type(state).__name__}")
@@ -628,15 +664,24 @@ class StreamingDataset(IterableDataset):
         missing = [k for k in (*mine, "epoch", "samples_consumed") if k not in state]
         if missing:
             raise ValueError(f"StreamingDataset state lacks {', '.join(missing)}")
-        diffs = [f"{k}: saved {state[k]!r}, here {v!r}" for k, v in mine.items() if state[k] != v]
+        elastic = "worker" not in state and state["world_size"] != mine["world_size"]
+        diffs = [f"{k}: saved {state[k]!r}, here {v!r}" for k, v in mine.items()
+                 if state[k] != v and not (elastic and k == "world_size")]
         if diffs:
             raise ValueError(f"cannot resume {self.root} from this state, it was saved with other "
                              f"settings ({'; '.join(diffs)})")
         try:
+            history = _history(state.get("elastic", []))
             epoch = check_int("epoch", state["epoch"], 0, _MAX_EPOCH)
-            consumed = check_int("samples_consumed", state["samples_consumed"], 0, len(self) + 1)
+            saved_len = self._epoch_len(history, check_int("world_size", state["world_size"], 1))
+            consumed = check_int("samples_consumed", state["samples_consumed"], 0, saved_len + 1)
         except TypeError as e:
             raise ValueError(f"invalid StreamingDataset state: {e}") from None
+        if elastic and consumed:  # the rest of the epoch is split over this world's ranks
+            history, consumed = [*history, (state["world_size"], consumed)], 0
+        if history:
+            self._epoch_len(history)  # refuses what cannot change world size (partition="exact")
+        self._elastic = (epoch, history) if history else None
         if "worker" not in state:
             self._restore = None
             self._clock.load(epoch, consumed, bool(state.get("explicit_epoch", False)))
@@ -685,3 +730,12 @@ def _fingerprint(reader: Any) -> str:
     files = [[f.name, f.samples, f.sha256] for f in reader.manifest.files]
     blob = json.dumps([reader.manifest.format, reader.manifest.num_samples, files]).encode()
     return hashlib.sha256(blob).hexdigest()[:16]
+
+
+def _history(raw: Any) -> list[tuple[int, int]]:
+    """The ``elastic`` field of a state: (world size, samples consumed) steps of one epoch."""
+    if not isinstance(raw, list) or not all(isinstance(x, (list, tuple)) and len(x) == 2
+                                            for x in raw):
+        raise ValueError(f"invalid StreamingDataset state: elastic must be a list of "
+                         f"[world_size, samples_consumed] pairs, got {raw!r}")
+    return [(check_int("world_size", w, 1), check_int("samples_consumed", c, 1)) for w, c in raw]

@@ -287,3 +287,109 @@ def test_mixture_resumes_mid_epoch(sources):
         mixed(sources, rank=1, world_size=2, weights=[0.5, 0.5]).load_state_dict(state)
     with pytest.raises(ValueError, match="dataset"):
         mixed(sources[::-1], rank=1, world_size=2, weights=[0.7, 0.3]).load_state_dict(state)
+
+
+# -- elastic resume ---------------------------------------------------------------------------
+
+
+def in_order(sizes, world, *, epoch=1, skip=0, history=()):
+    """What one rank's DataLoader yields: plan per worker, batches taken in turn (batch 3)."""
+    from test_partition import dataloader_order
+
+    parts = [plan(sizes, World(world.rank, world.world_size, w, world.num_workers), seed=3,
+                  epoch=epoch, shuffle=True, partition="pad", buffer_size=7, batch_size=3,
+                  skip=skip, history=history) for w in range(world.num_workers)]
+    return dataloader_order(parts, 3).tolist()
+
+
+@pytest.mark.parametrize("consumed", [3, 9, 12])
+@pytest.mark.parametrize("new_world,new_workers", [(1, 3), (3, 1), (4, 2)])
+def test_elastic_plan_reads_the_rest_once(consumed, new_world, new_workers):
+    sizes = [10, 7, 0, 12, 5]  # 34 samples: 17 per rank on 2 ranks
+    full = [in_order(sizes, World(r, 2, 0, 2)) for r in range(2)]
+    heads = [seq[:consumed] for seq in full]
+    rest = collections.Counter(sum((seq[consumed:] for seq in full), []))
+    history = [(2, consumed)]
+    got = [in_order(sizes, World(r, new_world, 0, new_workers), history=history)
+           for r in range(new_world)]
+    assert len({len(g) for g in got}) == 1  # every rank the same count
+    read = collections.Counter(sum(got, []))
+    left = sum(rest.values())
+    assert len(got[0]) == -(-left // new_world)
+    assert read - rest == collections.Counter() or sum((read - rest).values()) < new_world
+    assert rest - read == collections.Counter()  # nothing owed is left out
+    assert sorted(sum(heads, []) + list(rest.elements())) == sorted(sum(full, []))
+    if left % new_world == 0:
+        assert read == rest  # exactly once
+    # resumed again on 2 ranks after 3 more each: the chain of changes
+    more = [g[:3] for g in got]
+    after = [in_order(sizes, World(r, 2), history=[*history, (new_world, 3)]) for r in range(2)]
+    assert collections.Counter(sum(more, []) + sum(after, [])) >= read
+
+
+@pytest.fixture(scope="module")
+def elastic_data(tmp_path_factory):
+    return numbered(tmp_path_factory, 1001, "elastic")
+
+
+def elastic_stream(path, world, state=None):
+    ds = StreamingDataset(path, batch_size=27, seed=5, world=world, block_samples=50)
+    if state is not None:
+        ds.load_state_dict(json.loads(json.dumps(state)))
+    return ds
+
+
+def head_and_state(path, world, consume):
+    """The numbers one rank reads before it stops after ``consume`` samples, and its state."""
+    ds = elastic_stream(path, world)
+    out = []
+    for images, _ in DataLoader(ds, batch_size=27, num_workers=2):
+        out += [number(img) for img in images]
+        if len(out) == consume:
+            return out, ds.state_dict(samples_consumed=consume)
+    raise AssertionError(f"the epoch ended before {consume} samples")
+
+
+@pytest.mark.filterwarnings("ignore:This DataLoader will create 3 worker")
+@pytest.mark.filterwarnings("ignore:.*do not divide")
+@pytest.mark.parametrize("new_world,new_workers", [(1, 3), (3, 1)])
+def test_elastic_resume_of_a_dataset(elastic_data, new_world, new_workers):
+    """2 ranks x 2 workers stop after 81 samples each (3 batches); 1 x 3 or 3 x 1 go on."""
+    heads, full = [], []
+    for rank in range(2):
+        head, state = head_and_state(elastic_data, World(rank, 2), 81)
+        heads += head
+        full += numbers(DataLoader(elastic_stream(elastic_data, World(rank, 2)), batch_size=27))
+    assert (state["epoch"], state["world_size"], state["samples_consumed"]) == (0, 2, 81)
+    rests = []
+    for rank in range(new_world):
+        ds = elastic_stream(elastic_data, World(rank, new_world), state)
+        dl = DataLoader(ds, batch_size=27, num_workers=new_workers, persistent_workers=True)
+        rest = numbers(dl)
+        assert len(rest) == 2 * (501 - 81) // new_world  # the 840 left, split evenly
+        rests += rest
+        assert ds.state_dict(samples_consumed=len(rest))["epoch"] == 1
+        ordinary = elastic_stream(elastic_data, World(rank, new_world))
+        ordinary.set_epoch(1)
+        assert numbers(dl) == numbers(DataLoader(ordinary, batch_size=27))  # then as usual
+    assert sorted(heads + rests) == sorted(full)  # the epoch's 1,002 reads, each once
+    assert set(full) == set(range(1001))
+
+
+@pytest.mark.filterwarnings("ignore:.*do not divide")
+def test_elastic_states_are_checked(elastic_data):
+    state = elastic_stream(elastic_data, World(0, 2)).state_dict(81)
+    ds = elastic_stream(elastic_data, World(0, 3), state)
+    mid = ds.state_dict(samples_consumed=27)
+    assert mid["elastic"] == [[2, 81]] and mid["world_size"] == 3
+    again = elastic_stream(elastic_data, World(1, 2), mid)  # a chain: 2 ranks, then 3, then 2 again
+    assert again._history_of(0) == ((2, 81), (3, 27))
+    with pytest.raises(ValueError, match="samples_consumed"):
+        ds.state_dict(samples_consumed=281)  # 840 / 3 = 280 per rank in the resumed epoch
+    with pytest.raises(ValueError, match="exact"):
+        StreamingDataset(elastic_data, world=World(0, 3), partition="exact").load_state_dict(
+            {**StreamingDataset(elastic_data, world=World(0, 2), partition="exact").state_dict(4)})
+    with pytest.raises(ValueError, match="elastic must be"):
+        ds.load_state_dict({**state, "elastic": [[2]]})
+    with pytest.raises(ValueError, match="samples_consumed"):
+        elastic_stream(elastic_data, World(0, 4)).load_state_dict({**state, "samples_consumed": 502})
