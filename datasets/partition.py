@@ -195,18 +195,29 @@ def stream_indices(
         raise ValueError(f"an empty dataset has no stream positions, asked for {pos.size}")
     if pos.min() < 0:
         raise ValueError(f"positions must be >= 0, got {int(pos.min())}")
-    stored_starts = np.cumsum(sizes) - sizes  # global index of each shard's first sample
     passes, within = np.divmod(pos, total)
+    first, last = int(passes.min()), int(passes.max())
+    if first == last:  # usually a single pass
+        return _pass_indices(sizes, within, seed, first, shuffle, source)
     out = np.empty(len(pos), dtype=np.int64)
-    for p in np.unique(passes).tolist():
-        order = shard_order(len(sizes), seed, p, shuffle, source)
-        ordered_ends = np.cumsum(sizes[order])  # end position of each shard in the pass
+    for p in range(first, last + 1):
         mask = passes == p
-        at = within[mask]
-        # Which shard (in pass order) holds each position; side="right" steps over empty shards.
-        slot = np.searchsorted(ordered_ends, at, side="right")
-        out[mask] = stored_starts[order[slot]] + (at - (ordered_ends[slot] - sizes[order[slot]]))
+        if mask.any():
+            out[mask] = _pass_indices(sizes, within[mask], seed, p, shuffle, source)
     return out
+
+
+def _pass_indices(sizes: NDArray[np.int64], at: NDArray[np.int64], seed: int, pass_: int,
+                  shuffle: bool, source: int) -> NDArray[np.int64]:
+    """Global indices at positions ``at`` (each ``< N``) of pass ``pass_``."""
+    order = shard_order(len(sizes), seed, pass_, shuffle, source)
+    stored_starts = np.cumsum(sizes) - sizes  # global index of each shard's first sample
+    ordered_sizes = sizes[order]
+    ordered_ends = np.cumsum(ordered_sizes)  # end position of each shard in the pass
+    ordered_starts = ordered_ends - ordered_sizes
+    # Which shard (in pass order) holds each position; side="right" steps over empty shards.
+    slot = np.searchsorted(ordered_ends, at, side="right")
+    return stored_starts[order[slot]] + (at - ordered_starts[slot])
 
 
 def interleave(takes: Sequence[int]) -> tuple[NDArray[np.int64], NDArray[np.int64]]:
@@ -296,6 +307,8 @@ def rank_indices(
         check_int("seed", seed, 0, _MAX_SEED)
         return np.zeros(0, dtype=np.int64)
     positions = (start + np.arange(per_rank, dtype=np.int64)) % count
+    if take is None and len(parts) == 1:  # the whole dataset: this epoch is pass ``epoch``
+        return _pass_indices(sizes, positions, seed, epoch, shuffle, 0)
     if len(parts) == 1:
         return stream_indices(sizes, epoch * count + positions, seed=seed, shuffle=shuffle)
     source, draw = interleave([t for _, _, t in parts])
