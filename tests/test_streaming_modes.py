@@ -393,3 +393,29 @@ def test_elastic_states_are_checked(elastic_data):
         ds.load_state_dict({**state, "elastic": [[2]]})
     with pytest.raises(ValueError, match="samples_consumed"):
         elastic_stream(elastic_data, World(0, 4)).load_state_dict({**state, "samples_consumed": 502})
+
+
+@pytest.mark.parametrize("ctx", ["spawn", "fork"])
+def test_mixture_epochs_advance_in_persistent_workers(sources, ctx):
+    ds = mixed(sources, epoch_samples=200, rank=1, world_size=2)
+    dl = DataLoader(ds, batch_size=25, num_workers=2, multiprocessing_context=ctx,
+                    persistent_workers=True)
+    epochs = [[(int(s), number(i)) for images, _, src in dl for i, s in zip(images, src)]
+              for _ in range(2)]
+    for epoch, got in enumerate(epochs):
+        ref = mixed(sources, epoch_samples=200, rank=1, world_size=2)
+        ref.set_epoch(epoch)
+        assert got == [(s, n) for s, n, _ in read_mixed(ref, workers=0)]
+    assert epochs[0] != epochs[1]
+
+
+def test_elastic_plan_of_a_mixture_and_a_subset():
+    sizes = [10, 7, 12, 5]  # source 0: the first two shards, source 1: the last two
+    for kw in ({"take": [30, 10], "sources": [2, 2]}, {"take": 20}):
+        full = [plan(sizes, World(r, 2), seed=1, epoch=2, shuffle=True, partition="pad",
+                     buffer_size=4, batch_size=2, **kw).tolist() for r in range(2)]
+        rest = collections.Counter(full[0][6:] + full[1][6:])
+        got = [plan(sizes, World(r, 4, w, 2), seed=1, epoch=2, shuffle=True, partition="pad",
+                    buffer_size=4, batch_size=2, history=[(2, 6)], **kw).tolist()
+               for r in range(4) for w in range(2)]
+        assert collections.Counter(sum(got, [])) == rest
