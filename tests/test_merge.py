@@ -123,6 +123,8 @@ def test_merge_cli(items, tmp_path, capsys):
     assert "merged 7 images in 3 classes from 2 part(s)" in out
     rc = main(["merge", str(tmp_path / "m"), str(tmp_path / "a")])
     assert rc == 1 and "destination exists" in capsys.readouterr().err
+    assert main(["merge", str(tmp_path / "m"), str(tmp_path / "a"), "--overwrite"]) == 0
+    assert read_manifest(str(tmp_path / "m")).num_samples == 3
 
 
 @pytest.mark.parametrize(("fmt", "encode", "writer"), [("tfrecord", "png", {"gzip": True}), ("tar", "raw", {}),
