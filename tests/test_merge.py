@@ -151,3 +151,14 @@ def test_merge_damaged_part(items, tmp_path):
     with pytest.raises(ValueError, match=r"part .*a: shard-000000.tar differs from its manifest"):
         merge([tmp_path / "a"], tmp_path / "m")
     assert not os.path.exists(tmp_path / "m") and not os.path.exists(tmp_path / ".m.packer-tmp")
+
+
+def test_merge_refuses_version_1(items, tmp_path):
+    """A packer 0.1 part has no file ids to keep: converting it first is the way."""
+    import tarfile
+
+    with tarfile.open(os.path.join(os.path.dirname(__file__), "data", "v1-datasets.tar.gz")) as tf:
+        tf.extractall(tmp_path, filter="data")
+    _convert(items[:2], tmp_path / "a", "tar")
+    with pytest.raises(SourceError, match="version 1; merge needs version 2"):
+        merge([tmp_path / "a", tmp_path / "v1" / "tar"], tmp_path / "m")
