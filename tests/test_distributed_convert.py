@@ -24,10 +24,15 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def torchrun(nproc: int, *args: str) -> subprocess.CompletedProcess:
+def torchrun_command(nproc: int, *args: str) -> tuple[list[str], dict[str, str]]:
+    """The command line and environment of a torchrun conversion (none of this process's ranks)."""
     cmd = [sys.executable, "-m", "torch.distributed.run", f"--nproc_per_node={nproc}", f"--master_port={free_port()}",
            "-m", "packer", "convert", "imagefolder", *args]
-    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR")}
+    return cmd, {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR")}
+
+
+def torchrun(nproc: int, *args: str) -> subprocess.CompletedProcess:
+    cmd, env = torchrun_command(nproc, *args)
     return subprocess.run(cmd, capture_output=True, text=True, timeout=240, cwd=ROOT, env=env)
 
 
@@ -161,3 +166,34 @@ def test_torchrun_environment_in_process(folder, tmp_path, monkeypatch, capsys):
     assert read_manifest(str(tmp_path / "dst")).skipped == ref.manifest.skipped
     assert main(["convert", "imagefolder", "lmdb", folder, str(tmp_path / "one"), "--no-torchrun", "-q"]) == 3
     assert capsys.readouterr().out.startswith("wrote 12 images")
+
+
+@pytest.mark.slow
+def test_torchrun_rank_killed_fails_the_job(tmp_path):
+    """SIGKILL of rank 1 while it converts (its pid read from its part's claim): torchrun stops the
+    job, and nothing appears at DST."""
+    import json
+    import signal
+    import time
+
+    from packer.filesystem import sibling_path
+    from packer.ops.distributed import part_path
+
+    root = str(tmp_path / "src")
+    make_folder(root, {c: [(f"{c}{i}.png", 96, 128) for i in range(150)] for c in ("a", "b")})
+    dst = str(tmp_path / "dst")
+    lock = sibling_path(part_path(dst, 1, 2), "lock")
+    cmd, env = torchrun_command(2, "tar", root, dst, "--workers", "1", "--encode", "png", "-q")
+    proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    killed = False
+    deadline = time.monotonic() + 120
+    while proc.poll() is None and not killed and time.monotonic() < deadline:
+        try:
+            with open(lock) as f:
+                os.kill(json.load(f)["pid"], signal.SIGKILL)
+            killed = True
+        except (OSError, ValueError, KeyError):
+            time.sleep(0.01)
+    _, err = proc.communicate(timeout=120)
+    assert killed and proc.returncode != 0, err
+    assert not os.path.exists(dst)
