@@ -17,13 +17,14 @@ from packer.storage import is_url
 from .base import OUTPUTS, PackedDataset
 from .cache import SharedCache
 from .collation import collate
+from .encoded import EncodedBatch, collate_encoded
 from .prefetch import prefetch_to_device
 from .samplers import ExactDistributedSampler
 from .seeding import seed_everything, seed_worker, worker_rng
 from .streaming import StreamingDataset
 
 __all__ = ["open_dataset", "PackedDataset", "OUTPUTS", "StreamingDataset", "ExactDistributedSampler", "SharedCache", "collate",
-           "prefetch_to_device", "seed_everything", "seed_worker", "worker_rng",
+           "collate_encoded", "EncodedBatch", "prefetch_to_device", "seed_everything", "seed_worker", "worker_rng",
            # the format readers, resolved lazily through the registry by __getattr__ below
            "LMDBDataset", "HDF5Dataset", "TarDataset", "TFRecordDataset"]
 

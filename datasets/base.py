@@ -37,8 +37,9 @@ __all__ = ["PackedDataset", "OUTPUTS"]
 
 _META = struct.Struct("<IIq")  # decoded-cache entry header: height, width, label
 
-#: What ``__getitem__`` returns as the image: uint8 CHW tensor, HWC numpy array, or PIL image.
-OUTPUTS = ("tensor", "numpy", "pil")
+#: What ``__getitem__`` returns as the image: uint8 CHW tensor, HWC numpy array, PIL image, or the
+#: stored bytes still encoded (decoded later, on the GPU: :mod:`packer.datasets.encoded`).
+OUTPUTS = ("tensor", "numpy", "pil", "encoded")
 
 
 class PackedDataset(Dataset):
@@ -50,7 +51,10 @@ class PackedDataset(Dataset):
         target_transform: applied to the label.
         output: ``"tensor"`` (uint8, C x H x W, RGB; the fast default), ``"numpy"`` (uint8 H x W x C)
             or ``"pil"`` (a PIL RGB image, so a torchvision pipeline written for ImageFolder runs
-            unchanged).
+            unchanged). ``"encoded"`` skips the decode: each sample is ``(payload, target, (height,
+            width, codec, index))``, ``payload`` a 1-D uint8 tensor of the stored bytes, batched by
+            :func:`~packer.datasets.encoded.collate_encoded` and decoded by
+            ``prefetch_to_device(..., decode=True)``; it takes no ``transform`` and no decoded cache.
         verify: check per-sample checksums on read (cheap next to decoding).
         on_error: ``"raise"`` (default) raises CorruptDataError naming file, sample and offset;
             ``"skip"`` returns the next readable sample instead, issues a
@@ -88,6 +92,9 @@ class PackedDataset(Dataset):
     ) -> None:
         if output not in OUTPUTS:
             raise ValueError(f"output must be one of {OUTPUTS}, not {output!r}")
+        if output == "encoded" and (transform is not None or cache == "decoded"):
+            raise ValueError("output='encoded' yields the stored bytes: it takes no transform (crop after the "
+                             "decode, prefetch_to_device(..., decode=True, crop=...)) and no cache='decoded'")
         if on_error not in ("raise", "skip"):
             raise ValueError(f"on_error must be 'raise' or 'skip', not {on_error!r}")
         self.root = os.path.abspath(os.path.expanduser(os.fspath(path)))
@@ -252,6 +259,20 @@ class PackedDataset(Dataset):
             cache.put(index, pack_record(rec.key, rec.label, rec.codec, rec.height, rec.width, bytes(rec.payload)))
         return rgb, rec.label
 
+    def load_record(self, index: int) -> Record:
+        """Sample ``index``'s record, payload still encoded, through the encoded cache when there is one."""
+        if self._cache_request is not None:
+            self._ensure_cache()
+        cache = self.cache
+        if cache is None or self.cache_mode != "encoded":
+            return self.read_record(index)
+        view = cache.get(index)
+        if view is not None:
+            return unpack_record(view, verify=False)
+        rec = self.read_record(index)
+        cache.put(index, pack_record(rec.key, rec.label, rec.codec, rec.height, rec.width, bytes(rec.payload)))
+        return rec
+
     def _to_output(self, rgb: np.ndarray) -> Any:
         if self.output == "tensor":
             return torch.from_numpy(rgb).permute(2, 0, 1)
@@ -277,13 +298,15 @@ class PackedDataset(Dataset):
             raise IndexError(f"sample {index} out of range for {n} samples in {self.root}")
         return i + n if i < 0 else i
 
-    def _load_or_skip(self, index: int) -> tuple[np.ndarray, int]:
-        """``load(index)``; with ``on_error="skip"``, the next sample that loads, counting each skip.
-        Raises the last CorruptDataError only when every sample fails in a row."""
+    def _load_or_skip(self, index: int, load: Callable[[int], Any] | None = None) -> Any:
+        """``load(index)`` (default :meth:`load`); with ``on_error="skip"``, the next sample that
+        loads, counting each skip. Raises the last CorruptDataError only when every sample fails in
+        a row."""
         n = len(self)
+        load = self.load if load is None else load
         for step in range(n):
             try:
-                return self.load((index + step) % n)
+                return load((index + step) % n)
             except CorruptDataError as e:
                 if self._skips is None:
                     raise
@@ -293,7 +316,16 @@ class PackedDataset(Dataset):
                                            path=e.path, sample=e.sample, offset=e.offset) from e
         raise AssertionError("unreachable")  # pragma: no cover
 
-    def __getitem__(self, index: int) -> tuple[Any, Any]:
+    def _encoded_item(self, index: int) -> tuple[torch.Tensor, Any, tuple[int, int, str, int]]:
+        """``__getitem__`` of ``output="encoded"``: (payload, target, (height, width, codec, index))."""
+        i, rec = self._load_or_skip(index, lambda j: (j, self.load_record(j)))
+        payload = torch.from_numpy(np.frombuffer(rec.payload, np.uint8).copy())
+        target = rec.label if self.target_transform is None else self.target_transform(rec.label)
+        return payload, target, (rec.height, rec.width, rec.codec, i)
+
+    def __getitem__(self, index: int) -> tuple[Any, ...]:
+        if self.output == "encoded":
+            return self._encoded_item(self._index(index))
         rgb, label = self._load_or_skip(self._index(index))
         image = self._to_output(rgb)
         if self.transform is not None:

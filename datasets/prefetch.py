@@ -2,7 +2,8 @@
 
 ``prefetch_to_device(loader, "cuda")`` wraps any iterable of batches (a DataLoader, usually) and
 yields the same batches with every tensor on the device; on a machine without CUDA the same script
-runs on the CPU.
+runs on the CPU. With ``decode=True`` the batches are :class:`~packer.datasets.encoded.EncodedBatch`
+es (stored bytes) and are decoded on the device (nvJPEG on CUDA, OpenCV on the CPU).
 """
 
 from __future__ import annotations
@@ -12,6 +13,8 @@ from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from typing import Any
 
 import torch
+
+from .encoded import EncodedBatch, decode_batch
 
 __all__ = ["DevicePrefetcher", "prefetch_to_device"]
 
@@ -154,6 +157,8 @@ class DevicePrefetcher:
         std: float | Sequence[float] | torch.Tensor | None = None,
         dtype: torch.dtype | None = None,
         channels_last: bool = False,
+        decode: bool = False,
+        crop: int | Sequence[int] | None = None,
     ) -> None:
         if not isinstance(loader, Iterable):
             raise TypeError(f"loader must be iterable, got {type(loader).__name__}")
@@ -173,6 +178,20 @@ class DevicePrefetcher:
             requested = torch.device("cuda", torch.cuda.current_device())
         self.device = requested
         self._convert = _Converter(mean, std, dtype, channels_last)
+        if crop is not None and not decode:
+            raise ValueError("crop applies to decoded batches: pass decode=True (and output='encoded' batches)")
+        self.decode = bool(decode)
+        self.crop = crop
+
+    def _decoded(self, batch: Any) -> tuple[torch.Tensor, Any]:
+        """An :class:`EncodedBatch` decoded, cropped and converted on the device: (images, labels)."""
+        if not isinstance(batch, EncodedBatch):
+            raise TypeError(f"prefetch_to_device(decode=True) takes EncodedBatch batches (a reader with "
+                            f"output='encoded' and collate_fn=collate_encoded), not {type(batch).__name__}")
+        images = self._convert(decode_batch(batch, self.device, crop=self.crop))
+        if self.device.type == "cpu":
+            return images, batch.labels
+        return images, _map_tensors(batch.labels, lambda t: t.to(self.device, non_blocking=True))
 
     def __len__(self) -> int:
         try:
@@ -193,12 +212,15 @@ class DevicePrefetcher:
     def _iter_cpu(self) -> Iterator[Any]:
         convert = self._convert
         for batch in self.loader:
+            if self.decode:
+                yield self._decoded(batch)
+                continue
             yield _map_tensors(batch, lambda t: convert(t.cpu())) if convert.active else batch
 
     def _iter_other(self) -> Iterator[Any]:
         device, convert = self.device, self._convert
         for batch in self.loader:
-            yield _map_tensors(batch, lambda t: convert(t.to(device)))
+            yield self._decoded(batch) if self.decode else _map_tensors(batch, lambda t: convert(t.to(device)))
 
     def _iter_cuda(self) -> Iterator[Any]:
         """Batch ``k + 1`` is pinned (unless the loader already pinned it, ``pin_memory=True``,
@@ -221,7 +243,7 @@ class DevicePrefetcher:
             except StopIteration:
                 return False, None
             with torch.cuda.device(device), torch.cuda.stream(copy_stream):
-                return True, _map_tensors(batch, to_device)
+                return True, self._decoded(batch) if self.decode else _map_tensors(batch, to_device)
 
         if convert.norm is not None:
             convert.constants(device)  # made on the current stream, before any copy
@@ -248,6 +270,8 @@ def prefetch_to_device(
     std: float | Sequence[float] | torch.Tensor | None = None,
     dtype: torch.dtype | None = None,
     channels_last: bool = False,
+    decode: bool = False,
+    crop: int | Sequence[int] | None = None,
 ) -> DevicePrefetcher:
     """Wrap ``loader`` so its batches arrive on ``device``, copied ahead of use.
 
@@ -282,6 +306,14 @@ def prefetch_to_device(
         mean, std: per-channel normalisation of image batches in 0..1 units (both or neither).
         dtype: floating dtype of converted image batches (default float32 when converting).
         channels_last: give image batches the ``torch.channels_last`` memory format.
+        decode: the loader yields :class:`~packer.datasets.encoded.EncodedBatch` es (a reader with
+            ``output="encoded"``, ``collate_fn=collate_encoded``); each is decoded on the device
+            (:func:`~packer.datasets.encoded.decode_batch`: nvJPEG for JPEG on CUDA, OpenCV
+            otherwise, pixel-equal to the CPU readers on the CPU; ``raw`` only reshaped) and
+            delivered as ``(images, labels)``, images converted as above. On CUDA the decode is
+            queued on the side stream, so it overlaps the caller's work on the previous batch.
+        crop: with ``decode``, the centred crop (int or (height, width)) taken of each decoded
+            image; without it all images of a batch must have one size.
 
     Returns:
         A :class:`DevicePrefetcher`: iterable, re-iterable, with ``len()`` when the loader has one.
@@ -294,5 +326,5 @@ def prefetch_to_device(
             loss = criterion(model(images), labels)
     """
     return DevicePrefetcher(
-        loader, device, mean=mean, std=std, dtype=dtype, channels_last=channels_last
+        loader, device, mean=mean, std=std, dtype=dtype, channels_last=channels_last, decode=decode, crop=crop
     )
