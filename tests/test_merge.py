@@ -162,3 +162,19 @@ def test_merge_refuses_version_1(items, tmp_path):
     _convert(items[:2], tmp_path / "a", "tar")
     with pytest.raises(SourceError, match="version 1; merge needs version 2"):
         merge([tmp_path / "a", tmp_path / "v1" / "tar"], tmp_path / "m")
+
+
+def test_verify_names_the_one_damaged_sample_of_a_copied_tar_shard(items, tmp_path):
+    """A copied shard keeps its part's member names; verify still names exactly the sample hit."""
+    _convert(items[:3], tmp_path / "a", "tar", shard_samples=2)
+    _convert(items[3:], tmp_path / "b", "tar", shard_samples=2)
+    merge([tmp_path / "a", tmp_path / "b"], tmp_path / "m")
+    shard = next(f for f in read_manifest(str(tmp_path / "m")).files if f.samples and f.first == 3)
+    idx = read_manifest(str(tmp_path / "m")).files.index(shard)
+    path = tmp_path / "m" / shard.name
+    data = bytearray(path.read_bytes())
+    data[512 + 5] ^= 0xFF  # inside the first sample's image bytes
+    path.write_bytes(bytes(data))
+    report = verify_dataset(str(tmp_path / "m"), decode=False)
+    named = [p for p in report.problems if "sample" in p]
+    assert idx >= 0 and len(named) == 1 and "sample 3" in named[0], report.problems

@@ -321,13 +321,14 @@ def _locate_in_shard(path: str, root: str, idx_name: str, file_id: str, report: 
     """Compare a shard, sample by sample, with the members its intact index implies."""
     first, entries, keys = unpack_index(read_all(os.path.join(root, idx_name)), idx_name)
     data = read_all(path)
+    stem = _first_stem(data, first)
     pos, key_start = 0, 0
     for j, e in enumerate(entries):
         off, size = int(e["offset"]), int(e["size"])
         payload = data[off : off + size]
         key = keys[key_start : int(e["key_end"])].decode("utf-8")
         key_start = int(e["key_end"])
-        want = sample_members(first + j, key, int(e["label"]), CODEC_NAMES[int(e["codec"])], int(e["height"]),
+        want = sample_members(stem + j, key, int(e["label"]), CODEC_NAMES[int(e["codec"])], int(e["height"]),
                               int(e["width"]), payload)
         bad = byte_diff(data[pos : pos + len(want)], want)
         if len(bad):
@@ -338,6 +339,14 @@ def _locate_in_shard(path: str, root: str, idx_name: str, file_id: str, report: 
     bad = byte_diff(data[pos:], end_of_archive(pos))
     if len(bad):
         report(path, None, pos + int(bad[0]), "end-of-archive blocks damaged")
+
+
+def _first_stem(data: bytes, first: int) -> int:
+    """The number in the shard's first member name: the sample's number where the shard was
+    written (a shard that ``packer merge`` copied keeps its part's numbers), else ``first``."""
+    name = data[:100].split(b"\0", 1)[0]
+    stem = name.split(b".", 1)[0]
+    return int(stem) if stem.isdigit() and len(stem) == len(sample_key(0)) else first
 
 
 def _index_from_shard(shard: str, file_id: str, first: int, version: int) -> tuple[bytes, np.ndarray]:
