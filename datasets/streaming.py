@@ -289,7 +289,7 @@ class StreamingDataset(IterableDataset):
     per epoch, the same on every rank (except with ``partition="exact"``).
 
     Args:
-        path: the packed dataset directory or URL.
+        path: the packed dataset directory or URL; a list of them: a mixture (below).
         shuffle, seed, shuffle_buffer, block_samples, partition, batch_size, subset: see
             :class:`StreamOptions` (stored as ``ds.options``). ``batch_size`` must equal the
             DataLoader's for the DataLoader to yield exactly the rank's sequence (needed by
@@ -299,7 +299,10 @@ class StreamingDataset(IterableDataset):
             initialised, else ``RANK``/``WORLD_SIZE``, else a single process). Worker and number
             of workers come from the DataLoader inside a worker, and from ``world`` outside one.
         prefetch_shards: for a dataset at a URL, how many shards of its plan each worker
-            downloads ahead of the one it reads (0: none).
+            downloads ahead of the one it reads (0: none; a mixture reads without it).
+        weights, epoch_samples, return_source, classes: how the datasets of a list are mixed,
+            see :class:`~packer.datasets.mixture.MixOptions`; each source is read through its
+            own shuffled passes (``source_takes`` samples of each per epoch).
         **reader_kwargs: passed to the map-style reader (``verify``, ``on_error``, and for a URL
             ``storage_options``, ``cache_dir``, ``cache_limit``).
 
