@@ -127,9 +127,9 @@ class Mixture:
 
     def __getitem__(self, index: int) -> tuple[Any, ...]:
         s = bisect.bisect_right(self.firsts, index) - 1
-        image, label = self.readers[s][index - self.firsts[s]]
+        image, label, *rest = self.readers[s][index - self.firsts[s]]  # rest: output="encoded"
         if self.label_maps is not None:
             label = self.label_maps[s][label]
         if self.target_transform is not None:
             label = self.target_transform(label)
-        return (image, label, s) if self.options.return_source else (image, label)
+        return (image, label, *rest, s) if self.options.return_source else (image, label, *rest)
