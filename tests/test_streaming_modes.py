@@ -7,6 +7,7 @@ The pure plan is checked over many (world size, workers, seed, epoch) combinatio
 from __future__ import annotations
 
 import collections
+import itertools
 import json
 
 import numpy as np
@@ -270,6 +271,9 @@ def test_mixture_labels_by_name_and_options(sources):
             mixed(sources, **kw)
     with pytest.raises(ValueError, match="list of paths"):
         StreamingDataset(sources[0], weights=[1])
+    encoded = mixed(sources, output="encoded", classes="union", target_transform=lambda x: -x)
+    for _, label, meta, source in itertools.islice(iter(encoded), 20):  # every field kept
+        assert isinstance(meta, tuple) and (label <= -3) == (source == 1)
 
 
 @pytest.mark.filterwarnings("ignore:This DataLoader will create 3 worker")
