@@ -13,7 +13,7 @@ from __future__ import annotations
 import os
 import struct
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
@@ -327,6 +327,10 @@ class PackedDataset(Dataset):
         if self.output == "encoded":
             return self._encoded_item(self._index(index))
         rgb, label = self._load_or_skip(self._index(index))
+        return self._item(rgb, label)
+
+    def _item(self, rgb: np.ndarray, label: int) -> tuple[Any, Any]:
+        """(image, target) of decoded pixels: output conversion, then the transforms."""
         image = self._to_output(rgb)
         if self.transform is not None:
             image = self.transform(image)
@@ -334,6 +338,49 @@ class PackedDataset(Dataset):
         if self.target_transform is not None:
             target = self.target_transform(label)
         return image, target
+
+    def _read_many(self, indices: list[int]) -> list[Record | CorruptDataError]:
+        """The records of ``indices`` (valid sample numbers) in order, each a Record or the
+        CorruptDataError reading it raised; handles are checked once for the whole batch."""
+        self._ensure_open()
+        out: list[Record | CorruptDataError] = []
+        for i in indices:
+            try:
+                out.append(self._read(i))
+            except CorruptDataError as e:
+                out.append(e)
+        return out
+
+    def __getitems__(self, indices: Sequence[int]) -> list[tuple[Any, ...]]:
+        """``[self[i] for i in indices]`` (the DataLoader calls this with each batch's indices):
+        the same items, order, errors, skips and transforms, with the per-sample lookups done once
+        per batch. A sample that fails to read or decode goes through ``self[i]`` itself, so the
+        skip policy treats it exactly as a single read would. Datasets with a cache, encoded
+        output or their own ``load`` (HDF5) read sample by sample."""
+        if (self.output == "encoded" or self.cache is not None or self._cache_request is not None
+                or type(self).load is not PackedDataset.load):
+            return [self[i] for i in indices]
+        valid: list[int] = []
+        for index in indices:
+            try:
+                valid.append(self._index(index))
+            except (IndexError, TypeError):
+                break  # raised again below, in its place, after the samples before it
+        out: list[tuple[Any, ...]] = []
+        for i, rec in zip(valid, self._read_many(valid)):
+            try:
+                if isinstance(rec, CorruptDataError):
+                    raise rec
+                rgb = self.decode(rec, i)
+            except CorruptDataError:
+                if self._skips is None:
+                    raise
+                out.append(self[i])  # skips, warns and counts as ds[i] does
+                continue
+            out.append(self._item(rgb, rec.label))
+        if len(valid) < len(indices):
+            self._index(indices[len(valid)])
+        return out
 
     def close(self) -> None:
         """Close handles in this process (they reopen on the next access) and release the cache."""
