@@ -10,13 +10,13 @@ import subprocess
 import sys
 
 import pytest
-from conftest import make_folder
 
 from packer.datasets import open_dataset
 from packer.manifest import MANIFEST_NAME, read_manifest
 from packer.ops.cli import main
 from packer.ops.engine import ConvertOptions, convert_imagefolder, temp_dir_for
 from packer.registry import format_names
+from tests.helpers import make_folder
 
 FMT = "hdf5"
 

@@ -10,10 +10,10 @@ import re
 import numpy as np
 import pytest
 import torch
-from conftest import pack
 from torch.utils.data import DataLoader, Dataset, default_collate
 
 from packer.datasets import collate, collation, open_dataset
+from tests.helpers import pack
 
 Point = collections.namedtuple("Point", "x y")
 

@@ -9,15 +9,15 @@ import shutil
 import numpy as np
 import pytest
 import torch
-from conftest import pack as convert
-from conftest import psnr
-from conftest import records_by_key as by_key
 from torch.utils.data import DataLoader
 
 from packer.datasets import open_dataset
 from packer.errors import UnfinishedDatasetError
 from packer.manifest import MANIFEST_NAME, read_manifest
 from packer.registry import format_names
+from tests.helpers import pack as convert
+from tests.helpers import psnr
+from tests.helpers import records_by_key as by_key
 
 FORMATS = format_names()
 

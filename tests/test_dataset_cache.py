@@ -10,15 +10,14 @@ import torch
 from torch.utils.data import DataLoader
 
 from packer.datasets import open_dataset
-from packer.imageproc import ProcessOptions, parse_encoding, parse_resize
 from packer.manifest import read_manifest
 from packer.ops.engine import ConvertOptions, convert_imagefolder
 from packer.registry import format_names
+from tests.helpers import pack
 
 
 def _packed(src, dst, fmt):
-    opts = ConvertOptions(processing=ProcessOptions(resize=parse_resize("16x16"), encoding=parse_encoding("jpeg:90")))
-    convert_imagefolder(src, dst, fmt, opts)
+    pack(src, dst, fmt, "jpeg:90", "16x16")
     return dst
 
 

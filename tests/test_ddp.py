@@ -16,10 +16,10 @@ import sys
 
 import pytest
 import torch
-from test_streaming import SHARD, N, convert, expected
 
 from packer.datasets import open_dataset
 from packer.registry import format_names
+from tests.test_streaming import SHARD, N, convert, expected
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 # Formats with several payload files; LMDB (one file) partitioned by blocks when none exists.

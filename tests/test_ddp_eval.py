@@ -8,8 +8,9 @@ import subprocess
 import sys
 
 import pytest
-from test_ddp import free_port
-from test_streaming_modes import numbered
+
+from tests.test_ddp import free_port
+from tests.test_streaming_modes import numbered
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 

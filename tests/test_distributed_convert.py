@@ -9,11 +9,11 @@ import subprocess
 import sys
 
 import pytest
-from conftest import make_folder, pack
 
 from packer.datasets import open_dataset
 from packer.manifest import read_manifest
 from packer.ops.distributed import part_range, torchrun_launch
+from tests.helpers import make_folder, pack
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 

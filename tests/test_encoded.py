@@ -5,12 +5,12 @@ from __future__ import annotations
 
 import pytest
 import torch
-from conftest import pack
 from torch.utils.data import DataLoader
 
 from packer.datasets import collate, open_dataset, prefetch_to_device
 from packer.datasets.encoded import EncodedBatch, center_crop, collate_encoded, decode_batch
 from packer.errors import CorruptDataError
+from tests.helpers import pack
 
 MEAN = (0.485, 0.456, 0.406)
 STD = (0.229, 0.224, 0.225)

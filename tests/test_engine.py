@@ -10,7 +10,6 @@ import sys
 import time
 
 import pytest
-from conftest import make_folder
 
 from packer.datasets import open_dataset
 from packer.errors import ImageError, PackerError, SourceError
@@ -18,6 +17,7 @@ from packer.manifest import read_manifest
 from packer.ops.engine import ConvertOptions, _results, convert_imagefolder, temp_dir_for
 from packer.ops.pool import ordered_map
 from packer.scan import scan_imagefolder
+from tests.helpers import make_folder
 
 
 @pytest.mark.parametrize("workers", [1, 2])

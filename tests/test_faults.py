@@ -5,7 +5,7 @@ where the byte belongs to one, the sample; readers raise CorruptDataError or ret
 
 The default run keeps a small subset (2 kill points, 3 flips, 2 cuts per format); the sweeps that
 docs/reliability.md reports are marked slow: ``python -m pytest -m slow tests/test_faults.py``.
-tools/fault_table.py runs the same sweeps and prints the table.
+`python -m tools.fault_table` runs the same sweeps and prints the table.
 """
 
 from __future__ import annotations
@@ -13,11 +13,11 @@ from __future__ import annotations
 import os
 import random
 
-import faultlib as fl
 import pytest
 
 from packer.datasets import open_dataset
 from packer.errors import CorruptDataError
+from tools import faultlib as fl
 
 FORMATS = fl.FORMATS
 

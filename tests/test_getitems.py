@@ -7,12 +7,12 @@ import warnings
 import numpy as np
 import pytest
 import torch
-from conftest import pack
 from torch.utils.data import DataLoader
 
 from packer.datasets import collate, open_dataset
 from packer.datasets.encoded import center_crop
 from packer.errors import CorruptDataError
+from tests.helpers import pack
 
 FORMATS = ["lmdb", "tar", "tfrecord", "hdf5"]
 

@@ -14,23 +14,21 @@ import crc32c
 import h5py
 import numpy as np
 import pytest
-from conftest import draw, forge_manifest_sizes, make_folder, place_seed_by_spec
 
 import packer.converters.hdf5 as hdf5_writer
 from packer.converters.base import WriterOptions
 from packer.datasets import open_dataset
 from packer.datasets.hdf5 import HDF5Dataset
 from packer.errors import CorruptDataError
-from packer.imageproc import ProcessedImage, ProcessOptions, parse_encoding, parse_resize
+from packer.imageproc import ProcessedImage
 from packer.manifest import Manifest, read_manifest
-from packer.ops.engine import ConvertOptions, convert_imagefolder, write_packed
+from packer.ops.engine import ConvertOptions, write_packed
 from packer.record import CODEC_IDS
+from tests.helpers import draw, forge_manifest_sizes, make_folder, pack, place_seed_by_spec
 
 
 def convert(src, dst, encode="jpeg:90", resize="none", **kw):
-    opts = ConvertOptions(processing=ProcessOptions(resize=parse_resize(resize), encoding=parse_encoding(encode)),
-                          workers=1, **kw)
-    return convert_imagefolder(src, dst, "hdf5", opts)
+    return pack(src, dst, "hdf5", encode, resize, workers=1, **kw)
 
 
 def write_items(dst, items, classes=("a", "b")):

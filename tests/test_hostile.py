@@ -22,7 +22,6 @@ import crc32c
 import h5py
 import numpy as np
 import pytest
-from conftest import make_folder
 
 from packer.converters.base import WriterOptions
 from packer.datasets import open_dataset
@@ -35,6 +34,7 @@ from packer.ops.cli import main
 from packer.ops.engine import ConvertOptions, convert_imagefolder, temp_dir_for
 from packer.ops.transcode import convert_dataset
 from packer.registry import format_names
+from tests.helpers import make_folder
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 FORMATS = format_names()

@@ -7,7 +7,6 @@ import struct
 import cv2
 import numpy as np
 import pytest
-from conftest import draw, psnr
 
 from packer.errors import ImageError
 from packer.imageheader import sniff
@@ -19,6 +18,7 @@ from packer.imageproc import (
     process_image,
     target_size,
 )
+from tests.helpers import draw, psnr
 
 
 def enc(img: np.ndarray, ext: str, params=()) -> bytes:

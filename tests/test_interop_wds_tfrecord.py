@@ -12,7 +12,6 @@ import numpy as np
 import pytest
 import torch
 import webdataset as wds
-from conftest import draw, pack, records_by_key
 from tfrecord.reader import tfrecord_loader
 from tfrecord.torch.dataset import TFRecordDataset as TFRecordPackageDataset
 from tfrecord.writer import TFRecordWriter as TFRecordPackageWriter
@@ -20,6 +19,7 @@ from torch.utils.data import DataLoader
 
 from packer.datasets import open_dataset
 from packer.errors import CorruptDataError
+from tests.helpers import draw, pack, records_by_key
 
 
 def convert(src, dst, fmt, encode="jpeg:90", resize="none", **writer):

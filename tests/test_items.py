@@ -5,13 +5,13 @@ from __future__ import annotations
 import os
 
 import pytest
-from conftest import make_folder, pack
 
 from packer.datasets import open_dataset
 from packer.errors import ImageError
 from packer.imageproc import ProcessOptions, parse_encoding
 from packer.ops.engine import ConvertOptions
 from packer.ops.items import convert_items, item_classes
+from tests.helpers import make_folder, pack
 
 FORMATS = ["lmdb", "hdf5", "tar", "tfrecord"]
 

@@ -5,7 +5,6 @@ from __future__ import annotations
 import os
 
 import pytest
-from conftest import make_folder
 
 from packer.datasets import open_dataset
 from packer.errors import SourceError, UnfinishedDatasetError
@@ -16,6 +15,7 @@ from packer.ops.engine import ConvertOptions
 from packer.ops.items import convert_items
 from packer.ops.merge import merge, merged_classes
 from packer.ops.verify import verify_dataset
+from tests.helpers import make_folder
 
 FORMATS = ["lmdb", "hdf5", "tar", "tfrecord"]
 CLASSES = ["cat", "dog", "eel"]

@@ -11,13 +11,13 @@ import time
 import numpy as np
 import pytest
 import torch
-from conftest import make_folder, pack
 
 from packer.datasets import open_dataset
 from packer.errors import CorruptDataError, DatasetChangedError, UnfinishedDatasetError
 from packer.manifest import read_manifest
 from packer.nodecache import CacheFullError, NodeCache
 from packer.storage import RemoteError, is_url, parse_storage_options, upload_dataset
+from tests.helpers import make_folder, pack
 
 pytest.importorskip("s3fs")
 moto_server = pytest.importorskip("moto.server")
@@ -423,8 +423,8 @@ def test_two_torchrun_ranks_stream_from_s3_every_sample_once(s3, tmp_path_factor
     import subprocess
     import sys
 
-    from test_ddp import free_port
-    from test_streaming import N, convert, expected
+    from tests.test_ddp import free_port
+    from tests.test_streaming import N, convert, expected
 
     data = convert(tmp_path_factory, "tar")
     url = _upload(s3, data, "ddp/tar")

@@ -14,9 +14,7 @@ import sys
 import time
 from dataclasses import replace
 
-import faultlib as fl
 import pytest
-from conftest import make_folder
 
 import packer.filesystem as filesystem
 import packer.ops.engine as engine
@@ -30,6 +28,8 @@ from packer.ops.cli import main
 from packer.ops.engine import ConvertOptions, convert_imagefolder, recover_publish, temp_dir_for
 from packer.ops.transcode import convert_dataset
 from packer.registry import writer_class
+from tests.helpers import make_folder
+from tools import faultlib as fl
 
 FORMATS = fl.FORMATS
 

@@ -5,10 +5,10 @@ from __future__ import annotations
 import os
 
 import pytest
-from conftest import make_folder
 
 from packer.errors import SourceError
 from packer.scan import scan_imagefolder
+from tests.helpers import make_folder
 
 
 def test_classes_and_order_match_torchvision_rules(tmp_path):
@@ -25,7 +25,7 @@ def test_classes_and_order_match_torchvision_rules(tmp_path):
 
 
 def test_files_at_the_root_are_outside_every_class_not_non_images(tmp_path):
-    from conftest import pack
+    from tests.helpers import pack
 
     root = str(tmp_path / "src")
     make_folder(root, {"a": [("x.jpg", 8, 8)], ".": [("stray.jpg", 8, 8)]})

@@ -16,11 +16,11 @@ from multiprocessing.reduction import ForkingPickler
 
 import psutil
 import pytest
-from conftest import make_folder
 
 from packer.datasets.shm import ProcessLock, SharedRegion, SlotTable, int64_rows
 from packer.imageproc import ProcessOptions, parse_encoding, parse_resize
 from packer.ops.engine import ConvertOptions, convert_imagefolder
+from tests.helpers import make_folder
 
 SHM = "/dev/shm"
 needs_shm = pytest.mark.skipif(not os.path.isdir(SHM), reason="needs /dev/shm (Linux)")

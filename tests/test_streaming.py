@@ -16,7 +16,6 @@ import warnings
 import numpy as np
 import pytest
 import torch
-from conftest import write_image
 from torch.utils.data import DataLoader
 
 from packer.converters.base import WriterOptions
@@ -26,6 +25,7 @@ from packer.datasets.partition import World, epoch_counts, plan
 from packer.imageproc import ProcessOptions, parse_encoding, parse_resize
 from packer.ops.engine import ConvertOptions, convert_imagefolder
 from packer.registry import format_names, get_format
+from tests.helpers import write_image
 
 N = 23  # samples: odd, so two ranks pad one and three ranks pad one
 SHARD = 5  # samples per shard for sharded formats: 5 shards, the last one short

@@ -13,7 +13,6 @@ import crc32c
 import cv2
 import numpy as np
 import pytest
-from conftest import fixed_image, forge_manifest_sizes, pack, place_seed_by_spec
 
 from packer.converters.base import WriterOptions
 from packer.converters.shards import DEFAULT_SHARD_BYTES
@@ -23,6 +22,7 @@ from packer.errors import CorruptDataError
 from packer.imageproc import ProcessedImage
 from packer.layouts.tar import npy_header, unpack_index
 from packer.manifest import file_sha256, read_manifest
+from tests.helpers import fixed_image, forge_manifest_sizes, pack, place_seed_by_spec
 
 
 def convert(src, dst, encode="jpeg:90", shuffle=True, **writer):

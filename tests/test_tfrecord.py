@@ -11,7 +11,6 @@ import zlib
 import crc32c
 import numpy as np
 import pytest
-from conftest import fixed_image, forge_manifest_sizes, pack, place_seed_by_spec
 from tfrecord import example_pb2
 from tfrecord.writer import TFRecordWriter as PackageWriter
 
@@ -23,6 +22,7 @@ from packer.imageproc import ProcessedImage
 from packer.layouts.tfrecord import masked_crc32c, unpack_zindex
 from packer.manifest import file_sha256, read_manifest
 from packer.tfexample import encode_example, parse_example
+from tests.helpers import fixed_image, forge_manifest_sizes, pack, place_seed_by_spec
 
 
 def convert(src, dst, encode="jpeg:90", shuffle=True, **writer):

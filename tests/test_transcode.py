@@ -8,24 +8,23 @@ import os
 import cv2
 import numpy as np
 import pytest
-from conftest import draw, make_folder
 
 from packer.datasets import open_dataset
 from packer.errors import ImageError, SourceError, UnfinishedDatasetError
 from packer.imageproc import ProcessedImage, ProcessOptions, parse_encoding, parse_resize
 from packer.manifest import MANIFEST_NAME, Manifest, read_manifest
-from packer.ops.engine import ConvertOptions, convert_imagefolder, temp_dir_for, write_packed
+from packer.ops.engine import ConvertOptions, temp_dir_for, write_packed
 from packer.ops.transcode import COPY, convert_dataset, processing_for, safe_relpath
 from packer.registry import format_names
 from packer.scan import scan_imagefolder
+from tests.helpers import draw, make_folder
+from tests.helpers import pack as _pack
 
 FORMATS = format_names()
 
 
 def pack(src, dst, fmt, encode="keep", resize="none", **kw):
-    opts = ConvertOptions(processing=ProcessOptions(resize=parse_resize(resize), encoding=parse_encoding(encode)),
-                          workers=1, **kw)
-    return convert_imagefolder(src, dst, fmt, opts)
+    return _pack(src, dst, fmt, encode, resize, workers=1, **kw)
 
 
 def reprocessing(encode="keep", resize="none", reduced_decode=True, **kw):

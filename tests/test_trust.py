@@ -12,13 +12,13 @@ import textwrap
 import time
 
 import pytest
-from conftest import make_folder, pack
-from test_hostile import big_source, small_fs  # noqa: F401  (fixtures: a 24-image source, a 2 MB tmpfs)
 
 from packer.errors import DestinationBusyError, SourceError
 from packer.filesystem import check_destination, claim_destination, sibling_path
 from packer.ops.cli import main
 from packer.registry import format_names
+from tests.helpers import make_folder, pack
+from tests.test_hostile import big_source, small_fs  # noqa: F401  (fixtures: a 24-image source, a 2 MB tmpfs)
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 FORMATS = format_names()
@@ -115,10 +115,9 @@ def test_second_conversion_to_a_claimed_destination_fails_at_once(tmp_path, caps
 
 
 def test_stale_claim_of_a_killed_conversion_does_not_block_resume(tmp_path):
-    from faultlib import make_source
-
     from packer.datasets import open_dataset
     from packer.journal import JOURNAL_NAME
+    from tools.faultlib import make_source
 
     src = make_source(str(tmp_path / "src"), n=160)
     dst = str(tmp_path / "out")
@@ -335,7 +334,8 @@ def test_deeply_nested_manifest_is_refused(tmp_path):
 def _jpeg(seed=0, size=64):
     import cv2
     import numpy as np
-    from conftest import draw
+
+    from tests.helpers import draw
 
     ok, buf = cv2.imencode(".jpg", draw(np.random.default_rng(seed), size, size), [cv2.IMWRITE_JPEG_QUALITY, 90])
     return buf.tobytes()
@@ -498,7 +498,7 @@ def test_lmdb_record_reached_through_a_wrong_pointer_is_refused(tmp_path):
         other = txn.get(b"%010d" % 7)
         txn.put(b"%010d" % 3, other)
     env.close()
-    from conftest import forge_manifest_sizes
+    from tests.helpers import forge_manifest_sizes
 
     forge_manifest_sizes(a)
     from packer.datasets import open_dataset
@@ -533,9 +533,8 @@ def test_writer_options_a_format_does_not_take_are_refused(tmp_path, capsys, fmt
 # -- skipping corrupt samples in long runs ------------------------------------------------------------
 def _damaged_tar(tmp_path, n, bad):
     """A raw tar dataset of ``n`` samples whose first ``bad`` samples fail their checksum."""
-    from conftest import forge_manifest_sizes
-
     from packer.layouts.tar import unpack_index
+    from tests.helpers import forge_manifest_sizes
 
     src = str(tmp_path / "src")
     make_folder(src, {"a": [(f"{i:05d}.png", 2, 2) for i in range(n)]})
@@ -854,7 +853,8 @@ def _forged_h5(tmp_path, replace, encode="png"):
     """A small packed HDF5 dataset whose data.h5 is rebuilt with ``replace(new_file, old_file)``
     swapping some datasets (the rest copied as they are); the manifest is forged to match."""
     import h5py
-    from conftest import forge_manifest_sizes
+
+    from tests.helpers import forge_manifest_sizes
 
     src = str(tmp_path / "src")
     make_folder(src, {"a": [("x.png", 8, 8), ("y.png", 8, 8)]})
@@ -1087,7 +1087,7 @@ def test_foreign_tar_member_names_that_are_not_utf8_are_read(tmp_path, capsys, d
 def test_tfrecord_index_lengths_beyond_int64_are_one_line(tmp_path, length):
     """A packer .idx (manifest forged to match) with a record length of 2^63-1 overflowed numpy with
     a RuntimeWarning and a negative size in the message; 2^64-1 raised OverflowError."""
-    from conftest import forge_manifest_sizes
+    from tests.helpers import forge_manifest_sizes
 
     dst, _ = _two_datasets(tmp_path, "tfrecord")
     idx = os.path.join(dst, "shard-000000.idx")

@@ -8,11 +8,11 @@ import resource
 import numpy as np
 import pytest
 import torch
-from conftest import pack
 from torch.utils.data import DataLoader
 
 from packer.datasets import collate, open_dataset, worker_memory
 from packer.datasets.worker_memory import _glibc, tune_worker_malloc
+from tests.helpers import pack
 
 pytestmark = pytest.mark.skipif(not _glibc(), reason="glibc only")
 

@@ -1,7 +1,7 @@
 """Run the fault-injection sweeps of tests/test_faults.py (same seeds, same trial counts), the
 hostile-input tests and the trust tests, and print the tables of docs/reliability.md.
 
-    python tools/fault_table.py [--quick]
+    python -m tools.fault_table [--quick]
 
 Each SIGKILL trial kills a real conversion (``python -m packer convert``, 120 images, PNG) at a
 moment spread over its run, then runs ``--resume``; each byte trial flips one byte (or cuts the
@@ -20,11 +20,10 @@ import sys
 import tempfile
 import time
 
+from tools import faultlib as fl
+
 HERE = os.path.dirname(os.path.abspath(__file__))
 TESTS = os.path.join(os.path.dirname(HERE), "tests")
-sys.path.insert(0, TESTS)
-
-import faultlib as fl  # noqa: E402
 
 
 def kill_rows(src: str, work: str, kills: int, overwrite: int, two_workers: int) -> list[list[str]]:

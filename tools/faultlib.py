@@ -19,16 +19,12 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-if HERE not in sys.path:
-    sys.path.insert(0, HERE)
+from packer.errors import CorruptDataError
+from packer.manifest import MANIFEST_NAME, read_manifest
+from packer.ops.cli import main as cli_main
+from packer.registry import format_names, get_format
 
-from conftest import make_folder  # noqa: E402
-
-from packer.errors import CorruptDataError  # noqa: E402
-from packer.manifest import MANIFEST_NAME, read_manifest  # noqa: E402
-from packer.ops.cli import main as cli_main  # noqa: E402
-from packer.registry import format_names, get_format  # noqa: E402
+from .sample_images import make_folder
 
 FORMATS = tuple(format_names())
 

@@ -1,0 +1,1 @@
+"""packer's test suite: a package, so its modules import each other as ``tests.<module>``."""
