@@ -109,14 +109,14 @@ def _decode_jpegs_cuda(batch: EncodedBatch, ks: list[int], device: torch.device)
 
     datas = [batch.payload(k).cpu() for k in ks]
     try:
-        return list(decode_jpeg(datas, mode=ImageReadMode.RGB, device=device, apply_exif_orientation=True))
-    except RuntimeError:
+        return list(decode_jpeg(datas, mode=ImageReadMode.RGB, device=device))
+    except (RuntimeError, ValueError):
         pass
     out = []
     for k, data in zip(ks, datas):
         try:
-            out.append(decode_jpeg(data, mode=ImageReadMode.RGB, device=device, apply_exif_orientation=True))
-        except RuntimeError:
+            out.append(decode_jpeg(data, mode=ImageReadMode.RGB, device=device))
+        except (RuntimeError, ValueError):
             out.append(_decode_cpu(batch, k).to(device))  # raises CorruptDataError for a damaged one
     return out
 
@@ -145,7 +145,9 @@ def decode_batch(batch: EncodedBatch, device: torch.device | str, crop: int | Se
     be importable) and other codecs by OpenCV on the CPU, then copied; on the CPU every sample is
     decoded by OpenCV, pixel for pixel as the CPU readers decode. ``raw`` payloads are only
     reshaped. ``crop`` takes the centred crop of each image (as :func:`center_crop`); without it
-    every image of the batch must have the same size.
+    every image of the batch must have the same size. nvJPEG's pixels may differ from libjpeg's
+    by a level or two, and it ignores EXIF orientation (packer stores images upright; JPEGs of
+    other tools' shards that carry a rotation come out unrotated on CUDA).
 
     Raises:
         CorruptDataError: a payload that does not decode, naming its sample.
