@@ -47,7 +47,8 @@ class Report:
 
 def make_importable() -> None:
     """Make ``packer`` (with ``packer.datasets`` from ``datasets/``, as setup.cfg maps it) importable
-    here and in subprocesses when it is not installed: a temporary tree of links, on PYTHONPATH."""
+    here and in subprocesses when it is not installed: a temporary tree of links, on PYTHONPATH
+    (the script starts again with it)."""
     try:
         import packer.datasets  # noqa: F401
         return
@@ -60,10 +61,9 @@ def make_importable() -> None:
     for name in ("datasets", "converters"):
         os.symlink(os.path.join(ROOT, name), os.path.join(tree, name))
     parent = os.path.dirname(tree)
-    sys.path.insert(0, parent)
-    os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [parent, os.environ.get("PYTHONPATH")]))
-    for module in [m for m in sys.modules if m == "packer" or m.startswith("packer.")]:
-        del sys.modules[module]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [parent, os.environ.get("PYTHONPATH")]))}
+    # Start again with the tree on PYTHONPATH, so this process and every subprocess import it alike.
+    os.execve(sys.executable, [sys.executable, *sys.orig_argv[1:]], env)
 
 
 def make_folder(root: str, per_class: int, seed: int = 0) -> str:
