@@ -114,7 +114,8 @@ def main() -> None:
 
     upload_dataset(local, Remote("s3://bench/ds", options(proxies["none"])), m)
     epoch(open_dataset(local))  # warm-up: page cache, imports, worker start-up paths
-    rows = [("local disk", *epoch(open_dataset(local)), 0)]
+    rows = [("local disk", *epoch(open_dataset(local)), 0),
+            ("local disk, streaming", *epoch(StreamingDataset(local, shuffle=False, batch_size=64)), 0)]
     for label, proxy in proxies.items():
         for kind in ("map-style", "streaming"):
             cache = os.path.join(a.work, f"cache-{len(rows)}")
