@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import os
+from collections.abc import Sequence
 
 import pytest
 
 from packer.datasets import open_dataset
 from packer.errors import ImageError
 from packer.imageproc import ProcessOptions, parse_encoding
+from packer.manifest import read_manifest
 from packer.ops.engine import ConvertOptions
 from packer.ops.items import convert_items, item_classes
 from tests.helpers import make_folder, pack
@@ -86,3 +88,34 @@ def test_resume_keeps_a_finished_dataset(folder, tmp_path):
     assert os.stat(tmp_path / "out" / "manifest.json").st_mtime_ns == before
     with pytest.raises(FileExistsError):
         convert_items(items[1:], str(tmp_path / "out"), "tar", ConvertOptions(resume=True), root=folder)
+
+
+class _LazyItems(Sequence):
+    """Items made when asked for by position; iterating or copying the whole sequence fails."""
+
+    def __init__(self, data, n):
+        self.data, self.n, self.peak = data, n, 0
+
+    def __len__(self):
+        return self.n
+
+    def __getitem__(self, i):
+        if isinstance(i, slice) or not 0 <= i < self.n:
+            raise IndexError(i)
+        return (self.data[i % len(self.data)], f"c{i % 3}", None)
+
+    def __iter__(self):
+        raise AssertionError("convert_items copied the sequence")
+
+
+def test_a_sequence_is_read_by_position_not_copied(folder, tmp_path):
+    """A lazy Sequence gives the same dataset as the list of its items (classes found from the
+    labels, two workers), without being iterated or sliced."""
+    data = [open(os.path.join(folder, c, n), "rb").read() for c, n in (("cat", "c0.jpg"), ("dog", "d1.jpg"))]
+    lazy = _LazyItems(data, 7)
+    opts = ConvertOptions(workers=2)
+    report = convert_items(lazy, tmp_path / "lazy", "lmdb", opts)
+    convert_items([lazy[i] for i in range(7)], tmp_path / "list", "lmdb", opts)
+    assert report.manifest.classes == ["c0", "c1", "c2"] and report.manifest.num_samples == 7
+    assert _records(tmp_path / "lazy") == _records(tmp_path / "list")
+    assert report.manifest.source["fingerprint"] == read_manifest(str(tmp_path / "list")).source["fingerprint"]

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import functools
 import hashlib
+import json
 import numbers
 import os
 import time
@@ -39,24 +40,36 @@ def item_classes(labels: Sequence[str | int], classes: Sequence[str] | None) -> 
     """The class list and each item's label number. Without ``classes``: the sorted names when
     every label is a name, ``"0"`` .. ``"K-1"`` when every label is a number (K = 1 + the largest).
     ValueError names the first item whose label fits neither."""
-    ints = [isinstance(x, numbers.Integral) and not isinstance(x, bool) for x in labels]
-    if classes is None:
-        if all(ints):
-            names = [str(i) for i in range(max((int(x) for x in labels), default=-1) + 1)]
-        elif not any(ints) and all(isinstance(x, str) for x in labels):
-            names = sorted(set(labels))  # type: ignore[arg-type]
-        else:
-            raise ValueError("item labels mix class names and numbers (or hold other types); pass classes=[...]")
-    else:
-        names = list(classes)
+    names = _class_names(labels) if classes is None else list(classes)
     to_label = {c: i for i, c in enumerate(names)}
     out = []
-    for i, (x, is_int) in enumerate(zip(labels, ints)):
-        label = int(x) if is_int else to_label.get(x, -1) if isinstance(x, str) else -1  # type: ignore[call-overload]
+    for i, x in enumerate(labels):
+        label = _label_number(x, to_label)
         if not 0 <= label < len(names):
             raise ValueError(f"item {i}: label {x!r} is not one of the {len(names)} classes")
         out.append(label)
     return names, out
+
+
+def _class_names(labels: Iterable[Any]) -> list[str]:
+    """The class list that labels given without ``classes`` imply (see :func:`item_classes`),
+    found in one pass that keeps only the distinct names."""
+    names: set[str] = set()
+    top, kinds = -1, set()
+    for x in labels:
+        if _is_number(x):
+            top, kind = max(top, int(x)), "number"
+        elif isinstance(x, str):
+            names.add(x)
+            kind = "name"
+        else:
+            kind = "other"
+        kinds.add(kind)
+    if kinds <= {"number"}:
+        return [str(i) for i in range(top + 1)]
+    if kinds == {"name"}:
+        return sorted(names)
+    raise ValueError("item labels mix class names and numbers (or hold other types); pass classes=[...]")
 
 
 def _key(i: int, source: str | os.PathLike[str] | bytes, root: str | None) -> str:
@@ -78,20 +91,78 @@ def _process_sources(sources: Sequence[str | bytes], opts: ProcessOptions) -> li
     return [_process_source(s, opts) for s in sources]
 
 
-def _fingerprint(sources: Sequence[str | bytes], keys: Sequence[str], labels: Sequence[int]) -> str:
-    """Digest of the items: each key and label, and a file's size and modification time or the
-    SHA-256 of bytes given directly."""
-    rows: list[Any] = []
-    for source, key, label in zip(sources, keys, labels):
-        if isinstance(source, bytes):
-            rows.append((key, label, hashlib.sha256(source).hexdigest()))
-            continue
-        try:
-            st = os.stat(source)
-            rows.append((key, label, st.st_size, st.st_mtime_ns))
-        except OSError as e:
-            rows.append((key, label, -1, str(e.strerror)))
-    return digest(rows)
+class _Rows:
+    """The items read lazily by position: each checked when read, its key, label and source made
+    on the fly, so a Sequence of items is never copied (conversion memory does not grow with N)."""
+
+    def __init__(self, items: Sequence[Any], names: list[str], root: str | None) -> None:
+        self.items, self.root = items, root
+        self.to_label = {c: i for i, c in enumerate(names)}
+        self.count = len(names)
+
+    def __len__(self) -> int:
+        return len(self.items)
+
+    def row(self, i: int) -> tuple[str | bytes, str, int]:
+        """Item ``i`` as (source: path or bytes, key, label number); TypeError/ValueError naming it."""
+        source, label = _checked(i, self.items[i])[:2]
+        src = bytes(source) if isinstance(source, (bytes, bytearray, memoryview)) else os.fspath(source)
+        number = _label_number(label, self.to_label)
+        if not 0 <= number < self.count:
+            raise ValueError(f"item {i}: label {label!r} is not one of the {self.count} classes")
+        return src, _key(i, src, self.root), number
+
+    def sources(self, start: int) -> _Sources:
+        """The sources from position ``start`` on, as a lazy sequence for :func:`ordered_map`."""
+        return _Sources(self, start)
+
+    def fingerprint(self) -> str:
+        """Digest of the items: each key and label, and a file's size and modification time or the
+        SHA-256 of bytes given directly (the rows hashed one by one, as ``digest(list)`` would)."""
+        h = hashlib.sha256(b"[")
+        for i in range(len(self)):
+            source, key, label = self.row(i)
+            if isinstance(source, bytes):
+                entry: list[Any] = [key, label, hashlib.sha256(source).hexdigest()]
+            else:
+                try:
+                    st = os.stat(source)
+                    entry = [key, label, st.st_size, st.st_mtime_ns]
+                except OSError as e:
+                    entry = [key, label, -1, str(e.strerror)]
+            h.update((b"," if i else b"") + json.dumps(entry, sort_keys=True, separators=(",", ":"),
+                                                         ensure_ascii=False, default=str).encode("utf-8"))
+        h.update(b"]")
+        return h.hexdigest()
+
+
+class _Sources(Sequence[str | bytes]):
+    """Sources of ``rows`` from ``start`` on, made when sliced (what :func:`ordered_map` sends)."""
+
+    def __init__(self, rows: _Rows, start: int) -> None:
+        self.rows, self.start = rows, start
+
+    def __len__(self) -> int:
+        return max(0, len(self.rows) - self.start)
+
+    def __getitem__(self, i: Any) -> Any:
+        if isinstance(i, slice):
+            return [self.rows.row(self.start + k)[0] for k in range(*i.indices(len(self)))]
+        return self.rows.row(self.start + i)[0]
+
+
+def _checked(i: int, row: Any) -> tuple[Any, Any, Any]:
+    if not isinstance(row, tuple) or len(row) != 3 or not isinstance(row[2], (dict, type(None))):
+        raise TypeError(f"item {i} must be a (path or bytes, label, metadata dict or None) tuple")
+    return row
+
+
+def _is_number(x: Any) -> bool:
+    return isinstance(x, numbers.Integral) and not isinstance(x, bool)
+
+
+def _label_number(x: Any, to_label: dict[str, int]) -> int:
+    return int(x) if _is_number(x) else to_label.get(x, -1) if isinstance(x, str) else -1
 
 
 def convert_items(
@@ -106,6 +177,11 @@ def convert_items(
     """Convert ``items``, each ``(path or bytes, label, metadata)``, into a packed dataset of
     format ``fmt`` at ``dst``, in the order given (``options.shuffle`` and ``seed`` are not used).
 
+    A Sequence (a list, or a lazy sequence that makes item ``i`` when asked) is read by position,
+    item by item, and never copied: two or three passes (class names when ``classes`` is None,
+    the fingerprint, the conversion), so it must give the same items each time; memory then
+    does not grow with the number of items. Any other iterable is first made a list.
+
     Labels are class names or numbers (see :func:`item_classes` for ``classes=None``); give the
     full ``classes`` list when parts made separately are to be merged without renumbering. Images
     are decoded and processed by ``options.workers`` processes, bad ones skipped and listed (or,
@@ -119,21 +195,23 @@ def convert_items(
     t0 = time.perf_counter()
     dst = os.fspath(dst)
     options = options if options is not None else ConvertOptions()
-    names, labels, sources, keys = _rows(items, classes, root)
+    seq = items if isinstance(items, Sequence) else list(items)
+    names = list(classes) if classes is not None else _class_names(_checked(i, seq[i])[1] for i in range(len(seq)))
+    rows = _Rows(seq, names, os.fspath(root) if root is not None else None)
     writer_class(fmt)  # an unknown format fails before any work
     template = Manifest(format=fmt, num_samples=0, classes=names, processing=options.processing.to_json(), files=[],
                         source={"kind": "items"}, created_by=f"packer {__version__}")
 
     def stream(start: int) -> Iterator[Item]:
         fn = functools.partial(_process_sources, opts=options.processing)
-        results = ordered_map(fn, sources[start:], options.workers, lambda k: keys[start + k])
-        for key, label, (image, reason) in zip(keys[start:], labels[start:], results):
+        results = ordered_map(fn, rows.sources(start), options.workers, lambda k: rows.row(start + k)[1])
+        for pos, (image, reason) in enumerate(results, start):
+            key, label = rows.row(pos)[1:]
             if image is None and options.strict:
                 raise ImageError(f"{key}: {reason}")
             yield key, label, image, reason
 
-    fingerprint = {"source": _fingerprint(sources, keys, labels),
-                   "options": options_fingerprint(fmt, template, options)}
+    fingerprint = {"source": rows.fingerprint(), "options": options_fingerprint(fmt, template, options)}
     template.source["fingerprint"] = digest(fingerprint)
     with claim_destination(dst):
         recover_publish(dst)
@@ -143,22 +221,9 @@ def convert_items(
                                  notes=[f"kept {dst}: finished before from the same items and options"])
         if os.path.lexists(dst) and not options.overwrite:
             raise FileExistsError(f"destination exists: {dst} (use --overwrite to replace it)")
-        manifest, resumed, notes = write_packed_result(dst, fmt, stream, template, options, len(sources),
-                                                       f"the {len(sources)} items", fingerprint)
+        manifest, resumed, notes = write_packed_result(dst, fmt, stream, template, options, len(rows),
+                                                       f"the {len(rows)} items", fingerprint)
     return ConvertReport(dst, manifest, time.perf_counter() - t0, list(manifest.skipped), resumed=resumed, notes=notes)
-
-
-def _rows(items: Iterable[ImageItem], classes: Sequence[str] | None,
-          root: str | os.PathLike[str] | None) -> tuple[list[str], list[int], list[str | bytes], list[str]]:
-    """Classes, labels, sources (paths or bytes) and keys of the items, checked."""
-    rows = list(items)
-    for i, row in enumerate(rows):
-        if not isinstance(row, tuple) or len(row) != 3 or not isinstance(row[2], (dict, type(None))):
-            raise TypeError(f"item {i} must be a (path or bytes, label, metadata dict or None) tuple")
-    names, labels = item_classes([row[1] for row in rows], classes)
-    sources = [bytes(r[0]) if isinstance(r[0], (bytes, bytearray, memoryview)) else os.fspath(r[0]) for r in rows]
-    base = os.fspath(root) if root is not None else None
-    return names, labels, sources, [_key(i, s, base) for i, s in enumerate(sources)]
 
 
 def _finished(dst: str, fingerprint: str) -> Manifest | None:
