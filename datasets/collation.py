@@ -41,8 +41,11 @@ __all__ = ["collate", "MAX_SLOTS", "KNOWN_GOOD_TORCH"]
 #: Slots per worker process. Steady state needs about ``prefetch_factor`` + 2.
 MAX_SLOTS = 8
 
-# A slot's header: 8 int64 slots at the start of its region, then the batch's bytes.
-_SLOT_FIELDS = ("state", "gen", "closed", "magic")  # closed: the worker will not use it again
+# A slot's header: 8 int64 slots at the start of its region, then the batch's bytes. closed: the
+# worker will not use it again; owner: the worker's pid; nonce: tells this slot from a later one
+# that reuses its inode number; receiver: the pid of the process that holds a mapping of the slot
+# (set by that process, which keeps the mapping until the slot is closed or its worker is gone).
+_SLOT_FIELDS = ("state", "gen", "closed", "magic", "owner", "nonce", "receiver")
 _HEADER_SLOTS = 8
 _HEADER_BYTES = SlotTable.nbytes(_HEADER_SLOTS)
 _MAGIC_VALUE = 0x7061636B62617463  # "packbatc"
@@ -100,6 +103,11 @@ class _Slot:
         self.capacity = capacity
         self.header = SlotTable(_SLOT_FIELDS, self.region, slots=_HEADER_SLOTS)
         self.header["magic"] = _MAGIC_VALUE
+        self.header["owner"] = os.getpid()
+        self.header["nonce"] = int.from_bytes(os.urandom(8), "little") >> 2
+        stat = os.fstat(self.region.fd)
+        #: What the receiver keys its mapping by: (device, inode, nonce).
+        self.key = (stat.st_dev, stat.st_ino, int(self.header["nonce"]))
         self.gen = 0
         self.sent_gen = -1
         self.ptr = 0
@@ -227,14 +235,21 @@ def _slot_tensor(slot: _Slot, offset: int, shape: tuple[int, ...], dtype: torch.
 
 
 def _reduce_slot_tensor(tensor: _SlotTensor) -> tuple:
-    """Send a slot tensor as (slot fd, generation, offset, shape, dtype)."""
+    """Send a slot tensor as (slot key, slot fd or None, generation, offset, shape, dtype).
+
+    The descriptor goes only while the parent process has not mapped the slot yet: passing one
+    is a connection to this worker's descriptor-sharing thread with an authentication handshake,
+    twice per batch (images and labels), which costs the main process more than the rest of
+    receiving the batch. Once the parent has set itself as the slot's ``receiver`` it keeps the
+    mapping for as long as this worker may use the slot, and the key alone finds it."""
     plain = tensor.as_subclass(torch.Tensor)
     info = getattr(tensor, "_packer_slot", None)
     if info is not None:
         slot, gen, offset, ptr = info
         if slot.fd is not None and slot.gen == gen and plain.data_ptr() == ptr and plain.is_contiguous():
             slot.sent_gen = gen
-            return _rebuild_slot_tensor, (reduction.DupFd(slot.fd), gen, offset, tuple(plain.shape), plain.dtype)
+            fd = None if slot.header["receiver"] == os.getppid() else reduction.DupFd(slot.fd)
+            return _rebuild_slot_tensor, (slot.key, fd, gen, offset, tuple(plain.shape), plain.dtype)
     return reduce_tensor(plain)  # changed in place after collation: torch's own path
 
 
@@ -289,7 +304,9 @@ def _deinterleave_into(batch: list[torch.Tensor], out: torch.Tensor) -> None:
             out[i].copy_(x)
             continue
         dst = [planes[i, 0], planes[i, 1], planes[i, 2]]
-        got = cv2.split(np.ascontiguousarray(x.permute(1, 2, 0).numpy()), dst)
+        # The H x W x 3 view as it is (a crop has a row stride wider than its rows): OpenCV reads
+        # strided rows itself, and a contiguous copy first would double the memory traffic.
+        got = cv2.split(x.permute(1, 2, 0).numpy(), dst)
         if not (got[0] is dst[0] and got[1] is dst[1] and got[2] is dst[2]):  # pragma: no cover - OpenCV reallocated
             out[i].copy_(x)
 
@@ -340,19 +357,20 @@ def collate(batch: list[Any]) -> Any:
 
 
 class _Mapping:
-    def __init__(self, fd: int, size: int) -> None:
+    def __init__(self, fd: int, size: int, key: tuple[int, int, int]) -> None:
         # A mapping of its own; the caller keeps (and closes) ``fd``.
         self.region = SharedRegion(size, "packer-batch", fd=os.dup(fd))
         self.region.close()
         self.size = size
         self.header = SlotTable(_SLOT_FIELDS, self.region, slots=_HEADER_SLOTS)
-        if self.header["magic"] != _MAGIC_VALUE:
+        if self.header["magic"] != _MAGIC_VALUE or self.header["nonce"] != key[2]:
             raise RuntimeError("packer.datasets.collate: received a descriptor that is not a batch slot")
         self.uses: weakref.WeakValueDictionary[int, np.ndarray] = weakref.WeakValueDictionary()
         self.last = 0
+        self.header["receiver"] = os.getpid()  # from now on the worker sends the key alone
 
 
-_rx: dict[tuple[int, int], _Mapping] = {}
+_rx: dict[tuple[int, int, int], _Mapping] = {}
 _rx_lock = threading.RLock()
 _rx_tick = itertools.count(1)
 _rx_now = 0
@@ -364,12 +382,27 @@ def _rx_release(header: SlotTable, gen: int, pid: int) -> None:
         header["state"] = _FREE
 
 
+def _gone(pid: int) -> bool:
+    """Whether process ``pid`` no longer exists."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return True
+    except OSError:
+        return False
+    return False
+
+
 def _sweep() -> None:
-    """Drop mappings of slots that are closed (or long idle) and hold no live batch."""
+    """Drop mappings of slots that hold no live batch and that their worker will not use again:
+    closed, or long idle with the worker gone (a killed worker cannot close its slots). An idle
+    slot of a live worker stays mapped: the worker sends its batches by key alone, and the
+    mapping costs no memory of its own (the pages are the worker's)."""
     for key, mapping in list(_rx.items()):
         if len(mapping.uses):
             continue
-        if mapping.header["closed"] or _rx_now - mapping.last > _STALE_AFTER:
+        if mapping.header["closed"] or (_rx_now - mapping.last > _STALE_AFTER and _gone(int(mapping.header["owner"]))):
+            mapping.header["receiver"] = 0
             del _rx[key]
 
 
@@ -381,29 +414,39 @@ def _gc_sweep(phase: str, info: dict) -> None:
             _rx_lock.release()
 
 
-def _rebuild_slot_tensor(dup_fd: Any, gen: int, offset: int, shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
-    global _rx_now
+def _map_slot(key: tuple[int, int, int], dup_fd: Any) -> _Mapping:
+    """This process's mapping of the slot ``key``, made from ``dup_fd`` if there is none yet."""
+    mapping = _rx.get(key)
+    if dup_fd is None:
+        if mapping is None:
+            raise RuntimeError(f"packer.datasets.collate: a batch names a slot this process has not mapped "
+                               f"(device, inode, nonce {key}); was it sent on by another process?")
+        return mapping
     fd = dup_fd.detach()
     try:
-        stat = os.fstat(fd)
-        key = (stat.st_dev, stat.st_ino)
-        with _rx_lock:
-            mapping = _rx.get(key)
-            if mapping is None or mapping.size != stat.st_size:
-                mapping = _Mapping(fd, stat.st_size)
-                _rx[key] = mapping
-            use = mapping.uses.get(gen)
-            if use is None:
-                _rx_now = next(_rx_tick)
-                mapping.last = _rx_now
-                use = mapping.region.uint8(_HEADER_BYTES)
-                mapping.uses[gen] = use
-                finalizer = weakref.finalize(use, _rx_release, mapping.header, gen, os.getpid())
-                finalizer.atexit = False
-                if _rx_now % 32 == 0:
-                    _sweep()
+        if mapping is None or mapping.header["closed"]:
+            mapping = _Mapping(fd, os.fstat(fd).st_size, key)
+            _rx[key] = mapping
     finally:
         os.close(fd)
+    return mapping
+
+
+def _rebuild_slot_tensor(key: tuple[int, int, int], dup_fd: Any, gen: int, offset: int, shape: tuple[int, ...],
+                         dtype: torch.dtype) -> torch.Tensor:
+    global _rx_now
+    with _rx_lock:
+        mapping = _map_slot(key, dup_fd)
+        use = mapping.uses.get(gen)
+        if use is None:
+            _rx_now = next(_rx_tick)
+            mapping.last = _rx_now
+            use = mapping.region.uint8(_HEADER_BYTES)
+            mapping.uses[gen] = use
+            finalizer = weakref.finalize(use, _rx_release, mapping.header, gen, os.getpid())
+            finalizer.atexit = False
+            if _rx_now % 32 == 0:
+                _sweep()
     itemsize = torch.empty((), dtype=dtype).element_size()
     nbytes = itemsize * int(np.prod(shape, dtype=np.int64))
     if offset < 0 or offset + nbytes > use.size:

@@ -230,3 +230,42 @@ def test_untested_torch_falls_back_to_default_collate(monkeypatch):
             assert collation._torch_internals() is None
     monkeypatch.setattr(torch, "__version__", "2.13.1a0+git")
     assert collation._torch_internals() is not None
+
+
+def test_a_mapped_slot_is_sent_without_its_descriptor(monkeypatch):
+    """A descriptor crosses once per slot and tensor of the slot's first batch, not per batch:
+    once the main process has mapped a slot, its worker sends the slot's key alone."""
+    sent = collections.Counter()
+    map_slot = collation._map_slot
+
+    def counting(key, dup_fd):  # noqa: ANN001, ANN202
+        sent[dup_fd is not None] += 1
+        return map_slot(key, dup_fd)
+
+    monkeypatch.setattr(collation, "_map_slot", counting)
+    ds = Structured(n=400, side=32)
+    batches = 0
+    for batch in DataLoader(ds, batch_size=4, num_workers=2, collate_fn=collate, persistent_workers=True):
+        _assert_same(batch[0], default_collate([ds[i] for i in batch[1].tolist()])[0])
+        batches += 1
+    assert batches == 100
+    slots = [m for m in collation._rx.values() if m.header["receiver"] == os.getpid()]
+    assert 2 <= len(slots) <= 2 * collation.MAX_SLOTS
+    per_batch = sum(sent.values()) / batches  # slot tensors in a batch of Structured samples
+    assert sent[True] <= per_batch * len(slots) < sent[False], sent
+
+
+def test_idle_slots_of_live_workers_stay_mapped():
+    """A long-idle mapping is dropped only once its worker is gone (it would otherwise be sent by
+    key to a process that no longer maps it)."""
+    ds = Structured(n=40, side=16)
+    loader = DataLoader(ds, batch_size=4, num_workers=1, collate_fn=collate, persistent_workers=True)
+    assert sum(1 for _ in loader) == 10  # no batch kept
+    mine = {k for k, m in collation._rx.items() if m.header["owner"] in {w.pid for w in loader._iterator._workers}}
+    assert mine
+    collation._rx_now += collation._STALE_AFTER + 1
+    collation._sweep()
+    assert mine <= set(collation._rx)
+    del loader  # the worker exits and closes its slots
+    gc.collect()
+    assert not mine & set(collation._rx)
