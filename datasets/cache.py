@@ -9,30 +9,53 @@ Layout, locking, memory accounting and pickling: docs/datasets.md.
 
 from __future__ import annotations
 
+import hashlib
 import os
-import re
 import warnings
+import weakref
 from multiprocessing import reduction
 
 import numpy as np
 import torch
 
 from packer.checks import check_int
+from packer.fileio import anonymous_file
 
-from .shm import ProcessLock, SharedRegion, SlotTable, int64_rows
+from .shm import (
+    FileLock,
+    ProcessLock,
+    SharedRegion,
+    SlotTable,
+    int64_rows,
+    new_segment,
+    node_segments_supported,
+    open_segment,
+    publish_segment,
+    release_segment,
+    remove_stale_segments,
+)
 
-__all__ = ["SharedCache"]
+__all__ = ["SharedCache", "cgroup_free_bytes", "node_key_from_env"]
 
 _EMPTY, _WRITING, _READY = 0, 1, 2
 _ALIGN = 64
+_PAGE = 4096
 
-# The table: a header of named fields (8 slots), then one (offset, length, state) row per sample.
-_HEADER_FIELDS = ("ptr", "hits", "misses", "entries", "rejected")
-_HEADER = 8
+# One segment: a header of named fields (16 slots) and the identity digest, the table of one
+# (offset, length, state) row per sample from byte 256, then the arena from the next page.
+_HEADER_FIELDS = ("magic", "layout", "num_items", "capacity", "arena", "size",
+                  "ptr", "hits", "misses", "entries", "rejected")
+_HEADER = 16
+_DIGEST_AT, _TABLE_AT = 128, 256
 _ENTRY_FIELDS = ("offset", "length", "state")
+_MAGIC = int.from_bytes(b"pkcache\0", "little")
+_LAYOUT = 1
 
 _SHM_DIR = "/dev/shm"
+_PREFIX = "packer-cache-"  # node-shared segments: /dev/shm/packer-cache-<digest>
 _MIN_HEADROOM = 256 * 2**20
+_CGROUP_ENV = "PACKER_CGROUP_DIR"
+_NO_LIMIT = 2**60  # cgroup v1 writes "no limit" as 2**63 rounded down to a page
 
 
 def _shm_free_bytes(path: str = _SHM_DIR) -> int | None:
@@ -56,48 +79,117 @@ def _available_memory_bytes() -> int | None:
     return None
 
 
+def _read_value(path: str) -> str | None:
+    try:
+        with open(path, encoding="ascii") as f:
+            return f.read().strip()
+    except (OSError, UnicodeDecodeError):
+        return None
+
+
+def _stat_field(directory: str, name: str) -> int:
+    """Field ``name`` of ``directory``'s memory.stat, 0 where missing."""
+    for line in (_read_value(os.path.join(directory, "memory.stat")) or "").splitlines():
+        field, _, value = line.partition(" ")
+        if field == name and value.strip().isdigit():
+            return int(value)
+    return 0
+
+
+def _cgroup_dir_free(directory: str) -> int | None:
+    """Limit less usage in one cgroup directory (v2 or v1 files); None without a limit there.
+
+    Usage counts the page cache; its inactive part (``inactive_file``) is reclaimed before the
+    limit bites, so it counts as free.
+    """
+    for limit_name, usage_name, inactive in (("memory.max", "memory.current", "inactive_file"),
+                                             ("memory.limit_in_bytes", "memory.usage_in_bytes",
+                                              "total_inactive_file")):
+        limit = _read_value(os.path.join(directory, limit_name))
+        if limit is None:
+            continue
+        if not limit.isdigit() or int(limit) >= _NO_LIMIT:  # "max"
+            return None
+        usage = _read_value(os.path.join(directory, usage_name)) or "0"
+        used = int(usage) if usage.isdigit() else 0
+        return max(int(limit) - max(used - _stat_field(directory, inactive), 0), 0)
+    return None
+
+
+def _cgroup_dirs(root: str = "/sys/fs/cgroup") -> list[str]:
+    """This process's memory cgroup directories and their ancestors, v2 and v1 alike."""
+    found: list[str] = []
+    for line in (_read_value("/proc/self/cgroup") or "").splitlines():
+        _, controllers, path = (line.split(":", 2) + ["", ""])[:3]
+        if controllers == "":
+            mount = root  # the v2 unified hierarchy
+        elif "memory" in controllers.split(","):
+            mount = os.path.join(root, "memory")
+        else:
+            continue
+        here = os.path.normpath(os.path.join(mount, path.lstrip("/")))
+        if not os.path.isdir(here):  # a namespace that shows the host's path: its root is ours
+            here = mount
+        while True:
+            found.append(here)
+            if here == mount or len(here) <= len(mount):
+                break
+            here = os.path.dirname(here)
+    return found
+
+
+def cgroup_free_bytes(cgroup_dir: str | None = None) -> int | None:
+    """Memory this container may still use: the tightest ``memory.max`` less usage over the
+    process's cgroup and its ancestors (cgroup v2), or ``memory.limit_in_bytes`` less usage (v1).
+
+    Args:
+        cgroup_dir: read only this directory (its ``memory.max`` and ``memory.current``, or the v1
+            files); default: the ``PACKER_CGROUP_DIR`` environment variable, else the cgroups of
+            ``/proc/self/cgroup``.
+
+    Returns:
+        Bytes, or None where no limit is set (or no cgroup is visible).
+    """
+    chosen = cgroup_dir if cgroup_dir is not None else os.environ.get(_CGROUP_ENV) or None
+    free = [_cgroup_dir_free(d) for d in ([chosen] if chosen is not None else _cgroup_dirs())]
+    known = [f for f in free if f is not None]
+    return min(known) if known else None
+
+
 def _usable_bytes(free: int) -> int:
     """Free space less headroom for the DataLoader's own batches: 10%, 256 MiB at least."""
     headroom = min(free // 2, max(free // 10, _MIN_HEADROOM))
     return free - headroom
 
 
-def _remove_failed_segment(message: str) -> str:
-    """Unlink the segment a failed torch allocation left behind; say so in the error.
-
-    When ``fallocate`` fails (tmpfs full), torch 2.13 raises before unlinking the name it
-    created, leaving ``/dev/shm/torch_<pid>_<random>_<n>`` (sparse, but a stale entry). Only a
-    segment of this process, named in torch's message, is removed.
-    """
-    match = re.search(r"</?(torch_(\d+)_\d+_\d+)>", message)
-    if match is None or int(match.group(2)) != os.getpid():
-        return ""
-    path = os.path.join(_SHM_DIR, match.group(1))
-    try:
-        os.unlink(path)
-    except OSError:
-        return ""
-    return f" (removed the stale {path} torch left behind)"
+def node_key_from_env() -> str | None:
+    """What tells this job's processes on a node apart from other jobs': the torchrun run id
+    (``TORCHELASTIC_RUN_ID``, unless torchrun's default ``none``), else ``MASTER_ADDR:MASTER_PORT``;
+    None outside a distributed job."""
+    run = os.environ.get("TORCHELASTIC_RUN_ID", "").strip()
+    if run and run != "none":
+        return f"run:{run}"
+    addr, port = os.environ.get("MASTER_ADDR", "").strip(), os.environ.get("MASTER_PORT", "").strip()
+    return f"master:{addr}:{port}" if addr and port else None
 
 
-def _new_shared_tensor(nbytes: int, dtype: torch.dtype) -> torch.Tensor:
-    """A zero-filled 1-D shared-memory tensor of ``nbytes`` bytes, without an extra copy.
+def _digest(identity: str | bytes, num_items: int, key: str) -> bytes:
+    ident = identity.encode() if isinstance(identity, str) else bytes(identity)
+    h = hashlib.sha256(b"packer-cache\0%d\0%d\0%d\0" % (_LAYOUT, num_items, os.getuid()))
+    for part in (ident, key.encode()):
+        h.update(b"%d:" % len(part) + part)
+    return h.digest()
 
-    ``torch.empty(n).share_memory_()`` would allocate private memory and then copy all of it
-    into shared memory; ``UntypedStorage._new_shared`` (what DataLoader's collate uses for its
-    output batches) allocates shared memory directly.
-    """
-    new_shared = getattr(torch.UntypedStorage, "_new_shared", None)
-    if new_shared is None:  # pragma: no cover - very old or very new torch
-        return torch.zeros(nbytes // torch.empty((), dtype=dtype).element_size(), dtype=dtype)
-    storage = new_shared(nbytes)
-    tensor = torch.empty(0, dtype=dtype)
-    tensor.set_(storage, 0, (nbytes // tensor.element_size(),), (1,))
-    return tensor
+
+def _layout(num_items: int, capacity: int) -> tuple[int, int]:
+    """(arena offset, segment size) for a cache of ``num_items`` and ``capacity`` bytes."""
+    arena = -(-(_TABLE_AT + 24 * num_items) // _PAGE) * _PAGE
+    return arena, arena + capacity
 
 
 class SharedCache:
-    """A bounded byte cache, indexed by sample number, shared by a process and its workers.
+    """A bounded byte cache, indexed by sample number, shared by a process and its workers, and
+    with ``identity`` by every process of a distributed job on one node.
 
     Create it in the main process before the DataLoader starts its workers, keep it on the
     dataset, and use ``get`` / ``put`` in ``__getitem__``::
@@ -111,66 +203,100 @@ class SharedCache:
         num_items: number of samples (valid indices are ``0 .. num_items - 1``).
         capacity_bytes: the bound on cached bytes (an int; convert sizes like "8GB" with
             ``packer.sizes.parse_size``). Committed in RAM at construction (docs/datasets.md);
-            clamped, with a warning, to what ``/dev/shm`` and the available RAM can hold.
+            clamped, with a warning, to what ``/dev/shm``, the available RAM and the container's
+            memory limit (cgroup) can hold. A cache joined on the node keeps its creator's.
+        identity: what the cached bytes are (the dataset's content and the cache mode; anything
+            that changes a stored byte). With it, the processes of one job on one node (same
+            ``node_key``) share one cache: the first creates ``/dev/shm/packer-cache-<digest>``,
+            the others map it. Without it the cache is this process tree's own.
+        node_key: which processes share: default :func:`node_key_from_env` (the torchrun job);
+            outside a distributed job, and without a key, nothing is shared. Give the same key to
+            share across jobs on a node.
 
     Raises:
         TypeError, ValueError: for arguments that are not non-negative ints.
         RuntimeError: when shared memory cannot be allocated.
     """
 
-    def __init__(self, num_items: int, capacity_bytes: int) -> None:
-        num_items = _check_count("num_items", num_items)
-        requested = _check_count("capacity_bytes", capacity_bytes)
-        capacity = requested
-        table_bytes = (_HEADER + 3 * num_items) * 8
-        limits = {
-            "free in " + _SHM_DIR: _shm_free_bytes(),
-            "RAM available": _available_memory_bytes(),
-        }
-        known = {name: value for name, value in limits.items() if value is not None}
-        if known:
-            tightest = min(known, key=known.__getitem__)
-            usable = max(_usable_bytes(known[tightest]) - table_bytes, 0)
-            if capacity > usable:
-                capacity = usable - usable % _ALIGN
-                warnings.warn(
-                    f"SharedCache: capacity_bytes={requested} is more than shared memory can "
-                    f"hold ({known[tightest]} bytes {tightest}, less headroom for DataLoader "
-                    f"batches); using {capacity} bytes. For more, free memory or enlarge "
-                    f"{_SHM_DIR} (docker run --shm-size=...).",
-                    RuntimeWarning,
-                    stacklevel=2,
-                )
-        # The arena is a torch shared tensor in /dev/shm, named and unlinked at once, committed
-        # with fallocate so that a full tmpfs fails here rather than with a SIGBUS on a later
-        # write; the table of entries is an anonymous region.
-        try:
-            table = SharedRegion(table_bytes, "packer-shared-cache")
-            arena = _new_shared_tensor(capacity, torch.uint8)
-        except (OSError, RuntimeError) as error:
-            raise RuntimeError(
-                f"SharedCache: cannot allocate {capacity} + {table_bytes} bytes of shared memory "
-                f"in {_SHM_DIR}: {error}{_remove_failed_segment(str(error))}"
-            ) from error
-        self._setup(num_items, capacity, arena, table, ProcessLock("SharedCache"))
-
-    def _setup(
+    def __init__(
         self,
         num_items: int,
-        capacity: int,
-        arena: torch.Tensor,
-        table: SharedRegion,
-        lock: ProcessLock,
+        capacity_bytes: int,
+        *,
+        identity: str | bytes | None = None,
+        node_key: str | None = None,
     ) -> None:
+        num_items = _check_count("num_items", num_items)
+        requested = _check_count("capacity_bytes", capacity_bytes)
+        if identity is not None and not isinstance(identity, (str, bytes)):
+            raise TypeError(f"SharedCache: identity must be str or bytes, got {type(identity).__name__}")
+        path = digest = None
+        key = node_key if node_key is not None else node_key_from_env()
+        if identity is not None and key is not None:
+            if node_segments_supported() and os.path.isdir(_SHM_DIR):
+                digest = _digest(identity, num_items, key)
+                path = os.path.join(_SHM_DIR, _PREFIX + digest.hex()[:40])
+            else:
+                warnings.warn("SharedCache: this system cannot share a cache between the processes of a "
+                              "node (needs Linux with /dev/shm); each process tree keeps its own",
+                              RuntimeWarning, stacklevel=2)
+        if node_segments_supported():
+            remove_stale_segments(_SHM_DIR, _PREFIX)  # crashed jobs' memory, before measuring what is free
+        overhead = _layout(num_items, 0)[0]
+        while path is not None and digest is not None:
+            if self._attach(path, num_items, digest):
+                return
+            region = _allocate(True, num_items, _clamp(requested, overhead, node=True))
+            _initialise(region, num_items, digest)
+            lock = FileLock("SharedCache", os.dup(region.fd))  # type: ignore[arg-type]
+            if publish_segment(region.fd, path):  # type: ignore[arg-type]
+                self._setup(num_items, region, lock, path)
+                return
+            lock.close()  # another process published first: join its segment
+            region.close()
+        region = _allocate(False, num_items, _clamp(requested, overhead, node=False))
+        _initialise(region, num_items, b"")
+        self._setup(num_items, region, ProcessLock("SharedCache"), None)
+
+    def _attach(self, path: str, num_items: int, digest: bytes) -> bool:
+        """Map the node's published segment at ``path``; False when there is none."""
+        fd = open_segment(path)
+        if fd is None:
+            return False
+        try:
+            size = os.fstat(fd).st_size
+            region = SharedRegion(max(size, 1), "packer-cache", fd=fd)
+        except BaseException:
+            os.close(fd)
+            raise
+        header = SlotTable(_HEADER_FIELDS, region, slots=_HEADER) if size >= _TABLE_AT else None
+        if (header is None or header["magic"] != _MAGIC or header["layout"] != _LAYOUT
+                or header["num_items"] != num_items or header["size"] != size
+                or bytes(region.buffer[_DIGEST_AT:_DIGEST_AT + len(digest)]) != digest):
+            region.close()
+            raise RuntimeError(f"SharedCache: {path} is not this dataset's cache (another program's "
+                               f"file or another packer version's, in use); remove it when it is unused")
+        self._setup(num_items, region, FileLock("SharedCache", os.dup(fd)), path)
+        return True
+
+    def _setup(self, num_items: int, region: SharedRegion, lock: ProcessLock | FileLock,
+               path: str | None, holder: bool = True) -> None:
         self._num_items = num_items
-        self._capacity = capacity
-        self._arena_tensor: torch.Tensor | None = arena
-        self._table: SharedRegion | None = table
+        self._region: SharedRegion | None = region
         self._lock = lock
+        self._path = path
+        # The process that opened a node segment holds it (docs/datasets.md): its last holder
+        # removes the name, at close() or when the cache is garbage collected or Python exits.
+        self._hold = None
+        if path is not None and holder:
+            self._hold = weakref.finalize(self, _release_hold, os.dup(region.fd), path, os.getpid())
+        self._header = SlotTable(_HEADER_FIELDS, region, slots=_HEADER)
+        self._capacity = self._header["capacity"]
+        self._arena_at = self._header["arena"]
+        self._fd: int = region.fd  # type: ignore[assignment]
         # NumPy views: scalar access through them is several times faster than through torch.
-        self._arena = arena.numpy()
-        self._header = SlotTable(_HEADER_FIELDS, table, slots=_HEADER)
-        entries = int64_rows(table, _ENTRY_FIELDS, num_items, SlotTable.nbytes(_HEADER))
+        self._arena = region.uint8(self._arena_at)
+        entries = int64_rows(region, _ENTRY_FIELDS, num_items, _TABLE_AT)
         self._offsets, self._lengths, self._states = (entries[f] for f in _ENTRY_FIELDS)
 
     # -- pickling: shared through multiprocessing only ---------------------------------------
@@ -281,6 +407,8 @@ class SharedCache:
         # it READY under the lock: a get reads the entry under the lock, so it never sees READY
         # before the bytes (the lock is the memory barrier). A writer that dies mid-copy leaves
         # its entry WRITING: never cached, its bytes lost to the bound. Entries never move.
+        # The copy is a pwrite into the file, not a store through the mapping: a store faults in
+        # every fresh page of the mapping one by one (docs/benchmarks.md, section 7).
         index = self._check_index(index)
         parts = [_as_bytes(d, index) for d in data] if isinstance(data, tuple) else [_as_bytes(data, index)]
         length = sum(part.size for part in parts)
@@ -297,10 +425,7 @@ class SharedCache:
             self._offsets[index], self._lengths[index] = offset, length
             self._states[index] = _WRITING
         try:
-            at = offset
-            for part in parts:
-                self._arena[at : at + part.size] = part
-                at += part.size
+            _pwrite_all(self._fd, parts, self._arena_at + offset)
         except BaseException:
             with self._lock.hold():
                 self._states[index] = _EMPTY
@@ -314,22 +439,29 @@ class SharedCache:
         """Drop this process's references to the shared memory and the lock; idempotent.
 
         The memory is freed when no process maps it and no view from ``get`` is alive. Other
-        processes' copies of the cache keep working.
+        processes' copies of the cache keep working. The last process of a node to close a
+        node-shared cache also removes its name from ``/dev/shm``.
         """
-        if self._arena_tensor is None:
+        if self._region is None:
             return
+        if self._hold is not None:
+            self._hold()
         self._lock.close()
-        if self._table is not None:
-            self._table.close()
-        self._arena_tensor = self._table = None
+        self._region.close()
+        self._region = None
         self._arena = np.empty(0, dtype=np.uint8)
         self._header = SlotTable(_HEADER_FIELDS, bytearray(SlotTable.nbytes(_HEADER)), slots=_HEADER)
         self._offsets = self._lengths = self._states = np.zeros(0, dtype=np.int64)
 
     @property
+    def name(self) -> str | None:
+        """The path of a node-shared cache in ``/dev/shm``; None for a process tree's own."""
+        return self._path
+
+    @property
     def closed(self) -> bool:
         """Whether :meth:`close` was called in this process."""
-        return self._arena_tensor is None
+        return self._region is None
 
     def __enter__(self) -> SharedCache:
         return self
@@ -348,7 +480,7 @@ class SharedCache:
     # -- helpers -------------------------------------------------------------------------------
 
     def _check_open(self) -> None:
-        if self._arena_tensor is None:
+        if self._region is None:
             raise ValueError("SharedCache is closed")
 
     def _check_index(self, index: int) -> int:
@@ -392,27 +524,102 @@ def _as_bytes(data: object, index: int) -> np.ndarray:
     return np.frombuffer(view.cast("B"), dtype=np.uint8)
 
 
+def _pwrite_all(fd: int, parts: list[np.ndarray], at: int) -> None:
+    """Write ``parts`` back to back into file ``fd`` from byte ``at``, in as few calls as it takes."""
+    views = [memoryview(part) for part in parts if part.size]
+    while views:
+        written = os.pwritev(fd, views, at)
+        at += written
+        while views and written >= views[0].nbytes:
+            written -= views[0].nbytes
+            views.pop(0)
+        if views and written:
+            views[0] = views[0][written:]
+
+
+def _clamp(requested: int, overhead: int, node: bool) -> int:
+    """``requested`` bytes, or less (with a warning) where memory cannot hold them and
+    ``overhead`` bytes of table: RAM, the cgroup's limit, and for a named segment ``/dev/shm``."""
+    limits = {
+        "RAM available": _available_memory_bytes(),
+        "left under the container's memory limit (cgroup)": cgroup_free_bytes(),
+    }
+    if node:
+        limits["free in " + _SHM_DIR] = _shm_free_bytes()
+    known = {name: value for name, value in limits.items() if value is not None}
+    if not known:
+        return requested
+    tightest = min(known, key=known.__getitem__)
+    usable = max(_usable_bytes(known[tightest]) - overhead, 0)
+    if requested <= usable:
+        return requested
+    capacity = usable - usable % _ALIGN
+    warnings.warn(
+        f"SharedCache: capacity_bytes={requested} is more than shared memory can hold "
+        f"({known[tightest]} bytes {tightest}, less headroom for DataLoader batches); using "
+        f"{capacity} bytes. For more, free memory, raise the limit or enlarge {_SHM_DIR} "
+        f"(docker run --shm-size=...).",
+        RuntimeWarning,
+        stacklevel=4,
+    )
+    return capacity
+
+
+def _allocate(node: bool, num_items: int, capacity: int) -> SharedRegion:
+    """A zeroed region for a cache, its whole size committed: a new unnamed file in /dev/shm for a
+    node-shared cache (named by ``publish_segment`` once written), else an anonymous file."""
+    size = _layout(num_items, capacity)[1]
+    name = "packer-cache" if node else "packer-shared-cache"
+    try:
+        if node:
+            fd = new_segment(_SHM_DIR, size)
+        else:
+            fd = anonymous_file(name)
+            try:
+                os.ftruncate(fd, size)
+                if size and hasattr(os, "posix_fallocate"):
+                    os.posix_fallocate(fd, 0, size)
+            except BaseException:
+                os.close(fd)
+                raise
+        return SharedRegion(size, name, fd=fd)
+    except OSError as error:
+        where = f"in {_SHM_DIR}" if node else "(an anonymous memfd)"
+        raise RuntimeError(f"SharedCache: cannot allocate {size} bytes of shared memory {where}: "
+                           f"{error}") from error
+
+
+def _initialise(region: SharedRegion, num_items: int, digest: bytes) -> None:
+    arena = _layout(num_items, 0)[0]
+    size, capacity = region.size, region.size - arena
+    header = SlotTable(_HEADER_FIELDS, region, slots=_HEADER)
+    header["layout"], header["num_items"], header["capacity"] = _LAYOUT, num_items, capacity
+    header["arena"], header["size"] = arena, size
+    region.buffer[_DIGEST_AT:_DIGEST_AT + len(digest)] = digest
+    header["magic"] = _MAGIC
+
+
+def _release_hold(fd: int, path: str, pid: int) -> None:
+    """Close this hold on a node-shared segment; the last holder of the node removes its name."""
+    try:
+        if os.getpid() == pid:
+            release_segment(fd, path)
+    except OSError:  # pragma: no cover - /dev/shm went away
+        pass
+    finally:
+        os.close(fd)
+
+
 def _reduce_cache(cache: SharedCache) -> tuple:
     if cache.closed:
         raise ValueError("cannot send a closed SharedCache to another process")
-    return _rebuild_cache, (
-        cache._num_items,
-        cache._capacity,
-        cache._arena_tensor,
-        cache._table,
-        cache._lock,
-    )
+    return _rebuild_cache, (cache._num_items, cache._region, cache._lock, cache._path)
 
 
-def _rebuild_cache(
-    num_items: int,
-    capacity: int,
-    arena: torch.Tensor,
-    table: SharedRegion,
-    lock: ProcessLock,
-) -> SharedCache:
+def _rebuild_cache(num_items: int, region: SharedRegion, lock: ProcessLock | FileLock,
+                   path: str | None) -> SharedCache:
     cache = SharedCache.__new__(SharedCache)
-    cache._setup(num_items, capacity, arena, table, lock)
+    cache._setup(num_items, region, lock, path, holder=False)
     return cache
 
 

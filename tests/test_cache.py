@@ -18,7 +18,7 @@ import torch
 from torch.utils.data import DataLoader, Dataset, get_worker_info
 
 import packer.datasets.cache as cache_module
-from packer.datasets.cache import SharedCache
+from packer.datasets.cache import SharedCache, cgroup_free_bytes
 
 MiB = 2**20
 SHM = "/dev/shm"
@@ -31,27 +31,46 @@ def payload(index: int, size: int = 100) -> bytes:
 
 
 def shm_entries(pid: int | None = None) -> set[str]:
-    """Entries torch would name for process ``pid`` (this one by default).
+    """Entries in /dev/shm that a cache of process ``pid`` (this one by default) could leave.
 
     Only these are checked: other processes on the machine (other test runs, spawned
-    DataLoaders with their ``sem.mp-*`` semaphores) come and go in /dev/shm meanwhile.
-    SharedCache's lock has no name at all.
+    DataLoaders with their ``sem.mp-*`` semaphores) come and go in /dev/shm meanwhile. A cache
+    without ``identity`` names nothing at all (torch's segments would be ``torch_<pid>_*``).
     """
     prefix = f"torch_{os.getpid() if pid is None else pid}_"
     return {name for name in os.listdir(SHM) if name.startswith(prefix)}
 
 
 def wait_for_drop(reference: int, amount: int, seconds: float = 5.0) -> int:
-    """Poll until /dev/shm usage is ``amount`` below ``reference``; return the drop seen."""
+    """Poll until shared memory in use is ``amount`` below ``reference``; return the drop seen."""
     deadline = time.monotonic() + seconds
-    while reference - shm_used() < amount and time.monotonic() < deadline:
+    while reference - shmem_used() < amount and time.monotonic() < deadline:
         time.sleep(0.05)
-    return reference - shm_used()
+    return reference - shmem_used()
 
 
-def shm_used() -> int:
-    stat = os.statvfs(SHM)
-    return (stat.f_blocks - stat.f_bfree) * stat.f_frsize
+def shmem_used() -> int:
+    """The machine's shared memory in use (``Shmem`` of /proc/meminfo: tmpfs and memfd alike)."""
+    with open("/proc/meminfo", encoding="ascii") as meminfo:
+        for line in meminfo:
+            if line.startswith("Shmem:"):
+                return int(line.split()[1]) * 1024
+    raise AssertionError("no Shmem line in /proc/meminfo")
+
+
+def fake_cgroup(directory, limit: str, usage: int, inactive_file: int | None = None, v1: bool = False) -> str:
+    """A directory laid out as a cgroup's memory files (v2 names, or v1's)."""
+    os.makedirs(directory, exist_ok=True)
+    names = ("memory.limit_in_bytes", "memory.usage_in_bytes", "total_inactive_file") if v1 else (
+        "memory.max", "memory.current", "inactive_file")
+    with open(os.path.join(directory, names[0]), "w") as f:
+        f.write(f"{limit}\n")
+    with open(os.path.join(directory, names[1]), "w") as f:
+        f.write(f"{usage}\n")
+    if inactive_file is not None:
+        with open(os.path.join(directory, "memory.stat"), "w") as f:
+            f.write(f"anon 123\n{names[2]} {inactive_file}\nactive_file 7\n")
+    return str(directory)
 
 
 # -- single process ---------------------------------------------------------------------------
@@ -149,12 +168,30 @@ def test_standard_pickle_is_refused_and_copies_share() -> None:
     assert copy.copy(cache) is cache and copy.deepcopy({"c": cache})["c"] is cache
 
 
-def test_capacity_is_clamped_to_free_shared_memory(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(cache_module, "_shm_free_bytes", lambda path=SHM: 10 * MiB)
-    with pytest.warns(RuntimeWarning, match="more than shared memory can hold"):
-        cache = SharedCache(100, 50 * MiB)
-    assert 0 < cache.capacity <= 5 * MiB
-    assert cache.put(0, b"x" * MiB) and not cache.put(1, b"x" * 5 * MiB)
+def test_capacity_is_clamped_to_the_containers_memory_limit(tmp_path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """memory.max 300 MiB with 20 MiB in use leaves 280 MiB; half of it is kept as headroom."""
+    monkeypatch.setenv("PACKER_CGROUP_DIR", fake_cgroup(tmp_path / "cg", str(300 * MiB), 20 * MiB))
+    with pytest.warns(RuntimeWarning, match=r"more than shared memory can hold \(293601280 bytes left under "
+                      r"the container's memory limit \(cgroup\)"):
+        cache = SharedCache(100, 2000 * MiB)
+    assert 139 * MiB < cache.capacity <= 140 * MiB and cache.capacity % 64 == 0
+    assert cache.put(0, b"x" * MiB) and not cache.put(1, b"x" * 140 * MiB)
+    cache.close()
+    monkeypatch.setenv("PACKER_CGROUP_DIR", fake_cgroup(tmp_path / "cg", "max", 20 * MiB))
+    assert SharedCache(100, 8 * MiB).capacity == 8 * MiB, "no limit: not clamped"
+
+
+def test_cgroup_free_bytes_reads_v2_and_v1_files(tmp_path, monkeypatch: pytest.MonkeyPatch) -> None:
+    v2 = fake_cgroup(tmp_path / "v2", "1000000", 600000, inactive_file=100000)
+    assert cgroup_free_bytes(v2) == 1000000 - (600000 - 100000), "inactive page cache counts as free"
+    assert cgroup_free_bytes(fake_cgroup(tmp_path / "full", "1000", 5000)) == 0
+    assert cgroup_free_bytes(fake_cgroup(tmp_path / "max", "max", 5000)) is None
+    v1 = fake_cgroup(tmp_path / "v1", "4096000", 96000, inactive_file=6000, v1=True)
+    assert cgroup_free_bytes(v1) == 4096000 - 90000
+    assert cgroup_free_bytes(fake_cgroup(tmp_path / "v1max", str(2**63 - 4096), 1, v1=True)) is None
+    assert cgroup_free_bytes(str(tmp_path)) is None, "no memory files: no limit known"
+    monkeypatch.setenv("PACKER_CGROUP_DIR", v2)
+    assert cgroup_free_bytes() == 500000, "the environment variable points at the directory"
 
 
 # -- across DataLoader workers -----------------------------------------------------------------
@@ -294,10 +331,10 @@ def test_one_copy_in_memory_for_main_and_workers() -> None:
 @needs_shm
 def test_no_shm_entries_after_close() -> None:
     assert not shm_entries()
-    used_before = shm_used()
+    used_before = shmem_used()
     cache = SharedCache(4, 128 * MiB)
-    assert not shm_entries(), "the segment is unlinked at creation"
-    used_alive = shm_used()
+    assert cache.name is None and not shm_entries(), "a cache of one process tree has no name"
+    used_alive = shmem_used()
     assert used_alive - used_before >= 96 * MiB, "the capacity is committed at creation"
     cache.put(0, b"x" * MiB)
     cache.close()
@@ -321,7 +358,7 @@ def test_no_shm_entries_or_memory_after_sigkill() -> None:
     child = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True)
     try:
         assert child.stdout.readline().strip() == "ready"
-        used_alive = shm_used()
+        used_alive = shmem_used()
         assert not shm_entries(child.pid)
     finally:
         child.send_signal(signal.SIGKILL)
@@ -333,13 +370,14 @@ def test_no_shm_entries_or_memory_after_sigkill() -> None:
 
 
 @needs_shm
-def test_failed_allocation_leaves_no_entry(monkeypatch: pytest.MonkeyPatch) -> None:
-    """torch leaves its segment's name behind when fallocate fails; SharedCache removes it."""
+def test_failed_allocation_leaves_no_entry(tmp_path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A node-shared cache too big for /dev/shm fails at once, and leaves no name behind."""
     stat = os.statvfs(SHM)
     too_big = 2 * stat.f_blocks * stat.f_frsize  # refused by tmpfs at once, nothing allocated
     monkeypatch.setattr(cache_module, "_shm_free_bytes", lambda path=SHM: 4 * too_big)
     monkeypatch.setattr(cache_module, "_available_memory_bytes", lambda: 4 * too_big)
-    with pytest.raises(RuntimeError, match="SharedCache: cannot allocate") as error:
-        SharedCache(1, too_big)
-    assert "removed the stale" in str(error.value)
-    assert not shm_entries()
+    monkeypatch.setenv("PACKER_CGROUP_DIR", str(tmp_path))  # no limit files: no cgroup limit
+    before = set(os.listdir(SHM))
+    with pytest.raises(RuntimeError, match="SharedCache: cannot allocate .* in /dev/shm"):
+        SharedCache(1, too_big, identity=str(tmp_path), node_key="test")
+    assert not {n for n in set(os.listdir(SHM)) - before if n.startswith("packer-cache-")}
