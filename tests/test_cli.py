@@ -255,3 +255,47 @@ def test_a_closed_output_pipe_is_not_an_error_message(tiny_folder, tmp_path):
     err = proc.stderr.read().decode()
     proc.wait(timeout=60)
     assert "Broken pipe" not in err and "Traceback" not in err
+
+
+# -- what the last lines say -----------------------------------------------------------------------
+def test_last_lines_count_ignored_left_small_and_empty_classes(tmp_path, capsys):
+    src = tmp_path / "src"
+    sizes = {"big": [("b0.jpg", 80, 60), ("b1.png", 64, 90)], "small": [("s0.jpg", 30, 50), ("s1.png", 47, 47)],
+             "edge": [("e0.jpg", 48, 70)]}  # shorter side exactly 48: reaches the target, not left small
+    make_folder(str(src), sizes)
+    for d in ("empty", "also empty/sub"):
+        os.makedirs(src / d)
+    for hidden in (".ipynb_checkpoints/big/x.jpg", ".DS_Store", "big/._b0.jpg", "big/.cache/y.jpg"):
+        (src / hidden).parent.mkdir(parents=True, exist_ok=True)
+        (src / hidden).write_bytes((src / "big" / "b0.jpg").read_bytes())
+    (src / "loose.jpg").write_bytes((src / "big" / "b0.jpg").read_bytes())  # outside every class folder
+    (src / "notes.txt").write_text("hello")  # outside, too
+    (src / "small" / "labels.csv").write_text("x")  # not an image
+    (src / "small" / "thumbs.db").write_bytes(b"\0")
+    rc, out, err = convert(capsys, src, tmp_path / "out", "--resize", "shorter:48")
+    assert rc == 0 and "wrote 5 images in 5 classes" in out
+    assert err == [
+        "ignored: 4 hidden (names starting with '.'), 2 not images (no image extension), 2 outside class folders",
+        "left small: 2 images below --resize shorter:48 kept their size (--upscale enlarges them)",
+        "warning: 2 empty class(es), no image has their label: also empty, empty",
+    ]
+    ds = open_dataset(tmp_path / "out")
+    stored = {ds.read_record(i).key: (ds.read_record(i).height, ds.read_record(i).width) for i in range(len(ds))}
+    assert stored["small/s0.jpg"] == (30, 50) and stored["big/b0.jpg"] == (64, 48)
+    rc, out, err = convert(capsys, src, tmp_path / "up", "--resize", "shorter:48", "--upscale")
+    assert rc == 0 and not any(line.startswith("left small") for line in err)
+
+
+def test_no_resize_keeps_the_original_bytes_by_default(tiny_folder, tmp_path, capsys):
+    src, pixels = tiny_folder
+    assert convert(capsys, src, tmp_path / "keep", fmt="lmdb")[0] == 0
+    assert read_manifest(tmp_path / "keep").processing["encoding"] == "keep"
+    ds = open_dataset(tmp_path / "keep")
+    for i in range(len(ds)):
+        rec = ds.read_record(i)
+        with open(os.path.join(src, rec.key), "rb") as f:
+            assert bytes(rec.payload) == f.read(), rec.key  # no silent lossy re-encode
+    assert convert(capsys, src, tmp_path / "small", "--resize", "shorter:32", fmt="lmdb")[0] == 0
+    assert read_manifest(tmp_path / "small").processing["encoding"] == "jpeg:90"
+    assert convert(capsys, src, tmp_path / "png", "--resize", "none", "--encode", "png", fmt="lmdb")[0] == 0
+    assert read_manifest(tmp_path / "png").processing["encoding"] == "png"

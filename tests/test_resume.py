@@ -224,30 +224,6 @@ def test_other_errors_keep_resumable_output_and_say_so(src, refs, tmp_path, monk
     assert fl.identical_dirs(dst, refs["lmdb"])
 
 
-def test_ctrl_c_keeps_resumable_output_and_says_so(tmp_path):
-    root = tmp_path / "src"
-    make_folder(str(root), {"a": [(f"{i}.png", 300, 300) for i in range(150)]})
-    dst = str(tmp_path / "out")
-    argv = [sys.executable, "-m", "packer", "convert", "imagefolder", "tar", str(root), dst, "--workers", "1",
-            "--encode", "png", "--shard-samples", "5"]
-    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    journal = os.path.join(temp_dir_for(dst), JOURNAL_NAME)
-    deadline = time.time() + 60
-    while not os.path.exists(journal) and time.time() < deadline and proc.poll() is None:
-        time.sleep(0.01)
-    proc.send_signal(signal.SIGINT)
-    out, err = proc.communicate(timeout=60)
-    tmp = temp_dir_for(dst)
-    assert proc.returncode == 130, err
-    assert err.strip().splitlines()[-1] == (f"packer: interrupted; partial output kept in {tmp}; "
-                                            f"run again with --resume to continue")
-    r = subprocess.run(argv + ["--resume"], capture_output=True, text=True)
-    assert r.returncode == 0 and "resumed: kept" in r.stderr
-    ref = tmp_path / "ref"
-    subprocess.run(argv[:7] + [str(ref)] + argv[8:], check=True, capture_output=True)
-    assert fl.identical_dirs(dst, str(ref))
-
-
 def test_packed_to_packed_resumes_and_imagefolder_refuses(refs, tmp_path, monkeypatch):
     src = refs["lmdb"]
     want = str(tmp_path / "want")
@@ -310,7 +286,7 @@ def test_journal_is_json_and_never_published(src, tmp_path, monkeypatch):
     assert set(j["fingerprint"]) == {"source", "options"} and j["writer"]["samples"] == 10
     monkeypatch.undo()
     convert_imagefolder(src, dst, "hdf5", options("hdf5", resume=True))
-    assert sorted(os.listdir(dst)) == ["data.h5", "manifest.json"]
+    assert sorted(os.listdir(dst)) == ["data.h5", "manifest.json", "samples.table"]
 
 
 @pytest.mark.parametrize("at", [7, 11, 12, 14, 16])
@@ -337,3 +313,101 @@ def test_hdf5_resume_across_the_switch_to_flat_storage(tmp_path, monkeypatch, at
 def test_resume_to_an_imagefolder_is_a_usage_error(refs, tmp_path, capsys):
     rc = main(["convert", "lmdb", "imagefolder", refs["lmdb"], str(tmp_path / "x"), "--resume"])
     assert rc == 2 and "--resume applies to packed output" in capsys.readouterr().err
+
+
+# -- SIGTERM, starting over, already complete ------------------------------------------------------
+def _slow_source(root) -> list[str]:
+    """150 images that take seconds to encode as PNG with one worker; the argv that converts them."""
+    make_folder(str(root / "src"), {"a": [(f"{i}.png", 300, 300) for i in range(150)]})
+    return [sys.executable, "-m", "packer", "convert", "imagefolder", "tar", str(root / "src"), str(root / "out"),
+            "--workers", "1", "--encode", "png", "--shard-samples", "5"]
+
+
+def _wait_for_checkpoint(proc, dst: str) -> None:
+    journal = os.path.join(temp_dir_for(dst), JOURNAL_NAME)
+    deadline = time.time() + 60
+    while not os.path.exists(journal) and time.time() < deadline and proc.poll() is None:
+        time.sleep(0.01)
+    assert proc.poll() is None, "the conversion finished before it could be stopped"
+
+
+@pytest.mark.parametrize("sig, status, said", [(signal.SIGINT, 130, "interrupted"),
+                                               (signal.SIGTERM, 143, "terminated (SIGTERM)")])
+def test_ctrl_c_or_sigterm_keeps_resumable_output_and_resume_completes_it(tmp_path, sig, status, said):
+    argv = _slow_source(tmp_path)
+    dst = argv[7]
+    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    _wait_for_checkpoint(proc, dst)
+    proc.send_signal(sig)
+    out, err = proc.communicate(timeout=60)
+    tmp = temp_dir_for(dst)
+    assert proc.returncode == status, err
+    assert err.strip().splitlines()[-1] == (f"packer: {said}; partial output kept in {tmp}; "
+                                            f"run again with --resume to continue")
+    kept = read_journal(tmp)
+    assert kept is not None and 0 < kept.written < 150 and not os.path.exists(dst)
+    r = subprocess.run(argv + ["--resume"], capture_output=True, text=True)
+    assert r.returncode == 0 and f"resumed: kept {kept.written} samples" in r.stderr
+    ref = str(tmp_path / "ref")
+    subprocess.run(argv[:7] + [ref] + argv[8:], check=True, capture_output=True)
+    assert fl.identical_dirs(dst, ref)
+
+
+def test_sigterm_to_the_whole_job_with_workers_is_still_an_interruption(tmp_path):
+    """SLURM signals every process of the job: the workers die of it too, which is not a crash."""
+    argv = _slow_source(tmp_path)
+    argv[argv.index("--workers") + 1] = "2"
+    dst = argv[7]
+    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    _wait_for_checkpoint(proc, dst)
+    os.killpg(proc.pid, signal.SIGTERM)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 143, err
+    assert err.strip().splitlines()[-1].startswith("packer: terminated (SIGTERM); partial output kept in ")
+    assert read_journal(temp_dir_for(dst)).written > 0
+
+
+def test_a_plain_rerun_says_it_drops_the_partial_output(src, refs, tmp_path, monkeypatch, capsys):
+    dst = str(tmp_path / "out")
+    interrupt_after(monkeypatch, "tar", 12)
+    with pytest.raises(KeyboardInterrupt):
+        convert_imagefolder(src, dst, "tar", options("tar"))
+    monkeypatch.undo()
+    written = read_journal(temp_dir_for(dst)).written
+    assert written == 10
+    rc = main(["convert", "imagefolder", "tar", src, dst, "--workers", "1", "--encode", "png", "--shard-samples", "5"])
+    err = capsys.readouterr().err.splitlines()
+    assert rc == 0 and err[0] == (f"packer: starting over: deleting the partial output of an interrupted conversion "
+                                  f"in {temp_dir_for(dst)} ({written} samples written); --resume continues from it instead")
+    assert fl.identical_dirs(dst, refs["tar"])
+    rc = main(["convert", "imagefolder", "tar", src, str(tmp_path / "fresh"), "--workers", "1", "--encode", "png"])
+    assert rc == 0 and "starting over" not in capsys.readouterr().err  # nothing to drop: nothing said
+
+
+def test_resume_of_a_complete_destination_says_so_and_exits_0(src, refs, tmp_path, capsys):
+    dst = tmp_path / "out"
+    shutil.copytree(refs["lmdb"], dst)
+    before = {n: (dst / n).read_bytes() for n in os.listdir(dst)}
+    argv = ["convert", "imagefolder", "lmdb", src, str(dst), "--workers", "1", "--encode", "png",
+            "--checkpoint-samples", "5", "--resume"]
+    assert main(argv) == 0
+    out = capsys.readouterr().out
+    assert out == f"{dst} is already complete (27 images, same source and options); nothing to do\n"
+    assert {n: (dst / n).read_bytes() for n in os.listdir(dst)} == before
+    assert main(argv[:-1] + ["--seed", "3", "--resume"]) == 1  # other options: not this conversion's output
+    assert f"destination exists: {dst}, and it is not what this conversion makes (other shuffle seed)" in \
+        capsys.readouterr().err
+    assert main(argv[:-3] + ["--checkpoint-samples", "7", "--resume"]) == 1
+    assert "(other checkpoint_samples)" in capsys.readouterr().err
+    changed = tmp_path / "src2"
+    shutil.copytree(src, changed)
+    argv2 = [str(changed) if a == src else a for a in argv]
+    assert main(argv2) == 0 and "already complete" in capsys.readouterr().out  # a copy is the same source
+    with open(changed / "b" / "3.png", "ab") as f:
+        f.write(b"\0")
+    assert main(argv2) == 1
+    assert f"({changed / 'b' / '3.png'} changed after it was written)" in capsys.readouterr().err
+    os.remove(changed / "c" / "8.png")
+    assert main(argv2) == 1
+    assert "27 samples + 0 skipped, the source has 26 files" in capsys.readouterr().err
+    assert {n: (dst / n).read_bytes() for n in os.listdir(dst)} == before  # refusing touches nothing

@@ -2,23 +2,28 @@
 
 Subcommands are registered in one table (``COMMANDS``); format choices come from the registry.
 A bad command line is one line on stderr and exit status 2; a failure is one line and status 1;
-a conversion that skipped bad images finishes and exits 3, so scripts notice.
+a conversion that skipped bad images finishes and exits 3, so scripts notice. Ctrl-C exits 130 and
+SIGTERM (a scheduler preempting the job) 143, both after keeping a resumable partial output.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
+import signal
 import sys
-from collections.abc import Callable, Sequence
+import threading
+from collections.abc import Callable, Iterator, Sequence
 
 from .. import __version__
 from ..errors import PackerError, UnfinishedDatasetError
 from ..registry import format_names, formats_taking, get_format
 
-__all__ = ["main", "EXIT_OK", "EXIT_ERROR", "EXIT_USAGE", "EXIT_SKIPPED"]
+__all__ = ["main", "EXIT_OK", "EXIT_ERROR", "EXIT_USAGE", "EXIT_SKIPPED", "EXIT_INTERRUPTED", "EXIT_TERMINATED",
+           "Terminated"]
 
-EXIT_OK, EXIT_ERROR, EXIT_USAGE, EXIT_SKIPPED, EXIT_INTERRUPTED = 0, 1, 2, 3, 130
+EXIT_OK, EXIT_ERROR, EXIT_USAGE, EXIT_SKIPPED, EXIT_INTERRUPTED, EXIT_TERMINATED = 0, 1, 2, 3, 130, 143
 
 
 class UsageError(Exception):
@@ -47,7 +52,8 @@ def _add_convert(p: argparse.ArgumentParser) -> None:
     g.add_argument("--resize", default=None,
                    help="shorter:N, longer:N, WxH or none (default: none; from a packed SRC: copy the stored images)")
     g.add_argument("--encode", default=None,
-                   help="jpeg:Q, webp:Q, png, raw or keep (default: jpeg:90; from a packed SRC: copy the stored bytes)")
+                   help="jpeg:Q, webp:Q, png, raw or keep (default: keep with --resize none, else jpeg:90; from a "
+                        "packed SRC: copy the stored bytes)")
     g.add_argument("--upscale", action="store_true", help="enlarge images smaller than the target")
     g.add_argument("--max-pixels", type=int, default=None, help="refuse larger images (decompression bombs)")
     g.add_argument("--exact-decode", action="store_true",
@@ -66,7 +72,10 @@ def _add_convert(p: argparse.ArgumentParser) -> None:
     g.add_argument("--checkpoint-samples", type=int, default=None, metavar="N",
                    help="lmdb, hdf5: commit (a point --resume continues from) every N samples "
                         "(default: 1024 lmdb, 8192 hdf5); tar and tfrecord checkpoint at every shard")
-    g.add_argument("--quiet", "-q", action="store_true", help="no progress bar")
+    g.add_argument("--quiet", "-q", action="store_true", help="no progress bar or progress lines")
+    g.add_argument("--log-interval", type=float, default=None, metavar="SECONDS",
+                   help="when stderr is not a terminal (nohup, SLURM, CI): seconds between plain progress lines "
+                        "(count, rate, ETA; default: 30)")
     g.add_argument("--no-torchrun", action="store_true",
                    help="convert in this process alone even where torchrun's environment is set (e.g. when started "
                         "by a training script that torchrun runs)")
@@ -92,7 +101,7 @@ def _convert_options(a: argparse.Namespace):  # noqa: ANN202 - ConvertOptions, i
     try:
         processing = ProcessOptions(
             resize=parse_resize(a.resize if a.resize is not None else "none"),
-            encoding=parse_encoding(a.encode if a.encode is not None else "jpeg:90"),
+            encoding=parse_encoding(a.encode if a.encode is not None else _default_encoding(a.resize)),
             upscale=a.upscale,
             max_pixels=a.max_pixels if a.max_pixels is not None else DEFAULT_MAX_PIXELS,
             reduced_decode=not a.exact_decode,
@@ -103,6 +112,8 @@ def _convert_options(a: argparse.Namespace):  # noqa: ANN202 - ConvertOptions, i
         raise UsageError(f"packer convert: {e}") from None
     if a.workers < 1:
         raise UsageError("packer convert: --workers must be at least 1")
+    if a.log_interval is not None and not a.log_interval > 0:
+        raise UsageError("packer convert: --log-interval must be above 0 seconds")
     if shard_bytes is not None and shard_bytes < 1:
         raise UsageError("packer convert: --shard-size must be at least 1 byte")
     if a.shard_samples is not None and a.shard_samples < 1:
@@ -127,9 +138,15 @@ def _convert_options(a: argparse.Namespace):  # noqa: ANN202 - ConvertOptions, i
         seed=a.seed,
         strict=a.strict,
         overwrite=a.overwrite,
-        progress=not a.quiet and sys.stderr.isatty(),
+        progress=not a.quiet,
+        progress_interval=a.log_interval if a.log_interval is not None else ConvertOptions.progress_interval,
         resume=a.resume,
     )
+
+
+def _default_encoding(resize: str | None) -> str:
+    """``keep`` when nothing is resized (no silent lossy re-encode of the originals), else ``jpeg:90``."""
+    return "keep" if resize is None or resize.strip().lower() == "none" else "jpeg:90"
 
 
 def _run_convert(a: argparse.Namespace) -> int:
@@ -189,6 +206,7 @@ def _convert_local(a: argparse.Namespace) -> int:
     options = _convert_options(a)
     if a.src_format == "imagefolder" and a.dst_format == "imagefolder":
         raise UsageError("packer convert: imagefolder -> imagefolder is not a conversion")
+    _warn_partial_output(a)
     if a.src_format == "imagefolder":
         report = convert_imagefolder(a.src, a.dst, a.dst_format, options)
     else:  # packed -> packed or imagefolder: copy stored bytes unless --resize/--encode ask otherwise
@@ -206,20 +224,53 @@ def _convert_local(a: argparse.Namespace) -> int:
     return _summary(a, report)
 
 
+def _warn_partial_output(a: argparse.Namespace) -> None:
+    """Say, before it happens, that a run without --resume deletes an interrupted run's partial output."""
+    from ..filesystem import temp_dir_for
+    from .engine import interrupted_samples
+
+    if a.resume or a.dst_format == "imagefolder" or (os.path.lexists(a.dst) and not a.overwrite):
+        return
+    dropped = interrupted_samples(a.dst)
+    if dropped is not None:
+        _say(f"packer: starting over: deleting the partial output of an interrupted conversion in "
+             f"{temp_dir_for(a.dst)} ({dropped} samples written); --resume continues from it instead")
+
+
+#: Manifest ``ignored`` counts -> what the summary calls them.
+_IGNORED = {"hidden": "hidden (names starting with '.')", "outside_classes": "outside class folders",
+            "not_images": "not images (no image extension)"}
+
+
 def _summary(a: argparse.Namespace, report, skipped_status: int = EXIT_SKIPPED) -> int:  # noqa: ANN001
     """Print what a conversion (a ConvertReport) did; the exit status (``skipped_status`` when it
-    skipped files)."""
+    skipped files). Its last lines: what was ignored, left small, skipped, and empty classes."""
     from ..sizes import format_size
 
+    m = report.manifest
+    if getattr(report, "already_complete", False):
+        print(f"{a.dst} is already complete ({m.num_samples} images, same source and options); nothing to do")
+        return EXIT_OK
     for note in getattr(report, "notes", []):
         _say(f"packer: {note}")
     if getattr(report, "resumed", None):
         _say(f"packer: resumed: kept {report.resumed['written']} samples written before the interruption")
-    m = report.manifest
     size = sum(f.bytes for f in m.files)
     where = f"{format_size(size)}, {len(m.files)} file(s)" if m.files else "one file per image"
     print(f"wrote {m.num_samples} images in {len(m.classes)} classes to {a.dst} ({m.format}, "
           f"{where}) in {report.seconds:.1f} s = {report.rate:.0f} img/s")
+    ignored = [f"{n} {_IGNORED.get(k, k)}" for k, n in m.ignored.items() if n]
+    if ignored:
+        _say(f"ignored: {', '.join(ignored)}")
+    small = getattr(report, "left_small", 0)
+    if small:
+        since = " (counted since the interruption)" if getattr(report, "resumed", None) else ""
+        _say(f"left small: {small} images below --resize {m.processing.get('resize')} kept their size{since} "
+             f"(--upscale enlarges them)")
+    empty = m.source.get("empty_classes") or []
+    if empty:
+        _say(f"warning: {len(empty)} empty class(es), no image has their label: " + ", ".join(map(str, empty[:20]))
+             + (f", ... ({len(empty)} in all)" if len(empty) > 20 else ""))
     if report.skipped:
         for s in report.skipped[:20]:
             _say(f"skipped {s.path}: {s.reason}")
@@ -370,6 +421,9 @@ def _add_bench(p: argparse.ArgumentParser) -> None:
     p.add_argument("--samples", type=int, default=2000, help="samples read per configuration (default: 2000)")
     p.add_argument("--crop", type=int, default=224, help="center crop so batches collate (default: 224)")
     p.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    p.add_argument("--plot", metavar="OUT.png", default=None,
+                   help="also draw images/s against num_workers, a line per configuration, into a PNG (drawn with "
+                        "matplotlib where it is installed, else with OpenCV; no extra dependency)")
 
 
 def _run_bench(a: argparse.Namespace) -> int:
@@ -389,6 +443,11 @@ def _run_bench(a: argparse.Namespace) -> int:
                      samples=a.samples, crop=a.crop,
                      progress=not a.json and sys.stderr.isatty())
     best = recommend(rows)
+    if a.plot:
+        from .loaderbench import plot_bench
+
+        drawn_by = plot_bench(rows, a.plot, title=f"packer bench {os.path.basename(os.path.abspath(a.path))}")
+        _say(f"plot: {a.plot} (drawn with {drawn_by})")
     if a.json:
         print(to_json(rows, best))
         return EXIT_OK
@@ -398,6 +457,39 @@ def _run_bench(a: argparse.Namespace) -> int:
           f"batch_size={best.batch_size}{collate_arg})" + (f" with open_dataset(..., cache={best.cache!r})" if best.cache != "none" else "")
           + f": {best.images_per_s:.0f} images/s (fewest workers within 5% of the fastest)")
     return EXIT_OK
+
+
+# -- preview -------------------------------------------------------------------------------------
+def _add_preview(p: argparse.ArgumentParser) -> None:
+    p.add_argument("path", help="packed dataset directory or URL (only the samples shown are downloaded)")
+    p.add_argument("--out", required=True, metavar="OUT.png", help="the contact sheet to write (PNG)")
+    p.add_argument("--n", type=int, default=16, help="samples to show (default: 16)")
+    p.add_argument("--seed", type=int, default=0, help="which samples: the same seed shows the same ones (default: 0)")
+    p.add_argument("--tile", type=int, default=160, help="pixels per tile side (default: 160)")
+    _add_storage(p)
+
+
+def _run_preview(a: argparse.Namespace) -> int:
+    from packer.datasets import open_dataset
+
+    from ..storage import is_url
+    from .preview import contact_sheet, write_png
+
+    if a.n < 1 or a.tile < 16:
+        raise UsageError("packer preview: --n must be at least 1 and --tile at least 16")
+    remote = dict(storage_options=_storage(a), cache_dir=a.cache_dir, cache_limit=a.cache_limit) if is_url(a.path) else {}
+    ds = open_dataset(a.path, output="numpy", **remote)
+    try:
+        total = len(ds)
+        sheet = contact_sheet(ds, a.n, a.seed, a.tile)
+    finally:
+        ds.close()
+    write_png(a.out, sheet.image)
+    for i, why in sheet.unreadable[:20]:
+        _say(f"sample {i} unreadable: {why}")
+    h, w = sheet.image.shape[:2]
+    print(f"wrote {a.out}: {len(sheet.indices)} of {total} samples (seed {a.seed}), {w}x{h} pixels")
+    return EXIT_ERROR if sheet.unreadable else EXIT_OK
 
 
 # -- merge ---------------------------------------------------------------------------------------
@@ -430,6 +522,7 @@ COMMANDS: dict[str, tuple[str, Callable[[argparse.ArgumentParser], None], Callab
     "demo": ("convert and read a generated sample end to end", _add_demo, _run_demo),
     "bench": ("measure the DataLoader alone over a grid of settings", _add_bench, _run_bench),
     "merge": ("merge packed datasets of one format, made separately, into one", _add_merge, _run_merge),
+    "preview": ("draw a contact sheet of seeded samples with their class names", _add_preview, _run_preview),
 }
 
 
@@ -443,8 +536,40 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+class Terminated(KeyboardInterrupt):
+    """SIGTERM arrived (a scheduler preempting the job): raised where Ctrl-C raises KeyboardInterrupt,
+    so a conversion stops the same way and keeps its resumable partial output."""
+
+
+@contextlib.contextmanager
+def _sigterm_as_interrupt() -> Iterator[list[bool]]:
+    """Within the block, SIGTERM raises :class:`Terminated` (once: a second SIGTERM during the
+    cleanup is ignored). Yields a flag list that holds True once SIGTERM arrived, which tells a
+    worker killed by the same signal (SLURM signals the whole job) from a crash."""
+    got: list[bool] = []
+    if threading.current_thread() is not threading.main_thread():
+        yield got
+        return
+
+    def handler(signum: int, frame: object) -> None:
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        got.append(True)
+        raise Terminated
+
+    previous = signal.signal(signal.SIGTERM, handler)
+    try:
+        yield got
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the command line with ``argv`` (default: sys.argv[1:]); return the exit status."""
+    with _sigterm_as_interrupt() as terminated:
+        return _main(argv, terminated)
+
+
+def _main(argv: Sequence[str] | None, terminated: list[bool]) -> int:
     try:
         a = build_parser().parse_args(argv)
         if a.command is None:
@@ -453,6 +578,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except UsageError as e:
         _say(str(e))
         return EXIT_USAGE
+    except Terminated as e:
+        _say("packer: terminated (SIGTERM)" + _partial_note(e))
+        return EXIT_TERMINATED
     except KeyboardInterrupt as e:
         _say("packer: interrupted" + _partial_note(e))
         return EXIT_INTERRUPTED
@@ -462,6 +590,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return EXIT_ERROR
     except (PackerError, OSError, ValueError) as e:
+        if terminated:  # a worker process killed by the same SIGTERM (SLURM signals the whole job)
+            _say("packer: terminated (SIGTERM)" + _partial_note(e))
+            return EXIT_TERMINATED
         if isinstance(e, UnfinishedDatasetError) and getattr(e, "directory", None):
             from ..layouts import explain_missing_manifest
 

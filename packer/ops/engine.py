@@ -24,7 +24,6 @@ from __future__ import annotations
 import functools
 import os
 import shutil
-import sys
 import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import asdict, dataclass, field, replace
@@ -34,7 +33,7 @@ import numpy as np
 
 from .. import __version__
 from ..converters.base import WriterOptions
-from ..errors import ImageError, ResumeError, SourceError
+from ..errors import ImageError, PackerError, ResumeError, SourceError
 from ..filesystem import (
     check_destination,
     claim_destination,
@@ -46,10 +45,12 @@ from ..filesystem import (
     recover_publish,
     temp_dir_for,
 )
-from ..imageproc import ProcessedImage, ProcessOptions, process_image
+from ..imageproc import ProcessedImage, ProcessOptions, Resize, process_image
 from ..journal import JOURNAL_NAME, Journal, digest, read_journal, remove_journal, write_journal
-from ..manifest import MANIFEST_NAME, Manifest, Skipped, file_sha256, write_manifest
+from ..manifest import MANIFEST_NAME, Manifest, Skipped, file_sha256, read_manifest, write_manifest
+from ..progress import LOG_INTERVAL, Progress
 from ..registry import formats_taking, get_format, writer_class
+from ..samples import SampleTableWriter
 from ..scan import Sample, scan_imagefolder
 from .pool import ordered_map
 
@@ -66,6 +67,9 @@ __all__ = [
     "options_fingerprint",
     "process_data",
     "scan_ordered",
+    "left_small",
+    "interrupted_samples",
+    "differences",
 ]
 
 
@@ -81,7 +85,9 @@ class ConvertOptions:
     seed: int = 0
     strict: bool = False
     overwrite: bool = False
+    #: Show progress on stderr: a bar on a terminal, else a plain line every ``progress_interval`` s.
     progress: bool = False
+    progress_interval: float = LOG_INTERVAL
     #: Continue an interrupted conversion from its temporary folder (see :mod:`packer.journal`);
     #: without it, a leftover temporary folder is removed and the conversion starts over.
     resume: bool = False
@@ -100,6 +106,11 @@ class ConvertReport:
     #: "written": samples}``, or None when it started from the beginning (see ``notes``).
     resumed: dict[str, int] | None = None
     notes: list[str] = field(default_factory=list)
+    #: Images stored smaller than the resize target (never enlarged without ``upscale``), counted
+    #: by this run (with ``resume``: the part after the interruption).
+    left_small: int = 0
+    #: With ``resume``: the destination was already complete, with the same source and options.
+    already_complete: bool = False
 
     @property
     def rate(self) -> float:
@@ -197,9 +208,11 @@ def write_packed_result(
     total: int | None,
     source: str,
     fingerprint: dict[str, str] | None,
+    counts: dict[str, int] | None = None,
 ) -> tuple[Manifest, dict[str, int] | None, list[str]]:
     """:func:`write_packed`, also returning what a resume kept (``{"consumed", "written"}`` or
-    None) and notes for the user (e.g. that there was nothing to resume)."""
+    None) and notes for the user (e.g. that there was nothing to resume). A ``counts`` dict gets
+    ``left_small``: the images this run stored below the resize target (see :func:`left_small`)."""
     run = _Run(dst, fmt, items, template, options, total, source, fingerprint)
     try:
         if run.journal is not None and run.journal.phase == "closed":
@@ -211,6 +224,8 @@ def write_packed_result(
     except BaseException as e:
         run.fail(e)
         raise
+    if counts is not None:
+        counts["left_small"] = run.left_small
     return manifest, run.resumed, run.notes
 
 
@@ -243,6 +258,7 @@ class _Run:
         self.index = self.consumed = 0
         self.writer: Any = None
         self.closed = False
+        self.left_small = 0
 
     def _journal_to_resume(self) -> Journal | None:
         """The interrupted run's journal, refused if the source or the options changed since."""
@@ -285,7 +301,8 @@ class _Run:
 
     def open_writer(self) -> None:
         """Start the writer with the dataset facts; on resume, bring it back to the checkpoint."""
-        self.writer = self.writer_class(self.tmp, self.options.writer)
+        # Every format also gets the sample table (labels, keys, metadata: packer.samples).
+        self.writer = SampleTableWriter(self.writer_class(self.tmp, self.options.writer), self.template.label_kind)
         info = self.template.to_json()
         for k in ("num_samples", "files", "layout", "skipped", "ignored"):
             del info[k]
@@ -303,11 +320,10 @@ class _Run:
 
     def write_items(self) -> None:
         """Feed every item from the resume point on to the writer; items without an image are skips."""
-        from tqdm import tqdm
-
         stream = self.items(self.consumed) if callable(self.items) else self.items
-        bar = tqdm(total=self.total, initial=self.consumed, unit="img", disable=not self.options.progress,
-                   file=sys.stderr, dynamic_ncols=True, desc=f"convert -> {self.fmt}")
+        bar = Progress(self.total, initial=self.consumed, desc=f"convert -> {self.fmt}",
+                       mode="auto" if self.options.progress else "off", interval=self.options.progress_interval)
+        resize, upscale = self.options.processing.resize, self.options.processing.upscale
         self.pos = self.consumed
         with bar:
             for key, label, image, reason in stream:
@@ -317,6 +333,7 @@ class _Run:
                     self.positions[self.index] = self.pos
                     self.writer.add(self.index, key, label, image)
                     self.index += 1
+                    self.left_small += left_small(image, resize, upscale)
                 self.pos += 1
                 if self.resumable and self.writer.checkpoint_due():
                     self.checkpoint(self.pos)
@@ -412,12 +429,14 @@ def convert_imagefolder(
         return _convert_imagefolder_claimed(src, dst, fmt, options)
 
 
-def scan_ordered(src: str, dst: str, fmt: str, options: ConvertOptions) -> tuple[list[Sample], Manifest, list[tuple[str, str]]]:
+def scan_ordered(src: str, dst: str, fmt: str, options: ConvertOptions, *,
+                 exists_ok: bool = False) -> tuple[list[Sample], Manifest, list[tuple[str, str]]]:
     """What a conversion of the image folder ``src`` to ``dst`` decides before any image is read
     (``dst``'s claim held): the samples in write order, the manifest template and the scan's
-    errors. FileExistsError when ``dst`` exists without ``overwrite``; strict: a scan error raises."""
+    errors. FileExistsError when ``dst`` exists without ``overwrite`` (or ``exists_ok``: the
+    caller looks at it); strict: a scan error raises."""
     recover_publish(dst)
-    if os.path.lexists(dst) and not options.overwrite:
+    if os.path.lexists(dst) and not options.overwrite and not exists_ok:
         raise FileExistsError(f"destination exists: {dst} (use --overwrite to replace it)")
     scan = scan_imagefolder(src)
     if options.strict and scan.errors:
@@ -445,7 +464,15 @@ def scan_ordered(src: str, dst: str, fmt: str, options: ConvertOptions) -> tuple
 
 def _convert_imagefolder_claimed(src: str, dst: str, fmt: str, options: ConvertOptions) -> ConvertReport:
     t0 = time.perf_counter()
-    samples, template, errors = scan_ordered(src, dst, fmt, options)
+    complete = options.resume and not options.overwrite
+    samples, template, errors = scan_ordered(src, dst, fmt, options, exists_ok=complete)
+    if complete and os.path.lexists(dst):
+        differ = differences(dst, fmt, samples, template, options)
+        if differ:
+            raise FileExistsError(f"destination exists: {dst}, and it is not what this conversion makes "
+                                  f"({'; '.join(differ)}); use --overwrite to replace it")
+        m = read_manifest(dst)
+        return ConvertReport(dst, m, time.perf_counter() - t0, list(m.skipped), errors, already_complete=True)
 
     def items(start: int) -> Iterator[Item]:
         rest = samples[start:]
@@ -455,6 +482,63 @@ def _convert_imagefolder_claimed(src: str, dst: str, fmt: str, options: ConvertO
             yield sample.relpath.replace(os.sep, "/"), sample.label, image, reason
 
     fingerprint = {"source": source_fingerprint(samples), "options": options_fingerprint(fmt, template, options)}
-    manifest, resumed, notes = write_packed_result(dst, fmt, items, template, options, len(samples), src, fingerprint)
+    counts: dict[str, int] = {}
+    manifest, resumed, notes = write_packed_result(dst, fmt, items, template, options, len(samples), src,
+                                                   fingerprint, counts)
     return ConvertReport(dst, manifest, time.perf_counter() - t0, list(manifest.skipped), errors,
-                         resumed=resumed, notes=notes)
+                         resumed=resumed, notes=notes, left_small=counts["left_small"])
+
+
+# -- what a user is told ---------------------------------------------------------------------------
+def left_small(image: ProcessedImage, resize: Resize, upscale: bool) -> bool:
+    """Whether ``image`` was stored smaller than ``resize`` asks: ``shorter:N``/``longer:N`` never
+    enlarge without ``upscale``, so a smaller source stays as it was (``WxH`` and ``none`` always hold)."""
+    if upscale or resize.mode not in ("shorter", "longer"):
+        return False
+    side = min(image.height, image.width) if resize.mode == "shorter" else max(image.height, image.width)
+    return side < resize.size
+
+
+def interrupted_samples(dst: str) -> int | None:
+    """The samples that the partial output of an interrupted conversion to ``dst`` holds (what a
+    run without ``resume`` deletes), or None when there is no resumable partial output."""
+    journal = read_journal(temp_dir_for(dst))
+    return journal.written if journal is not None else None
+
+
+def differences(dst: str, fmt: str, samples: Sequence[Sample], template: Manifest, options: ConvertOptions) -> list[str]:
+    """How the complete dataset at ``dst`` differs from what converting ``samples`` (ordered, as
+    :func:`scan_ordered` gives them with ``template``) with ``options`` would write; [] when it is
+    the same: same format, classes, processing, order, writer options given (left out: any the
+    writer recorded), source layout, sample count, and no source file modified after ``dst``'s
+    manifest was written."""
+    try:
+        m = read_manifest(dst)
+    except (PackerError, OSError) as e:
+        return [f"not a complete packed dataset: {e}"]
+    out = []
+    for what, have, want in (("format", m.format, fmt), ("classes", m.classes, template.classes),
+                             ("processing", m.processing, template.processing),
+                             ("shuffle seed", m.shuffle_seed, template.shuffle_seed),
+                             ("source layout", (m.source, m.ignored), (template.source, template.ignored))):
+        if have != want:
+            out.append(f"other {what}")
+    # Writers record their options in the layout with the defaults resolved: compare those given.
+    for k, v in asdict(options.writer).items():
+        if v is not None and k in m.layout and m.layout[k] != v:
+            out.append(f"other {k}")
+    sources = len(samples) + len(template.skipped)
+    if m.num_samples + len(m.skipped) != sources:
+        out.append(f"{m.num_samples} samples + {len(m.skipped)} skipped, the source has {sources} files")
+    written = os.stat(os.path.join(dst, MANIFEST_NAME)).st_mtime_ns
+    newer = next((s.path for s in samples if _mtime_ns(s.path) > written), None)
+    if newer is not None:
+        out.append(f"{newer} changed after it was written")
+    return out
+
+
+def _mtime_ns(path: str) -> int:
+    try:
+        return os.stat(path).st_mtime_ns
+    except OSError:
+        return 1 << 62  # gone: changed

@@ -18,11 +18,14 @@ import time
 from dataclasses import asdict, dataclass
 from typing import Any
 
+import cv2
 import numpy as np
 import torch
 from torch.utils.data import DataLoader, Subset
 
-__all__ = ["BenchRow", "CenterCropPad", "run_bench", "recommend", "format_table"]
+from .preview import caption_text, write_png
+
+__all__ = ["BenchRow", "CenterCropPad", "run_bench", "recommend", "format_table", "bench_series", "plot_bench"]
 
 
 class CenterCropPad:
@@ -146,3 +149,96 @@ def format_table(rows: list[BenchRow]) -> str:
 def to_json(rows: list[BenchRow], best: BenchRow) -> str:
     """Rows and the recommendation as JSON."""
     return json.dumps({"rows": [asdict(r) for r in rows], "recommended": asdict(best)}, indent=1)
+
+
+# -- packer bench --plot ----------------------------------------------------------------------------
+_FONT = cv2.FONT_HERSHEY_SIMPLEX
+_COLORS = [(31, 119, 180), (255, 127, 14), (44, 160, 44), (214, 39, 40), (148, 103, 189), (140, 86, 75),
+           (227, 119, 194), (127, 127, 127), (188, 189, 34), (23, 190, 207)]  # RGB
+
+
+def bench_series(rows: list[BenchRow]) -> dict[str, list[tuple[int, float]]]:
+    """The rows as lines to plot: one per configuration besides ``num_workers`` (cache, batch size,
+    pin_memory, collate), each a list of (num_workers, images/s). ``num_workers=0`` has one collate
+    (the DataLoader calls it in this process), so its point joins the lines of both."""
+    collates = sorted({r.collate for r in rows if r.num_workers > 0}) or ["default"]
+    series: dict[str, list[tuple[int, float]]] = {}
+    for r in rows:
+        for k in collates if r.num_workers == 0 else [r.collate]:
+            name = f"cache={r.cache} batch={r.batch_size} pin={r.pin_memory}" + (f" collate={k}" if len(collates) > 1 else "")
+            series.setdefault(name, []).append((r.num_workers, r.images_per_s))
+    return series
+
+
+def plot_bench(rows: list[BenchRow], path: str, title: str = "") -> str:
+    """Draw images/s against num_workers, one line per configuration (:func:`bench_series`), into
+    the PNG ``path``. With matplotlib installed it draws the chart; without, OpenCV does. Returns
+    which one drew it: ``"matplotlib"`` or ``"opencv"``."""
+    series = bench_series(rows)
+    if not series:
+        raise ValueError("no measurements to plot")
+    try:
+        import matplotlib
+    except ImportError:
+        write_png(path, _plot_cv2(series, title))
+        return "opencv"
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(8, 5), dpi=100)
+    for k, (name, points) in enumerate(series.items()):
+        xs, ys = zip(*sorted(points))
+        ax.plot(xs, ys, marker="o", label=name, color=[c / 255 for c in _COLORS[k % len(_COLORS)]])
+    ax.set_xlabel("num_workers")
+    ax.set_ylabel("images/s")
+    ax.set_title(title)
+    ax.set_ylim(bottom=0)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    try:
+        fig.savefig(path, format="png")
+    finally:
+        plt.close(fig)
+    return "matplotlib"
+
+
+def _plot_cv2(series: dict[str, list[tuple[int, float]]], title: str, width: int = 800, height: int = 500) -> np.ndarray:
+    """The same chart drawn with OpenCV: axes with ticks, one coloured polyline per series, a legend."""
+    img = np.full((height, width, 3), 255, np.uint8)
+    left, right, top, bottom = 70, width - 210, 40, height - 50
+    xs = sorted({x for pts in series.values() for x, _ in pts})
+    ymax = max(y for pts in series.values() for _, y in pts) * 1.1 or 1.0
+    x0, x1 = xs[0], xs[-1] if xs[-1] > xs[0] else xs[0] + 1
+
+    def at(x: float, y: float) -> tuple[int, int]:
+        return (round(left + (x - x0) / (x1 - x0) * (right - left)), round(bottom - y / ymax * (bottom - top)))
+
+    black, grey = (0, 0, 0), (200, 200, 200)
+    for k in range(6):  # y grid and ticks
+        y = ymax * k / 5
+        p = at(x0, y)
+        cv2.line(img, (left, p[1]), (right, p[1]), grey, 1)
+        cv2.putText(img, f"{y:.0f}", (5, p[1] + 4), _FONT, 0.4, black, 1, cv2.LINE_AA)
+    for x in xs:  # x ticks at the measured worker counts
+        p = at(x, 0)
+        cv2.line(img, (p[0], bottom), (p[0], bottom + 5), black, 1)
+        cv2.putText(img, str(x), (p[0] - 4, bottom + 20), _FONT, 0.45, black, 1, cv2.LINE_AA)
+    cv2.rectangle(img, (left, top), (right, bottom), black, 1)
+    cv2.putText(img, "num_workers", ((left + right) // 2 - 45, height - 10), _FONT, 0.5, black, 1, cv2.LINE_AA)
+    cv2.putText(img, "images/s", (5, top - 15), _FONT, 0.5, black, 1, cv2.LINE_AA)
+    if title:
+        cv2.putText(img, caption_text(title, []), (left, 22), _FONT, 0.5, black, 1, cv2.LINE_AA)
+    for k, (name, points) in enumerate(series.items()):
+        color = _COLORS[k % len(_COLORS)]
+        pts = np.array([at(x, y) for x, y in sorted(points)], np.int32)
+        cv2.polylines(img, [pts], False, color, 2, cv2.LINE_AA)
+        for p in pts:
+            cv2.circle(img, (int(p[0]), int(p[1])), 4, color, -1, cv2.LINE_AA)
+        ly = top + 10 + 18 * k
+        cv2.line(img, (right + 10, ly), (right + 30, ly), color, 2)
+        legend = caption_text(name, [])
+        while legend and cv2.getTextSize(legend, _FONT, 0.38, 1)[0][0] > width - right - 40:
+            legend = legend[:-1]
+        cv2.putText(img, legend, (right + 35, ly + 4), _FONT, 0.38, black, 1, cv2.LINE_AA)
+    return img
