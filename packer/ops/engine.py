@@ -50,7 +50,6 @@ from ..journal import JOURNAL_NAME, Journal, digest, read_journal, remove_journa
 from ..manifest import MANIFEST_NAME, Manifest, Skipped, file_sha256, read_manifest, write_manifest
 from ..progress import LOG_INTERVAL, Progress
 from ..registry import formats_taking, get_format, writer_class
-from ..samples import SampleTableWriter
 from ..scan import Sample, scan_imagefolder
 from .pool import ordered_map
 
@@ -301,8 +300,7 @@ class _Run:
 
     def open_writer(self) -> None:
         """Start the writer with the dataset facts; on resume, bring it back to the checkpoint."""
-        # Every format also gets the sample table (labels, keys, metadata: packer.samples).
-        self.writer = SampleTableWriter(self.writer_class(self.tmp, self.options.writer), self.template.label_kind)
+        self.writer = self.writer_class(self.tmp, self.options.writer)
         info = self.template.to_json()
         for k in ("num_samples", "files", "layout", "skipped", "ignored"):
             del info[k]
