@@ -5,12 +5,21 @@ in the manifest with 0 samples and are not shards).
 Every read is checked against the shard's real size (taken when it is opened) before a buffer is
 allocated, so neither a truncated shard nor a hostile index or manifest can make a reader
 allocate more than the file holds; a shard that turns out to be a git-LFS pointer or an HTML page
-says so."""
+says so.
+
+The per-sample index (numpy columns and the key blob, ~65 bytes a sample: 80 MB for ImageNet's
+1.28M) is sent to spawn and forkserver DataLoader workers in shared memory, not copied: the first
+time the dataset is sent to a worker its large index attributes move into one memfd region that
+this process and every worker map, so each holds a share of one copy, as under fork
+(docs/benchmarks.md, section 8)."""
 
 from __future__ import annotations
 
 import os
+from multiprocessing.context import get_spawning_popen
 from typing import Any
+
+import numpy as np
 
 from packer.errors import CorruptDataError, ManifestError
 from packer.fileio import pread_buffer
@@ -18,8 +27,12 @@ from packer.manifest import FileEntry, Manifest
 from packer.placement import place_seed
 
 from .base import PackedDataset
+from .shm import SharedRegion
 
-__all__ = ["ShardedDataset", "foreign_manifest"]
+__all__ = ["ShardedDataset", "foreign_manifest", "SHARE_INDEX_BYTES"]
+
+#: Index attributes (numpy arrays, bytes) of at least this size go to workers in shared memory.
+SHARE_INDEX_BYTES = 1 << 20
 
 
 class ShardedDataset(PackedDataset):
@@ -84,6 +97,48 @@ class ShardedDataset(PackedDataset):
     def _handle_attrs(self) -> tuple[str, ...]:
         return ("_fds", "_fsizes")
 
+    # -- the index in shared memory for spawn / forkserver workers ------------------------------
+    def __getstate__(self) -> dict[str, Any]:
+        state = super().__getstate__()
+        if get_spawning_popen() is None:  # plain pickle: a copy, on purpose
+            state.pop("_shared_index", None)
+            return {k: v[:] if isinstance(v, _Blob) else v for k, v in state.items()}
+        shared = self.__dict__.get("_shared_index") or self._share_index()
+        if shared is not None:
+            for name, *_ in shared[1]:
+                state.pop(name, None)
+            state["_shared_index"] = shared
+        return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        super().__setstate__(state)
+        shared = state.get("_shared_index")
+        if shared is not None:
+            self.__dict__.update(_index_views(*shared))
+
+    def _share_index(self) -> tuple[SharedRegion, list[tuple[str, str, int, int]]] | None:
+        """Move this dataset's large index attributes into one shared region (views here too):
+        the region and (attribute, dtype or "bytes", offset, count) of each, or None if none."""
+        big = [(k, v) for k, v in self.__dict__.items()
+               if isinstance(v, (np.ndarray, bytes)) and len(memoryview(v).cast("B")) >= SHARE_INDEX_BYTES
+               and (not isinstance(v, np.ndarray) or (v.ndim == 1 and v.dtype.kind in "iub" and v.flags.c_contiguous))]
+        if not big:
+            self.__dict__["_shared_index"] = None
+            return None
+        layout, size = [], 0
+        for name, value in big:
+            raw = memoryview(value).cast("B")
+            layout.append((name, "bytes" if isinstance(value, bytes) else value.dtype.str, size, len(value)))
+            size += -(-len(raw) // 64) * 64  # every column 64-byte aligned
+        region = SharedRegion(size, "packer-index")
+        for (_name, value), (_, _, offset, _) in zip(big, layout):
+            raw = memoryview(value).cast("B")
+            region.buffer[offset : offset + len(raw)] = raw
+        shared = (region, layout)
+        self.__dict__.update(_index_views(*shared))
+        self.__dict__["_shared_index"] = shared
+        return shared
+
     def _fd(self, shard: int) -> int:
         fds: list[int | None] = self._fds  # type: ignore[assignment]  # set by _ensure_open
         fd = fds[shard]
@@ -122,6 +177,32 @@ class ShardedDataset(PackedDataset):
                 path=self._shard_paths[shard], sample=sample, offset=offset,
             )
         return data
+
+
+class _Blob:
+    """Read-only bytes in shared memory: slicing gives ``bytes`` (as the key blob it replaces)."""
+
+    def __init__(self, buffer: Any, offset: int, size: int) -> None:
+        self.view, self.size = memoryview(buffer)[offset : offset + size], size
+
+    def __len__(self) -> int:
+        return self.size
+
+    def __getitem__(self, i: slice) -> bytes:
+        return self.view[i].tobytes()
+
+
+def _index_views(region: SharedRegion, layout: list[tuple[str, str, int, int]]) -> dict[str, Any]:
+    """The index attributes as read-only views of the shared region."""
+    out: dict[str, Any] = {}
+    for name, dtype, offset, count in layout:
+        if dtype == "bytes":
+            out[name] = _Blob(region.buffer, offset, count)
+        else:
+            view = np.frombuffer(region.buffer, np.dtype(dtype), count=count, offset=offset)
+            view.flags.writeable = False
+            out[name] = view
+    return out
 
 
 #: Labels of data written by other tools become class names "0".."N-1": above this, refused.
