@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import math
 import os
 import sys
 import time
@@ -159,15 +160,17 @@ _COLORS = [(31, 119, 180), (255, 127, 14), (44, 160, 44), (214, 39, 40), (148, 1
 
 def bench_series(rows: list[BenchRow]) -> dict[str, list[tuple[int, float]]]:
     """The rows as lines to plot: one per configuration besides ``num_workers`` (cache, batch size,
-    pin_memory, collate), each a list of (num_workers, images/s). ``num_workers=0`` has one collate
-    (the DataLoader calls it in this process), so its point joins the lines of both."""
+    pin_memory, collate), each a list of (num_workers, images/s), named by the settings that differ
+    between lines. ``num_workers=0`` has one collate (the DataLoader calls it in this process), so
+    its point joins the lines of both."""
     collates = sorted({r.collate for r in rows if r.num_workers > 0}) or ["default"]
-    series: dict[str, list[tuple[int, float]]] = {}
+    configs = {}
     for r in rows:
         for k in collates if r.num_workers == 0 else [r.collate]:
-            name = f"cache={r.cache} batch={r.batch_size} pin={r.pin_memory}" + (f" collate={k}" if len(collates) > 1 else "")
-            series.setdefault(name, []).append((r.num_workers, r.images_per_s))
-    return series
+            config = (("cache", r.cache), ("batch", r.batch_size), ("pin", r.pin_memory), ("collate", k))
+            configs.setdefault(config, []).append((r.num_workers, r.images_per_s))
+    varying = [i for i in range(4) if len({c[i][1] for c in configs}) > 1]
+    return {" ".join(f"{c[i][0]}={c[i][1]}" for i in varying) or "all": points for c, points in configs.items()}
 
 
 def plot_bench(rows: list[BenchRow], path: str, title: str = "") -> str:
@@ -189,6 +192,7 @@ def plot_bench(rows: list[BenchRow], path: str, title: str = "") -> str:
     for k, (name, points) in enumerate(series.items()):
         xs, ys = zip(*sorted(points))
         ax.plot(xs, ys, marker="o", label=name, color=[c / 255 for c in _COLORS[k % len(_COLORS)]])
+    ax.set_xticks(sorted({x for points in series.values() for x, _ in points}))
     ax.set_xlabel("num_workers")
     ax.set_ylabel("images/s")
     ax.set_title(title)
@@ -206,17 +210,21 @@ def plot_bench(rows: list[BenchRow], path: str, title: str = "") -> str:
 def _plot_cv2(series: dict[str, list[tuple[int, float]]], title: str, width: int = 800, height: int = 500) -> np.ndarray:
     """The same chart drawn with OpenCV: axes with ticks, one coloured polyline per series, a legend."""
     img = np.full((height, width, 3), 255, np.uint8)
-    left, right, top, bottom = 70, width - 210, 40, height - 50
+    left, right, top, bottom = 70, width - 230, 40, height - 50
     xs = sorted({x for pts in series.values() for x, _ in pts})
-    ymax = max(y for pts in series.values() for _, y in pts) * 1.1 or 1.0
+    top_y = max(y for pts in series.values() for _, y in pts) or 1.0
+    step = min(m * 10 ** math.floor(math.log10(top_y / 5)) for m in (1, 2, 5, 10)
+               if m * 10 ** math.floor(math.log10(top_y / 5)) >= top_y / 5)  # 1, 2 or 5 x 10^k
+    ticks = math.ceil(top_y * 1.05 / step)
+    ymax = ticks * step
     x0, x1 = xs[0], xs[-1] if xs[-1] > xs[0] else xs[0] + 1
 
     def at(x: float, y: float) -> tuple[int, int]:
         return (round(left + (x - x0) / (x1 - x0) * (right - left)), round(bottom - y / ymax * (bottom - top)))
 
     black, grey = (0, 0, 0), (200, 200, 200)
-    for k in range(6):  # y grid and ticks
-        y = ymax * k / 5
+    for k in range(ticks + 1):  # y grid and ticks
+        y = step * k
         p = at(x0, y)
         cv2.line(img, (left, p[1]), (right, p[1]), grey, 1)
         cv2.putText(img, f"{y:.0f}", (5, p[1] + 4), _FONT, 0.4, black, 1, cv2.LINE_AA)
@@ -228,7 +236,7 @@ def _plot_cv2(series: dict[str, list[tuple[int, float]]], title: str, width: int
     cv2.putText(img, "num_workers", ((left + right) // 2 - 45, height - 10), _FONT, 0.5, black, 1, cv2.LINE_AA)
     cv2.putText(img, "images/s", (5, top - 15), _FONT, 0.5, black, 1, cv2.LINE_AA)
     if title:
-        cv2.putText(img, caption_text(title, []), (left, 22), _FONT, 0.5, black, 1, cv2.LINE_AA)
+        cv2.putText(img, caption_text(title, []), (left + 20, 22), _FONT, 0.5, black, 1, cv2.LINE_AA)
     for k, (name, points) in enumerate(series.items()):
         color = _COLORS[k % len(_COLORS)]
         pts = np.array([at(x, y) for x, y in sorted(points)], np.int32)
