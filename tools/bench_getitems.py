@@ -2,19 +2,34 @@
 """The batched read (``__getitems__``) against one ``ds[i]`` per sample, side by side in one run.
 
     python tools/bench_getitems.py /tmp/bench_out/lmdb /tmp/bench_out/tar --rounds 3
+    python tools/bench_getitems.py --ceiling JPEG_DATASET RAW_DATASET [--revs OLD NEW] --rounds 5
 
 DataLoader: 2 workers, batch 64, shuffled, ``transform`` = 224 center crop,
 ``collate_fn=packer.datasets.collate``, persistent workers. "before" is the same dataset with
 ``__getitems__`` hidden (the DataLoader then calls ``ds[i]`` per sample). Rounds alternate
 before/after so that a change of the machine's load hits both; each figure is the better of 2
 epochs, and the table gives the median over rounds.
+
+``--ceiling`` measures the read against what the machine can decode, in one run: two processes
+decoding the stored JPEG bytes in a loop (``cv2.imdecode`` straight to RGB, the readers' call),
+then one epoch of the JPEG dataset and one of the raw-pixel dataset through the DataLoader above
+(workers not persistent, as by default). Each row also gives the CPU time per image of the
+workers and of the main process (``getrusage``), the workers' page faults and threads, and the
+time to the first batch, which is where a gap to the ceiling shows. ``--revs OLD NEW`` runs each
+round under both revisions (exported as tools/bench_versions.py does), alternating.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
+import multiprocessing
 import os
+import resource
 import statistics
+import subprocess
+import sys
+import tempfile
 import time
 
 import torch
@@ -65,11 +80,142 @@ def in_process_cost(path: str, rounds: int, count: int = 2048) -> tuple[float, f
     return statistics.median(single), statistics.median(batched)
 
 
+def _bare_decode(payloads: list[bytes], seconds: float, out: multiprocessing.Queue) -> None:
+    import cv2
+    import numpy as np
+
+    n, t0, c0 = 0, time.perf_counter(), time.process_time()
+    while time.perf_counter() - t0 < seconds:
+        for p in payloads:
+            cv2.imdecode(np.frombuffer(p, np.uint8), cv2.IMREAD_COLOR_RGB)
+        n += len(payloads)
+    out.put((n, time.process_time() - c0))
+
+
+def bare_decode_rate(path: str, processes: int = 2, seconds: float = 1.5, count: int = 1000) -> tuple[float, float]:
+    """(img/s, CPU us per image) of ``processes`` processes decoding stored payloads in a loop."""
+    import numpy as np
+
+    ds = open_dataset(path)
+    order = np.random.default_rng(1).permutation(len(ds))[: count * processes].tolist()
+    payloads = [bytes(ds.read_record(i).payload) for i in order]
+    ctx = multiprocessing.get_context("fork")
+    out = ctx.Queue()
+    procs = [ctx.Process(target=_bare_decode, args=(payloads[k::processes], seconds, out)) for k in range(processes)]
+    t0 = time.perf_counter()
+    for p in procs:
+        p.start()
+    done = [out.get() for _ in procs]
+    wall = time.perf_counter() - t0
+    for p in procs:
+        p.join()
+    n = sum(d[0] for d in done)
+    return n / wall, sum(d[1] for d in done) / n * 1e6
+
+
+def _usage(who: int) -> tuple[float, int]:
+    r = resource.getrusage(who)
+    return r.ru_utime + r.ru_stime, r.ru_minflt
+
+
+def loader_epoch(path: str) -> dict:
+    """One shuffled epoch through DataLoader(2 workers, batch 64, 224 crop, collate), workers
+    started for it as by default: img/s, first batch ms, CPU us and page faults per image of the
+    workers and of this process, and the threads of a worker at the end of the epoch."""
+    ds = open_dataset(path, transform=crop224)
+    loader = DataLoader(ds, batch_size=64, num_workers=2, shuffle=True, collate_fn=collate,
+                        generator=torch.Generator().manual_seed(0))
+    main0, kids0 = _usage(resource.RUSAGE_SELF), _usage(resource.RUSAGE_CHILDREN)
+    t0 = time.perf_counter()
+    it = iter(loader)
+    n, first, threads = 0, 0.0, 0
+    for x, _ in it:
+        n += x.shape[0]
+        if not first:
+            first = time.perf_counter() - t0
+        if n >= len(ds) - 64 and not threads:
+            threads = max(len(os.listdir(f"/proc/{w.pid}/task")) for w in it._workers)
+    del it, x  # the workers exit: their CPU time is then in RUSAGE_CHILDREN
+    wall = time.perf_counter() - t0
+    main1, kids1 = _usage(resource.RUSAGE_SELF), _usage(resource.RUSAGE_CHILDREN)
+    return {"img_s": n / wall, "first_ms": first * 1e3, "worker_us": (kids1[0] - kids0[0]) / n * 1e6,
+            "main_us": (main1[0] - main0[0]) / n * 1e6, "worker_faults": (kids1[1] - kids0[1]) / n,
+            "threads": threads}
+
+
+def ceiling_round(jpeg: str, raw: str) -> dict:
+    """One round of ``--ceiling``: the bare decode rate of 2 processes, a JPEG epoch, a raw epoch."""
+    bare, bare_us = bare_decode_rate(jpeg)
+    return {"bare_img_s": bare, "bare_us": bare_us, "jpeg": loader_epoch(jpeg), "raw": loader_epoch(raw)}
+
+
+def _in_revision(lib: str, jpeg: str, raw: str) -> dict:
+    env = {**os.environ, "PYTHONPATH": lib}
+    r = subprocess.run([sys.executable, os.path.abspath(__file__), "--ceiling-round", jpeg, raw], env=env,
+                       capture_output=True, text=True, cwd=tempfile.gettempdir())
+    if r.returncode:
+        raise SystemExit(f"{lib}: {r.stderr.strip()}")
+    return json.loads(r.stdout.strip().splitlines()[-1])
+
+
+def ceiling(jpeg: str, raw: str, rounds: int, revs: list[str] | None) -> None:
+    """Print the ``--ceiling`` table: medians over ``rounds``, per revision."""
+    import shutil
+
+    libs: dict[str, str | None] = {"this tree": None}
+    work = tempfile.mkdtemp(prefix="packer-ceiling-")
+    try:
+        if revs:
+            sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+            from tools.bench_versions import export
+
+            libs = {rev: export(rev, os.path.join(work, str(k))) for k, rev in enumerate(revs)}
+        rows: dict[str, list[dict]] = {name: [] for name in libs}
+        for r in range(rounds):
+            for name in list(libs)[:: 1 if r % 2 == 0 else -1]:
+                lib = libs[name]
+                rows[name].append(ceiling_round(jpeg, raw) if lib is None else _in_revision(lib, jpeg, raw))
+                print(f"round {r + 1} {name}: {json.dumps(rows[name][-1])}", file=sys.stderr, flush=True)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+
+    def med(name: str, f) -> float:  # noqa: ANN001
+        return statistics.median(f(x) for x in rows[name])
+
+    print(f"medians of {rounds} rounds; DataLoader 2 workers, batch 64, shuffled, 224 crop, collate\n")
+    print("| revision | 2 x bare decode img/s | JPEG read img/s | JPEG / bare | raw read img/s | raw / JPEG | "
+          "CPU us/img JPEG: workers + main (bare) | raw: workers + main | worker faults/img JPEG, raw | "
+          "worker threads | first batch ms JPEG, raw |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|")
+    for name in rows:
+        print(f"| {name} | {med(name, lambda x: x['bare_img_s']):.0f} | {med(name, lambda x: x['jpeg']['img_s']):.0f} | "
+              f"{med(name, lambda x: x['jpeg']['img_s'] / x['bare_img_s']):.2f} | "
+              f"{med(name, lambda x: x['raw']['img_s']):.0f} | {med(name, lambda x: x['raw']['img_s'] / x['jpeg']['img_s']):.2f} | "
+              f"{med(name, lambda x: x['jpeg']['worker_us']):.0f} + {med(name, lambda x: x['jpeg']['main_us']):.1f} "
+              f"({med(name, lambda x: x['bare_us']):.0f}) | "
+              f"{med(name, lambda x: x['raw']['worker_us']):.0f} + {med(name, lambda x: x['raw']['main_us']):.1f} | "
+              f"{med(name, lambda x: x['jpeg']['worker_faults']):.1f}, {med(name, lambda x: x['raw']['worker_faults']):.1f} | "
+              f"{med(name, lambda x: x['jpeg']['threads']):.0f} | "
+              f"{med(name, lambda x: x['jpeg']['first_ms']):.0f}, {med(name, lambda x: x['raw']['first_ms']):.0f} |")
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("paths", nargs="+", help="packed datasets (jpeg) to read")
+    parser.add_argument("paths", nargs="+", help="packed datasets (jpeg) to read; with --ceiling: a JPEG and "
+                        "a raw-pixel dataset of the same images")
     parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--ceiling", action="store_true", help="the read against 2 processes' bare decode rate")
+    parser.add_argument("--revs", nargs="+", help="with --ceiling: git revisions to compare, round by round")
+    parser.add_argument("--ceiling-round", action="store_true", help=argparse.SUPPRESS)
     a = parser.parse_args(argv)
+    if a.ceiling_round:
+        print(json.dumps(ceiling_round(*a.paths)))
+        return 0
+    if a.ceiling:
+        if len(a.paths) != 2:
+            parser.error("--ceiling takes a JPEG dataset and a raw dataset")
+        ceiling(a.paths[0], a.paths[1], a.rounds, a.revs)
+        return 0
     print("| dataset | ds[i] per sample img/s | __getitems__ img/s | after / before | rounds (after / before) |")
     print("|---|---|---|---|---|")
     for path in a.paths:
