@@ -22,6 +22,7 @@ from packer.layouts.tar import (
 )
 from packer.manifest import FileEntry
 from packer.placement import place_seed
+from packer.samples import sample_fields
 
 from .base import WriterOptions
 from .shards import ShardedWriter, ShardFile, write_small_file
@@ -47,7 +48,8 @@ class TarWriter(ShardedWriter):
             payload: bytes = npy_header(image.height, image.width, image.channels) + image.payload
         else:
             payload = image.payload
-        blob = sample_members(index, key, label, image.codec, image.height, image.width, payload)
+        blob = sample_members(index, key, int(label), image.codec, image.height, image.width, payload,
+                              sample_fields(label))
         size = self.shard.size if self.shard is not None else 0
         start = self.shard_for(index, key, payload, final_size(size + len(blob))).write(blob)
         k = key.encode("utf-8")

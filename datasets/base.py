@@ -27,19 +27,24 @@ from packer.imageproc import decode_payload
 from packer.manifest import Manifest, read_manifest
 from packer.placeholder import placeholder_reason
 from packer.record import Record, pack_record, unpack_record
+from packer.samples import TABLE_NAME, SampleTable
 from packer.sizes import parse_size
 
 from .cache import SharedCache
 from .skips import SkipCounter
 from .worker_memory import tune_worker_malloc
 
-__all__ = ["PackedDataset", "OUTPUTS"]
+__all__ = ["PackedDataset", "OUTPUTS", "FIELDS"]
 
 _META = struct.Struct("<IIq")  # decoded-cache entry header: height, width, label
 
 #: What ``__getitem__`` returns as the image: uint8 CHW tensor, HWC numpy array, PIL image, or the
 #: stored bytes still encoded (decoded later, on the GPU: :mod:`packer.datasets.encoded`).
 OUTPUTS = ("tensor", "numpy", "pil", "encoded")
+#: What a sample can hold, for ``fields=``: the image, the label (as the dataset's label kind has
+#: it), the source key, the metadata object and the sample's index.
+FIELDS = ("image", "label", "key", "meta", "index")
+DEFAULT_FIELDS = ("image", "label")
 
 
 class PackedDataset(Dataset):
@@ -70,6 +75,12 @@ class PackedDataset(Dataset):
             read uncached. Default: what the whole dataset needs (from the manifest), clamped to
             the shared memory and RAM available. The capacity is reserved when the dataset is
             created.
+        fields: what each sample returns, in order, from :data:`FIELDS`: ``"image"``,
+            ``"label"`` (an int for class labels; for multi-label datasets a float32 multi-hot
+            tensor of ``len(classes)``; for number labels a float), ``"key"`` (the source path),
+            ``"meta"`` (the per-sample metadata dict, ``{}`` when none) and ``"index"``. Default
+            ``("image", "label")``. Keys, labels and metadata come from the sample table, never
+            from an image read; ``ds.targets`` and ``ds.keys`` give them for every sample.
     """
 
     format: str = ""
@@ -89,7 +100,12 @@ class PackedDataset(Dataset):
         cache_bytes: int | str | None = None,
         manifest: Manifest | None = None,
         remote_files: Callable[[str], int] | None = None,
+        fields: Sequence[str] = DEFAULT_FIELDS,
     ) -> None:
+        if isinstance(fields, str) or not fields or any(f not in FIELDS for f in fields):
+            raise ValueError(f"fields must be a non-empty sequence of {FIELDS}, not {fields!r}")
+        if output == "encoded" and tuple(fields) != DEFAULT_FIELDS:
+            raise ValueError("output='encoded' returns (payload, target, info); it takes no fields=")
         if output not in OUTPUTS:
             raise ValueError(f"output must be one of {OUTPUTS}, not {output!r}")
         if output == "encoded" and (transform is not None or cache == "decoded"):
@@ -107,6 +123,7 @@ class PackedDataset(Dataset):
         self.transform = transform
         self.target_transform = target_transform
         self.output = output
+        self.fields = tuple(fields)
         self.verify = verify
         self.on_error = on_error
         self._skips = SkipCounter() if on_error == "skip" else None
@@ -114,6 +131,8 @@ class PackedDataset(Dataset):
         self._dir: DatasetDir | None = None
         self._remote = remote_files  # a dataset at a URL: its files come through the node cache
         self._lock = threading.Lock()
+        self._table: SampleTable | None = None
+        self._table_pid: int | None = None
         if cache not in (None, "encoded", "decoded"):
             raise ValueError(f"cache must be None, 'encoded' or 'decoded', not {cache!r}")
         self.cache_mode = cache
@@ -183,6 +202,80 @@ class PackedDataset(Dataset):
 
     def __len__(self) -> int:
         return self.manifest.num_samples
+
+    # -- labels, keys and metadata without image reads ------------------------------------------
+    @property
+    def label_kind(self) -> str:
+        """``"class"``, ``"multi"`` (a list of classes per sample) or ``"number"``."""
+        return self.manifest.label_kind
+
+    def sample_table(self) -> SampleTable | None:
+        """The dataset's sample table (memory-mapped once per process), or None for datasets
+        written without one (packer 0.1, or other tools' files)."""
+        pid = os.getpid()
+        if self._table is not None and self._table_pid == pid:
+            return self._table
+        if not any(f.name == TABLE_NAME for f in self.manifest.files):
+            return None
+        self._ensure_open()
+        assert self._dir is not None
+        fd = self._dir.open(TABLE_NAME)
+        try:
+            table = SampleTable(fd, os.path.join(self.root, TABLE_NAME), self.manifest.num_samples)
+        finally:
+            os.close(fd)
+        if table.kind != self.label_kind:
+            raise CorruptDataError(f"the sample table's label kind is {table.kind}, the manifest's "
+                                   f"{self.label_kind}", path=table.path)
+        self._table, self._table_pid = table, pid
+        return table
+
+    @property
+    def targets(self) -> np.ndarray | list[list[int]]:
+        """Every sample's label, in sample order, without reading an image: int64 class indices,
+        float64 numbers, or lists of class indices (multi-label). For datasets without a sample
+        table (packer 0.1, other tools' files) the labels come from the format's index, or else
+        from reading each record's header."""
+        table = self.sample_table()
+        if table is not None:
+            return table.targets
+        return self._labels_without_table()
+
+    @property
+    def keys(self) -> Sequence[str]:
+        """Every sample's key (its source path), in sample order, without reading an image."""
+        table = self.sample_table()
+        if table is not None:
+            return table.keys
+        return self._keys_without_table()
+
+    def meta(self, index: int) -> dict[str, Any]:
+        """Sample ``index``'s metadata (``{}`` when it has none)."""
+        i = self._index(index)
+        table = self.sample_table()
+        return table.meta(i) if table is not None else {}
+
+    def _labels_without_table(self) -> np.ndarray:
+        """Labels of a dataset without a sample table; formats with an index override this."""
+        return np.array([self.read_record(i).label for i in range(len(self))], np.int64)
+
+    def _keys_without_table(self) -> list[str]:
+        """Keys of a dataset without a sample table; formats with an index override this."""
+        return [self.read_record(i).key for i in range(len(self))]
+
+    def _target(self, index: int, label: int) -> Any:
+        """Sample ``index``'s label as ``fields`` returns it (before ``target_transform``)."""
+        kind = self.manifest.label_kind
+        if kind == "class":
+            return label
+        table = self.sample_table()
+        if table is None:
+            raise CorruptDataError(f"a {kind}-label dataset needs its sample table", path=self.root)
+        if kind == "number":
+            return table.target_of(index)
+        hot = torch.zeros(len(self.classes), dtype=torch.float32)
+        hot[table.labels_of(index)] = 1.0
+        return hot
 
     def _ensure_open(self) -> None:
         pid = os.getpid()
@@ -326,8 +419,30 @@ class PackedDataset(Dataset):
     def __getitem__(self, index: int) -> tuple[Any, ...]:
         if self.output == "encoded":
             return self._encoded_item(self._index(index))
-        rgb, label = self._load_or_skip(self._index(index))
-        return self._item(rgb, label)
+        if self.fields == DEFAULT_FIELDS and self.manifest.label_kind == "class":
+            rgb, label = self._load_or_skip(self._index(index))
+            return self._item(rgb, label)
+        i, (rgb, label) = self._load_or_skip(self._index(index), lambda j: (j, self.load(j)))
+        return self._fields_item(i, rgb, label)
+
+    def _fields_item(self, index: int, rgb: np.ndarray, label: int) -> tuple[Any, ...]:
+        """One sample as ``fields`` asks for it."""
+        out: list[Any] = []
+        for name in self.fields:
+            if name == "image":
+                image = self._to_output(rgb)
+                out.append(self.transform(image) if self.transform is not None else image)
+            elif name == "label":
+                target = self._target(index, label)
+                out.append(self.target_transform(target) if self.target_transform is not None else target)
+            elif name == "key":
+                table = self.sample_table()
+                out.append(table.keys[index] if table is not None else self.read_record(index).key)
+            elif name == "meta":
+                out.append(self.meta(index))
+            else:
+                out.append(index)
+        return tuple(out)
 
     def _item(self, rgb: np.ndarray, label: int) -> tuple[Any, Any]:
         """(image, target) of decoded pixels: output conversion, then the transforms."""
@@ -358,7 +473,8 @@ class PackedDataset(Dataset):
         skip policy treats it exactly as a single read would. Datasets with a cache, encoded
         output or their own ``load`` (HDF5) read sample by sample."""
         if (self.output == "encoded" or self.cache is not None or self._cache_request is not None
-                or type(self).load is not PackedDataset.load):
+                or type(self).load is not PackedDataset.load or self.fields != DEFAULT_FIELDS
+                or self.manifest.label_kind != "class"):
             return [self[i] for i in indices]
         valid: list[int] = []
         for index in indices:
@@ -390,6 +506,9 @@ class PackedDataset(Dataset):
                 self._dir.close()
         self._dir = None
         self._pid = None
+        if self._table is not None and self._table_pid == os.getpid():
+            self._table.close()
+        self._table = None
         if self.cache is not None:
             self.cache.close()
             self.cache = None
@@ -400,6 +519,8 @@ class PackedDataset(Dataset):
         state["_pid"] = None
         state["_lock"] = None
         state["_dir"] = None
+        state["_table"] = None
+        state["_table_pid"] = None
         for k in self._handle_attrs():
             state[k] = None
         return state

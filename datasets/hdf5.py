@@ -365,6 +365,11 @@ class HDF5Dataset(PackedDataset):
                                        path=self._path, sample=index)
         return key
 
+    def _labels_without_table(self) -> np.ndarray:
+        self._ensure_open()
+        assert self._meta is not None
+        return np.array(self._meta.labels, np.int64)
+
     def _read(self, index: int) -> Record:
         payload, codec, h, w = self._payload(index)
         return Record(codec, int(self._meta.labels[index]), h, w, self._key(index), payload)

@@ -78,6 +78,14 @@ class TarDataset(ShardedDataset):
         if len(self._offset) != len(self):
             raise ManifestError(f"{self.root}: index lists {len(self._offset)} samples, manifest {len(self)}")
 
+    def _labels_without_table(self) -> np.ndarray:
+        return np.array(self._label, np.int64)
+
+    def _keys_without_table(self) -> list[str]:
+        ends = self._key_end
+        return [self._keys[(int(ends[i - 1]) if i else 0):int(ends[i])].decode("utf-8", "replace")
+                for i in range(len(ends))]
+
     # -- index --------------------------------------------------------------------------------
     def _load_index(self, entries: list[FileEntry]) -> dict[str, Any]:
         names = {f.name for f in self.manifest.files}

@@ -82,6 +82,9 @@ class Manifest:
     source: dict[str, Any] = field(default_factory=dict)
     created_by: str = ""
     version: int = MANIFEST_VERSION
+    #: ``class`` (one class index per sample), ``multi`` (a list of them) or ``number``
+    #: (packer.samples); written as ``"labels": {"kind": ...}`` when not ``class``.
+    label_kind: str = "class"
 
     @property
     def class_to_idx(self) -> dict[str, int]:
@@ -90,7 +93,7 @@ class Manifest:
 
     def to_json(self) -> dict[str, Any]:
         """The JSON object written to disk (keys in a fixed order)."""
-        return {
+        d = {
             "version": self.version,
             "format": self.format,
             "created_by": self.created_by,
@@ -104,6 +107,9 @@ class Manifest:
             "skipped": [asdict(s) for s in self.skipped],
             "ignored": self.ignored,
         }
+        if self.label_kind != "class":
+            d["labels"] = {"kind": self.label_kind}
+        return d
 
     def dumps(self) -> bytes:
         """Serialised manifest bytes (stable: same manifest, same bytes)."""
@@ -138,6 +144,7 @@ class Manifest:
                 source=dict(_typed(d.get("source", {}), dict, "source")),
                 created_by=_typed(d.get("created_by", ""), str, "created_by"),
                 version=version,
+                label_kind=_label_kind(d.get("labels", {"kind": "class"})),
             )
         except (TypeError, ValueError) as e:
             raise ManifestError(f"{path}: malformed manifest ({e})") from None
@@ -166,6 +173,13 @@ _PROCESSING_TYPES: dict[str, type | tuple[type, ...]] = {
     "max_pixels": int,
 }
 _LAYOUT_TYPES: dict[str, type | tuple[type, ...]] = {"foreign": bool, "gzip": bool}
+
+
+def _label_kind(value: Any) -> str:
+    kind = _typed(_field(_typed(value, dict, "labels"), "kind", "labels.kind"), str, "labels.kind")
+    if kind not in ("class", "multi", "number"):
+        raise ValueError(f"labels.kind must be class, multi or number, not {kind!r}")
+    return kind
 
 
 def _typed(value: Any, kind: type | tuple[type, ...], what: str) -> Any:

@@ -50,7 +50,7 @@ def test_flat_layout_reads_with_h5py_alone(tiny_folder, tmp_path):
     src, pixels = tiny_folder
     convert(src, tmp_path / "out", encode="jpeg:90")
     m = read_manifest(tmp_path / "out")
-    assert [f.name for f in m.files] == ["data.h5"] and not os.path.exists(tmp_path / "out" / "data.h5.partial")
+    assert [f.name for f in m.files] == ["data.h5", "samples.table"] and not os.path.exists(tmp_path / "out" / "data.h5.partial")
     assert m.layout["storage"] == "flat" and m.layout["codec"] == "jpeg"
     ds = open_dataset(tmp_path / "out", output="numpy")
     with h5(tmp_path / "out") as f:
@@ -132,7 +132,7 @@ def test_raw_shape_change_switches_to_flat_storage(tmp_path, monkeypatch):
     ok, buf = cv2.imencode(".png", draw(rng, 5, 7))
     items += [("b/odd", 1, raw(rng, 9, 10)), ("b/png", 0, ProcessedImage("png", buf.tobytes(), 5, 7))]
     write_items(tmp_path / "out", items)
-    assert sorted(os.listdir(tmp_path / "out")) == ["data.h5", "manifest.json"]
+    assert sorted(os.listdir(tmp_path / "out")) == ["data.h5", "manifest.json", "samples.table"]
     ds = open_dataset(tmp_path / "out", output="numpy")
     with h5(tmp_path / "out") as f:
         assert f.attrs["storage"] == "flat" and f.attrs["codec"] == "mixed"

@@ -129,9 +129,9 @@ def test_manifest_lists_shards_and_index_files(tiny_folder, tmp_path):
     convert(src, tmp_path / "out", shard_samples=4)
     m = read_manifest(tmp_path / "out")
     names = [f.name for f in m.files]
-    assert names == [f"shard-{i:06d}{ext}" for i in range(4) for ext in (".tar", ".idx")]
-    assert [f.samples for f in m.files] == [4, 0, 4, 0, 4, 0, 2, 0]
-    assert [f.first for f in m.files] == [0, 0, 4, 4, 8, 8, 12, 12]
+    assert names == [f"shard-{i:06d}{ext}" for i in range(4) for ext in (".tar", ".idx")] + ["samples.table"]
+    assert [f.samples for f in m.files] == [4, 0, 4, 0, 4, 0, 2, 0, 0]
+    assert [f.first for f in m.files] == [0, 0, 4, 4, 8, 8, 12, 12, 0]
     for f in m.files:
         assert file_sha256(str(tmp_path / "out" / f.name)) == f.sha256
     assert sorted(os.listdir(tmp_path / "out")) == sorted(names + ["manifest.json"])  # no temp files left

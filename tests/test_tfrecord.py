@@ -105,9 +105,10 @@ def test_records_idx_and_examples(tiny_folder, tmp_path):
     src, pixels = tiny_folder
     convert(src, tmp_path / "out", shard_samples=5)
     m = read_manifest(tmp_path / "out")
-    assert [f.name for f in m.files] == [f"shard-{i:06d}{e}" for i in range(3) for e in (".tfrecord", ".idx")]
-    assert [f.samples for f in m.files] == [5, 0, 5, 0, 4, 0]
-    assert [f.first for f in m.files] == [0, 0, 5, 5, 10, 10]
+    assert [f.name for f in m.files] == [f"shard-{i:06d}{e}" for i in range(3) for e in (".tfrecord", ".idx")] + [
+        "samples.table"]
+    assert [f.samples for f in m.files] == [5, 0, 5, 0, 4, 0, 0]
+    assert [f.first for f in m.files] == [0, 0, 5, 5, 10, 10, 0]
     for f in m.files:
         assert file_sha256(str(tmp_path / "out" / f.name)) == f.sha256
     assert sorted(os.listdir(tmp_path / "out")) == sorted([f.name for f in m.files] + ["manifest.json"])

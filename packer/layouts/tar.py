@@ -12,6 +12,8 @@ import os
 import re
 import struct
 import tarfile
+from collections.abc import Callable
+from typing import Any
 
 import crc32c
 import numpy as np
@@ -22,6 +24,7 @@ from packer.errors import CorruptDataError
 from packer.manifest import FileEntry, Manifest
 from packer.placeholder import file_placeholder_reason
 from packer.placement import place_seed
+from packer.samples import table_fields
 
 __all__ = [
     "identify",
@@ -174,21 +177,23 @@ def end_of_archive(size: int) -> bytes:
     return _ZEROS[: final_size(size) - size]
 
 
-def sample_members(index: int, key: str, label: int, codec: str, height: int, width: int, payload: bytes) -> bytes:
-    """The three tar members of one sample, padded: ``KEY.<ext>`` holding ``payload`` (for raw,
-    the whole ``.npy`` file), ``KEY.cls`` and ``KEY.json``. The image data starts at byte 512.
-    ``packer verify`` rebuilds these bytes from the index to say which sample a bad byte is in."""
+def sample_members(index: int, key: str, label: int, codec: str, height: int, width: int, payload: bytes,
+                   extra: dict[str, Any] | None = None) -> bytes:
+    """The tar members of one sample, padded: ``KEY.<ext>`` holding ``payload`` (for raw, the whole
+    ``.npy`` file), ``KEY.cls`` (single-label datasets only: WebDataset reads it with ``int()``)
+    and ``KEY.json``, which also holds ``extra`` (``labels``, ``target``, ``meta``: see
+    packer.samples.sample_fields). The image data starts at byte 512. ``packer verify`` rebuilds
+    these bytes from the index and the sample table to say which sample a bad byte is in."""
     stem = sample_key(index)
-    cls = b"%d" % label
-    meta = json.dumps(
-        {"key": key, "label": label, "height": height, "width": width},
-        ensure_ascii=False, separators=(",", ":"),
-    ).encode("utf-8")
-    return b"".join((
-        tar_header(f"{stem}.{TAR_EXTENSIONS[codec]}", len(payload)), payload, _padding(len(payload)),
-        tar_header(f"{stem}.cls", len(cls)), cls, _padding(len(cls)),
-        tar_header(f"{stem}.json", len(meta)), meta, _padding(len(meta)),
-    ))
+    extra = extra or {}
+    fields: dict[str, Any] = {"key": key, "label": label, "height": height, "width": width, **extra}
+    meta = json.dumps(fields, ensure_ascii=False, separators=(",", ":")).encode("utf-8")
+    members = [tar_header(f"{stem}.{TAR_EXTENSIONS[codec]}", len(payload)), payload, _padding(len(payload))]
+    if "labels" not in extra and "target" not in extra:
+        cls = b"%d" % label
+        members += [tar_header(f"{stem}.cls", len(cls)), cls, _padding(len(cls))]
+    members += [tar_header(f"{stem}.json", len(meta)), meta, _padding(len(meta))]
+    return b"".join(members)
 
 
 #: Member extensions read as the image of a foreign sample, in order of preference -> codec.
@@ -310,14 +315,16 @@ def locate_damage(root: str, m: Manifest, f: FileEntry, intact: set[str], report
     if f.name.endswith(TAR_SUFFIX):
         idx_name = f.name[: -len(TAR_SUFFIX)] + INDEX_SUFFIX
         if idx_name in intact:
-            _locate_in_shard(os.path.join(root, f.name), root, idx_name, f.id, report)
+            _locate_in_shard(os.path.join(root, f.name), root, idx_name, f.id, report,
+                             table_fields(root, m.num_samples))
     elif f.name.endswith(INDEX_SUFFIX):
         tar_name = f.name[: -len(INDEX_SUFFIX)] + TAR_SUFFIX
         if tar_name in intact:
             _locate_in_index(os.path.join(root, f.name), root, tar_name, m, f.first, report)
 
 
-def _locate_in_shard(path: str, root: str, idx_name: str, file_id: str, report: Report) -> None:
+def _locate_in_shard(path: str, root: str, idx_name: str, file_id: str, report: Report,
+                     fields: Callable[[int], dict[str, Any]]) -> None:
     """Compare a shard, sample by sample, with the members its intact index implies."""
     first, entries, keys = unpack_index(read_all(os.path.join(root, idx_name)), idx_name)
     data = read_all(path)
@@ -329,7 +336,7 @@ def _locate_in_shard(path: str, root: str, idx_name: str, file_id: str, report: 
         key = keys[key_start : int(e["key_end"])].decode("utf-8")
         key_start = int(e["key_end"])
         want = sample_members(stem + j, key, int(e["label"]), CODEC_NAMES[int(e["codec"])], int(e["height"]),
-                              int(e["width"]), payload)
+                              int(e["width"]), payload, fields(first + j))
         bad = byte_diff(data[pos : pos + len(want)], want)
         if len(bad):
             report(path, first + j, pos + int(bad[0]), "bytes differ from what the index implies")

@@ -24,6 +24,7 @@ from packer.imageproc import ProcessedImage
 from packer.manifest import FileEntry, Manifest
 from packer.placeholder import file_placeholder_reason, placeholder_reason
 from packer.record import Record
+from packer.samples import encode_meta, sample_fields
 from packer.tfexample import encode_example
 
 __all__ = [
@@ -80,20 +81,28 @@ def frame_record(data: bytes) -> bytes:
 
 
 PLACE_FEATURE = "packer/place"
+META_FEATURE = "packer/meta"
 
 
 def image_example(key: str, label: int, image: ProcessedImage, place: int | None = None) -> bytes:
     """The serialised Example of one sample: ``image/encoded``, ``image/format``,
     ``image/class/label``, ``image/height``, ``image/width``, ``image/channels``,
-    ``image/filename`` and, with ``place`` (the sample's place seed), ``packer/place``. Keys are
-    sorted, so ``packer/place`` is the last 4 bytes and can be patched once the sample's shard is
-    known."""
+    ``image/filename`` and, with ``place`` (the sample's place seed), ``packer/place``. A
+    multi-label sample's ``image/class/label`` lists its classes; a number label is
+    ``image/target`` (float32; the exact float64 is in the sample table) with class label -1;
+    metadata is ``packer/meta`` (compact JSON). Keys are sorted, so ``packer/place`` is the last
+    4 bytes and can be patched once the sample's shard is known."""
     extra = {PLACE_FEATURE: _U32.pack(place)} if place is not None else {}
+    fields = sample_fields(label)
+    if "target" in fields:
+        extra["image/target"] = [fields["target"]]
+    if "meta" in fields:
+        extra[META_FEATURE] = encode_meta(fields["meta"], f"sample {key!r}")
     return encode_example({
         **extra,
         "image/encoded": image.payload,
         "image/format": image.codec.encode("ascii"),
-        "image/class/label": label,
+        "image/class/label": fields["labels"] if "labels" in fields else int(label),
         "image/height": image.height,
         "image/width": image.width,
         "image/channels": image.channels,
@@ -176,7 +185,10 @@ def image_record(
     )
     try:
         payload = encoded.bytes_list.value[0]  # type: ignore[union-attr]
-        target = label.int64_list.value[0]  # type: ignore[union-attr]
+        labels = label.int64_list.value  # type: ignore[union-attr]
+        target = labels[0] if len(labels) else -1  # a multi-label sample may have no class
+        if label is None:
+            raise AttributeError
     except (AttributeError, IndexError):
         raise CorruptDataError("record has no image/encoded bytes or no image/class/label",
                                path=path, sample=index, offset=offset) from None

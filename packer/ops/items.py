@@ -6,6 +6,7 @@ from __future__ import annotations
 import functools
 import hashlib
 import json
+import math
 import numbers
 import os
 import time
@@ -19,6 +20,7 @@ from ..imageproc import ProcessOptions
 from ..journal import digest
 from ..manifest import Manifest, read_manifest
 from ..registry import writer_class
+from ..samples import LABEL_KINDS, Label, encode_meta, sample_fields
 from .engine import (
     ConvertOptions,
     ConvertReport,
@@ -95,8 +97,8 @@ class _Rows:
     """The items read lazily by position: each checked when read, its key, label and source made
     on the fly, so a Sequence of items is never copied (conversion memory does not grow with N)."""
 
-    def __init__(self, items: Sequence[Any], names: list[str], root: str | None) -> None:
-        self.items, self.root = items, root
+    def __init__(self, items: Sequence[Any], names: list[str], root: str | None, kind: str = "class") -> None:
+        self.items, self.root, self.kind = items, root, kind
         self.to_label = {c: i for i, c in enumerate(names)}
         self.count = len(names)
 
@@ -105,12 +107,27 @@ class _Rows:
 
     def row(self, i: int) -> tuple[str | bytes, str, int]:
         """Item ``i`` as (source: path or bytes, key, label number); TypeError/ValueError naming it."""
-        source, label = _checked(i, self.items[i])[:2]
+        source, label, meta = _checked(i, self.items[i])
         src = bytes(source) if isinstance(source, (bytes, bytearray, memoryview)) else os.fspath(source)
+        if meta:
+            encode_meta(meta, f"item {i}: metadata")  # ValueError naming the item
+        if self.kind == "number":
+            if isinstance(label, bool) or not isinstance(label, numbers.Real) or not math.isfinite(label):
+                raise ValueError(f"item {i}: label {label!r} is not a finite number")
+            return src, _key(i, src, self.root), Label(-1, target=float(label), meta=meta)
+        if self.kind == "multi":
+            if isinstance(label, (str, bytes)) or not isinstance(label, Iterable):
+                raise ValueError(f"item {i}: label {label!r} is not a list of classes")
+            ids = [self._number(i, x) for x in label]
+            return src, _key(i, src, self.root), Label(-1, labels=ids, meta=meta)
+        number = self._number(i, label)
+        return src, _key(i, src, self.root), Label(number, meta=meta) if meta else number
+
+    def _number(self, i: int, label: Any) -> int:
         number = _label_number(label, self.to_label)
         if not 0 <= number < self.count:
             raise ValueError(f"item {i}: label {label!r} is not one of the {self.count} classes")
-        return src, _key(i, src, self.root), number
+        return number
 
     def sources(self, start: int) -> _Sources:
         """The sources from position ``start`` on, as a lazy sequence for :func:`ordered_map`."""
@@ -123,13 +140,16 @@ class _Rows:
         for i in range(len(self)):
             source, key, label = self.row(i)
             if isinstance(source, bytes):
-                entry: list[Any] = [key, label, hashlib.sha256(source).hexdigest()]
+                entry: list[Any] = [key, int(label), hashlib.sha256(source).hexdigest()]
             else:
                 try:
                     st = os.stat(source)
-                    entry = [key, label, st.st_size, st.st_mtime_ns]
+                    entry = [key, int(label), st.st_size, st.st_mtime_ns]
                 except OSError as e:
-                    entry = [key, label, -1, str(e.strerror)]
+                    entry = [key, int(label), -1, str(e.strerror)]
+            fields = sample_fields(label)
+            if fields:  # labels of other kinds and metadata (absent for plain items: same digest as before)
+                entry.append(fields)
             h.update((b"," if i else b"") + json.dumps(entry, sort_keys=True, separators=(",", ":"),
                                                          ensure_ascii=False, default=str).encode("utf-8"))
         h.update(b"]")
@@ -157,6 +177,12 @@ def _checked(i: int, row: Any) -> tuple[Any, Any, Any]:
     return row
 
 
+def _label_list(i: int, label: Any) -> list[Any]:
+    if isinstance(label, (str, bytes)) or not isinstance(label, Iterable):
+        raise ValueError(f"item {i}: label {label!r} is not a list of classes")
+    return list(label)
+
+
 def _is_number(x: Any) -> bool:
     return isinstance(x, numbers.Integral) and not isinstance(x, bool)
 
@@ -173,6 +199,8 @@ def convert_items(
     classes: Sequence[str] | None = None,
     *,
     root: str | os.PathLike[str] | None = None,
+    label_kind: str = "class",
+    source: dict[str, Any] | None = None,
 ) -> ConvertReport:
     """Convert ``items``, each ``(path or bytes, label, metadata)``, into a packed dataset of
     format ``fmt`` at ``dst``, in the order given (``options.shuffle`` and ``seed`` are not used).
@@ -188,19 +216,34 @@ def convert_items(
     ``strict``, raise ImageError), as for an image folder; ``options.resume`` continues an
     interrupted call with the same items, and keeps a dataset at ``dst`` that such a call finished
     (its manifest's ``source.fingerprint``: a retried task does no work twice). A path's key is the path (relative to ``root``), an
-    image given as bytes is ``item-N``. ``metadata`` (a dict or None) is accepted but not stored
-    yet: no format has per-sample metadata so far. FileExistsError when ``dst`` exists without
-    ``overwrite``; SourceError when no image could be converted.
+    image given as bytes is ``item-N``. ``metadata`` (a JSON-able dict or None, see
+    :mod:`packer.samples`) is stored with the sample and returned by ``fields=("meta", ...)``.
+
+    ``label_kind``: ``"class"`` (a class name or number per item), ``"multi"`` (a list of them per
+    item; classes are the names found in all lists) or ``"number"`` (a float per item; no classes).
+    ``source`` is recorded in the manifest (its ``fingerprint`` key is set here). FileExistsError
+    when ``dst`` exists without ``overwrite``; SourceError when no image could be converted;
+    ValueError naming the item for a label or metadata that cannot be stored.
     """
+    if label_kind not in LABEL_KINDS:
+        raise ValueError(f"label_kind must be one of {LABEL_KINDS}, not {label_kind!r}")
     t0 = time.perf_counter()
     dst = os.fspath(dst)
     options = options if options is not None else ConvertOptions()
     seq = items if isinstance(items, Sequence) else list(items)
-    names = list(classes) if classes is not None else _class_names(_checked(i, seq[i])[1] for i in range(len(seq)))
-    rows = _Rows(seq, names, os.fspath(root) if root is not None else None)
+    if label_kind == "number":
+        names = list(classes) if classes is not None else []
+    elif classes is not None:
+        names = list(classes)
+    elif label_kind == "multi":
+        names = _class_names(x for i in range(len(seq)) for x in _label_list(i, _checked(i, seq[i])[1]))
+    else:
+        names = _class_names(_checked(i, seq[i])[1] for i in range(len(seq)))
+    rows = _Rows(seq, names, os.fspath(root) if root is not None else None, label_kind)
     writer_class(fmt)  # an unknown format fails before any work
     template = Manifest(format=fmt, num_samples=0, classes=names, processing=options.processing.to_json(), files=[],
-                        source={"kind": "items"}, created_by=f"packer {__version__}")
+                        source=dict(source or {"kind": "items"}), created_by=f"packer {__version__}",
+                        label_kind=label_kind)
 
     def stream(start: int) -> Iterator[Item]:
         fn = functools.partial(_process_sources, opts=options.processing)

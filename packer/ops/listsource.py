@@ -1,0 +1,200 @@
+"""Sources that are lists, not class folders: a CSV, TSV or JSON Lines file naming each image, its
+label and any other per-sample fields (kept as metadata). :func:`read_list` parses one into the
+items :func:`packer.ops.items.convert_items` takes; :func:`convert_list` does both.
+
+    path,label,photographer
+    train/0001.jpg,cat,ann
+    train/0002.jpg,dog,bob
+
+Paths are relative to the list's folder unless ``root`` is given (absolute paths stay as they are).
+The label column holds a class name or number (``class``), several classes (``multi``: a JSON list
+in JSON Lines, or names separated by ``label_sep`` in CSV/TSV), or a number (``number``).
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import math
+import os
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from ..errors import SourceError
+from ..samples import LABEL_KINDS
+
+__all__ = ["ListSource", "read_list", "convert_list", "LIST_FORMATS"]
+
+#: List file suffixes and the format each means.
+LIST_FORMATS = {".csv": "csv", ".tsv": "tsv", ".tab": "tsv", ".jsonl": "jsonl", ".ndjson": "jsonl"}
+PATH_COLUMNS = ("path", "file", "filename", "image")
+LABEL_COLUMNS = ("label", "labels", "class", "target")
+
+
+@dataclass
+class ListSource:
+    """A parsed list: the items (source path, label, metadata), the label kind, the folder the
+    paths are relative to, and the columns used."""
+
+    items: list[tuple[str, Any, dict[str, Any] | None]]
+    label_kind: str
+    root: str
+    path_column: str
+    label_column: str
+
+
+def _list_format(path: str) -> str:
+    for suffix, fmt in LIST_FORMATS.items():
+        if path.lower().endswith(suffix):
+            return fmt
+    raise SourceError(f"{path}: a list must be .csv, .tsv or .jsonl (JSON Lines); got {os.path.basename(path)!r}")
+
+
+def _rows(path: str, fmt: str) -> list[tuple[int, dict[str, Any]]]:
+    """(line number, row) for every row; SourceError naming the line when one cannot be read."""
+    try:
+        with open(path, encoding="utf-8", newline="") as f:
+            if fmt == "jsonl":
+                out = []
+                for n, line in enumerate(f, 1):
+                    if not line.strip():
+                        continue
+                    try:
+                        row = json.loads(line)
+                    except ValueError as e:
+                        raise SourceError(f"{path}:{n}: not JSON ({e})") from None
+                    if not isinstance(row, dict):
+                        raise SourceError(f"{path}:{n}: each line must be a JSON object")
+                    out.append((n, row))
+                return out
+            reader = csv.DictReader(f, delimiter="," if fmt == "csv" else "\t")
+            if not reader.fieldnames:
+                raise SourceError(f"{path}: the list is empty (no header row)")
+            out = []
+            for row in reader:
+                if None in row:
+                    raise SourceError(f"{path}:{reader.line_num}: more fields than the header's "
+                                      f"{len(reader.fieldnames)}")
+                out.append((reader.line_num, dict(row)))
+            return out
+    except UnicodeDecodeError as e:
+        raise SourceError(f"{path}: not UTF-8 text ({e.reason} at byte {e.start})") from None
+    except csv.Error as e:
+        raise SourceError(f"{path}: not a valid {fmt.upper()} file ({e})") from None
+
+
+def _column(path: str, rows: list[tuple[int, dict[str, Any]]], given: str | None, candidates: Sequence[str],
+            what: str) -> str:
+    names: list[str] = []
+    for _, row in rows:
+        names.extend(k for k in row if k not in names)
+    if given is not None:
+        if given not in names:
+            raise SourceError(f"{path}: no {what} column {given!r} (columns: {', '.join(names)})")
+        return given
+    for c in candidates:
+        if c in names:
+            return c
+    raise SourceError(f"{path}: no {what} column; name one of {', '.join(candidates)} or pass the column's name "
+                      f"(columns: {', '.join(names)})")
+
+
+def _kind(values: list[Any], fmt: str) -> str:
+    """The label kind a list's label values imply: lists are ``multi``, non-integral numbers are
+    ``number``, anything else ``class``."""
+    if values and all(isinstance(v, list) for v in values):
+        return "multi"
+    if fmt == "jsonl" and values and all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in values):
+        return "number" if any(isinstance(v, float) and not v.is_integer() for v in values) else "class"
+    return "class"
+
+
+def _label(value: Any, kind: str, fmt: str, sep: str, where: str) -> Any:
+    """One row's label as convert_items takes it for ``kind``, or SourceError naming ``where``."""
+    if value is None or value == "":
+        raise SourceError(f"{where}: the label is empty")
+    if kind == "number":
+        try:
+            number = float(value) if not isinstance(value, bool) else math.nan
+        except (TypeError, ValueError):
+            number = math.nan
+        if not math.isfinite(number):
+            raise SourceError(f"{where}: label {value!r} is not a finite number")
+        return number
+    if kind == "multi":
+        parts = value if isinstance(value, list) else [p.strip() for p in str(value).split(sep) if p.strip()]
+        for p in parts:
+            if isinstance(p, bool) or not isinstance(p, (str, int)):
+                raise SourceError(f"{where}: label {p!r} is not a class name or number")
+        return [_class_value(p, fmt) for p in parts]
+    if isinstance(value, bool) or not isinstance(value, (str, int)):
+        raise SourceError(f"{where}: label {value!r} is not a class name or number (use label kind 'number' for numbers)")
+    return _class_value(value, fmt)
+
+
+def _class_value(value: str | int, fmt: str) -> str | int:
+    """A class given as text: a number when it is all digits (CSV/TSV have no types), else a name."""
+    if isinstance(value, str) and fmt != "jsonl" and value.strip().isdigit():
+        return int(value)
+    return value
+
+
+def read_list(
+    path: str | os.PathLike[str],
+    *,
+    root: str | os.PathLike[str] | None = None,
+    path_column: str | None = None,
+    label_column: str | None = None,
+    label_kind: str = "auto",
+    label_sep: str = "|",
+) -> ListSource:
+    """Parse a CSV, TSV or JSON Lines list into convert_items' items.
+
+    ``path_column`` / ``label_column`` default to the first of ``path, file, filename, image`` /
+    ``label, labels, class, target`` present. Every other column is the sample's metadata (CSV and
+    TSV values are strings; JSON Lines values keep their JSON types; empty CSV cells are left
+    out). ``label_kind``: ``auto`` (a list is multi-label, a number with a fraction in JSON Lines
+    is ``number``, else ``class``), or ``class``, ``multi``, ``number``. SourceError names the file
+    and line of anything it cannot use."""
+    path = os.fspath(path)
+    if label_kind != "auto" and label_kind not in LABEL_KINDS:
+        raise ValueError(f"label kind must be auto or one of {LABEL_KINDS}, not {label_kind!r}")
+    fmt = _list_format(path)
+    if not os.path.isfile(path):
+        raise SourceError(f"{path}: no such list file")
+    rows = _rows(path, fmt)
+    if not rows:
+        raise SourceError(f"{path}: the list has no rows")
+    pcol = _column(path, rows, path_column, PATH_COLUMNS, "path")
+    lcol = _column(path, rows, label_column, LABEL_COLUMNS, "label")
+    kind = _kind([r.get(lcol) for _, r in rows], fmt) if label_kind == "auto" else label_kind
+    base = os.path.abspath(os.fspath(root) if root is not None else os.path.dirname(os.path.abspath(path)))
+    items: list[tuple[str, Any, dict[str, Any] | None]] = []
+    for n, row in rows:
+        where = f"{path}:{n}"
+        rel = row.get(pcol)
+        if not isinstance(rel, str) or not rel:
+            raise SourceError(f"{where}: the {pcol!r} column is empty or not text")
+        label = _label(row.get(lcol), kind, fmt, label_sep, where)
+        meta = {k: v for k, v in row.items() if k not in (pcol, lcol) and not (fmt != "jsonl" and v == "")}
+        items.append((os.path.join(base, rel), label, meta or None))
+    return ListSource(items, kind, base, pcol, lcol)
+
+
+def convert_list(
+    listfile: str | os.PathLike[str],
+    dst: str | os.PathLike[str],
+    fmt: str,
+    options: Any = None,
+    classes: Sequence[str] | None = None,
+    **list_options: Any,
+) -> Any:
+    """Convert the images a list names (:func:`read_list`, with ``list_options``) into a packed
+    dataset of format ``fmt`` at ``dst``, labels and metadata included; returns the ConvertReport.
+    ``classes`` pins the class list (e.g. a training set's, so labels line up)."""
+    from .items import convert_items
+
+    source = read_list(listfile, **list_options)
+    return convert_items(source.items, dst, fmt, options, classes, root=source.root, label_kind=source.label_kind,
+                         source={"kind": "list", "path": os.path.abspath(os.fspath(listfile))})

@@ -1,0 +1,464 @@
+"""What a dataset knows about each sample besides its image: label kinds, per-sample metadata, and
+the sample table (``samples.table``) that holds every sample's label, key and metadata in one file.
+
+Label kinds (the manifest's ``labels.kind``; absent means ``class``):
+
+- ``class``: one class per sample, an index into ``classes`` (ImageFolder's labels).
+- ``multi``: a list of classes per sample (multi-label), each an index into ``classes``.
+- ``number``: one number per sample (regression targets, scores), stored as float64.
+
+Per-sample metadata is a JSON object (str keys; str, number, bool, null, lists and objects as
+values; no NaN or infinity), at most :data:`MAX_META_BYTES` as compact UTF-8 JSON. It is never
+pickled. Every format keeps it in the sample table; tar shards and TFRecord files also carry it
+in the sample itself (``KEY.json``, the ``packer/meta`` feature) for other tools.
+
+The table is written by every conversion next to the payload files and listed in the manifest
+(``samples`` 0, like index files), so ``ds.targets``, ``ds.keys`` and metadata never read an
+image. Its byte layout is in docs/FORMATS.md ("The sample table").
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import mmap
+import os
+import struct
+from collections.abc import Iterator, Mapping, Sequence
+from typing import Any
+
+import crc32c
+import numpy as np
+
+from .errors import CorruptDataError
+from .manifest import FileEntry, file_sha256
+
+__all__ = [
+    "LABEL_KINDS", "MAX_META_BYTES", "TABLE_NAME", "Label", "SampleTable", "SampleTableWriter", "encode_meta",
+    "decode_meta", "sample_fields",
+]
+
+LABEL_KINDS = ("class", "multi", "number")
+#: The largest metadata one sample may carry, as compact UTF-8 JSON.
+MAX_META_BYTES = 64 * 1024
+TABLE_NAME = "samples.table"
+TABLE_VERSION = 1
+_MAGIC = b"PKST"
+# magic, version, label kind, zero, N, M (multi-label ids), K (key blob), E (meta blob), CRC of the body
+_HEAD = struct.Struct("<4sHBBQQQQI")
+_HEADER_BYTES = 48  # _HEAD (44 bytes) + CRC32C of those 44 bytes
+_FIXED = np.dtype([("value", "<i8"), ("keylen", "<u4"), ("metalen", "<u4")])  # one spill row per sample
+
+
+class Label(int):
+    """A sample's label as the engine hands it to a writer: the class index (``-1`` for the
+    ``multi`` and ``number`` kinds, which have none), carrying the sample's ``labels`` (multi),
+    ``target`` (number) and ``meta`` (the metadata object, or None)."""
+
+    labels: tuple[int, ...] | None
+    target: float | None
+    meta: dict[str, Any] | None
+
+    def __new__(cls, value: int, *, labels: Sequence[int] | None = None, target: float | None = None,
+                meta: dict[str, Any] | None = None) -> Label:
+        """``value`` the class index (or -1); the other fields as the label kind needs."""
+        obj = super().__new__(cls, value)
+        obj.labels = tuple(int(x) for x in labels) if labels is not None else None
+        obj.target = float(target) if target is not None else None
+        obj.meta = meta or None
+        return obj
+
+    def __reduce__(self) -> tuple[Any, ...]:  # between processes only, never on disk
+        return (_make_label, (int(self), self.labels, self.target, self.meta))
+
+
+def _make_label(value: int, labels: Any, target: Any, meta: Any) -> Label:
+    return Label(value, labels=labels, target=target, meta=meta)
+
+
+def sample_fields(label: int) -> dict[str, Any]:
+    """What a sample carries besides its class index, for formats that store it in the sample
+    itself: ``labels`` (multi), ``target`` (number) and ``meta``, each only when present."""
+    out: dict[str, Any] = {}
+    labels = getattr(label, "labels", None)
+    if labels is not None:
+        out["labels"] = list(labels)
+    target = getattr(label, "target", None)
+    if target is not None:
+        out["target"] = target
+    meta = getattr(label, "meta", None)
+    if meta:
+        out["meta"] = meta
+    return out
+
+
+def encode_meta(meta: Mapping[str, Any] | None, where: str = "metadata") -> bytes:
+    """``meta`` as compact UTF-8 JSON (``b""`` for None or empty), or ValueError naming ``where``
+    and what is wrong: not an object, a non-string key, NaN or infinity, an unsupported type, or
+    more than :data:`MAX_META_BYTES`."""
+    if meta is None or (isinstance(meta, Mapping) and not meta):
+        return b""
+    if not isinstance(meta, Mapping):
+        raise ValueError(f"{where}: must be a JSON object (a dict), not {type(meta).__name__}")
+    _check_json(meta, where)
+    data = json.dumps(meta, ensure_ascii=False, separators=(",", ":"), allow_nan=False).encode("utf-8")
+    if len(data) > MAX_META_BYTES:
+        raise ValueError(f"{where}: {len(data)} bytes of JSON, more than the {MAX_META_BYTES} a sample may carry")
+    return data
+
+
+def _check_json(value: Any, where: str) -> None:
+    if value is None or isinstance(value, (str, bool, int)):
+        return
+    if isinstance(value, float):
+        if not math.isfinite(value):
+            raise ValueError(f"{where}: {value!r} is not a JSON number")
+        return
+    if isinstance(value, Mapping):
+        for k, v in value.items():
+            if not isinstance(k, str):
+                raise ValueError(f"{where}: key {k!r} is not a string")
+            _check_json(v, f"{where}.{k}")
+        return
+    if isinstance(value, (list, tuple)):
+        for i, v in enumerate(value):
+            _check_json(v, f"{where}[{i}]")
+        return
+    raise ValueError(f"{where}: {type(value).__name__} is not JSON (str, number, bool, None, list or dict)")
+
+
+def decode_meta(data: bytes | memoryview, where: str = "metadata") -> dict[str, Any]:
+    """The metadata object stored as ``data`` (``{}`` for empty), or CorruptDataError."""
+    if not len(data):
+        return {}
+    try:
+        value = json.loads(bytes(data).decode("utf-8"))
+    except (UnicodeDecodeError, ValueError) as e:
+        raise CorruptDataError(f"{where}: stored metadata is not JSON ({e})") from None
+    if not isinstance(value, dict):
+        raise CorruptDataError(f"{where}: stored metadata is not a JSON object")
+    return value
+
+
+# -- writing ----------------------------------------------------------------------------------------
+class SampleTableWriter:
+    """Wraps a format writer: every ``add`` also records the sample's label, key and metadata in
+    spill files (so memory stays flat in the number of samples); ``close`` writes
+    ``samples.table`` from them and lists it after the writer's files. Checkpoints and resume
+    cover the spill files, so a resumed conversion writes the same table."""
+
+    _PARTS = ("fixed", "keys", "meta", "multi")
+
+    def __init__(self, writer: Any, label_kind: str = "class") -> None:
+        if label_kind not in LABEL_KINDS:
+            raise ValueError(f"label kind must be one of {LABEL_KINDS}, not {label_kind!r}")
+        self.writer = writer
+        self.kind = label_kind
+        self.resumable = getattr(writer, "resumable", False)
+        self._files: dict[str, Any] = {}
+        self._count = 0
+        # spill lengths after each row since the last checkpoint: a writer's checkpoint may hold
+        # fewer samples than were added (a sharded writer counts finished shards only)
+        self._lengths: dict[int, tuple[int, ...]] = {0: (0, 0, 0, 0)}
+
+    def _spill(self, part: str) -> str:
+        return self.writer.path(f".{TABLE_NAME}.{part}")
+
+    def _open(self, mode: str) -> None:
+        self._files = {p: open(self._spill(p), mode) for p in self._PARTS}  # noqa: SIM115 - closed in close/abort
+
+    def __getattr__(self, name: str) -> Any:  # directory, path, options, checkpoint_due, ...
+        return getattr(self.writer, name)
+
+    def begin(self, info: dict[str, Any]) -> None:
+        """The writer's ``begin``; opens the spill files."""
+        self._open("ab")  # a resumed run cuts them back in resume()
+        self.writer.begin(info)
+
+    def add(self, index: int, key: str, label: int, image: Any) -> None:
+        """Record the sample's table row, then hand it to the writer."""
+        self._row(key, label)
+        self.writer.add(index, key, label, image)
+
+    def _row(self, key: str, label: int) -> None:
+        meta = getattr(label, "meta", None)
+        k = key.encode("utf-8")
+        m = encode_meta(meta, f"sample {key!r}") if meta else b""
+        if self.kind == "class":
+            value = int(label)
+        elif self.kind == "number":
+            target = getattr(label, "target", None)
+            if target is None:
+                raise ValueError(f"sample {key!r} has no number label")
+            value = int(np.array(float(target), "<f8").view("<i8"))
+        else:
+            labels = getattr(label, "labels", None)
+            if labels is None:
+                raise ValueError(f"sample {key!r} has no list of labels")
+            value = len(labels)
+            self._files["multi"].write(np.asarray(labels, "<u4").tobytes())
+        self._files["fixed"].write(np.array([(value, len(k), len(m))], _FIXED).tobytes())
+        self._files["keys"].write(k)
+        self._files["meta"].write(m)
+        self._count += 1
+        self._lengths[self._count] = tuple(self._files[p].tell() for p in self._PARTS)
+
+    def checkpoint(self) -> dict[str, Any]:
+        """The writer's checkpoint, with the spill files made durable and their lengths recorded."""
+        state = dict(self.writer.checkpoint())
+        done = int(state["samples"])
+        for f in self._files.values():
+            f.flush()
+            os.fsync(f.fileno())
+        state["table"] = dict(zip(self._PARTS, self._lengths[done]))
+        self._lengths = {i: v for i, v in self._lengths.items() if i >= done}
+        return state
+
+    def resume(self, state: dict[str, Any]) -> None:
+        """The writer's resume; the spill files cut back to the checkpoint's lengths."""
+        lengths = state.get("table")
+        if not isinstance(lengths, dict):
+            raise CorruptDataError(f"{self.writer.directory}: the journal has no sample-table state; "
+                                   "run without --resume to start over")
+        if not self._files:
+            self._open("ab")
+        for part, f in self._files.items():
+            f.flush()
+            f.truncate(int(lengths[part]))
+            f.seek(0, os.SEEK_END)
+        self._count = int(state["samples"])
+        self._lengths = {self._count: tuple(int(lengths[p]) for p in self._PARTS)}
+        self.writer.resume({k: v for k, v in state.items() if k != "table"})
+
+    def close(self) -> tuple[list[FileEntry], dict[str, Any]]:
+        """Close the writer, then write ``samples.table`` and list it after the writer's files."""
+        files, layout = self.writer.close()
+        for f in self._files.values():
+            f.close()
+        path = self.writer.path(TABLE_NAME)
+        write_table(path, self.kind, *(self._spill(p) for p in self._PARTS))
+        for p in self._PARTS:
+            os.remove(self._spill(p))
+        files = [*files, FileEntry(TABLE_NAME, 0, os.path.getsize(path), file_sha256(path), 0)]
+        return files, layout
+
+    def _drop(self) -> None:
+        for f in self._files.values():
+            f.close()
+
+    def abort(self) -> None:
+        """The writer's abort (the spill files stay for ``--resume``)."""
+        self._drop()
+        self.writer.abort()
+
+    def discard(self) -> None:
+        """The writer's discard."""
+        self._drop()
+        self.writer.discard()
+
+
+def write_table(path: str, kind: str, fixed_path: str, keys_path: str, meta_path: str, multi_path: str) -> None:
+    """Write a sample table at ``path`` (via a temporary name) from the four spill files."""
+    fixed = np.fromfile(fixed_path, _FIXED)
+    n = len(fixed)
+    sections: list[np.ndarray] = []
+    if kind == "multi":
+        counts = fixed["value"].astype("<u8")
+        sections.append(np.cumsum(counts, dtype="<u8"))
+        multi = np.fromfile(multi_path, "<u4")
+        m = len(multi)
+        if int(counts.sum()) != m:
+            raise CorruptDataError(f"{multi_path}: {m} labels, the samples claim {int(counts.sum())}")
+        sections.append(np.concatenate([multi, np.zeros(m % 2, "<u4")]))  # keep 8-byte alignment
+    else:
+        m = 0
+        sections.append(fixed["value"].astype("<i8"))  # float64 bits for the number kind
+    sections.append(np.cumsum(fixed["keylen"], dtype="<u8"))
+    sections.append(np.cumsum(fixed["metalen"], dtype="<u8"))
+    k = int(sections[-2][-1]) if n else 0
+    e = int(sections[-1][-1]) if n else 0
+    if os.path.getsize(keys_path) != k or os.path.getsize(meta_path) != e:
+        raise CorruptDataError(f"{path}: the spill files do not match their row counts")
+    crc = 0
+    for s in sections:
+        crc = crc32c.crc32c(s.tobytes(), crc)
+    for blob in (keys_path, meta_path):
+        with open(blob, "rb") as f:
+            while chunk := f.read(1 << 20):
+                crc = crc32c.crc32c(chunk, crc)
+    head = _HEAD.pack(_MAGIC, TABLE_VERSION, LABEL_KINDS.index(kind), 0, n, m, k, e, crc)
+    tmp = path + ".partial"
+    with open(tmp, "wb") as out:
+        out.write(head + struct.pack("<I", crc32c.crc32c(head)))
+        for s in sections:
+            out.write(s.tobytes())
+        for blob in (keys_path, meta_path):
+            with open(blob, "rb") as f:
+                while chunk := f.read(1 << 20):
+                    out.write(chunk)
+        out.flush()
+        os.fsync(out.fileno())
+    os.replace(tmp, path)
+
+
+def build_table(path: str, kind: str, rows: Iterator[tuple[str, int]]) -> None:
+    """Write a sample table at ``path`` from ``(key, label)`` rows (labels as :class:`Label` for the
+    ``multi`` and ``number`` kinds or with metadata): for tools that assemble datasets from parts."""
+    directory = os.path.dirname(path)
+
+    class _Dir:
+        def path(self, name: str) -> str:
+            return os.path.join(directory, name)
+
+    spill = SampleTableWriter(_Dir(), kind)
+    spill._open("wb")
+    try:
+        for key, label in rows:
+            spill._row(key, label)
+    finally:
+        spill._drop()
+    parts = [spill._spill(p) for p in SampleTableWriter._PARTS]
+    try:
+        write_table(path, kind, *parts)
+    finally:
+        for p in parts:
+            os.remove(p)
+
+
+# -- reading ----------------------------------------------------------------------------------------
+class _Strings(Sequence[str]):
+    """A read-only sequence of strings kept as one UTF-8 blob and their end offsets."""
+
+    def __init__(self, blob: memoryview, ends: np.ndarray) -> None:
+        self._blob, self._ends = blob, ends
+
+    def __len__(self) -> int:
+        return len(self._ends)
+
+    def _bytes(self, i: int) -> memoryview:
+        start = int(self._ends[i - 1]) if i else 0
+        return self._blob[start:int(self._ends[i])]
+
+    def __getitem__(self, i: Any) -> Any:
+        if isinstance(i, slice):
+            return [self[j] for j in range(*i.indices(len(self)))]
+        n = len(self)
+        if not -n <= i < n:
+            raise IndexError(f"index {i} out of range for {n} entries")
+        return bytes(self._bytes(i % n)).decode("utf-8")
+
+    def __iter__(self) -> Iterator[str]:
+        return (self[i] for i in range(len(self)))
+
+
+class SampleTable:
+    """A sample table opened from a descriptor (memory-mapped: DataLoader workers share its pages).
+    Every section is checked against the header's CRC32C once, at open; CorruptDataError names the
+    file and what is wrong."""
+
+    def __init__(self, fd: int, path: str, num_samples: int | None = None) -> None:
+        self.path = path
+        size = os.fstat(fd).st_size
+        if size < _HEADER_BYTES:
+            raise CorruptDataError(f"sample table is {size} bytes, shorter than its header", path=path)
+        self._map = mmap.mmap(fd, size, access=mmap.ACCESS_READ)
+        buf = memoryview(self._map)
+        magic, version, kind, _zero, n, m, k, e, body_crc = _HEAD.unpack_from(buf, 0)
+        (head_crc,) = struct.unpack_from("<I", buf, _HEAD.size)
+        if magic != _MAGIC or crc32c.crc32c(buf[:_HEAD.size]) != head_crc:
+            raise CorruptDataError("sample table header is damaged", path=path, offset=0)
+        if version != TABLE_VERSION or kind >= len(LABEL_KINDS):
+            raise CorruptDataError(f"sample table version {version} / label kind {kind} is not one this packer reads",
+                                   path=path, offset=4)
+        if num_samples is not None and n != num_samples:
+            raise CorruptDataError(f"sample table holds {n} samples, the manifest says {num_samples}", path=path, offset=8)
+        self.kind = LABEL_KINDS[kind]
+        multi = self.kind == "multi"
+        label_bytes = 8 * n + (4 * (m + m % 2) if multi else 0)
+        want = _HEADER_BYTES + label_bytes + 16 * n + k + e
+        if size != want:
+            raise CorruptDataError(f"sample table is {size} bytes, its header implies {want}", path=path)
+        if crc32c.crc32c(buf[_HEADER_BYTES:]) != body_crc:
+            raise CorruptDataError("sample table is damaged (checksum mismatch)", path=path, offset=_HEADER_BYTES)
+        off = _HEADER_BYTES
+        first = np.frombuffer(self._map, "<i8" if not multi else "<u8", n, off)
+        off += 8 * n
+        self._ids = np.frombuffer(self._map, "<u4", m, off) if multi else None
+        off += 4 * (m + m % 2) if multi else 0
+        self._labels = first
+        key_ends = np.frombuffer(self._map, "<u8", n, off)
+        meta_ends = np.frombuffer(self._map, "<u8", n, off + 8 * n)
+        off += 16 * n
+        for ends, total, what in ((key_ends, k, "key"), (meta_ends, e, "metadata")):
+            if n and (int(ends[-1]) != total or bool(np.any(np.diff(ends.astype(np.int64)) < 0))):
+                raise CorruptDataError(f"sample table's {what} offsets are inconsistent", path=path)
+        if multi and n and (int(first[-1]) != m or bool(np.any(np.diff(first.astype(np.int64)) < 0))):
+            raise CorruptDataError("sample table's label offsets are inconsistent", path=path)
+        self.keys = _Strings(buf[off:off + k], key_ends)
+        self._meta = _Strings(buf[off + k:off + k + e], meta_ends)
+        self.num_samples = n
+
+    @property
+    def targets(self) -> np.ndarray | list[list[int]]:
+        """Every sample's label: int64 class indices (``class``), float64 (``number``), or a list
+        of class-index lists (``multi``)."""
+        if self.kind == "class":
+            return np.array(self._labels, np.int64)
+        if self.kind == "number":
+            return self._labels.view("<f8").astype(np.float64)
+        return [self.labels_of(i) for i in range(self.num_samples)]
+
+    def labels_of(self, i: int) -> list[int]:
+        """The class indices of sample ``i`` (``multi``)."""
+        assert self._ids is not None
+        start = int(self._labels[i - 1]) if i else 0
+        return [int(x) for x in self._ids[start:int(self._labels[i])]]
+
+    def target_of(self, i: int) -> int | float | list[int]:
+        """Sample ``i``'s label as its kind has it."""
+        if self.kind == "class":
+            return int(self._labels[i])
+        if self.kind == "number":
+            return float(self._labels[i:i + 1].view("<f8")[0])
+        return self.labels_of(i)
+
+    def meta(self, i: int) -> dict[str, Any]:
+        """Sample ``i``'s metadata (``{}`` when it has none)."""
+        raw = self._meta._bytes(i)
+        return decode_meta(raw, f"{self.path}: sample {i}")
+
+    def close(self) -> None:
+        """Unmap the file (views handed out before stay valid only until then)."""
+        try:
+            self._map.close()
+        except BufferError:  # a view is still alive; the mapping goes when it does
+            pass
+
+
+def table_fields(root: str, num_samples: int) -> Any:
+    """A function of a global sample index giving :func:`sample_fields`'s dict from the sample
+    table in ``root`` (for tools that rebuild a sample's bytes); ``{}`` for every sample when the
+    dataset has no table or the table cannot be read (the caller's own check then reports it)."""
+    try:
+        fd = os.open(os.path.join(root, TABLE_NAME), os.O_RDONLY)
+    except OSError:
+        return lambda i: {}
+    try:
+        table = SampleTable(fd, os.path.join(root, TABLE_NAME), num_samples)
+    except CorruptDataError:
+        return lambda i: {}
+    finally:
+        os.close(fd)
+
+    def fields(i: int) -> dict[str, Any]:
+        out: dict[str, Any] = {}
+        if table.kind == "multi":
+            out["labels"] = table.labels_of(i)
+        elif table.kind == "number":
+            out["target"] = table.target_of(i)
+        meta = table.meta(i)
+        if meta:
+            out["meta"] = meta
+        return out
+
+    return fields

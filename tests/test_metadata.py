@@ -1,0 +1,256 @@
+"""Label kinds, per-sample metadata and the sample table, in every format: what convert_items and
+list files store, what ``fields=``, ``ds.targets`` and ``ds.keys`` give back, and what other tools
+(WebDataset, the tfrecord package) see in the files."""
+
+from __future__ import annotations
+
+import json
+import os
+import struct
+import tarfile
+
+import crc32c
+import numpy as np
+import pytest
+import torch
+
+from packer.converters.base import WriterOptions
+from packer.datasets import open_dataset
+from packer.errors import CorruptDataError, SourceError
+from packer.manifest import read_manifest
+from packer.ops.engine import ConvertOptions
+from packer.ops.items import convert_items
+from packer.ops.listsource import convert_list, read_list
+from packer.registry import format_names
+from packer.samples import MAX_META_BYTES, TABLE_NAME, Label, build_table
+from tests.helpers import make_folder
+
+FORMATS = format_names()
+
+
+@pytest.fixture(scope="module")
+def photos(tmp_path_factory):
+    root = str(tmp_path_factory.mktemp("meta") / "src")
+    make_folder(root, {c: [(f"{i}.png", 20 + i, 26) for i in range(3)] for c in ("cat", "dog")})
+    return root, sorted(os.path.join(r, f) for r, _, fs in os.walk(root) for f in fs)
+
+
+def _opts():
+    return ConvertOptions(workers=1)
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_class_labels_with_metadata_round_trip(fmt, photos, tmp_path):
+    root, paths = photos
+    items = [(p, os.path.basename(os.path.dirname(p)), {"n": i, "caption": f"photo {i}", "tags": ["a", None]}
+              if i % 2 else None) for i, p in enumerate(paths)]
+    dst = str(tmp_path / fmt)
+    convert_items(items, dst, fmt, _opts(), root=root)
+    m = read_manifest(dst)
+    assert m.label_kind == "class" and "labels" not in json.load(open(os.path.join(dst, "manifest.json")))
+    assert m.files[-1].name == TABLE_NAME and m.files[-1].samples == 0
+    ds = open_dataset(dst, fields=("index", "key", "label", "meta", "image"))
+    assert ds.classes == ["cat", "dog"]
+    assert list(ds.targets) == [0, 0, 0, 1, 1, 1] and ds.targets.dtype == np.int64
+    assert list(ds.keys) == [os.path.relpath(p, root) for p in paths]
+    for i in range(len(ds)):
+        index, key, label, meta, image = ds[i]
+        assert index == i and key == ds.keys[i] and label == ds.targets[i]
+        assert meta == ({"n": i, "caption": f"photo {i}", "tags": ["a", None]} if i % 2 else {})
+        assert isinstance(image, torch.Tensor) and image.shape[0] == 3
+    plain = open_dataset(dst)
+    assert plain[4][1] == 1 and len(plain[4]) == 2  # the default stays (image, label)
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_multi_label_and_number_kinds(fmt, photos, tmp_path):
+    root, paths = photos
+    multi = [(p, [["cat"], ["cat", "dog"], []][i % 3], None) for i, p in enumerate(paths)]
+    convert_items(multi, str(tmp_path / "multi"), fmt, _opts(), label_kind="multi")
+    ds = open_dataset(str(tmp_path / "multi"), fields=("label",))
+    assert ds.label_kind == "multi" and read_manifest(str(tmp_path / "multi")).label_kind == "multi"
+    assert ds.targets == [[0], [0, 1], [], [0], [0, 1], []]
+    assert torch.equal(ds[1][0], torch.tensor([1.0, 1.0])) and torch.equal(ds[2][0], torch.zeros(2))
+    numbers = [(p, 0.25 * i - 1, {"score": i}) for i, p in enumerate(paths)]
+    convert_items(numbers, str(tmp_path / "num"), fmt, _opts(), label_kind="number")
+    ds = open_dataset(str(tmp_path / "num"))
+    assert ds.classes == [] and ds.targets.dtype == np.float64
+    assert ds.targets.tolist() == [0.25 * i - 1 for i in range(6)]
+    assert ds[5][1] == 0.25 and ds.meta(5) == {"score": 5}
+
+
+def test_label_kind_checks_every_label(photos, tmp_path):
+    _, paths = photos
+    report = convert_items([(p, ["x", "y"][: i % 2 + 1], None) for i, p in enumerate(paths)],
+                           str(tmp_path / "d"), "lmdb", _opts(), label_kind="multi")
+    assert report.manifest.classes == ["x", "y"]
+    with pytest.raises(ValueError, match="item 0: label 'x' is not a list of classes"):
+        convert_items([(p, "x", None) for p in paths], str(tmp_path / "e"), "lmdb", _opts(), label_kind="multi")
+    with pytest.raises(ValueError, match="item 0: label 'x' is not a finite number"):
+        convert_items([(p, "x", None) for p in paths], str(tmp_path / "f"), "lmdb", _opts(), label_kind="number")
+
+
+@pytest.mark.parametrize("meta, why", [
+    ({1: "a"}, "key 1 is not a string"),
+    ({"x": float("nan")}, "nan is not a JSON number"),
+    ({"x": b"bytes"}, "bytes is not JSON"),
+    ({"x": "y" * MAX_META_BYTES}, "more than the 65536"),
+])
+def test_bad_metadata_is_one_error_naming_the_item(meta, why, photos, tmp_path):
+    _, paths = photos
+    items = [(p, "a", meta if i == 2 else None) for i, p in enumerate(paths)]
+    with pytest.raises(ValueError, match=f"item 2: metadata.*{why}"):
+        convert_items(items, str(tmp_path / "d"), "tar", _opts())
+    assert not os.path.exists(tmp_path / "d")
+
+
+def test_tar_members_for_other_tools(photos, tmp_path):
+    """Single-label shards keep ``KEY.cls`` an ASCII integer (webdataset reads it with int());
+    other label kinds and metadata live in ``KEY.json``."""
+    root, paths = photos
+    convert_items([(p, "cat" if i < 3 else "dog", {"i": i}) for i, p in enumerate(paths)], str(tmp_path / "c"),
+                  "tar", _opts(), root=root)
+    convert_items([(p, ["cat", "dog"][: i % 2 + 1], None) for i, p in enumerate(paths)], str(tmp_path / "m"),
+                  "tar", _opts(), root=root, label_kind="multi")
+    with tarfile.open(str(tmp_path / "c" / "shard-000000.tar")) as tf:
+        names = tf.getnames()
+        assert names[:3] == ["0000000000.jpg", "0000000000.cls", "0000000000.json"]
+        assert tf.extractfile("0000000004.cls").read() == b"1"
+        assert json.loads(tf.extractfile("0000000004.json").read()) == {
+            "key": "dog/1.png", "label": 1, "height": 21, "width": 26, "meta": {"i": 4}}
+    with tarfile.open(str(tmp_path / "m" / "shard-000000.tar")) as tf:
+        assert not any(n.endswith(".cls") for n in tf.getnames())
+        assert json.loads(tf.extractfile("0000000001.json").read())["labels"] == [0, 1]
+    wds = pytest.importorskip("webdataset")
+    got = [(int(s["cls"]), json.loads(s["json"])["meta"]["i"])
+           for s in wds.WebDataset(str(tmp_path / "c" / "shard-000000.tar"), shardshuffle=False, empty_check=False)]
+    assert got == [(0, 0), (0, 1), (0, 2), (1, 3), (1, 4), (1, 5)]
+
+
+def test_tfrecord_features_for_other_tools(photos, tmp_path):
+    root, paths = photos
+    convert_items([(p, ["cat", "dog"][: i % 2 + 1], {"i": i}) for i, p in enumerate(paths)], str(tmp_path / "m"),
+                  "tfrecord", _opts(), root=root, label_kind="multi")
+    convert_items([(p, i / 3, None) for i, p in enumerate(paths)], str(tmp_path / "n"), "tfrecord", _opts(),
+                  label_kind="number")
+    reader = pytest.importorskip("tfrecord.reader")
+    rows = list(reader.tfrecord_loader(str(tmp_path / "m" / "shard-000000.tfrecord"), None))
+    assert [list(r["image/class/label"]) for r in rows[:2]] == [[0], [0, 1]]
+    assert json.loads(bytes(rows[3]["packer/meta"])) == {"i": 3}
+    rows = list(reader.tfrecord_loader(str(tmp_path / "n" / "shard-000000.tfrecord"), None))
+    assert rows[2]["image/target"].tolist() == pytest.approx([2 / 3]) and list(rows[2]["image/class/label"]) == [-1]
+
+
+@pytest.mark.parametrize("fmt", ["lmdb", "tar"])
+def test_interrupted_conversion_resumes_to_the_same_table(fmt, photos, tmp_path, monkeypatch):
+    from packer.registry import writer_class
+
+    _, paths = photos
+    items = [(p, ["cat", "dog"][: i % 2 + 1], {"i": i}) for i, p in enumerate(paths * 3)]
+    ref = str(tmp_path / "ref")
+    writer = WriterOptions(shard_samples=4) if fmt == "tar" else WriterOptions(checkpoint_samples=4)
+    opts = ConvertOptions(workers=1, writer=writer)
+    convert_items(items, ref, fmt, opts, label_kind="multi")
+    cls = writer_class(fmt)
+    orig, count = cls.add, [0]
+
+    def add(self, *a, **kw):
+        count[0] += 1
+        if count[0] > 11:
+            raise KeyboardInterrupt
+        return orig(self, *a, **kw)
+
+    monkeypatch.setattr(cls, "add", add)
+    with pytest.raises(KeyboardInterrupt):
+        convert_items(items, str(tmp_path / "out"), fmt, opts, label_kind="multi")
+    monkeypatch.undo()
+    from dataclasses import replace
+
+    report = convert_items(items, str(tmp_path / "out"), fmt, replace(opts, resume=True), label_kind="multi")
+    assert report.resumed is not None and report.resumed["written"] >= 4
+    with open(os.path.join(ref, TABLE_NAME), "rb") as a, open(tmp_path / "out" / TABLE_NAME, "rb") as b:
+        assert a.read() == b.read()
+
+
+def test_sample_table_bytes(tmp_path):
+    """The table's layout, pinned: header, labels, key and metadata offsets, then the blobs."""
+    path = str(tmp_path / TABLE_NAME)
+    build_table(path, "class", iter([("a.jpg", 1), ("bb.png", Label(0, meta={"x": 1}))]))
+    data = open(path, "rb").read()
+    body = (struct.pack("<2q", 1, 0) + struct.pack("<2Q", 5, 11) + struct.pack("<2Q", 0, 7)
+            + b"a.jpgbb.png" + b'{"x":1}')
+    head = struct.pack("<4sHBBQQQQI", b"PKST", 1, 0, 0, 2, 0, 11, 7, crc32c.crc32c(body))
+    assert data == head + struct.pack("<I", crc32c.crc32c(head)) + body
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_a_damaged_table_is_reported(fmt, photos, tmp_path):
+    _, paths = photos
+    dst = str(tmp_path / fmt)
+    convert_items([(p, "a", {"i": i}) for i, p in enumerate(paths)], dst, fmt, _opts())
+    path = os.path.join(dst, TABLE_NAME)
+    data = bytearray(open(path, "rb").read())
+    data[-3] ^= 0x20
+    open(path, "wb").write(bytes(data))
+    ds = open_dataset(dst, verify=True)
+    with pytest.raises(CorruptDataError, match="samples.table.*checksum mismatch|checksum mismatch.*samples.table"):
+        ds.targets
+    from packer.ops.verify import verify_dataset
+
+    assert not verify_dataset(dst).ok
+
+
+def _write(path, text):
+    with open(path, "w", encoding="utf-8") as f:
+        f.write(text)
+    return path
+
+
+def test_csv_list_with_class_names_and_metadata(photos, tmp_path):
+    root, paths = photos
+    rows = "\n".join(f"{os.path.relpath(p, root)},{'cat' if i < 3 else 'dog'},{'' if i == 0 else f'ph{i}'},{i * 1.5}"
+                     for i, p in enumerate(paths))
+    lst = _write(os.path.join(root, "train.csv"), "path,label,photographer,exposure\n" + rows + "\n")
+    report = convert_list(lst, str(tmp_path / "d"), "lmdb", _opts())
+    ds = open_dataset(str(tmp_path / "d"), fields=("key", "label", "meta"))
+    assert ds.classes == ["cat", "dog"] and report.manifest.source["kind"] == "list"
+    assert ds[0] == ("cat/0.png", 0, {"exposure": "0.0"})  # an empty cell is left out; CSV values are text
+    assert ds[4] == ("dog/1.png", 1, {"photographer": "ph4", "exposure": "6.0"})
+
+
+def test_tsv_multi_label_and_jsonl_number_lists(photos, tmp_path):
+    root, paths = photos
+    lst = _write(str(tmp_path / "l.tsv"), "file\tlabels\n" + "".join(
+        f"{p}\t{'cat|dog' if i % 2 else 'dog'}\n" for i, p in enumerate(paths)))
+    src = read_list(lst, label_kind="multi")
+    assert src.label_kind == "multi" and src.items[1][1] == ["cat", "dog"] and src.path_column == "file"
+    convert_list(lst, str(tmp_path / "t"), "tar", _opts(), label_kind="multi")
+    assert open_dataset(str(tmp_path / "t")).targets[:2] == [[1], [0, 1]]
+    lst = _write(str(tmp_path / "n.jsonl"), "".join(
+        json.dumps({"path": os.path.relpath(p, root), "target": i + 0.5, "box": [1, 2, 3, 4]}) + "\n"
+        for i, p in enumerate(paths)))
+    assert read_list(lst, root=root).label_kind == "number"
+    convert_list(lst, str(tmp_path / "n"), "hdf5", _opts(), root=root)
+    ds = open_dataset(str(tmp_path / "n"), fields=("label", "meta"))
+    assert ds[2] == (2.5, {"box": [1, 2, 3, 4]})
+
+
+@pytest.mark.parametrize("text, name, why", [
+    ("path,label\na.png,\n", "l.csv", r"l.csv:2: the label is empty"),
+    ("name,label\na.png,x\n", "l.csv", r"no path column; name one of path, file"),
+    ('{"path": "a.png", "label": "x"}\nnot json\n', "l.jsonl", r"l.jsonl:2: not JSON"),
+    ("path,label\na.png,x,extra\n", "l.csv", r"l.csv:2: more fields than the header"),
+    ("path,label\n", "l.txt", r"a list must be .csv, .tsv or .jsonl"),
+])
+def test_bad_lists_are_one_line_errors(text, name, why, tmp_path):
+    lst = _write(str(tmp_path / name), text)
+    with pytest.raises(SourceError, match=why):
+        read_list(lst)
+
+
+def test_missing_images_in_a_list_are_skipped_with_the_reason(photos, tmp_path):
+    root, paths = photos
+    lst = _write(str(tmp_path / "l.csv"), "path,label\n" + "".join(f"{p},cat\n" for p in paths) + "gone.png,cat\n")
+    report = convert_list(lst, str(tmp_path / "d"), "tfrecord", _opts())
+    assert report.manifest.num_samples == 6
+    assert [s.path for s in report.skipped] == ["gone.png"] and "No such file" in report.skipped[0].reason
