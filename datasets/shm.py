@@ -323,9 +323,15 @@ def open_segment(path: str) -> int | None:
 
 
 def release_segment(fd: int, path: str) -> bool:
-    """Remove the name ``path`` if the segment open as ``fd`` has no other holder; return whether
-    it did. Call it in the process that opened ``fd`` (its copies in child processes share its
-    hold and do not count), just before closing ``fd``; the memory stays while anything maps it."""
+    """Give up this process's hold on the segment open as ``fd`` and remove the name ``path`` if
+    no other process holds it; return whether it did. Call it in the process that opened ``fd``
+    (its copies in child processes share its hold), just before closing ``fd``; the memory stays
+    while anything maps it.
+
+    The hold is dropped before the test, so of several holders closing at once the last to drop
+    its hold finds none left, whichever order they run in.
+    """
+    _ofd_lock(fd, fcntl.F_UNLCK, _HOLDER_BYTE, wait=False)
     if not _ofd_lock(fd, fcntl.F_WRLCK, _HOLDER_BYTE, wait=False):
         return False
     try:
@@ -333,8 +339,8 @@ def release_segment(fd: int, path: str) -> bool:
             os.unlink(path)
             return True
         return False
-    finally:  # back to a plain hold: a process that opened the name meanwhile must not wait
-        _ofd_lock(fd, fcntl.F_RDLCK, _HOLDER_BYTE, wait=False)
+    finally:
+        _ofd_lock(fd, fcntl.F_UNLCK, _HOLDER_BYTE, wait=False)
 
 
 def remove_stale_segments(directory: str, prefix: str) -> list[str]:
