@@ -62,7 +62,8 @@ def leftovers(tmp_path):
 def check_same_as_one_process(folder, tmp_path, fmt, *extra):
     ref = pack(folder, str(tmp_path / "ref"), fmt, encode="png" if "png" in extra else "jpeg:90", seed=3,
                writer={"gzip": True} if "--gzip" in extra else None)
-    out = torchrun(2, fmt, folder, str(tmp_path / "dst"), "--seed", "3", "--workers", "2", "-q", *extra)
+    encode = () if "--encode" in extra else ("--encode", "jpeg:90")  # as the reference (--resize none keeps bytes)
+    out = torchrun(2, fmt, folder, str(tmp_path / "dst"), "--seed", "3", "--workers", "2", "-q", *encode, *extra)
     assert out.returncode == 0, out.stdout + out.stderr
     assert out.stdout.splitlines()[0].startswith("packer: torchrun detected: rank ")
     assert "skipped dog/z-bad.jpg" in out.stderr
@@ -197,3 +198,27 @@ def test_torchrun_rank_killed_fails_the_job(tmp_path):
     _, err = proc.communicate(timeout=120)
     assert killed and proc.returncode != 0, err
     assert not os.path.exists(dst)
+
+
+def test_torchrun_two_nodes_match_one_process(folder, tmp_path):
+    """--nnodes=2 with a localhost rendezvous: two torchrun launches (node ranks 0 and 1, one rank
+    each) convert to the same DST; the result holds the one-process samples and manifest facts."""
+    ref = pack(folder, str(tmp_path / "ref"), "tar", seed=3)
+    port = str(free_port())
+    cmd, env = torchrun_command(1, "tar", folder, str(tmp_path / "dst"), "--seed", "3", "--workers", "1", "-q",
+                                "--encode", "jpeg:90", "--shard-samples", "4")
+    at = cmd.index("--nproc_per_node=1") + 1
+    launches = [subprocess.Popen(cmd[:at] + ["--nnodes=2", f"--node_rank={node}", "--master_addr=127.0.0.1",
+                                             f"--master_port={port}"] + cmd[at + 1:],
+                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT, env=env)
+                for node in (0, 1)]
+    outs = [p.communicate(timeout=240) for p in launches]
+    assert [p.returncode for p in launches] == [0, 0], outs
+    firsts = sorted(out.splitlines()[0] for out, _ in outs)
+    assert firsts[0].startswith("packer: torchrun detected: rank 0 of 2") and "rank 1 of 2" in firsts[1]
+    assert samples(tmp_path / "dst") == samples(tmp_path / "ref")
+    got, want = read_manifest(str(tmp_path / "dst")).to_json(), ref.manifest.to_json()
+    for k in ("files", "layout"):
+        got.pop(k), want.pop(k)
+    assert got == want
+    assert leftovers(tmp_path) == []
