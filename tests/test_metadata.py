@@ -194,7 +194,7 @@ def test_a_damaged_table_is_reported(fmt, photos, tmp_path):
     open(path, "wb").write(bytes(data))
     ds = open_dataset(dst, verify=True)
     with pytest.raises(CorruptDataError, match="samples.table.*checksum mismatch|checksum mismatch.*samples.table"):
-        ds.targets
+        _ = ds.targets
     from packer.ops.verify import verify_dataset
 
     assert not verify_dataset(dst).ok

@@ -50,6 +50,7 @@ from ..journal import JOURNAL_NAME, Journal, digest, read_journal, remove_journa
 from ..manifest import MANIFEST_NAME, Manifest, Skipped, file_sha256, read_manifest, write_manifest
 from ..progress import LOG_INTERVAL, Progress
 from ..registry import formats_taking, get_format, writer_class
+from ..samples import SampleTableWriter
 from ..scan import Sample, scan_imagefolder
 from .pool import ordered_map
 
@@ -300,7 +301,8 @@ class _Run:
 
     def open_writer(self) -> None:
         """Start the writer with the dataset facts; on resume, bring it back to the checkpoint."""
-        self.writer = self.writer_class(self.tmp, self.options.writer)
+        # Every format also gets the sample table (labels, keys, metadata: packer.samples).
+        self.writer = SampleTableWriter(self.writer_class(self.tmp, self.options.writer), self.template.label_kind)
         info = self.template.to_json()
         for k in ("num_samples", "files", "layout", "skipped", "ignored"):
             del info[k]
