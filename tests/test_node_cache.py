@@ -48,6 +48,20 @@ def holder_script(identity: str, key: str, then: str) -> str:
     )
 
 
+def killed_holder(identity: str, key: str) -> str:
+    """Start a process that creates a node cache and holds it, SIGKILL it; the cache's name."""
+    child = subprocess.Popen([sys.executable, "-c", holder_script(identity, key, "time.sleep(60)")],
+                             stdout=subprocess.PIPE, text=True)
+    try:
+        name = child.stdout.readline().split()[0]
+    finally:
+        child.send_signal(signal.SIGKILL)
+        child.wait(timeout=10)
+        child.stdout.close()
+    assert child.returncode == -signal.SIGKILL
+    return name
+
+
 def test_processes_of_a_node_share_one_segment(identity: str) -> None:
     first = SharedCache(8, 4 * MiB, identity=identity, node_key="job-1")
     second = SharedCache(8, 1 * MiB, identity=identity, node_key="job-1")
@@ -109,15 +123,7 @@ def test_without_a_job_key_nothing_is_shared(identity: str, monkeypatch: pytest.
 
 def test_a_sigkilled_jobs_segment_is_replaced_by_the_next_job(identity: str) -> None:
     """The crash MosaicML Streaming users meet: the next job neither fails nor reads garbage."""
-    child = subprocess.Popen([sys.executable, "-c", holder_script(identity, "job", "time.sleep(60)")],
-                             stdout=subprocess.PIPE, text=True)
-    try:
-        name = child.stdout.readline().split()[0]
-    finally:
-        child.send_signal(signal.SIGKILL)
-        child.wait(timeout=10)
-        child.stdout.close()
-    assert child.returncode == -signal.SIGKILL
+    name = killed_holder(identity, "job")
     assert os.path.exists(name), "a killed holder cannot remove the name ..."
     stale = os.stat(name).st_ino
     cache = SharedCache(8, MiB, identity=identity, node_key="job")  # ... the next job does
@@ -129,14 +135,7 @@ def test_a_sigkilled_jobs_segment_is_replaced_by_the_next_job(identity: str) -> 
 
 
 def test_a_crashed_jobs_segment_of_another_key_is_removed_too(identity: str) -> None:
-    child = subprocess.Popen([sys.executable, "-c", holder_script(identity, "old-job", "time.sleep(60)")],
-                             stdout=subprocess.PIPE, text=True)
-    try:
-        name = child.stdout.readline().split()[0]
-    finally:
-        child.send_signal(signal.SIGKILL)
-        child.wait(timeout=10)
-        child.stdout.close()
+    name = killed_holder(identity, "old-job")
     assert os.path.exists(name)
     SharedCache(2, 4096).close()  # any new cache sweeps segments that nobody holds
     assert not os.path.exists(name)
