@@ -384,12 +384,13 @@ def test_a_plain_rerun_says_it_drops_the_partial_output(src, refs, tmp_path, mon
     assert rc == 0 and "starting over" not in capsys.readouterr().err  # nothing to drop: nothing said
 
 
-def test_resume_of_a_complete_destination_says_so_and_exits_0(src, refs, tmp_path, capsys):
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_resume_of_a_complete_destination_says_so_and_exits_0(fmt, src, refs, tmp_path, capsys):
     dst = tmp_path / "out"
-    shutil.copytree(refs["lmdb"], dst)
+    shutil.copytree(refs[fmt], dst)
     before = {n: (dst / n).read_bytes() for n in os.listdir(dst)}
-    argv = ["convert", "imagefolder", "lmdb", src, str(dst), "--workers", "1", "--encode", "png",
-            "--checkpoint-samples", "5", "--resume"]
+    option = "--shard-samples" if fmt in ("tar", "tfrecord") else "--checkpoint-samples"
+    argv = ["convert", "imagefolder", fmt, src, str(dst), "--workers", "1", "--encode", "png", option, "5", "--resume"]
     assert main(argv) == 0
     out = capsys.readouterr().out
     assert out == f"{dst} is already complete (27 images, same source and options); nothing to do\n"
@@ -397,8 +398,10 @@ def test_resume_of_a_complete_destination_says_so_and_exits_0(src, refs, tmp_pat
     assert main(argv[:-1] + ["--seed", "3", "--resume"]) == 1  # other options: not this conversion's output
     assert f"destination exists: {dst}, and it is not what this conversion makes (other shuffle seed)" in \
         capsys.readouterr().err
-    assert main(argv[:-3] + ["--checkpoint-samples", "7", "--resume"]) == 1
-    assert "(other checkpoint_samples)" in capsys.readouterr().err
+    assert main(argv[:-3] + [option, "7", "--resume"]) == 1
+    assert f"(other {option[2:].replace('-', '_')})" in capsys.readouterr().err
+    assert main(argv[:-1] + ["--encode", "jpeg:80", "--resume"]) == 1
+    assert "(other processing)" in capsys.readouterr().err
     changed = tmp_path / "src2"
     shutil.copytree(src, changed)
     argv2 = [str(changed) if a == src else a for a in argv]
