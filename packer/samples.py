@@ -35,7 +35,7 @@ from .manifest import FileEntry, file_sha256
 
 __all__ = [
     "LABEL_KINDS", "MAX_META_BYTES", "TABLE_NAME", "Label", "SampleTable", "SampleTableWriter", "encode_meta",
-    "decode_meta", "sample_fields",
+    "decode_meta", "sample_fields", "carried_label", "build_table",
 ]
 
 LABEL_KINDS = ("class", "multi", "number")
@@ -74,6 +74,23 @@ class Label(int):
 
 def _make_label(value: int, labels: Any, target: Any, meta: Any) -> Label:
     return Label(value, labels=labels, target=target, meta=meta)
+
+
+def carried_label(ds: Any, index: int, label: int, remap: Sequence[int] | None = None) -> int:
+    """Sample ``index`` of the packed dataset ``ds`` (a reader) as a label for a writer: its
+    class index (renumbered through ``remap`` when given), with its multi-label classes, number
+    and metadata from ``ds``'s sample table, so conversions and merges carry them."""
+    table = ds.sample_table() if hasattr(ds, "sample_table") else None
+    if table is None:
+        return remap[label] if remap is not None and label >= 0 else label
+    kind, meta = table.kind, table.meta(index) or None
+    if kind == "number":
+        return Label(-1, target=float(table.target_of(index)), meta=meta)
+    if kind == "multi":
+        ids = table.labels_of(index)
+        return Label(-1, labels=[remap[x] for x in ids] if remap is not None else ids, meta=meta)
+    value = remap[label] if remap is not None and label >= 0 else label
+    return Label(value, meta=meta) if meta else value
 
 
 def sample_fields(label: int) -> dict[str, Any]:

@@ -254,3 +254,31 @@ def test_missing_images_in_a_list_are_skipped_with_the_reason(photos, tmp_path):
     report = convert_list(lst, str(tmp_path / "d"), "tfrecord", _opts())
     assert report.manifest.num_samples == 6
     assert [s.path for s in report.skipped] == ["gone.png"] and "No such file" in report.skipped[0].reason
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_merge_and_format_conversion_carry_labels_and_metadata(fmt, photos, tmp_path):
+    from packer.ops.merge import merge
+    from packer.ops.transcode import convert_dataset
+
+    root, paths = photos
+    a = [(p, ["dog"] if i % 2 else ["cat", "dog"], {"part": "a", "i": i}) for i, p in enumerate(paths[:3])]
+    b = [(p, ["bird"], {"part": "b", "i": i}) for i, p in enumerate(paths[3:])]
+    convert_items(a, str(tmp_path / "a"), fmt, _opts(), root=root, label_kind="multi")
+    convert_items(b, str(tmp_path / "b"), fmt, _opts(), root=root, label_kind="multi")
+    report = merge([str(tmp_path / "a"), str(tmp_path / "b")], str(tmp_path / "m"))
+    ds = open_dataset(str(tmp_path / "m"), fields=("key", "meta"))
+    assert ds.label_kind == "multi" and ds.classes == ["cat", "dog", "bird"] and report.labels[1] == [2]
+    assert ds.targets == [[0, 1], [1], [0, 1], [2], [2], [2]]
+    assert [ds[i] for i in (1, 4)] == [("cat/1.png", {"part": "a", "i": 1}), ("dog/1.png", {"part": "b", "i": 1})]
+    assert [f.name for f in read_manifest(str(tmp_path / "m")).files].count(TABLE_NAME) == 1
+    other = "tar" if fmt != "tar" else "lmdb"
+    convert_dataset(str(tmp_path / "m"), str(tmp_path / "c"), fmt, other)
+    back = open_dataset(str(tmp_path / "c"), fields=("key", "meta"))
+    assert back.label_kind == "multi" and back.targets == ds.targets and [back[i] for i in range(6)] == [
+        ds[i] for i in range(6)]
+    convert_items([(p, 1.5, None) for p in paths[:2]], str(tmp_path / "n"), fmt, _opts(), label_kind="number")
+    with pytest.raises(SourceError, match="has number labels but part .* has multi labels"):
+        merge([str(tmp_path / "a"), str(tmp_path / "n")], str(tmp_path / "x"))
+    with pytest.raises(SourceError, match="multi labels, which class folders cannot hold"):
+        convert_dataset(str(tmp_path / "m"), str(tmp_path / "f"), fmt, "imagefolder")

@@ -31,8 +31,9 @@ from ..filesystem import (
 )
 from ..layouts.tar import INDEX_SUFFIX as TAR_INDEX_SUFFIX
 from ..layouts.tar import pack_index, unpack_index
-from ..manifest import FileEntry, Manifest, read_manifest, write_manifest
+from ..manifest import FileEntry, Manifest, file_sha256, read_manifest, write_manifest
 from ..registry import writer_class
+from ..samples import TABLE_NAME, build_table, carried_label
 from .engine import ConvertOptions, Item, write_packed
 from .transcode import COPY, _open_source, _reprocess_one
 
@@ -99,6 +100,9 @@ def _read_parts(parts: Sequence[str]) -> list[Manifest]:
         if m.version != 2:
             raise SourceError(f"part {p} is on-disk version {m.version}; merge needs version 2 parts (file ids): "
                               f"convert it with this packer first")
+        if m.label_kind != m0.label_kind:
+            raise SourceError(f"part {p} has {m.label_kind} labels but part {first} has {m0.label_kind} labels; "
+                              f"merge parts of one label kind")
         _same_facts(p, m.processing, first, m0.processing, "processing")
         _same_facts(p, _fixed_layout(m), first, _fixed_layout(m0), "layout")
     return manifests
@@ -128,7 +132,7 @@ def _template(manifests: Sequence[Manifest], classes: list[str]) -> Manifest:
     return Manifest(format=manifests[0].format, num_samples=0, classes=classes, processing=dict(manifests[0].processing),
                     files=[], shuffle_seed=seeds.pop() if len(seeds) == 1 else None,
                     skipped=[s for m in manifests for s in m.skipped], ignored=ignored, source=source,
-                    created_by=f"packer {__version__}")
+                    created_by=f"packer {__version__}", label_kind=manifests[0].label_kind)
 
 
 def _stored(ds: Any, part: str, start: int, stop: int, labels: list[int]) -> Iterator[Item]:
@@ -138,7 +142,7 @@ def _stored(ds: Any, part: str, start: int, stop: int, labels: list[int]) -> Ite
         key, label, image, reason = _reprocess_one(ds, i, COPY, copy=True)
         if image is None:
             raise ImageError(f"part {part}: sample {i} ({key}): {reason}")
-        yield key, labels[label], image, None
+        yield key, carried_label(ds, i, label, labels), image, None
 
 
 def merge(
@@ -226,6 +230,7 @@ def _merge_shards(paths: Sequence[str], manifests: Sequence[Manifest], dst: str,
             finally:
                 if ds is not None:
                     ds.close()
+        files.append(_merged_table(paths, manifests, tmp, template.label_kind, report.labels))
         fsync_dir(tmp)
         manifest = replace(template, num_samples=first, files=files, layout=_merged_layout(manifests))
         write_manifest(tmp, manifest)
@@ -239,10 +244,32 @@ def _merge_shards(paths: Sequence[str], manifests: Sequence[Manifest], dst: str,
         raise
 
 
+def _merged_table(paths: Sequence[str], manifests: Sequence[Manifest], tmp: str, kind: str,
+                  labels: list[list[int]]) -> FileEntry:
+    """The merged dataset's sample table: every part's rows in order, class indices renumbered."""
+    def rows() -> Iterator[tuple[str, int]]:
+        for p, m, lab in zip(paths, manifests, labels):
+            ds = _open_source(p, m.format)
+            try:
+                keys, targets = ds.keys, ds.targets
+                for i in range(len(ds)):
+                    label = int(targets[i]) if kind == "class" else -1
+                    yield keys[i], carried_label(ds, i, label, lab)
+            finally:
+                ds.close()
+
+    path = os.path.join(tmp, TABLE_NAME)
+    build_table(path, kind, rows())
+    return FileEntry(TABLE_NAME, 0, os.path.getsize(path), file_sha256(path), 0)
+
+
 def _shard_groups(part: str, m: Manifest) -> Iterator[tuple[FileEntry, list[FileEntry]]]:
-    """Each data file of a sharded part with the index files listed after it."""
+    """Each data file of a sharded part with the index files listed after it (the sample table,
+    which belongs to no shard, is merged on its own)."""
     group: tuple[FileEntry, list[FileEntry]] | None = None
     for f in m.files:
+        if f.name == TABLE_NAME:
+            continue
         if f.samples:
             if group is not None:
                 yield group

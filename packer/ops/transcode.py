@@ -37,6 +37,7 @@ from ..journal import digest
 from ..manifest import MANIFEST_NAME, Manifest, Skipped, read_manifest
 from ..record import Record
 from ..registry import get_format, writer_class
+from ..samples import carried_label
 from ..scan import IMG_EXTENSIONS
 from .engine import (
     ConvertOptions,
@@ -190,9 +191,11 @@ def _items(ds: Any, src: str, src_format: str, options: ConvertOptions, copy: bo
     else:
         fn = functools.partial(_reprocess_chunk, src=src, src_format=src_format, opts=options.processing)
         results = ordered_map(fn, list(range(start, n)), options.workers, lambda i: f"sample {start + i} of {src}")
-    for key, label, image, reason in results:
+    for index, (key, label, image, reason) in enumerate(results, start):
         if image is None and options.strict:
             raise ImageError(f"{src}: {key}: {reason}")
+        if image is not None:  # with its multi-label classes, number and metadata
+            label = carried_label(ds, index, label)
         yield key, label, image, reason
 
 
@@ -413,7 +416,7 @@ def _convert_dataset_claimed(
             template = Manifest(
                 format=dst_format, num_samples=0, classes=classes, processing=processing, files=[],
                 shuffle_seed=sm.shuffle_seed, skipped=list(sm.skipped), ignored=dict(sm.ignored), source=source,
-                created_by=f"packer {__version__}",
+                created_by=f"packer {__version__}", label_kind=sm.label_kind,
             )
             fingerprint = {"source": _source_fingerprint(src, sm),
                            "options": options_fingerprint(dst_format, template, options)}
@@ -424,6 +427,9 @@ def _convert_dataset_claimed(
             new_skips = manifest.skipped[: len(manifest.skipped) - len(sm.skipped)]
             return TranscodeReport(dst, manifest, time.perf_counter() - t0, list(new_skips), copied=copy,
                                    resumed=resumed, notes=notes)
+        if sm.label_kind != "class":
+            raise SourceError(f"{src} has {sm.label_kind} labels, which class folders cannot hold; convert it to "
+                              f"another packed format instead")
         items = _items(ds, src, src_format, options, copy)
         tmp = temp_dir_for(dst)
         if os.path.lexists(tmp):
