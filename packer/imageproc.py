@@ -31,6 +31,8 @@ __all__ = [
     "parse_resize",
     "parse_encoding",
     "target_size",
+    "reduction_factor",
+    "REDUCED_DECODE_MARGIN",
     "process_image",
     "decode_payload",
     "check_encoded",
@@ -81,8 +83,9 @@ class ProcessOptions:
     encoding: Encoding = Encoding()
     upscale: bool = False
     max_pixels: int = DEFAULT_MAX_PIXELS
-    #: Let libjpeg decode at 1/2, 1/4 or 1/8 scale when the target is at most that size.
-    #: Several times faster for large JPEGs; the result is then resized with INTER_AREA as usual.
+    #: Let libjpeg decode at 1/2, 1/4 or 1/8 scale while the result stays at least
+    #: :data:`REDUCED_DECODE_MARGIN` times the target. 2-6x faster for camera-size JPEGs; the
+    #: result is then resized with INTER_AREA as usual.
     reduced_decode: bool = True
     #: Keep JPEGs that libjpeg decodes with a warning (damaged data it papers over with grey or
     #: repeated blocks). Off by default: such files are skipped with the warning as the reason.
@@ -96,6 +99,7 @@ class ProcessOptions:
             "upscale": self.upscale,
             "max_pixels": self.max_pixels,
             "reduced_decode": self.reduced_decode,
+            **({"reduced_decode_margin": REDUCED_DECODE_MARGIN} if self.reduced_decode else {}),
             "color": "RGB",
             "interpolation": "INTER_AREA when shrinking, INTER_CUBIC when enlarging",
             **({"keep_damaged_jpeg": True} if self.keep_damaged_jpeg else {}),
@@ -164,19 +168,35 @@ def target_size(width: int, height: int, resize: Resize, upscale: bool = False) 
     return (new_short, new_long) if width <= height else (new_long, new_short)
 
 
-_REDUCED = ((8, cv2.IMREAD_REDUCED_COLOR_8), (4, cv2.IMREAD_REDUCED_COLOR_4), (2, cv2.IMREAD_REDUCED_COLOR_2))
+_REDUCED = {8: cv2.IMREAD_REDUCED_COLOR_8, 4: cv2.IMREAD_REDUCED_COLOR_4, 2: cv2.IMREAD_REDUCED_COLOR_2}
+
+#: Reduced-size decoding keeps the decoded image at least this many times the target on both
+#: sides, as Pillow's ``thumbnail`` does with its default ``reducing_gap``. Measured on
+#: camera-size JPEGs (docs/benchmarks.md, section 10): decoding just above the target (a margin
+#: of 1) differs from a full decode by 28-36 dB PSNR on the worst images, as much as storing
+#: the result as JPEG q90 loses, for 10-25% more speed than a margin of 2 (36-45 dB). Recorded
+#: in the manifest's ``processing`` as ``reduced_decode_margin``.
+REDUCED_DECODE_MARGIN = 2
+
+
+def reduction_factor(width: int, height: int, target_width: int, target_height: int,
+                     margin: float = REDUCED_DECODE_MARGIN) -> int:
+    """The largest of 8, 4, 2 by which a ``width`` x ``height`` JPEG can be decoded (libjpeg's
+    reduced-size IDCT) while staying at least ``margin`` times the target on both sides; 1 if
+    none can."""
+    for factor in _REDUCED:
+        if width // factor >= margin * target_width and height // factor >= margin * target_height:
+            return factor
+    return 1
 
 
 def _decode_flag(info: ImageInfo, opts: ProcessOptions) -> int:
-    """Pick full or DCT-reduced decoding: reduced only when every side stays >= the target."""
+    """Pick full or DCT-reduced decoding (:func:`reduction_factor`)."""
     if not opts.reduced_decode or info.format != "jpeg" or opts.resize.mode == "none":
         return cv2.IMREAD_COLOR_BGR
     w, h = (info.height, info.width) if info.orientation >= 5 else (info.width, info.height)
     tw, th = target_size(w, h, opts.resize, opts.upscale)
-    for factor, flag in _REDUCED:
-        if w // factor >= tw and h // factor >= th:
-            return flag
-    return cv2.IMREAD_COLOR_BGR
+    return _REDUCED.get(reduction_factor(w, h, tw, th), cv2.IMREAD_COLOR_BGR)
 
 
 def _keepable(info: ImageInfo, data: bytes, tw: int, th: int) -> bool:

@@ -11,11 +11,13 @@ import pytest
 from packer.errors import ImageError
 from packer.imageheader import sniff
 from packer.imageproc import (
+    REDUCED_DECODE_MARGIN,
     ProcessOptions,
     decode_payload,
     parse_encoding,
     parse_resize,
     process_image,
+    reduction_factor,
     target_size,
 )
 from tests.helpers import draw, psnr
@@ -137,7 +139,38 @@ def test_reduced_jpeg_decode_is_close_to_full_decode():
     fast = decoded(process_image(data, opts("shorter:64", encode="raw")))
     exact = decoded(process_image(data, opts("shorter:64", encode="raw", reduced_decode=False)))
     assert fast.shape == exact.shape == (64, 85, 3)
-    assert psnr(fast, exact) > 30
+    assert psnr(fast, exact) > 40
+
+
+def test_reduced_decode_keeps_twice_the_target():
+    """600 px to 64: 1/8 (75 px) would cover the target, but the decode stops at 1/4 (150 px,
+    at least 2x), then INTER_AREA as usual; the manifest records the rule."""
+    assert REDUCED_DECODE_MARGIN == 2
+    big = cv2.resize(BGR, (800, 600), interpolation=cv2.INTER_CUBIC)
+    data = enc(big, ".jpg", [cv2.IMWRITE_JPEG_QUALITY, 95])
+    got = decoded(process_image(data, opts("shorter:64", encode="raw")))
+    quarter = cv2.imdecode(np.frombuffer(data, np.uint8), cv2.IMREAD_REDUCED_COLOR_4)
+    assert quarter.shape == (150, 200, 3)
+    want = cv2.cvtColor(cv2.resize(quarter, (85, 64), interpolation=cv2.INTER_AREA), cv2.COLOR_BGR2RGB)
+    np.testing.assert_array_equal(got, want)
+    eighth = cv2.imdecode(np.frombuffer(data, np.uint8), cv2.IMREAD_REDUCED_COLOR_8)
+    assert not np.array_equal(got, cv2.cvtColor(cv2.resize(eighth, (85, 64), interpolation=cv2.INTER_AREA),
+                                                 cv2.COLOR_BGR2RGB))
+    assert opts("shorter:64").to_json()["reduced_decode_margin"] == 2
+    assert "reduced_decode_margin" not in opts("shorter:64", reduced_decode=False).to_json()
+
+
+@pytest.mark.parametrize("size,target,margin,factor", [
+    ((4000, 3000), (341, 256), 2, 4),   # 1/8 = 375 px is under 2 x 256
+    ((4000, 3000), (341, 256), 1, 8),
+    ((4000, 3000), (213, 160), 2, 8),   # 1/8 = 375 px >= 320
+    ((3000, 2000), (384, 256), 2, 2),   # 1/4 = 500 px is under 512
+    ((1000, 872), (293, 256), 2, 1),
+    ((1000, 872), (293, 256), 1, 2),
+    ((500, 4000), (256, 2048), 2, 1),   # both sides count
+])
+def test_reduction_factor(size, target, margin, factor):
+    assert reduction_factor(*size, *target, margin) == factor
 
 
 @pytest.mark.parametrize("encoding,codec", [("jpeg:80", "jpeg"), ("webp:80", "webp"), ("png", "png"), ("raw", "raw")])
