@@ -1,0 +1,141 @@
+"""Conversion across processes: 2 torchrun ranks x 1 worker against 1 process x 2 workers on the
+same image folder, the cost of ``merge`` per GB of stored bytes, and the scaling model of
+docs/distributed.md filled in with both.
+
+    python -m tools.bench_distributed --root /tmp/packer-dist
+
+Runs alternate (one process, torchrun, one process, ...) so drift on a shared machine hits both
+alike; the table (docs/benchmarks.md, section 9) gives medians and the ratio of rates.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import socket
+import statistics
+import subprocess
+import sys
+import time
+
+import cv2
+import numpy as np
+
+from tools.sample_images import make_folder
+
+ENV_DROP = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")
+PROCESSING = ["--resize", "shorter:128", "--encode", "jpeg:90"]
+
+
+def _port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def source(root: str, images: int) -> str:
+    """An image folder of ``images`` smooth 240 x 320 JPEGs in 10 classes (kept between runs)."""
+    src = os.path.join(root, f"src-{images}")
+    if not os.path.isdir(src):
+        per = images // 10
+        make_folder(src + ".tmp", {f"c{c}": [(f"{c}-{i}.jpg", 240, 320) for i in range(per)] for c in range(10)})
+        os.rename(src + ".tmp", src)
+    return src
+
+
+def timed(cmd: list[str]) -> float:
+    env = {k: v for k, v in os.environ.items() if k not in ENV_DROP}
+    t0 = time.perf_counter()
+    out = subprocess.run(cmd, capture_output=True, text=True, env=env)
+    seconds = time.perf_counter() - t0
+    if out.returncode:
+        raise SystemExit(f"{' '.join(cmd)} failed:\n{out.stderr[-2000:]}")
+    return seconds
+
+
+def conversions(src: str, root: str, fmt: str, repeats: int) -> dict[str, list[float]]:
+    """Seconds of each run: one process with 2 workers, 2 torchrun ranks with 1 worker each."""
+    dst = os.path.join(root, f"out.{fmt}")
+    convert = ["-m", "packer", "convert", "imagefolder", fmt, src, dst, "--overwrite", "-q", *PROCESSING]
+    runs: dict[str, list[float]] = {"1 process x 2 workers": [], "2 ranks x 1 worker": []}
+    for _ in range(repeats):
+        runs["1 process x 2 workers"].append(timed([sys.executable, *convert, "--workers", "2", "--no-torchrun"]))
+        runs["2 ranks x 1 worker"].append(timed([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2",
+                                                 f"--master_port={_port()}", *convert, "--workers", "1"]))
+    shutil.rmtree(dst, ignore_errors=True)
+    return runs
+
+
+def merge_cost(root: str, fmt: str, parts: int, per_part: int) -> tuple[float, float]:
+    """(stored GB, seconds) of merging ``parts`` parts of ``per_part`` 256 x 256 JPEGs (~70 kB)."""
+    from packer.imageproc import Encoding, ProcessOptions
+    from packer.ops.engine import ConvertOptions
+    from packer.ops.items import convert_items
+    from packer.ops.merge import merge
+
+    rng = np.random.default_rng(0)
+    data = []
+    for _ in range(8):
+        ok, buf = cv2.imencode(".jpg", rng.integers(0, 256, (256, 256, 3), dtype=np.uint8),
+                               [cv2.IMWRITE_JPEG_QUALITY, 90])
+        data.append(buf.tobytes())
+    opts = ConvertOptions(processing=ProcessOptions(encoding=Encoding("keep", 0)), overwrite=True)
+    paths = []
+    for p in range(parts):
+        path = os.path.join(root, f"part-{fmt}-{p}")
+        items = [(data[(p + i) % len(data)], f"c{i % 10}", None) for i in range(per_part)]
+        paths.append(convert_items(items, path, fmt, opts, [f"c{c}" for c in range(10)]).output)
+    dst = os.path.join(root, f"merged-{fmt}")
+    shutil.rmtree(dst, ignore_errors=True)
+    report = merge(paths, dst)
+    gb = sum(f.bytes for f in report.manifest.files) / 1e9
+    for path in [*paths, dst]:
+        shutil.rmtree(path)
+    return gb, report.seconds
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Measure and print the section 9 tables."""
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--root", default="/tmp/packer-dist")
+    p.add_argument("--images", type=int, default=3000)
+    p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--format", default="tar", choices=["lmdb", "hdf5", "tar", "tfrecord"])
+    p.add_argument("--merge-formats", nargs="+", default=["tar", "lmdb"])
+    p.add_argument("--merge-samples", type=int, default=3000, help="samples per part (2 parts)")
+    args = p.parse_args(argv)
+    os.makedirs(args.root, exist_ok=True)
+    src = source(args.root, args.images)
+    runs = conversions(src, args.root, args.format, args.repeats)
+    rates = {k: args.images / statistics.median(v) for k, v in runs.items()}
+    one, two = rates["1 process x 2 workers"], rates["2 ranks x 1 worker"]
+    print(f"### {args.format}, {args.images} images 240 x 320 -> {' '.join(PROCESSING)}, median of {args.repeats}\n")
+    print("| configuration | seconds (each run) | images/s |\n|---|---|---|")
+    for k, v in runs.items():
+        print(f"| {k} | {', '.join(f'{s:.2f}' for s in v)} | {rates[k]:.0f} |")
+    print(f"\n2 ranks x 1 worker / 1 process x 2 workers: **{two / one:.2f}x**\n")
+    merges = {}
+    print("| merge of 2 parts | stored GB | seconds | seconds per GB |\n|---|---|---|---|")
+    for fmt in args.merge_formats:
+        gb, seconds = merge_cost(args.root, fmt, 2, args.merge_samples)
+        merges[fmt] = seconds / gb
+        print(f"| {fmt} | {gb:.3f} | {seconds:.2f} | {seconds / gb:.1f} |")
+    # The model of docs/distributed.md for ImageNet-1k at this run's stored size per image, one node
+    # being this machine (2 ranks x 1 worker), the scan left out (seconds on a local disk).
+    items = 1_281_167
+    stored = 110e3  # bytes per image at shorter:256, jpeg:90: about ImageNet's mean
+    per_node = two
+    print(f"\nModel: {items:,} images of {stored / 1e3:.0f} kB stored, a node = this machine "
+          f"({per_node:.0f} images/s), merge at the measured {args.format} cost\n")
+    print("| nodes | convert (h) | merge (h) | total (h) | speed-up |\n|---|---|---|---|---|")
+    merge_h = merges.get(args.format, max(merges.values())) * items * stored / 1e9 / 3600
+    base = items / per_node / 3600 + merge_h
+    for nodes in (1, 2, 4, 8, 16, 32, 64):
+        conv_h = items / (nodes * per_node) / 3600
+        print(f"| {nodes} | {conv_h:.2f} | {merge_h:.2f} | {conv_h + merge_h:.2f} | {base / (conv_h + merge_h):.1f}x |")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
