@@ -11,7 +11,7 @@ before/after so that a change of the machine's load hits both; each figure is th
 epochs, and the table gives the median over rounds.
 
 ``--ceiling`` measures the read against what the machine can decode, in one run: two processes
-decoding the stored JPEG bytes in a loop (``cv2.imdecode`` straight to RGB, the readers' call),
+decoding the stored JPEG bytes in a loop (``cv2.imdecode`` straight to RGB, the readers' call; and to BGR then ``cvtColor``),
 then one epoch of the JPEG dataset and one of the raw-pixel dataset through the DataLoader above
 (workers not persistent, as by default). Each row also gives the CPU time per image of the
 workers and of the main process (``getrusage``), the workers' page faults and threads, and the
@@ -80,20 +80,25 @@ def in_process_cost(path: str, rounds: int, count: int = 2048) -> tuple[float, f
     return statistics.median(single), statistics.median(batched)
 
 
-def _bare_decode(payloads: list[bytes], seconds: float, out: multiprocessing.Queue) -> None:
+def _bare_decode(payloads: list[bytes], seconds: float, convert: bool, out: multiprocessing.Queue) -> None:
     import cv2
     import numpy as np
 
     n, t0, c0 = 0, time.perf_counter(), time.process_time()
     while time.perf_counter() - t0 < seconds:
         for p in payloads:
-            cv2.imdecode(np.frombuffer(p, np.uint8), cv2.IMREAD_COLOR_RGB)
+            if convert:
+                cv2.cvtColor(cv2.imdecode(np.frombuffer(p, np.uint8), cv2.IMREAD_COLOR_BGR), cv2.COLOR_BGR2RGB)
+            else:
+                cv2.imdecode(np.frombuffer(p, np.uint8), cv2.IMREAD_COLOR_RGB)
         n += len(payloads)
     out.put((n, time.process_time() - c0))
 
 
-def bare_decode_rate(path: str, processes: int = 2, seconds: float = 1.5, count: int = 1000) -> tuple[float, float]:
-    """(img/s, CPU us per image) of ``processes`` processes decoding stored payloads in a loop."""
+def bare_decode_rate(path: str, processes: int = 2, seconds: float = 1.5, count: int = 1000,
+                     convert: bool = False) -> tuple[float, float]:
+    """(img/s, CPU us per image) of ``processes`` processes decoding stored payloads in a loop:
+    straight to RGB (the readers' call), or with ``convert`` to BGR and then ``cvtColor``."""
     import numpy as np
 
     ds = open_dataset(path)
@@ -101,7 +106,8 @@ def bare_decode_rate(path: str, processes: int = 2, seconds: float = 1.5, count:
     payloads = [bytes(ds.read_record(i).payload) for i in order]
     ctx = multiprocessing.get_context("fork")
     out = ctx.Queue()
-    procs = [ctx.Process(target=_bare_decode, args=(payloads[k::processes], seconds, out)) for k in range(processes)]
+    procs = [ctx.Process(target=_bare_decode, args=(payloads[k::processes], seconds, convert, out))
+             for k in range(processes)]
     t0 = time.perf_counter()
     for p in procs:
         p.start()
@@ -146,7 +152,9 @@ def loader_epoch(path: str) -> dict:
 def ceiling_round(jpeg: str, raw: str) -> dict:
     """One round of ``--ceiling``: the bare decode rate of 2 processes, a JPEG epoch, a raw epoch."""
     bare, bare_us = bare_decode_rate(jpeg)
-    return {"bare_img_s": bare, "bare_us": bare_us, "jpeg": loader_epoch(jpeg), "raw": loader_epoch(raw)}
+    bare_bgr = bare_decode_rate(jpeg, convert=True)[0]
+    return {"bare_img_s": bare, "bare_us": bare_us, "bare_bgr_img_s": bare_bgr, "jpeg": loader_epoch(jpeg),
+            "raw": loader_epoch(raw)}
 
 
 def _in_revision(lib: str, jpeg: str, raw: str) -> dict:
@@ -183,13 +191,16 @@ def ceiling(jpeg: str, raw: str, rounds: int, revs: list[str] | None) -> None:
         return statistics.median(f(x) for x in rows[name])
 
     print(f"medians of {rounds} rounds; DataLoader 2 workers, batch 64, shuffled, 224 crop, collate\n")
-    print("| revision | 2 x bare decode img/s | JPEG read img/s | JPEG / bare | raw read img/s | raw / JPEG | "
+    print("| revision | 2 x bare decode img/s (RGB; BGR + cvtColor) | JPEG read img/s | JPEG / bare (RGB; BGR + cvtColor) | "
+          "raw read img/s | raw / JPEG | "
           "CPU us/img JPEG: workers + main (bare) | raw: workers + main | worker faults/img JPEG, raw | "
           "worker threads | first batch ms JPEG, raw |")
     print("|---|---|---|---|---|---|---|---|---|---|---|")
     for name in rows:
-        print(f"| {name} | {med(name, lambda x: x['bare_img_s']):.0f} | {med(name, lambda x: x['jpeg']['img_s']):.0f} | "
-              f"{med(name, lambda x: x['jpeg']['img_s'] / x['bare_img_s']):.2f} | "
+        print(f"| {name} | {med(name, lambda x: x['bare_img_s']):.0f}; {med(name, lambda x: x['bare_bgr_img_s']):.0f} | "
+              f"{med(name, lambda x: x['jpeg']['img_s']):.0f} | "
+              f"{med(name, lambda x: x['jpeg']['img_s'] / x['bare_img_s']):.2f}; "
+              f"{med(name, lambda x: x['jpeg']['img_s'] / x['bare_bgr_img_s']):.2f} | "
               f"{med(name, lambda x: x['raw']['img_s']):.0f} | {med(name, lambda x: x['raw']['img_s'] / x['jpeg']['img_s']):.2f} | "
               f"{med(name, lambda x: x['jpeg']['worker_us']):.0f} + {med(name, lambda x: x['jpeg']['main_us']):.1f} "
               f"({med(name, lambda x: x['bare_us']):.0f}) | "
