@@ -84,7 +84,7 @@ class ProcessOptions:
     upscale: bool = False
     max_pixels: int = DEFAULT_MAX_PIXELS
     #: Let libjpeg decode at 1/2, 1/4 or 1/8 scale while the result stays at least
-    #: :data:`REDUCED_DECODE_MARGIN` times the target. 2-6x faster for camera-size JPEGs; the
+    #: :data:`REDUCED_DECODE_MARGIN` times the target. 2.5-6x faster for camera-size JPEGs; the
     #: result is then resized with INTER_AREA as usual.
     reduced_decode: bool = True
     #: Keep JPEGs that libjpeg decodes with a warning (damaged data it papers over with grey or
@@ -173,9 +173,10 @@ _REDUCED = {8: cv2.IMREAD_REDUCED_COLOR_8, 4: cv2.IMREAD_REDUCED_COLOR_4, 2: cv2
 #: Reduced-size decoding keeps the decoded image at least this many times the target on both
 #: sides, as Pillow's ``thumbnail`` does with its default ``reducing_gap``. Measured on
 #: camera-size JPEGs (docs/benchmarks.md, section 10): decoding just above the target (a margin
-#: of 1) differs from a full decode by 28-36 dB PSNR on the worst images, as much as storing
-#: the result as JPEG q90 loses, for 10-25% more speed than a margin of 2 (36-45 dB). Recorded
-#: in the manifest's ``processing`` as ``reduced_decode_margin``.
+#: of 1) left the worst images 28-35 dB PSNR from a full decode, about what storing them as JPEG
+#: q90 loses, for 7-37% more speed than a margin of 2 (worst images 36-43 dB, still 2.5-6x
+#: faster than a full decode). Recorded in the manifest's ``processing`` as
+#: ``reduced_decode_margin``.
 REDUCED_DECODE_MARGIN = 2
 
 
