@@ -211,7 +211,7 @@ def test_csv_list_with_class_names_and_metadata(photos, tmp_path):
     rows = "\n".join(f"{os.path.relpath(p, root)},{'cat' if i < 3 else 'dog'},{'' if i == 0 else f'ph{i}'},{i * 1.5}"
                      for i, p in enumerate(paths))
     lst = _write(os.path.join(root, "train.csv"), "path,label,photographer,exposure\n" + rows + "\n")
-    report = convert_list(lst, str(tmp_path / "d"), "lmdb", _opts())
+    report = convert_list(lst, str(tmp_path / "d"), "lmdb", ConvertOptions(workers=1, shuffle=False))
     ds = open_dataset(str(tmp_path / "d"), fields=("key", "label", "meta"))
     assert ds.classes == ["cat", "dog"] and report.manifest.source["kind"] == "list"
     assert ds[0] == ("cat/0.png", 0, {"exposure": "0.0"})  # an empty cell is left out; CSV values are text
@@ -224,13 +224,13 @@ def test_tsv_multi_label_and_jsonl_number_lists(photos, tmp_path):
         f"{p}\t{'cat|dog' if i % 2 else 'dog'}\n" for i, p in enumerate(paths)))
     src = read_list(lst, label_kind="multi")
     assert src.label_kind == "multi" and src.items[1][1] == ["cat", "dog"] and src.path_column == "file"
-    convert_list(lst, str(tmp_path / "t"), "tar", _opts(), label_kind="multi")
+    convert_list(lst, str(tmp_path / "t"), "tar", ConvertOptions(workers=1, shuffle=False), label_kind="multi")
     assert open_dataset(str(tmp_path / "t")).targets[:2] == [[1], [0, 1]]
     lst = _write(str(tmp_path / "n.jsonl"), "".join(
         json.dumps({"path": os.path.relpath(p, root), "target": i + 0.5, "box": [1, 2, 3, 4]}) + "\n"
         for i, p in enumerate(paths)))
     assert read_list(lst, root=root).label_kind == "number"
-    convert_list(lst, str(tmp_path / "n"), "hdf5", _opts(), root=root)
+    convert_list(lst, str(tmp_path / "n"), "hdf5", ConvertOptions(workers=1, shuffle=False), root=root)
     ds = open_dataset(str(tmp_path / "n"), fields=("label", "meta"))
     assert ds[2] == (2.5, {"box": [1, 2, 3, 4]})
 
@@ -282,3 +282,52 @@ def test_merge_and_format_conversion_carry_labels_and_metadata(fmt, photos, tmp_
         merge([str(tmp_path / "a"), str(tmp_path / "n")], str(tmp_path / "x"))
     with pytest.raises(SourceError, match="multi labels, which class folders cannot hold"):
         convert_dataset(str(tmp_path / "m"), str(tmp_path / "f"), fmt, "imagefolder")
+
+
+def _cli(*args):
+    import subprocess
+    import sys
+
+    return subprocess.run([sys.executable, "-m", "packer", *args], capture_output=True, text=True, timeout=120)
+
+
+def test_cli_list_source_is_shuffled_with_its_seed_and_classes_pinned(photos, tmp_path):
+    root, paths = photos
+    lst = _write(str(tmp_path / "val.csv"), "path,label,note\n" + "".join(
+        f"{os.path.relpath(p, root)},{'dog' if 'dog' in p else 'cat'},n{i}\n" for i, p in enumerate(paths)))
+    names = _write(str(tmp_path / "classes.txt"), "zebra\ndog\ncat\n")
+    r = _cli("convert", "list", "tar", lst, str(tmp_path / "d"), "--root", root, "--classes-from", names,
+             "--seed", "3", "--workers", "1", "-q")
+    assert r.returncode == 0, r.stderr
+    m = read_manifest(str(tmp_path / "d"))
+    assert m.classes == ["zebra", "dog", "cat"] and m.shuffle_seed == 3 and m.source["kind"] == "list"
+    ds = open_dataset(str(tmp_path / "d"), fields=("key", "label", "meta"))
+    order = list(np.random.default_rng(3).permutation(6))
+    assert [ds[i][0] for i in range(6)] == [os.path.relpath(paths[j], root) for j in order]
+    assert all(ds[i][1] == (1 if ds[i][0].startswith("dog") else 2) for i in range(6))
+    assert ds[0][2] == {"note": f"n{order[0]}"}
+    r = _cli("convert", "list", "tar", lst, str(tmp_path / "e"), "--root", root, "--classes-from", str(tmp_path / "d"),
+             "--no-shuffle", "-q")
+    assert r.returncode == 0 and open_dataset(str(tmp_path / "e")).classes == ["zebra", "dog", "cat"]
+    _write(names, "cat\n")
+    r = _cli("convert", "list", "tar", lst, str(tmp_path / "f"), "--root", root, "--classes-from", names, "-q")
+    assert r.returncode == 1 and "val.csv:5: class 'dog' is not in the pinned class list (1 classes)" in r.stderr
+    assert "Traceback" not in r.stderr and not os.path.exists(tmp_path / "f")
+
+
+def test_cli_classes_from_for_an_image_folder(tmp_path):
+    make_folder(str(tmp_path / "train"), {c: [("0.png", 20, 20)] for c in ("a", "b", "c")})
+    make_folder(str(tmp_path / "val"), {c: [("0.png", 20, 20)] for c in ("c", "a")})
+    make_folder(str(tmp_path / "bad"), {c: [("0.png", 20, 20)] for c in ("a", "x")})
+    assert _cli("convert", "imagefolder", "lmdb", str(tmp_path / "train"), str(tmp_path / "t"), "-q").returncode == 0
+    r = _cli("convert", "imagefolder", "lmdb", str(tmp_path / "val"), str(tmp_path / "v"), "--classes-from",
+             str(tmp_path / "t"), "-q")
+    assert r.returncode == 0, r.stderr
+    v = open_dataset(str(tmp_path / "v"), fields=("key", "label"))
+    assert v.classes == ["a", "b", "c"] and sorted(v[i] for i in range(2)) == [("a/0.png", 0), ("c/0.png", 2)]
+    assert read_manifest(str(tmp_path / "v")).source["empty_classes"] == ["b"]
+    r = _cli("convert", "imagefolder", "lmdb", str(tmp_path / "bad"), str(tmp_path / "b"), "--classes-from",
+             str(tmp_path / "t"), "-q")
+    assert r.returncode == 1 and "class 'x' is not in the pinned class list (3 classes)" in r.stderr
+    r = _cli("convert", "lmdb", "tar", str(tmp_path / "t"), str(tmp_path / "x"), "--classes-from", str(tmp_path / "t"))
+    assert r.returncode == 2 and "--classes-from applies to imagefolder and list sources" in r.stderr

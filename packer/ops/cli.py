@@ -44,9 +44,10 @@ def _say(msg: str) -> None:
 # -- convert -------------------------------------------------------------------------------------
 def _add_convert(p: argparse.ArgumentParser) -> None:
     fmts = format_names()
-    p.add_argument("src_format", choices=["imagefolder", *fmts], help="format of SRC")
+    p.add_argument("src_format", choices=["imagefolder", "list", *fmts],
+                   help="format of SRC (list: a .csv, .tsv or .jsonl file naming images, labels and metadata)")
     p.add_argument("dst_format", choices=[*fmts, "imagefolder"], help="format to write")
-    p.add_argument("src", help="source folder or packed dataset (a packed SRC may be a URL)")
+    p.add_argument("src", help="source folder, list file or packed dataset (a packed SRC may be a URL)")
     p.add_argument("dst", help="destination directory or URL (must not exist unless --overwrite)")
     g = p.add_argument_group("images")
     g.add_argument("--resize", default=None,
@@ -79,6 +80,19 @@ def _add_convert(p: argparse.ArgumentParser) -> None:
     g.add_argument("--no-torchrun", action="store_true",
                    help="convert in this process alone even where torchrun's environment is set (e.g. when started "
                         "by a training script that torchrun runs)")
+    g = p.add_argument_group("labels and list sources")
+    g.add_argument("--classes-from", metavar="DATASET_OR_FILE",
+                   help="use this class list (a packed dataset's, e.g. the training set's, or a text file with one "
+                        "name per line) so labels line up; a source class not in it is an error")
+    g.add_argument("--root", help="list source: the folder its paths are relative to (default: the list's folder)")
+    g.add_argument("--path-column", help="list source: the column of image paths (default: path, file, filename "
+                                         "or image)")
+    g.add_argument("--label-column", help="list source: the label column (default: label, labels, class or target)")
+    g.add_argument("--label-kind", default="auto", choices=["auto", "class", "multi", "number"],
+                   help="list source: class (one class per image), multi (several), number; auto: multi for JSON "
+                        "lists, number for JSON numbers with a fraction, else class")
+    g.add_argument("--label-sep", default="|", help="list source: separator of multi-label classes in CSV/TSV "
+                                                    "(default: |)")
     g = p.add_argument_group("shards (tar, tfrecord)")
     g.add_argument("--shard-size", default=None, help="max bytes per shard, e.g. 256MB, 1GiB")
     g.add_argument("--shard-samples", type=int, default=None, help="max samples per shard")
@@ -154,15 +168,49 @@ def _run_convert(a: argparse.Namespace) -> int:
     from .distributed import torchrun_launch
 
     launch = None if a.no_torchrun else torchrun_launch()
+    if launch is not None and a.src_format == "list":
+        raise UsageError("packer convert: a list source converts in one process; under torchrun add --no-torchrun "
+                         "(or split the list and merge the parts: packer merge)")
     if launch is not None:
         return _convert_torchrun(a, launch)
+    if a.src_format != "list" and any(getattr(a, k) is not None for k in _LIST_ONLY):
+        flag = "--" + next(k for k in _LIST_ONLY if getattr(a, k) is not None).replace("_", "-")
+        raise UsageError(f"packer convert: {flag} applies to a list source only")
     if is_url(a.src):
-        if a.src_format == "imagefolder":
-            raise UsageError("packer convert: an image folder is read from a local path; a URL SRC must be packed")
+        if a.src_format in ("imagefolder", "list"):
+            raise UsageError("packer convert: an image folder or list is read from a local path; a URL SRC must be "
+                             "packed")
         a.src = _fetched(a, a.src)
     if not is_url(a.dst):
         return _convert_local(a)
     return _convert_to_url(a)
+
+
+_LIST_ONLY = ("root", "path_column", "label_column")
+
+
+def pinned_classes(spec: str) -> list[str]:
+    """The class list of ``--classes-from``: a packed dataset's (its manifest) or a text file's
+    (one name per line; blank lines ignored). UsageError saying what is wrong."""
+    from ..errors import PackerError
+    from ..manifest import MANIFEST_NAME, read_manifest
+
+    try:
+        if os.path.isdir(spec):
+            if not os.path.exists(os.path.join(spec, MANIFEST_NAME)):
+                raise UsageError(f"packer convert: --classes-from {spec}: not a packed dataset (no manifest.json)")
+            classes = read_manifest(spec).classes
+        else:
+            with open(spec, encoding="utf-8") as f:
+                classes = [line.strip() for line in f if line.strip()]
+    except (OSError, UnicodeDecodeError, PackerError) as e:
+        raise UsageError(f"packer convert: --classes-from {spec}: {e}") from None
+    if not classes:
+        raise UsageError(f"packer convert: --classes-from {spec}: no class names")
+    if len(set(classes)) != len(classes):
+        dup = next(c for c in classes if classes.count(c) > 1)
+        raise UsageError(f"packer convert: --classes-from {spec}: class {dup!r} is listed twice")
+    return classes
 
 
 def _convert_to_url(a: argparse.Namespace) -> int:
@@ -204,10 +252,25 @@ def _convert_local(a: argparse.Namespace) -> int:
     from .engine import convert_imagefolder
 
     options = _convert_options(a)
-    if a.src_format == "imagefolder" and a.dst_format == "imagefolder":
-        raise UsageError("packer convert: imagefolder -> imagefolder is not a conversion")
+    if a.src_format in ("imagefolder", "list") and a.dst_format == "imagefolder":
+        raise UsageError(f"packer convert: {a.src_format} -> imagefolder is not a conversion")
+    if a.classes_from is not None:
+        if a.src_format not in ("imagefolder", "list"):
+            raise UsageError("packer convert: --classes-from applies to imagefolder and list sources (a packed "
+                             "source keeps its classes; packer merge reconciles class lists)")
+        options = replace(options, classes=tuple(pinned_classes(a.classes_from)))
     _warn_partial_output(a)
-    if a.src_format == "imagefolder":
+    if a.src_format == "list":
+        from .listsource import convert_list
+
+        try:
+            report = convert_list(a.src, a.dst, a.dst_format, options, root=a.root, path_column=a.path_column,
+                                  label_column=a.label_column, label_kind=a.label_kind, label_sep=a.label_sep)
+        except ValueError as e:  # metadata that cannot be stored, named by its item
+            from ..errors import SourceError
+
+            raise SourceError(f"{a.src}: {e}") from None
+    elif a.src_format == "imagefolder":
         report = convert_imagefolder(a.src, a.dst, a.dst_format, options)
     else:  # packed -> packed or imagefolder: copy stored bytes unless --resize/--encode ask otherwise
         from ..manifest import MANIFEST_NAME, read_manifest

@@ -91,6 +91,9 @@ class ConvertOptions:
     #: Continue an interrupted conversion from its temporary folder (see :mod:`packer.journal`);
     #: without it, a leftover temporary folder is removed and the conversion starts over.
     resume: bool = False
+    #: Pin the class list (e.g. the training set's, so a validation set's labels line up): label
+    #: ``i`` is ``classes[i]``; a source class not in it is an error naming it. None: the source's.
+    classes: tuple[str, ...] | None = None
 
 
 @dataclass
@@ -442,24 +445,43 @@ def scan_ordered(src: str, dst: str, fmt: str, options: ConvertOptions, *,
     if options.strict and scan.errors:
         path, reason = scan.errors[0]
         raise SourceError(f"{path}: {reason}")
-    samples = scan.samples
+    samples, classes, empty = scan.samples, scan.classes, scan.empty_classes
+    if options.classes is not None:
+        samples, classes, empty = pin_classes(src, samples, scan.classes, options.classes)
     if options.shuffle:
         perm = np.random.default_rng(options.seed).permutation(len(samples))
         samples = [samples[i] for i in perm]
     template = Manifest(
         format=fmt,
         num_samples=0,
-        classes=scan.classes,
+        classes=classes,
         processing=options.processing.to_json(),
         files=[],
         shuffle_seed=options.seed if options.shuffle else None,
         skipped=[Skipped(os.path.relpath(p, src), r) for p, r in scan.errors],
         ignored={"hidden": len(scan.ignored_hidden), "not_images": len(scan.ignored_other),
                  "outside_classes": len(scan.ignored_root)},
-        source={"kind": "imagefolder", "empty_classes": scan.empty_classes},
+        source={"kind": "imagefolder", "empty_classes": empty},
         created_by=f"packer {__version__}",
     )
     return samples, template, scan.errors
+
+
+def pin_classes(src: str, samples: list[Sample], found: list[str],
+                pinned: Sequence[str]) -> tuple[list[Sample], list[str], list[str]]:
+    """``samples`` relabelled to the ``pinned`` class list, the list, and its classes without a
+    sample; SourceError naming the source classes ``pinned`` lacks."""
+    pinned = list(pinned)
+    index = {c: i for i, c in enumerate(pinned)}
+    missing = [c for c in found if c not in index]
+    if missing:
+        shown = ", ".join(repr(c) for c in missing[:5]) + (f" and {len(missing) - 5} more" if len(missing) > 5 else "")
+        raise SourceError(f"{src}: class {shown} is not in the pinned class list ({len(pinned)} classes); "
+                          f"the labels would not line up")
+    relabel = [index[c] for c in found]
+    present = {relabel[s.label] for s in samples}
+    out = [replace(s, label=relabel[s.label]) for s in samples]
+    return out, pinned, [c for i, c in enumerate(pinned) if i not in present]
 
 
 def _convert_imagefolder_claimed(src: str, dst: str, fmt: str, options: ConvertOptions) -> ConvertReport:

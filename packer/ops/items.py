@@ -201,6 +201,7 @@ def convert_items(
     root: str | os.PathLike[str] | None = None,
     label_kind: str = "class",
     source: dict[str, Any] | None = None,
+    shuffle_seed: int | None = None,
 ) -> ConvertReport:
     """Convert ``items``, each ``(path or bytes, label, metadata)``, into a packed dataset of
     format ``fmt`` at ``dst``, in the order given (``options.shuffle`` and ``seed`` are not used).
@@ -221,7 +222,8 @@ def convert_items(
 
     ``label_kind``: ``"class"`` (a class name or number per item), ``"multi"`` (a list of them per
     item; classes are the names found in all lists) or ``"number"`` (a float per item; no classes).
-    ``source`` is recorded in the manifest (its ``fingerprint`` key is set here). FileExistsError
+    ``source`` is recorded in the manifest (its ``fingerprint`` key is set here), and so is
+    ``shuffle_seed`` (the seed of a shuffle the caller applied to the items, or None). FileExistsError
     when ``dst`` exists without ``overwrite``; SourceError when no image could be converted;
     ValueError naming the item for a label or metadata that cannot be stored.
     """
@@ -243,7 +245,7 @@ def convert_items(
     writer_class(fmt)  # an unknown format fails before any work
     template = Manifest(format=fmt, num_samples=0, classes=names, processing=options.processing.to_json(), files=[],
                         source=dict(source or {"kind": "items"}), created_by=f"packer {__version__}",
-                        label_kind=label_kind)
+                        label_kind=label_kind, shuffle_seed=shuffle_seed)
 
     def stream(start: int) -> Iterator[Item]:
         fn = functools.partial(_process_sources, opts=options.processing)

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..errors import SourceError
-from ..samples import LABEL_KINDS
+from ..samples import LABEL_KINDS, encode_meta
 
 __all__ = ["ListSource", "read_list", "convert_list", "LIST_FORMATS"]
 
@@ -42,6 +42,17 @@ class ListSource:
     root: str
     path_column: str
     label_column: str
+    #: the list's line number of each item
+    lines: list[int]
+
+    def check_classes(self, path: str, classes: Sequence[str]) -> None:
+        """SourceError naming the first line whose class is not in ``classes``."""
+        names = set(classes)
+        for line, (_, label, _) in zip(self.lines, self.items):
+            for c in (label if self.label_kind == "multi" else [label]):
+                if (isinstance(c, int) and not 0 <= c < len(classes)) or (isinstance(c, str) and c not in names):
+                    raise SourceError(f"{path}:{line}: class {c!r} is not in the pinned class list "
+                                      f"({len(classes)} classes); the labels would not line up")
 
 
 def _list_format(path: str) -> str:
@@ -171,6 +182,7 @@ def read_list(
     kind = _kind([r.get(lcol) for _, r in rows], fmt) if label_kind == "auto" else label_kind
     base = os.path.abspath(os.fspath(root) if root is not None else os.path.dirname(os.path.abspath(path)))
     items: list[tuple[str, Any, dict[str, Any] | None]] = []
+    lines: list[int] = []
     for n, row in rows:
         where = f"{path}:{n}"
         rel = row.get(pcol)
@@ -178,8 +190,13 @@ def read_list(
             raise SourceError(f"{where}: the {pcol!r} column is empty or not text")
         label = _label(row.get(lcol), kind, fmt, label_sep, where)
         meta = {k: v for k, v in row.items() if k not in (pcol, lcol) and not (fmt != "jsonl" and v == "")}
+        try:
+            encode_meta(meta, f"{where}: metadata")
+        except ValueError as e:
+            raise SourceError(str(e)) from None
         items.append((os.path.join(base, rel), label, meta or None))
-    return ListSource(items, kind, base, pcol, lcol)
+        lines.append(n)
+    return ListSource(items, kind, base, pcol, lcol, lines)
 
 
 def convert_list(
@@ -192,9 +209,24 @@ def convert_list(
 ) -> Any:
     """Convert the images a list names (:func:`read_list`, with ``list_options``) into a packed
     dataset of format ``fmt`` at ``dst``, labels and metadata included; returns the ConvertReport.
-    ``classes`` pins the class list (e.g. a training set's, so labels line up)."""
+    The rows are shuffled at write time with ``options.seed`` unless ``options.shuffle`` is off
+    (then they keep the list's order). ``classes`` (or ``options.classes``) pins the class list,
+    e.g. a training set's, so labels line up."""
+    import numpy as np
+
+    from .engine import ConvertOptions
     from .items import convert_items
 
+    options = options if options is not None else ConvertOptions()
     source = read_list(listfile, **list_options)
-    return convert_items(source.items, dst, fmt, options, classes, root=source.root, label_kind=source.label_kind,
-                         source={"kind": "list", "path": os.path.abspath(os.fspath(listfile))})
+    if classes is None and options.classes is not None:
+        classes = list(options.classes)
+    if classes is not None and source.label_kind != "number":
+        source.check_classes(os.fspath(listfile), classes)
+    items = source.items
+    if options.shuffle:
+        perm = np.random.default_rng(options.seed).permutation(len(items))
+        items = [items[i] for i in perm]
+    return convert_items(items, dst, fmt, options, classes, root=source.root, label_kind=source.label_kind,
+                         source={"kind": "list", "path": os.path.abspath(os.fspath(listfile))},
+                         shuffle_seed=options.seed if options.shuffle else None)
