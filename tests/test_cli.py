@@ -299,3 +299,10 @@ def test_no_resize_keeps_the_original_bytes_by_default(tiny_folder, tmp_path, ca
     assert read_manifest(tmp_path / "small").processing["encoding"] == "jpeg:90"
     assert convert(capsys, src, tmp_path / "png", "--resize", "none", "--encode", "png", fmt="lmdb")[0] == 0
     assert read_manifest(tmp_path / "png").processing["encoding"] == "png"
+
+
+def test_convert_help_lists_the_exit_statuses(capsys):
+    with pytest.raises(SystemExit):
+        main(["convert", "--help"])
+    text = " ".join(capsys.readouterr().out.split())
+    assert "3 done with skipped files, 130 interrupted (Ctrl-C), 143 terminated (SIGTERM)" in text

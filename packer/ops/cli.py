@@ -43,6 +43,9 @@ def _say(msg: str) -> None:
 
 # -- convert -------------------------------------------------------------------------------------
 def _add_convert(p: argparse.ArgumentParser) -> None:
+    p.epilog = ("exit status: 0 done, 1 failed, 2 bad command line, 3 done with skipped files, 130 interrupted "
+                "(Ctrl-C), 143 terminated (SIGTERM); after 130 or 143 the partial output (once past its first "
+                "checkpoint) is kept and --resume continues it")
     fmts = format_names()
     p.add_argument("src_format", choices=["imagefolder", "list", *fmts],
                    help="format of SRC (list: a .csv, .tsv or .jsonl file naming images, labels and metadata)")
