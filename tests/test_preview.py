@@ -140,3 +140,19 @@ def test_bench_series_joins_the_zero_worker_point_to_every_collate():
         "cache=decoded collate=packer": [(2, 400)],
     }
     assert bench_series(rows[:1]) == {"all": [(0, 100)]}
+
+
+def test_preview_names_every_class_of_a_multi_label_sample(tiny_folder, tmp_path):
+    from packer.ops.items import convert_items
+
+    src, pixels = tiny_folder
+    names = sorted(pixels)
+    labels = {n: ["cat", "dog"] if i % 2 else ["ému bird"] for i, n in enumerate(names)}
+    dst = str(tmp_path / "multi")
+    convert_items([(f"{src}/{n}", labels[n], None) for n in names], dst, "tar", root=src, label_kind="multi")
+    ds = open_dataset(dst, output="numpy", fields=("image", "label", "key"))
+    preview = contact_sheet(ds, 14, seed=0, tile=32)
+    by_key = {ds[i][2]: caption for i, caption in zip(preview.indices, preview.captions)}
+    assert by_key == {n: f"#{names.index(n)}: " + "+".join(caption_text(ds.classes.index(c), ds.classes) for c in labels[n])
+                      for n in names}
+    assert by_key[names[1]].endswith(": cat (0)+dog (1)")

@@ -75,7 +75,8 @@ def _put_caption(strip: np.ndarray, text: str) -> None:
 def contact_sheet(ds: Any, n: int = 16, seed: int = 0, tile: int = 160) -> Preview:
     """Read ``n`` samples of the map-style dataset ``ds`` (opened with ``output="numpy"``), chosen
     by ``seed`` without repeats, and lay them out in a near-square grid of ``tile``-pixel squares,
-    each with its caption (:func:`caption_text`) underneath. A sample that cannot be read is a dark
+    each with its caption (:func:`caption_text`; a multi-label sample's classes joined by ``+``)
+    underneath. A sample that cannot be read is a dark
     tile captioned ``unreadable`` and listed in :attr:`Preview.unreadable`."""
     from ..errors import PackerError
 
@@ -93,9 +94,12 @@ def contact_sheet(ds: Any, n: int = 16, seed: int = 0, tile: int = 160) -> Previ
     captions: list[str] = []
     unreadable: list[tuple[int, str]] = []
     classes = list(getattr(ds, "classes", []))
+    multi = getattr(ds, "label_kind", "class") == "multi"  # labels are multi-hot vectors: show the names
     for k, i in enumerate(indices):
         try:
             image, label = ds[i][:2]
+            if multi:
+                label = [j for j, v in enumerate(np.asarray(label).ravel().tolist()) if v]
             picture = _fit(np.asarray(image), tile)
             text = f"#{i}: {caption_text(label, classes)}"
         except (PackerError, OSError, ValueError) as e:
