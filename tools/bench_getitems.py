@@ -15,7 +15,9 @@ decoding the stored JPEG bytes in a loop (``cv2.imdecode`` straight to RGB, the 
 then one epoch of the JPEG dataset and one of the raw-pixel dataset through the DataLoader above
 (workers not persistent, as by default). Each row also gives the CPU time per image of the
 workers and of the main process (``getrusage``), the workers' page faults and threads, and the
-time to the first batch, which is where a gap to the ceiling shows. ``--revs OLD NEW`` runs each
+time to the first batch, which is where a gap to the ceiling shows. "CPU-bound" ratios divide
+CPU time per image (bare decode / read, JPEG / raw): what the img/s ratios are when nothing else
+runs on the cores, and what still compares when other jobs do. ``--revs OLD NEW`` runs each
 round under both revisions (exported as tools/bench_versions.py does), alternating.
 """
 
@@ -166,6 +168,11 @@ def _in_revision(lib: str, jpeg: str, raw: str) -> dict:
     return json.loads(r.stdout.strip().splitlines()[-1])
 
 
+def _cpu(epoch: dict) -> float:
+    """CPU us per image of an epoch, workers and main process together."""
+    return epoch["worker_us"] + epoch["main_us"]
+
+
 def ceiling(jpeg: str, raw: str, rounds: int, revs: list[str] | None) -> None:
     """Print the ``--ceiling`` table: medians over ``rounds``, per revision."""
     import shutil
@@ -177,7 +184,8 @@ def ceiling(jpeg: str, raw: str, rounds: int, revs: list[str] | None) -> None:
             sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
             from tools.bench_versions import export
 
-            libs = {rev: export(rev, os.path.join(work, str(k))) for k, rev in enumerate(revs)}
+            libs = {rev: rev if os.path.isdir(rev) else export(rev, os.path.join(work, str(k)))
+                    for k, rev in enumerate(revs)}
         rows: dict[str, list[dict]] = {name: [] for name in libs}
         for r in range(rounds):
             for name in list(libs)[:: 1 if r % 2 == 0 else -1]:
@@ -193,9 +201,9 @@ def ceiling(jpeg: str, raw: str, rounds: int, revs: list[str] | None) -> None:
     print(f"medians of {rounds} rounds; DataLoader 2 workers, batch 64, shuffled, 224 crop, collate\n")
     print("| revision | 2 x bare decode img/s (RGB; BGR + cvtColor) | JPEG read img/s | JPEG / bare (RGB; BGR + cvtColor) | "
           "raw read img/s | raw / JPEG | "
-          "CPU us/img JPEG: workers + main (bare) | raw: workers + main | worker faults/img JPEG, raw | "
-          "worker threads | first batch ms JPEG, raw |")
-    print("|---|---|---|---|---|---|---|---|---|---|---|")
+          "CPU us/img JPEG: workers + main (bare) | raw: workers + main | CPU-bound JPEG / bare, raw / JPEG | "
+          "worker faults/img JPEG, raw | worker threads | first batch ms JPEG, raw |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|")
     for name in rows:
         print(f"| {name} | {med(name, lambda x: x['bare_img_s']):.0f}; {med(name, lambda x: x['bare_bgr_img_s']):.0f} | "
               f"{med(name, lambda x: x['jpeg']['img_s']):.0f} | "
@@ -205,6 +213,8 @@ def ceiling(jpeg: str, raw: str, rounds: int, revs: list[str] | None) -> None:
               f"{med(name, lambda x: x['jpeg']['worker_us']):.0f} + {med(name, lambda x: x['jpeg']['main_us']):.1f} "
               f"({med(name, lambda x: x['bare_us']):.0f}) | "
               f"{med(name, lambda x: x['raw']['worker_us']):.0f} + {med(name, lambda x: x['raw']['main_us']):.1f} | "
+              f"{med(name, lambda x: x['bare_us'] / _cpu(x['jpeg'])):.2f}, "
+              f"{med(name, lambda x: _cpu(x['jpeg']) / _cpu(x['raw'])):.2f} | "
               f"{med(name, lambda x: x['jpeg']['worker_faults']):.1f}, {med(name, lambda x: x['raw']['worker_faults']):.1f} | "
               f"{med(name, lambda x: x['jpeg']['threads']):.0f} | "
               f"{med(name, lambda x: x['jpeg']['first_ms']):.0f}, {med(name, lambda x: x['raw']['first_ms']):.0f} |")
@@ -216,7 +226,8 @@ def main(argv: list[str] | None = None) -> int:
                         "a raw-pixel dataset of the same images")
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--ceiling", action="store_true", help="the read against 2 processes' bare decode rate")
-    parser.add_argument("--revs", nargs="+", help="with --ceiling: git revisions to compare, round by round")
+    parser.add_argument("--revs", nargs="+", help="with --ceiling: git revisions (or folders laid out as the "
+                        "installed package) to compare, round by round")
     parser.add_argument("--ceiling-round", action="store_true", help=argparse.SUPPRESS)
     a = parser.parse_args(argv)
     if a.ceiling_round:
