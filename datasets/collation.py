@@ -220,7 +220,9 @@ def _worker_pool() -> _Pool:
         # (copy-on-write) into a worker that only reads them. Measured: 4 page faults and
         # 40 us of worker CPU per image, every epoch (docs/benchmarks.md, section 7). The worker
         # still collects what it allocates itself; what it inherited is freed when it exits.
-        gc.freeze()
+        # Not again where something froze it already (the reader's first read, or the user).
+        if gc.get_freeze_count() == 0:
+            gc.freeze()
         _pool = _Pool()
     return _pool
 
