@@ -1,14 +1,16 @@
-"""A byte cache shared by every DataLoader worker of one process tree, bounded in bytes.
+"""A byte cache shared by every DataLoader worker of one process tree, or of a node, bounded in bytes.
 
 A per-worker ``dict`` cache holds one copy of the data per worker and is lost whenever
 non-persistent workers restart. :class:`SharedCache` keeps one copy in shared memory that the
 main process and all workers read and write: a sample put by worker A in epoch 1 is a hit for
-worker B in epoch 2 and for the main process. Nothing is left in ``/dev/shm`` after a crash.
-Layout, locking, memory accounting and pickling: docs/datasets.md.
+worker B in epoch 2 and for the main process; with ``identity=`` the ranks of a job on one node
+share that copy too. Layout, locking, lifetime after a crash, memory accounting and pickling:
+docs/datasets.md.
 """
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import os
 import warnings
@@ -203,8 +205,9 @@ class SharedCache:
         num_items: number of samples (valid indices are ``0 .. num_items - 1``).
         capacity_bytes: the bound on cached bytes (an int; convert sizes like "8GB" with
             ``packer.sizes.parse_size``). Committed in RAM at construction (docs/datasets.md);
-            clamped, with a warning, to what ``/dev/shm``, the available RAM and the container's
-            memory limit (cgroup) can hold. A cache joined on the node keeps its creator's.
+            clamped, with a warning, to what the available RAM, the container's memory limit
+            (cgroup: :func:`cgroup_free_bytes`) and, for a node-shared cache, ``/dev/shm`` can
+            hold. A cache joined on the node keeps its creator's capacity.
         identity: what the cached bytes are (the dataset's content and the cache mode; anything
             that changes a stored byte). With it, the processes of one job on one node (same
             ``node_key``) share one cache: the first creates ``/dev/shm/packer-cache-<digest>``,
@@ -246,7 +249,12 @@ class SharedCache:
         while path is not None and digest is not None:
             if self._attach(path, num_items, digest):
                 return
-            region = _allocate(True, num_items, _clamp(requested, overhead, node=True))
+            region = _node_region(num_items, _clamp(requested, overhead, node=True))
+            if region is None:
+                warnings.warn(f"SharedCache: cannot create a file in {_SHM_DIR} for the node's cache "
+                              f"(no O_TMPFILE or no permission there); this process tree keeps its own",
+                              RuntimeWarning, stacklevel=2)
+                break
             _initialise(region, num_items, digest)
             lock = FileLock("SharedCache", os.dup(region.fd))  # type: ignore[arg-type]
             if publish_segment(region.fd, path):  # type: ignore[arg-type]
@@ -254,7 +262,7 @@ class SharedCache:
                 return
             lock.close()  # another process published first: join its segment
             region.close()
-        region = _allocate(False, num_items, _clamp(requested, overhead, node=False))
+        region = _private_region(num_items, _clamp(requested, overhead, node=False))
         _initialise(region, num_items, b"")
         self._setup(num_items, region, ProcessLock("SharedCache"), None)
 
@@ -323,7 +331,7 @@ class SharedCache:
 
     @property
     def capacity(self) -> int:
-        """The bound in bytes, after clamping to ``/dev/shm``."""
+        """The bound in bytes, after clamping (or the creator's, for a node-shared cache)."""
         return self._capacity
 
     @property
@@ -565,28 +573,38 @@ def _clamp(requested: int, overhead: int, node: bool) -> int:
     return capacity
 
 
-def _allocate(node: bool, num_items: int, capacity: int) -> SharedRegion:
-    """A zeroed region for a cache, its whole size committed: a new unnamed file in /dev/shm for a
-    node-shared cache (named by ``publish_segment`` once written), else an anonymous file."""
+def _node_region(num_items: int, capacity: int) -> SharedRegion | None:
+    """A new unnamed file in /dev/shm for a node-shared cache, its whole size committed (named by
+    ``publish_segment`` once written); None where the system or the permissions allow none."""
     size = _layout(num_items, capacity)[1]
-    name = "packer-cache" if node else "packer-shared-cache"
     try:
-        if node:
-            fd = new_segment(_SHM_DIR, size)
-        else:
-            fd = anonymous_file(name)
-            try:
-                os.ftruncate(fd, size)
-                if size and hasattr(os, "posix_fallocate"):
-                    os.posix_fallocate(fd, 0, size)
-            except BaseException:
-                os.close(fd)
-                raise
-        return SharedRegion(size, name, fd=fd)
+        fd = new_segment(_SHM_DIR, size)
     except OSError as error:
-        where = f"in {_SHM_DIR}" if node else "(an anonymous memfd)"
-        raise RuntimeError(f"SharedCache: cannot allocate {size} bytes of shared memory {where}: "
-                           f"{error}") from error
+        if error.errno in (errno.EOPNOTSUPP, errno.EISDIR, errno.EINVAL, errno.EACCES, errno.EPERM, errno.EROFS):
+            return None
+        raise _allocation_error(size, f"in {_SHM_DIR}", error) from error
+    return SharedRegion(size, "packer-cache", fd=fd)
+
+
+def _private_region(num_items: int, capacity: int) -> SharedRegion:
+    """An anonymous file for a process tree's own cache, its whole size committed."""
+    size = _layout(num_items, capacity)[1]
+    try:
+        fd = anonymous_file("packer-shared-cache")
+        try:
+            os.ftruncate(fd, size)
+            if hasattr(os, "posix_fallocate"):
+                os.posix_fallocate(fd, 0, size)
+        except BaseException:
+            os.close(fd)
+            raise
+    except OSError as error:
+        raise _allocation_error(size, "(an anonymous memfd)", error) from error
+    return SharedRegion(size, "packer-shared-cache", fd=fd)
+
+
+def _allocation_error(size: int, where: str, error: OSError) -> RuntimeError:
+    return RuntimeError(f"SharedCache: cannot allocate {size} bytes of shared memory {where}: {error}")
 
 
 def _initialise(region: SharedRegion, num_items: int, digest: bytes) -> None:
