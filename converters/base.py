@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import abc
 import os
+import re
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
@@ -25,6 +26,8 @@ from packer.imageproc import ProcessedImage
 from packer.manifest import FileEntry
 
 __all__ = ["WriterOptions", "Writer", "free_bytes", "no_room"]
+
+_PREFIX = re.compile(r"[A-Za-z0-9][A-Za-z0-9_-]{0,63}")
 
 
 @dataclass(frozen=True)
@@ -38,6 +41,13 @@ class WriterOptions:
     #: ``--resume`` can continue from. None: the format's default (1024 LMDB, 8192 HDF5). It decides
     #: how the file is laid out, so it is part of the options that give identical output.
     checkpoint_samples: int | None = None
+    #: Sharded formats: the shard names' prefix, ``PREFIX-000000.tar`` (None: ``shard``).
+    prefix: str | None = None
+
+    def __post_init__(self) -> None:
+        if self.prefix is not None and not _PREFIX.fullmatch(self.prefix):
+            raise ValueError(f"shard prefix {self.prefix!r} must be letters, digits, '_' and '-', starting with a "
+                             f"letter or digit")
 
 
 class Writer(abc.ABC):

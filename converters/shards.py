@@ -170,7 +170,7 @@ class ShardedWriter(Writer):
     """
 
     resumable = True
-    #: The data files' extension, e.g. ``".tar"``: shards are ``shard-NNNNNN<suffix>``.
+    #: The data files' extension, e.g. ``".tar"``: shards are ``PREFIX-NNNNNN<suffix>`` (``shard`` by default).
     suffix: ClassVar[str] = ""
 
     def __init__(self, directory: str, options: WriterOptions) -> None:
@@ -182,6 +182,7 @@ class ShardedWriter(Writer):
         self.first = 0  # sample index of the open shard's first sample
         self.count = 0  # samples in the open shard
         self.fid = ""  # the open shard's identity (packer.placement)
+        self.prefix = options.prefix or SHARD_NAME
         self._due = False
 
     def shard_for(self, index: int, key: str, payload: bytes, size_after: int) -> ShardFile:
@@ -191,7 +192,7 @@ class ShardedWriter(Writer):
         if self.shard is not None and self.limits.full(self.count, size_after):
             self._finish_shard()
         if self.shard is None:
-            self.shard = ShardFile(self.directory, shard_name(self.number, self.suffix))
+            self.shard = ShardFile(self.directory, shard_name(self.number, self.suffix, self.prefix))
             self.first = index
             self.fid = file_id(self.number, key, payload)
             self.opened(self.shard)
@@ -219,7 +220,7 @@ class ShardedWriter(Writer):
         self.seal(shard)
         self.files.append(shard.finish(self.count, self.first, self.fid))
         self.shard = None
-        self.files.extend(self.write_indexes(shard_name(self.number, "")))
+        self.files.extend(self.write_indexes(shard_name(self.number, "", self.prefix)))
         self.number += 1
         self.count = 0
         self._due = True
@@ -237,7 +238,7 @@ class ShardedWriter(Writer):
     def resume(self, state: dict[str, Any]) -> None:
         """Keep the checkpoint's files (size and SHA-256 checked), delete the rest; the next
         ``add`` starts the next shard number."""
-        self.files = keep_shards(self.directory, state)
+        self.files = keep_shards(self.directory, state, self.prefix)
         self.number = sum(1 for f in self.files if f.name.endswith(self.suffix))
 
     def close(self) -> tuple[list[FileEntry], dict[str, Any]]:

@@ -68,7 +68,7 @@ class TarWriter(ShardedWriter):
         shard.write(end_of_archive(shard.size))
 
     def write_indexes(self, stem: str) -> list[FileEntry]:
-        """The shard's ``.idx`` file (packer tar index v2)."""
+        """The shard's ``.pkidx`` file (packer tar index v2)."""
         index = pack_index(self.first, np.array(self._rows, dtype=INDEX_ENTRY), b"".join(self._keys))
         self._rows, self._keys, self._key_end = [], [], 0
         return [write_small_file(self.directory, stem + INDEX_SUFFIX, index, self.first)]
@@ -76,9 +76,9 @@ class TarWriter(ShardedWriter):
     def layout(self) -> dict[str, Any]:
         """Shard and index names, key format, member names, shard limits."""
         return {
-            "shards": "shard-NNNNNN.tar",
-            "index": "shard-NNNNNN.idx (packer tar index v2, docs/FORMATS.md)",
+            "shards": f"{self.prefix}-NNNNNN.tar",
+            "index": f"{self.prefix}-NNNNNN.pkidx (packer tar index v2, docs/FORMATS.md)",
             "key_format": "%010d",
-            "members": ["KEY.<codec extension>", "KEY.cls", "KEY.json"],
+            "members": ["KEY.<codec extension>", "KEY.cls (class labels)", "KEY.json"],
             **self.limits.to_json(),
         }

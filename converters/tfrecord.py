@@ -85,8 +85,8 @@ class TFRecordWriter(ShardedWriter):
     def layout(self) -> dict[str, Any]:
         """File and index names, compression, feature names, shard limits."""
         layout: dict[str, Any] = {
-            "files": "shard-NNNNNN" + self.suffix,
-            "index": "shard-NNNNNN.idx (text: 'offset length' per record"
+            "files": f"{self.prefix}-NNNNNN" + self.suffix,
+            "index": f"{self.prefix}-NNNNNN.idx (text: 'offset length' per record"
                      + (", uncompressed offsets" if self._gzip else "") + ")",
             "gzip": self._gzip,
             "features": ["image/encoded", "image/format", "image/class/label", "image/height",
@@ -94,6 +94,6 @@ class TFRecordWriter(ShardedWriter):
             **self.limits.to_json(),
         }
         if self._gzip:
-            layout["gzip_index"] = "shard-NNNNNN.zidx (packer gzip offsets v1, docs/FORMATS.md)"
+            layout["gzip_index"] = f"{self.prefix}-NNNNNN.zidx (packer gzip offsets v1, docs/FORMATS.md)"
             layout["gzip_level"] = GZIP_LEVEL
         return layout

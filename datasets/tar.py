@@ -1,4 +1,4 @@
-"""``TarDataset``: map-style reader for tar shards, ours (with ``.idx`` files) or WebDataset's.
+"""``TarDataset``: map-style reader for tar shards, ours (with ``.pkidx`` index files) or WebDataset's.
 
 For packer's shards the per-shard index files (layout in packer.layouts.tar and
 docs/FORMATS.md) are read once at construction into numpy arrays; ``ds[i]`` is then one
@@ -26,8 +26,8 @@ from packer.errors import CorruptDataError, ManifestError
 from packer.layouts import compressed_tar_note
 from packer.layouts.tar import (
     IMAGE_EXTENSIONS,
-    INDEX_SUFFIX,
     TAR_SUFFIX,
+    index_name,
     npy_payload,
     scan_shard,
     unpack_index,
@@ -91,7 +91,7 @@ class TarDataset(ShardedDataset):
         names = {f.name for f in self.manifest.files}
         parts, keys, key_base = [], [], 0
         for s, f in enumerate(entries):
-            idx_name = f.name[: -len(TAR_SUFFIX)] + INDEX_SUFFIX
+            idx_name = index_name(f.name, names)
             path = os.path.join(self.root, idx_name)
             if idx_name not in names:
                 raise ManifestError(f"{self.root}: manifest lists {f.name} without its index {idx_name}")

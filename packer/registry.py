@@ -23,7 +23,7 @@ if TYPE_CHECKING:
 __all__ = ["Format", "FORMATS", "format_names", "get_format", "writer_class", "reader_class", "formats_taking"]
 
 #: Writer options every format takes (see packer.converters.base.WriterOptions).
-SHARD_OPTIONS = frozenset({"shard_bytes", "shard_samples"})
+SHARD_OPTIONS = frozenset({"shard_bytes", "shard_samples", "prefix"})
 
 #: ``locate_damage(root, manifest, file, intact names, report)``: name the samples a file whose
 #: SHA-256 failed holds wrong bytes for (``packer verify``).

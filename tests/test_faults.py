@@ -87,7 +87,7 @@ def test_flipped_and_cut_bytes_are_caught(fmt, refs, tmp_path):
 @pytest.mark.parametrize("fmt", FORMATS)
 def test_skip_policy_counts_a_damaged_sample(fmt, refs, tmp_path):
     ref, _, snap, regions = refs[fmt]
-    name, (a, b, sample) = next((n, r) for n, rs in regions.items() for r in rs if not n.endswith(".idx"))
+    name, (a, b, sample) = next((n, r) for n, rs in regions.items() for r in rs if not n.endswith((".idx", ".pkidx")))
     t = fl.byte_trial(ref, str(tmp_path / "w"), snap, regions, name, (a + b) // 2)
     assert t.expected_sample == sample and t.reader == "raised"
     ds = open_dataset(tmp_path / "w", on_error="skip", output="numpy")

@@ -24,24 +24,29 @@ EXPECTED = [
     ("cat/b.jpg", 0, (9, 14, 3), "e19a827d69701050"),
     ("dog/c.png", 1, (8, 8, 3), "a42f13a66d648f41"),
 ]
-VERSIONS = {1: "v1-datasets.tar.gz"}
+#: Archive folder -> (its archive, the on-disk version). ``v2-early``: version 2 as first written,
+#: before the sample table (``samples.table``) and the ``.pkidx`` tar index name.
+VERSIONS = {"v1": ("v1-datasets.tar.gz", 1), "v2-early": ("v2-early-datasets.tar.gz", 2)}
 
 
 @pytest.fixture(scope="module")
 def archived(tmp_path_factory):
     root = tmp_path_factory.mktemp("versions")
-    for archive in VERSIONS.values():
+    for archive, _ in VERSIONS.values():
         with tarfile.open(os.path.join(DATA, archive)) as tf:
             tf.extractall(root, filter="data")
     return root
 
 
-@pytest.mark.parametrize("version", sorted(VERSIONS))
+@pytest.mark.parametrize("name", sorted(VERSIONS))
 @pytest.mark.parametrize("fmt", format_names())
-def test_old_versions_read_pixel_for_pixel(archived, version, fmt):
-    path = str(archived / f"v{version}" / fmt)
+def test_old_versions_read_pixel_for_pixel(archived, name, fmt):
+    path = str(archived / name / fmt)
     ds = open_dataset(path, output="numpy")
-    assert ds.manifest.version == version and len(ds) == len(EXPECTED)
+    assert ds.manifest.version == VERSIONS[name][1] and len(ds) == len(EXPECTED)
+    assert ds.sample_table() is None  # written before there was one: labels and keys come from the files
+    assert list(ds.targets) == [lab for _, lab, _, _ in EXPECTED] and list(ds.keys) == [k for k, _, _, _ in EXPECTED]
+    assert open_dataset(path, fields=("key", "meta", "label"))[2] == ("dog/c.png", {}, 1)
     got = []
     for i in range(len(ds)):
         img, label = ds[i]
@@ -52,12 +57,13 @@ def test_old_versions_read_pixel_for_pixel(archived, version, fmt):
     assert r.returncode == 0, r.stdout + r.stderr
 
 
+@pytest.mark.parametrize("name", sorted(VERSIONS))
 @pytest.mark.parametrize("fmt", format_names())
-def test_old_versions_convert_to_the_current_one(archived, tmp_path, fmt):
+def test_old_versions_convert_to_the_current_one(archived, tmp_path, fmt, name):
     from packer.manifest import MANIFEST_VERSION
     from packer.ops.transcode import convert_dataset
 
-    rep = convert_dataset(str(archived / "v1" / fmt), str(tmp_path / "new"), fmt, fmt)
+    rep = convert_dataset(str(archived / name / fmt), str(tmp_path / "new"), fmt, fmt)
     ds = open_dataset(str(tmp_path / "new"), output="numpy")
     assert rep.manifest.version == MANIFEST_VERSION == ds.manifest.version
     assert [(ds.read_record(i).key, ds[i][1]) for i in range(len(ds))] == [(k, lab) for k, lab, _, _ in EXPECTED]

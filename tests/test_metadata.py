@@ -331,3 +331,39 @@ def test_cli_classes_from_for_an_image_folder(tmp_path):
     assert r.returncode == 1 and "class 'x' is not in the pinned class list (3 classes)" in r.stderr
     r = _cli("convert", "lmdb", "tar", str(tmp_path / "t"), str(tmp_path / "x"), "--classes-from", str(tmp_path / "t"))
     assert r.returncode == 2 and "--classes-from applies to imagefolder and list sources" in r.stderr
+
+
+def test_shard_prefix_brace_pattern_and_a_pkidx_index(photos, tmp_path):
+    """``--prefix`` names the shards; ``info`` prints the brace pattern WebDataset takes and
+    ``--shards`` the plain list; the tar index is not ``.idx`` (DALI's name for its own index)."""
+    root, _ = photos
+    r = _cli("convert", "imagefolder", "tar", root, str(tmp_path / "t"), "--prefix", "train", "--shard-samples", "2",
+             "-q")
+    assert r.returncode == 0, r.stderr
+    names = sorted(os.listdir(tmp_path / "t"))
+    assert names == ["manifest.json", "samples.table"] + [f"train-{i:06d}{e}" for i in range(3) for e in (".pkidx", ".tar")]
+    info = _cli("info", str(tmp_path / "t")).stdout
+    assert "shards      3: train-{000000..000002}.tar (WebDataset's brace pattern)" in info
+    listed = _cli("info", str(tmp_path / "t"), "--shards").stdout.split()
+    assert listed == [os.path.join(str(tmp_path / "t"), f"train-{i:06d}.tar") for i in range(3)]
+    wds = pytest.importorskip("webdataset")
+    url = os.path.join(str(tmp_path / "t"), "train-{000000..000002}.tar")
+    assert len(list(wds.WebDataset(url, shardshuffle=False, empty_check=False))) == 6
+    assert len(open_dataset(str(tmp_path / "t"))) == 6
+    r = _cli("convert", "imagefolder", "tar", root, str(tmp_path / "x"), "--prefix", "../evil", "-q")
+    assert r.returncode == 2 and "--prefix" in r.stderr
+    r = _cli("convert", "imagefolder", "lmdb", root, str(tmp_path / "y"), "--prefix", "train", "-q")
+    assert r.returncode == 2 and "--prefix applies to tar and tfrecord output only" in r.stderr
+
+
+def test_merge_keeps_the_first_parts_prefix(photos, tmp_path):
+    from packer.ops.merge import merge
+
+    root, paths = photos
+    for name, part in (("a", paths[:3]), ("b", paths[3:])):
+        convert_items([(p, "x", None) for p in part], str(tmp_path / name), "tfrecord",
+                      ConvertOptions(workers=1, writer=WriterOptions(prefix="val")))
+    merge([str(tmp_path / "a"), str(tmp_path / "b")], str(tmp_path / "m"))
+    assert [f.name for f in read_manifest(str(tmp_path / "m")).files if f.samples] == [
+        "val-000000.tfrecord", "val-000001.tfrecord"]
+    assert len(open_dataset(str(tmp_path / "m"))) == 6

@@ -50,7 +50,7 @@ def ustar(name: bytes, size: int) -> bytes:
 def test_exact_bytes_of_one_raw_sample(one_image, tmp_path):
     convert(one_image, tmp_path / "out", encode="raw", shuffle=False)
     tar = (tmp_path / "out" / "shard-000000.tar").read_bytes()
-    idx = (tmp_path / "out" / "shard-000000.idx").read_bytes()
+    idx = (tmp_path / "out" / "shard-000000.pkidx").read_bytes()
     pixels = fixed_image().tobytes()
     npy_head = (b"\x93NUMPY\x01\x00\x76\x00{'descr': '|u1', 'fortran_order': False, 'shape': (8, 8, 3), }"
                 + b" " * 55 + b"\n")
@@ -94,7 +94,7 @@ def test_members_headers_and_index_agree_with_tarfile(tiny_folder, tmp_path):
     shards = [f for f in m.files if f.name.endswith(".tar")]
     assert [f.name for f in shards] == [f"shard-{i:06d}.tar" for i in range(4)]
     for f in shards:
-        first, entries, keys = unpack_index((tmp_path / "out" / f.name.replace(".tar", ".idx")).read_bytes(), f.name)
+        first, entries, keys = unpack_index((tmp_path / "out" / f.name.replace(".tar", ".pkidx")).read_bytes(), f.name)
         assert first == f.first and len(entries) == f.samples
         with tarfile.open(tmp_path / "out" / f.name) as tf:
             members = tf.getmembers()
@@ -129,7 +129,7 @@ def test_manifest_lists_shards_and_index_files(tiny_folder, tmp_path):
     convert(src, tmp_path / "out", shard_samples=4)
     m = read_manifest(tmp_path / "out")
     names = [f.name for f in m.files]
-    assert names == [f"shard-{i:06d}{ext}" for i in range(4) for ext in (".tar", ".idx")] + ["samples.table"]
+    assert names == [f"shard-{i:06d}{ext}" for i in range(4) for ext in (".tar", ".pkidx")] + ["samples.table"]
     assert [f.samples for f in m.files] == [4, 0, 4, 0, 4, 0, 2, 0, 0]
     assert [f.first for f in m.files] == [0, 0, 4, 4, 8, 8, 12, 12, 0]
     for f in m.files:
@@ -170,7 +170,7 @@ def test_flipped_payload_byte_is_detected_with_file_sample_offset(tiny_folder, t
     ds = open_dataset(tmp_path / "out")
     i = 6  # shard 1, third sample
     path = tmp_path / "out" / "shard-000001.tar"
-    _, entries, _ = unpack_index((tmp_path / "out" / "shard-000001.idx").read_bytes(), "idx")
+    _, entries, _ = unpack_index((tmp_path / "out" / "shard-000001.pkidx").read_bytes(), "idx")
     offset, size = int(entries[2]["offset"]), int(entries[2]["size"])
     data = bytearray(path.read_bytes())
     data[offset + size // 2] ^= 0x40
@@ -193,7 +193,7 @@ def test_truncated_shard_is_refused_before_reading(tiny_folder, tmp_path):
     convert(src, tmp_path / "out")
     path = tmp_path / "out" / "shard-000000.tar"
     ds = open_dataset(tmp_path / "out")
-    _, entries, _ = unpack_index((tmp_path / "out" / "shard-000000.idx").read_bytes(), "idx")
+    _, entries, _ = unpack_index((tmp_path / "out" / "shard-000000.pkidx").read_bytes(), "idx")
     cut = int(entries[-1]["offset"]) + 10
     os.truncate(path, cut)
     with pytest.raises(CorruptDataError, match=f"file is {cut} bytes, the manifest says"):
@@ -206,11 +206,11 @@ def test_truncated_shard_is_refused_before_reading(tiny_folder, tmp_path):
 def test_corrupt_index_is_refused_at_open(tiny_folder, tmp_path):
     src, _ = tiny_folder
     convert(src, tmp_path / "out")
-    idx = tmp_path / "out" / "shard-000000.idx"
+    idx = tmp_path / "out" / "shard-000000.pkidx"
     data = bytearray(idx.read_bytes())
     data[40] ^= 1
     idx.write_bytes(bytes(data))
-    with pytest.raises(CorruptDataError, match="index checksum mismatch.*shard-000000.idx"):
+    with pytest.raises(CorruptDataError, match="index checksum mismatch.*shard-000000.pkidx"):
         open_dataset(tmp_path / "out")
     idx.write_bytes(b"nonsense")
     with pytest.raises(CorruptDataError, match="file is 8 bytes, the manifest says"):

@@ -541,7 +541,7 @@ def _damaged_tar(tmp_path, n, bad):
     make_folder(src, {"a": [(f"{i:05d}.png", 2, 2) for i in range(n)]})
     dst = str(tmp_path / "out")
     pack(src, dst, "tar", encode="raw", shuffle=False)
-    idx = os.path.join(dst, "shard-000000.idx")
+    idx = os.path.join(dst, "shard-000000.pkidx")
     _, entries, _ = unpack_index(open(idx, "rb").read(), idx)
     with open(os.path.join(dst, "shard-000000.tar"), "r+b") as f:
         for e in entries[:bad]:

@@ -232,8 +232,8 @@ def section_scaling(a, lines: list[str]) -> None:
             convert_imagefolder(src, dst, fmt, ConvertOptions(workers=2, overwrite=True))
             conv = time.perf_counter() - t0
             opened, opened_s, ds = open_and_spy(dst)
-            index = [f for f in opened if f.endswith((".idx", ".zidx"))]
-            payload = [f for f in opened if not f.endswith(("manifest.json", ".idx", ".zidx"))]
+            index = [f for f in opened if f.endswith((".idx", ".pkidx", ".zidx", ".table"))]
+            payload = [f for f in opened if not f.endswith(("manifest.json", ".idx", ".pkidx", ".zidx", ".table"))]
             order = np.random.default_rng(1).integers(0, n, 2000)
             t0 = time.perf_counter()
             ds[0]

@@ -254,14 +254,14 @@ def sample_regions(path: str) -> dict[str, list[tuple[int, int, int]]]:
     m = read_manifest(path)
     out: dict[str, list[tuple[int, int, int]]] = {}
     if m.format == "tar":
-        from packer.layouts.tar import INDEX_ENTRY, INDEX_HEADER, unpack_index
+        from packer.layouts.tar import INDEX_ENTRY, INDEX_HEADER, INDEX_SUFFIXES, unpack_index
 
         for f in m.files:
-            if not f.name.endswith(".idx"):
+            if not f.name.endswith(INDEX_SUFFIXES):
                 continue
             with open(os.path.join(path, f.name), "rb") as fh:
                 first, e, keys = unpack_index(fh.read(), f.name)
-            shard = f.name[:-4] + ".tar"
+            shard = f.name[: f.name.rindex(".")] + ".tar"
             starts = [int(o) - 512 for o in e["offset"]]
             ends = starts[1:] + [_tar_members_end(os.path.join(path, shard), starts[-1])]
             out[shard] = [(a, b, first + j) for j, (a, b) in enumerate(zip(starts, ends))]
@@ -438,13 +438,13 @@ def payload_ranges(path: str, regions: dict) -> dict[str, list[tuple[int, int]]]
     m = read_manifest(path)
     out: dict[str, list[tuple[int, int]]] = {}
     if m.format == "tar":
-        from packer.layouts.tar import unpack_index
+        from packer.layouts.tar import INDEX_SUFFIXES, unpack_index
 
         for f in m.files:
-            if f.name.endswith(".idx"):
+            if f.name.endswith(INDEX_SUFFIXES):
                 with open(os.path.join(path, f.name), "rb") as fh:
                     _, e, _ = unpack_index(fh.read(), f.name)
-                out[f.name[:-4] + ".tar"] = [(int(o), int(o) + int(s)) for o, s in zip(e["offset"], e["size"])]
+                out[f.name[: f.name.rindex(".")] + ".tar"] = [(int(o), int(o) + int(s)) for o, s in zip(e["offset"], e["size"])]
     elif m.format == "hdf5":
         import h5py
 

@@ -1,4 +1,4 @@
-"""The tar layout: WebDataset-convention shards plus a binary ``.idx`` per shard for random access.
+"""The tar layout: WebDataset-convention shards plus a binary ``.pkidx`` index per shard for random access.
 
 The one home of the format's on-disk knowledge: the writer (packer.converters.tar), the reader
 (packer.datasets.tar), ``verify`` and the tests import it. docs/FORMATS.md ("tar") gives the
@@ -12,7 +12,7 @@ import os
 import re
 import struct
 import tarfile
-from collections.abc import Callable
+from collections.abc import Callable, Container
 from typing import Any
 
 import crc32c
@@ -30,6 +30,9 @@ __all__ = [
     "identify",
     "TAR_SUFFIX",
     "INDEX_SUFFIX",
+    "INDEX_SUFFIXES",
+    "LEGACY_INDEX_SUFFIX",
+    "index_name",
     "INDEX_MAGIC",
     "INDEX_VERSION",
     "INDEX_VERSIONS",
@@ -52,7 +55,18 @@ __all__ = [
 ]
 
 TAR_SUFFIX = ".tar"
-INDEX_SUFFIX = ".idx"
+INDEX_SUFFIX = ".pkidx"
+#: The index suffix of datasets written before packer 0.2's release (and of version 1): renamed
+#: because DALI's WebDataset reader takes ``.idx`` files beside tar shards for its own format.
+LEGACY_INDEX_SUFFIX = ".idx"
+INDEX_SUFFIXES = (INDEX_SUFFIX, LEGACY_INDEX_SUFFIX)
+
+
+def index_name(tar_name: str, names: Container[str]) -> str:
+    """The index file of the shard ``tar_name`` among the dataset's file ``names``: ``.pkidx``,
+    else the legacy ``.idx``, else the ``.pkidx`` name (which the caller then reports missing)."""
+    stem = tar_name[: -len(TAR_SUFFIX)]
+    return next((stem + s for s in INDEX_SUFFIXES if stem + s in names), stem + INDEX_SUFFIX)
 BLOCK = 512
 RECORD = 20 * BLOCK  # tar's default blocking factor: archives are padded to a multiple of this
 
@@ -313,12 +327,12 @@ def locate_damage(root: str, m: Manifest, f: FileEntry, intact: set[str], report
     intact other half implies (``packer verify``; ``f`` failed its SHA-256). With the other half
     damaged too there is nothing to compare with, and the SHA-256 problem alone names the file."""
     if f.name.endswith(TAR_SUFFIX):
-        idx_name = f.name[: -len(TAR_SUFFIX)] + INDEX_SUFFIX
+        idx_name = index_name(f.name, {e.name for e in m.files})
         if idx_name in intact:
             _locate_in_shard(os.path.join(root, f.name), root, idx_name, f.id, report,
                              table_fields(root, m.num_samples))
-    elif f.name.endswith(INDEX_SUFFIX):
-        tar_name = f.name[: -len(INDEX_SUFFIX)] + TAR_SUFFIX
+    elif f.name.endswith(INDEX_SUFFIXES):
+        tar_name = f.name[: f.name.rindex(".")] + TAR_SUFFIX
         if tar_name in intact:
             _locate_in_index(os.path.join(root, f.name), root, tar_name, m, f.first, report)
 
@@ -404,7 +418,7 @@ def identify(directory: str, files: set[str]) -> str | None:
     tars = [n for n in files if n.endswith(TAR_SUFFIX)]
     if not tars:
         return compressed_tar_note(sorted(files))
-    if any(read_head(os.path.join(directory, n), 4) == INDEX_MAGIC for n in files if n.endswith(INDEX_SUFFIX)):
+    if any(read_head(os.path.join(directory, n), 4) == INDEX_MAGIC for n in files if n.endswith(INDEX_SUFFIXES)):
         return ""
     return (f"tar shards written by another tool ({len(tars)} .tar files): open them with "
             f"open_dataset(path, format='tar') or convert them with 'packer convert tar FMT {directory} DST'")

@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import os
+import re
 import signal
 import sys
 import threading
@@ -100,11 +101,12 @@ def _add_convert(p: argparse.ArgumentParser) -> None:
     g.add_argument("--shard-size", default=None, help="max bytes per shard, e.g. 256MB, 1GiB")
     g.add_argument("--shard-samples", type=int, default=None, help="max samples per shard")
     g.add_argument("--gzip", action="store_true", help="gzip-compress TFRecord files")
+    g.add_argument("--prefix", default=None, help="shard file names PREFIX-000000.tar, ... (default: shard)")
     _add_storage(p)
 
 
 #: WriterOptions field -> its flag, and what to say when a format does not take it.
-_OPTION_FLAGS = {"shard_bytes": "--shard-size", "shard_samples": "--shard-samples", "gzip": "--gzip",
+_OPTION_FLAGS = {"shard_bytes": "--shard-size", "shard_samples": "--shard-samples", "gzip": "--gzip", "prefix": "--prefix",
                  "checkpoint_samples": "--checkpoint-samples"}
 _OPTION_HINTS = {"checkpoint_samples": " (shard formats checkpoint at every shard)"}
 
@@ -139,10 +141,13 @@ def _convert_options(a: argparse.Namespace):  # noqa: ANN202 - ConvertOptions, i
         raise UsageError("packer convert: --resume applies to packed output (lmdb, hdf5, tar, tfrecord) only")
     if a.checkpoint_samples is not None and a.checkpoint_samples < 1:
         raise UsageError("packer convert: --checkpoint-samples must be at least 1")
-    writer = WriterOptions(shard_bytes=shard_bytes, shard_samples=a.shard_samples, gzip=a.gzip,
-                           checkpoint_samples=a.checkpoint_samples)
+    try:
+        writer = WriterOptions(shard_bytes=shard_bytes, shard_samples=a.shard_samples, gzip=a.gzip,
+                               checkpoint_samples=a.checkpoint_samples, prefix=a.prefix)
+    except ValueError as e:
+        raise UsageError(f"packer convert: --prefix: {e}") from None
     refused = get_format(a.dst_format).refused_options(writer) if a.dst_format != "imagefolder" else [
-        f for f in ("shard_bytes", "shard_samples", "gzip", "checkpoint_samples") if getattr(writer, f) not in (None, False)]
+        f for f in _OPTION_FLAGS if getattr(writer, f) not in (None, False)]
     if refused:
         flag = _OPTION_FLAGS[refused[0]]
         raise UsageError(f"packer convert: {flag} applies to {' and '.join(formats_taking(refused[0]))} output only"
@@ -400,7 +405,25 @@ def _fetched(a: argparse.Namespace, url: str) -> str:
 def _add_info(p: argparse.ArgumentParser) -> None:
     p.add_argument("path", help="packed dataset directory or URL")
     p.add_argument("--json", action="store_true", help="print the manifest as JSON")
+    p.add_argument("--shards", action="store_true",
+                   help="print the data files' paths (URLs), one per line, e.g. for DALI's readers")
     _add_storage(p)
+
+
+def brace_pattern(names: Sequence[str]) -> str | None:
+    """``train-{000000..000009}.tar`` for consecutively numbered shard names with one prefix and
+    suffix (the form ``webdataset.WebDataset`` and ``braceexpand`` take), else None."""
+    parts = [re.fullmatch(r"(.+)-(\d+)(\.[^-]+)", n) for n in names]
+    if not names or not all(parts):
+        return None
+    stems = {(p.group(1), p.group(3), len(p.group(2))) for p in parts}  # type: ignore[union-attr]
+    numbers = [int(p.group(2)) for p in parts]  # type: ignore[union-attr]
+    if len(stems) != 1 or numbers != list(range(numbers[0], numbers[0] + len(numbers))):
+        return None
+    prefix, suffix, width = stems.pop()
+    if len(names) == 1:
+        return names[0]
+    return f"{prefix}-{{{numbers[0]:0{width}d}..{numbers[-1]:0{width}d}}}{suffix}"
 
 
 def _run_info(a: argparse.Namespace) -> int:
@@ -409,6 +432,11 @@ def _run_info(a: argparse.Namespace) -> int:
     from ..storage import Remote, is_url, read_remote_manifest
 
     m = read_remote_manifest(Remote(a.path, _storage(a)))[0] if is_url(a.path) else read_manifest(a.path)
+    if a.shards:
+        for f in m.files:
+            if f.samples:
+                print(f"{a.path.rstrip('/')}/{f.name}" if is_url(a.path) else os.path.join(a.path, f.name))
+        return EXIT_OK
     if a.json:
         sys.stdout.write(m.dumps().decode("utf-8"))
         return EXIT_OK
@@ -418,10 +446,17 @@ def _run_info(a: argparse.Namespace) -> int:
     print(f"format      {m.format} (manifest v{m.version}, {m.created_by})")
     print(f"samples     {m.num_samples}")
     print(f"classes     {len(m.classes)}: {shown}")
+    if m.label_kind != "class":
+        print(f"labels      {m.label_kind}" + (" (a list of classes per sample)" if m.label_kind == "multi" else ""))
     print(f"processing  resize {m.processing.get('resize')}, encoding {m.processing.get('encoding')}, "
           f"color {m.processing.get('color')}")
     print("order       " + (f"shuffled at write time, seed {m.shuffle_seed}" if m.shuffle_seed is not None else "source order"))
     print(f"files       {len(m.files)}, {format_size(size)} ({size} bytes)")
+    shards = [f.name for f in m.files if f.samples]
+    if len(shards) > 1 or (shards and shards[0] not in ("data.mdb", "data.h5")):
+        pattern = brace_pattern(shards)
+        print(f"shards      {len(shards)}" + (f": {pattern} (WebDataset's brace pattern)" if pattern else "")
+              + "; --shards lists them one per line (e.g. for DALI)")
     print(f"skipped     {len(m.skipped)}" + (f" (first: {m.skipped[0].path}: {m.skipped[0].reason})" if m.skipped else ""))
     return EXIT_OK
 

@@ -17,7 +17,7 @@ from typing import Any
 
 from .. import __version__
 from ..converters.base import WriterOptions
-from ..converters.shards import ShardedWriter, shard_name
+from ..converters.shards import SHARD_NAME, ShardedWriter, shard_name
 from ..errors import CorruptDataError, ImageError, SourceError
 from ..filesystem import (
     check_destination,
@@ -29,7 +29,7 @@ from ..filesystem import (
     recover_publish,
     temp_dir_for,
 )
-from ..layouts.tar import INDEX_SUFFIX as TAR_INDEX_SUFFIX
+from ..layouts.tar import INDEX_SUFFIXES as TAR_INDEX_SUFFIXES
 from ..layouts.tar import pack_index, unpack_index
 from ..manifest import FileEntry, Manifest, file_sha256, read_manifest, write_manifest
 from ..registry import writer_class
@@ -40,7 +40,7 @@ from .transcode import COPY, _open_source, _reprocess_one
 __all__ = ["MergeReport", "merge", "merged_classes"]
 
 #: Layout facts that may differ between parts (they decide where shards end, not what they hold).
-_FREE_LAYOUT = ("shard_bytes", "shard_samples", "checkpoint_samples")
+_FREE_LAYOUT = ("shard_bytes", "shard_samples", "checkpoint_samples", "shards", "files", "index", "gzip_index")
 
 
 @dataclass
@@ -214,16 +214,17 @@ def _merge_shards(paths: Sequence[str], manifests: Sequence[Manifest], dst: str,
     try:
         files: list[FileEntry] = []
         first = number = 0
+        prefix = _prefix(manifests[0])
         for p, m, labels in zip(paths, manifests, report.labels):
             keep = labels == list(range(len(labels)))
             ds = None if keep else _open_source(p, m.format)
             try:
                 for data, indexes in _shard_groups(p, m):
                     if ds is None:
-                        files += _copy_shard(p, data, indexes, tmp, number, first)
+                        files += _copy_shard(p, data, indexes, tmp, number, first, prefix)
                         report.copied_files += 1
                     else:
-                        files += _rewrite_shard(ds, p, m, data, tmp, number, first, labels)
+                        files += _rewrite_shard(ds, p, m, data, tmp, number, first, labels, prefix)
                         report.rewritten_files += 1
                     first += data.samples
                     number += 1
@@ -295,17 +296,24 @@ def _suffix(name: str, stem: str) -> str:
     return name[len(stem):] if name.startswith(stem) else os.path.splitext(name)[1]
 
 
+def _prefix(m: Manifest) -> str:
+    """The shard names' prefix of a part (``train`` for ``train-000000.tar``): the merged dataset
+    keeps the first part's."""
+    first = next((f.name for f in m.files if f.samples), "")
+    return first.split(".", 1)[0].rsplit("-", 1)[0] if "-" in first else SHARD_NAME
+
+
 def _copy_shard(part: str, data: FileEntry, indexes: list[FileEntry], tmp: str, number: int,
-                first: int) -> list[FileEntry]:
+                first: int, prefix: str = SHARD_NAME) -> list[FileEntry]:
     """Copy one shard unchanged under its new number (its id and every sample's checksum stay valid:
     they depend on the file, not on its name or place in the dataset), and its index files, the
     tar index re-written with the shard's new first sample."""
     stem = data.name.split(".", 1)[0]
-    new = shard_name(number, _suffix(data.name, stem))
+    new = shard_name(number, _suffix(data.name, stem), prefix)
     out = [replace(_copy_checked(part, data, os.path.join(tmp, new)), first=first, id=data.id)]
     for f in indexes:
-        name = shard_name(number, _suffix(f.name, stem))
-        if name.endswith(TAR_INDEX_SUFFIX) and data.name.endswith(".tar"):
+        name = shard_name(number, _suffix(f.name, stem), prefix)
+        if name.endswith(TAR_INDEX_SUFFIXES) and data.name.endswith(".tar"):
             old_first, entries, keys = unpack_index(_read_checked(part, f), os.path.join(part, f.name))
             if old_first != data.first or len(entries) != data.samples:
                 raise CorruptDataError(f"part {part}: index {f.name} disagrees with the manifest",
@@ -353,10 +361,10 @@ def _copy_checked(part: str, f: FileEntry, dest: str, chunk: int = 1 << 22) -> F
 
 
 def _rewrite_shard(ds: Any, part: str, m: Manifest, data: FileEntry, tmp: str, number: int, first: int,
-                   labels: list[int]) -> list[FileEntry]:
+                   labels: list[int], prefix: str = SHARD_NAME) -> list[FileEntry]:
     """Write one shard again with its labels renumbered: the stored payloads through the format's
     writer, as shard ``number`` holding samples from ``first`` on (a new id, checksums seeded anew)."""
-    options = WriterOptions(shard_samples=data.samples, gzip=bool(m.layout.get("gzip", False)))
+    options = WriterOptions(shard_samples=data.samples, gzip=bool(m.layout.get("gzip", False)), prefix=prefix)
     writer = writer_class(m.format)(tmp, options)
     writer.number = number
     try:
