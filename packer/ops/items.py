@@ -262,13 +262,15 @@ def convert_items(
         recover_publish(dst)
         kept = _finished(dst, template.source["fingerprint"]) if options.resume else None
         if kept is not None:
-            return ConvertReport(dst, kept, time.perf_counter() - t0, list(kept.skipped),
+            return ConvertReport(dst, kept, time.perf_counter() - t0, list(kept.skipped), already_complete=True,
                                  notes=[f"kept {dst}: finished before from the same items and options"])
         if os.path.lexists(dst) and not options.overwrite:
             raise FileExistsError(f"destination exists: {dst} (use --overwrite to replace it)")
+        counts: dict[str, int] = {}
         manifest, resumed, notes = write_packed_result(dst, fmt, stream, template, options, len(rows),
-                                                       f"the {len(rows)} items", fingerprint)
-    return ConvertReport(dst, manifest, time.perf_counter() - t0, list(manifest.skipped), resumed=resumed, notes=notes)
+                                                       f"the {len(rows)} items", fingerprint, counts)
+    return ConvertReport(dst, manifest, time.perf_counter() - t0, list(manifest.skipped), resumed=resumed, notes=notes,
+                         left_small=counts["left_small"])
 
 
 def _finished(dst: str, fingerprint: str) -> Manifest | None:

@@ -161,6 +161,7 @@ def _serve(fn: Callable[..., Any], tasks: Connection, results: Connection, paren
     """A worker's life: take ``(k, chunk)`` tasks until ``None`` or end-of-file, answer each with
     ``("ok", k, fn(chunk))`` or ``("error", k, exception)``."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent handles Ctrl-C and stops us
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)  # and a SIGTERM sent to the whole job (preemption)
     threading.Thread(target=_exit_with_parent, args=(parent,), daemon=True, name="packer-orphan-watch").start()
     import cv2
 

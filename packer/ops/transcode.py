@@ -420,13 +420,14 @@ def _convert_dataset_claimed(
             )
             fingerprint = {"source": _source_fingerprint(src, sm),
                            "options": options_fingerprint(dst_format, template, options)}
+            counts: dict[str, int] = {}
             manifest, resumed, notes = write_packed_result(
                 dst, dst_format, lambda start: _items(ds, src, src_format, options, copy, start), template, options,
-                len(ds), src, fingerprint,
+                len(ds), src, fingerprint, counts,
             )
             new_skips = manifest.skipped[: len(manifest.skipped) - len(sm.skipped)]
             return TranscodeReport(dst, manifest, time.perf_counter() - t0, list(new_skips), copied=copy,
-                                   resumed=resumed, notes=notes)
+                                   resumed=resumed, notes=notes, left_small=counts["left_small"])
         if sm.label_kind != "class":
             raise SourceError(f"{src} has {sm.label_kind} labels, which class folders cannot hold; convert it to "
                               f"another packed format instead")
