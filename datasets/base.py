@@ -253,7 +253,11 @@ class PackedDataset(Dataset):
         """Sample ``index``'s metadata (``{}`` when it has none)."""
         i = self._index(index)
         table = self.sample_table()
-        return table.meta(i) if table is not None else {}
+        return table.meta(i) if table is not None else self._meta_without_table(i)
+
+    def _meta_without_table(self, index: int) -> dict[str, Any]:
+        """Metadata of a dataset without a sample table: other tools' files override this."""
+        return {}
 
     def _labels_without_table(self) -> np.ndarray:
         """Labels of a dataset without a sample table; formats with an index override this."""

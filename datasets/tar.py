@@ -14,6 +14,7 @@ extensions). The arrays pickle with the dataset, so workers never rescan.
 
 from __future__ import annotations
 
+import json
 import os
 from collections.abc import Callable
 from typing import Any
@@ -35,6 +36,7 @@ from packer.layouts.tar import (
 from packer.manifest import FileEntry
 from packer.placeholder import placeholder_reason
 from packer.record import Record
+from packer.samples import MAX_META_BYTES
 
 from .shards import ShardedDataset, foreign_manifest
 
@@ -75,8 +77,41 @@ class TarDataset(ShardedDataset):
         self._key_end: np.ndarray = cols["key_end"]
         self._keys: bytes = cols["keys"]
         self._has_crc: bool = bool(cols["has_crc"])
+        self._extras: tuple[np.ndarray, list[str], np.ndarray, np.ndarray] | None = cols.get("extras")
         if len(self._offset) != len(self):
             raise ManifestError(f"{self.root}: index lists {len(self._offset)} samples, manifest {len(self)}")
+
+    def _meta_without_table(self, index: int) -> dict[str, Any]:
+        """Another tool's sample metadata, from the sample's other members: a ``.json`` object's
+        fields, and each UTF-8 text member (``.txt``, ...) under its extension. Members larger than
+        a sample's metadata may be, or not UTF-8, are left out."""
+        if self._extras is None:
+            return {}
+        samples, exts, offsets, sizes = self._extras
+        lo, hi = int(np.searchsorted(samples, index)), int(np.searchsorted(samples, index, "right"))
+        meta: dict[str, Any] = {}
+        shard = int(self._shard[index])
+        self._ensure_open()
+        for j in range(lo, hi):
+            if int(sizes[j]) > MAX_META_BYTES:
+                continue
+            data = bytes(self._pread(shard, int(sizes[j]), int(offsets[j]), index))
+            try:
+                text = data.decode("utf-8")
+            except UnicodeDecodeError:
+                continue
+            if exts[j] == "json":
+                try:
+                    value = json.loads(text)
+                except ValueError:
+                    value = text
+                if isinstance(value, dict):
+                    meta.update(value)
+                    continue
+                meta["json"] = value
+            else:
+                meta[exts[j]] = text
+        return meta
 
     def _labels_without_table(self) -> np.ndarray:
         return np.array(self._label, np.int64)
@@ -148,10 +183,11 @@ class TarDataset(ShardedDataset):
             raise FileNotFoundError(f"no tar shards at {path}")
         rows: list[tuple[int, int, int, int, int]] = []  # offset, size, label, codec, shard
         keys: list[bytes] = []
+        extras: list[tuple[int, str, int, int]] = []  # sample, member extension, offset, size
         files = []
         for s, name in enumerate(names):
             before = len(rows)
-            scan_shard(os.path.join(root, name), s, rows, keys)
+            scan_shard(os.path.join(root, name), s, rows, keys, extras)
             files.append(FileEntry(name, len(rows) - before, os.path.getsize(os.path.join(root, name)), "", before))
         cols = _empty_columns(len(rows))
         if rows:
@@ -164,6 +200,8 @@ class TarDataset(ShardedDataset):
             cols["key_end"][:] = np.cumsum([len(k) for k in keys])
         cols["keys"] = b"".join(keys)
         cols["has_crc"] = False
+        cols["extras"] = (np.array([e[0] for e in extras], np.int64), [e[1] for e in extras],
+                          np.array([e[2] for e in extras], np.int64), np.array([e[3] for e in extras], np.int64))
         max_label = int(cols["label"].max()) if rows else -1
         manifest = foreign_manifest("tar", files, max_label, {"kind": "tar shards", "path": root})
         return cls(root, manifest=manifest, index=cols, **kwargs)

@@ -187,7 +187,12 @@ class TFRecordDataset(ShardedDataset):
                                    path=self._shard_paths[shard], sample=index, offset=zstart)
         return buf, shard, offset
 
-    def _read(self, index: int) -> Record:
+    def _meta_without_table(self, index: int) -> dict[str, Any]:
+        """Another tool's sample metadata: the Example's features packer does not read otherwise."""
+        self._ensure_open()
+        return self._read(index, want_meta=True).meta or {}
+
+    def _read(self, index: int, want_meta: bool = False) -> Record:
         buf, shard, offset = self._record(index)
         n = len(buf)
         length, length_crc = HEAD.unpack_from(buf)
@@ -203,7 +208,8 @@ class TFRecordDataset(ShardedDataset):
                 raise CorruptDataError("record data checksum mismatch", path=self._shard_paths[shard],
                                        sample=index, offset=offset + 12)
         place = self._seed(shard, index) if self._fids[shard] and self.verify else None
-        return image_record(example_class(), mv[12 : n - 4], self._shard_paths[shard], index, offset + 12, place)
+        return image_record(example_class(), mv[12 : n - 4], self._shard_paths[shard], index, offset + 12, place,
+                            want_meta)
 
 
 def _empty_columns(n: int) -> dict[str, np.ndarray]:

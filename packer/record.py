@@ -49,6 +49,8 @@ class Record:
     key: str
     payload: memoryview | bytes
     channels: int = 3
+    #: Per-sample metadata found in the sample itself (other tools' TFRecord features), when asked for.
+    meta: dict | None = None
 
 
 def pack_record(

@@ -81,8 +81,10 @@ def carried_label(ds: Any, index: int, label: int, remap: Sequence[int] | None =
     class index (renumbered through ``remap`` when given), with its multi-label classes, number
     and metadata from ``ds``'s sample table, so conversions and merges carry them."""
     table = ds.sample_table() if hasattr(ds, "sample_table") else None
-    if table is None:
-        return remap[label] if remap is not None and label >= 0 else label
+    if table is None:  # packer 0.1, or other tools' files (whose metadata the reader finds in the sample)
+        value = remap[label] if remap is not None and label >= 0 else label
+        meta = ds.meta(index) if hasattr(ds, "meta") else None
+        return Label(value, meta=meta) if meta else value
     kind, meta = table.kind, table.meta(index) or None
     if kind == "number":
         return Label(-1, target=float(table.target_of(index)), meta=meta)

@@ -367,3 +367,37 @@ def test_merge_keeps_the_first_parts_prefix(photos, tmp_path):
     assert [f.name for f in read_manifest(str(tmp_path / "m")).files if f.samples] == [
         "val-000000.tfrecord", "val-000001.tfrecord"]
     assert len(open_dataset(str(tmp_path / "m"))) == 6
+
+
+def test_other_tools_metadata_is_carried_into_packer_formats(photos, tmp_path):
+    """A WebDataset shard's ``.json`` and ``.txt`` members and a TFRecord file's extra features
+    become the samples' metadata when converted."""
+    from packer.ops.transcode import convert_dataset
+
+    wds = pytest.importorskip("webdataset")
+    writer_mod = pytest.importorskip("tfrecord.writer")
+    _, paths = photos
+    jpgs = [open(p, "rb").read() for p in paths[:3]]
+    os.makedirs(tmp_path / "w")
+    with wds.TarWriter(str(tmp_path / "w" / "a.tar")) as sink:
+        for i, data in enumerate(jpgs):
+            sample = {"__key__": f"s{i}", "png": data, "cls": i % 2, "txt": f"caption {i}"}
+            if i != 1:
+                sample["json"] = {"score": i / 2, "tags": ["x"]}
+            sink.write(sample)
+    convert_dataset(str(tmp_path / "w"), str(tmp_path / "wl"), "tar", "lmdb")
+    ds = open_dataset(str(tmp_path / "wl"), fields=("key", "label", "meta"))
+    assert [ds[i] for i in range(3)] == [
+        ("s0", 0, {"score": 0.0, "tags": ["x"], "txt": "caption 0"}), ("s1", 1, {"txt": "caption 1"}),
+        ("s2", 0, {"score": 1.0, "tags": ["x"], "txt": "caption 2"})]
+    os.makedirs(tmp_path / "t")
+    w = writer_mod.TFRecordWriter(str(tmp_path / "t" / "a.tfrecord"))
+    for i, data in enumerate(jpgs):
+        w.write({"image/encoded": (data, "byte"), "image/class/label": (i, "int"),
+                 "caption": (f"photo {i}".encode(), "byte"), "box": ([0.5, 1.5], "float")})
+    w.close()
+    convert_dataset(str(tmp_path / "t"), str(tmp_path / "tl"), "tfrecord", "tar")
+    ds = open_dataset(str(tmp_path / "tl"), fields=("label", "meta"))
+    assert ds[2] == (2, {"caption": "photo 2", "box": [0.5, 1.5]})
+    with tarfile.open(str(tmp_path / "tl" / "shard-000000.tar")) as tf:
+        assert json.loads(tf.extractfile("0000000002.json").read())["meta"] == {"caption": "photo 2", "box": [0.5, 1.5]}

@@ -247,8 +247,11 @@ def npy_payload(buf: bytes, height: int, width: int, path: str, sample: int, off
 
 
 
-def scan_shard(path: str, shard: int, rows: list[tuple[int, int, int, int, int]], keys: list[bytes]) -> None:
-    """Append one row per sample of a tar shard: image data offset/size, label, codec, shard."""
+def scan_shard(path: str, shard: int, rows: list[tuple[int, int, int, int, int]], keys: list[bytes],
+               extras: list[tuple[int, str, int, int]] | None = None) -> None:
+    """Append one row per sample of a tar shard: image data offset/size, label, codec, shard; and
+    to ``extras``, (row, extension, data offset, size) of each of its other members (``.json``,
+    ``.txt``, ...: the sample's metadata)."""
     size = os.path.getsize(path)
     with open(path, "rb") as f:
         try:
@@ -282,6 +285,9 @@ def scan_shard(path: str, shard: int, rows: list[tuple[int, int, int, int, int]]
                 raise CorruptDataError(f"{where}: .cls member {text[:32]!r} is not a class number (an integer "
                                        f"from 0 to 2^63-1)", path=path, offset=off) from None
             img_off, img_size = members[image]
+            if extras is not None:
+                extras.extend((len(rows), ext, o, n) for ext, (o, n) in members.items()
+                              if ext != "cls" and ext not in IMAGE_EXTENSIONS)
             rows.append((img_off, img_size, label, CODEC_IDS[IMAGE_EXTENSIONS[image]], shard))
             keys.append(key.encode("utf-8", "surrogateescape"))  # the name's own bytes, UTF-8 or not
 

@@ -24,7 +24,7 @@ from packer.imageproc import ProcessedImage
 from packer.manifest import FileEntry, Manifest
 from packer.placeholder import file_placeholder_reason, placeholder_reason
 from packer.record import Record
-from packer.samples import encode_meta, sample_fields
+from packer.samples import decode_meta, encode_meta, sample_fields
 from packer.tfexample import encode_example
 
 __all__ = [
@@ -167,8 +167,41 @@ def parse_idx(text: bytes, path: str) -> np.ndarray:
     return pairs
 
 
+#: Features packer reads into a Record's fields; any other feature is metadata.
+IMAGE_FEATURES = frozenset({"image/encoded", "image/class/label", "image/format", "image/height", "image/width",
+                            "image/channels", "image/filename", "image/target", PLACE_FEATURE})
+
+
+def example_meta(msg: Any) -> dict[str, Any]:
+    """The metadata of a parsed Example: ``packer/meta``'s JSON object, and every feature packer
+    does not read otherwise as ``name: value`` (UTF-8 bytes as text, one number as a number, more
+    as a list; bytes that are not UTF-8 are left out)."""
+    meta: dict[str, Any] = {}
+    for name, feature in msg.features.feature.items():
+        if name in IMAGE_FEATURES:
+            continue
+        if name == META_FEATURE:
+            raw = feature.bytes_list.value
+            meta.update(decode_meta(raw[0] if raw else b"", META_FEATURE))
+            continue
+        kind = feature.WhichOneof("kind")
+        values: list[Any] = list(getattr(feature, kind).value) if kind else []
+        if kind == "bytes_list":
+            try:
+                values = [v.decode("utf-8") for v in values]
+            except UnicodeDecodeError:
+                continue
+        elif kind == "float_list":
+            values = [float(v) for v in values]
+        else:
+            values = [int(v) for v in values]
+        meta[name] = values[0] if len(values) == 1 else values
+    return meta
+
+
 def image_record(
-    example_cls: Any, data: memoryview, path: str, index: int | str, offset: int, place: int | None = None
+    example_cls: Any, data: memoryview, path: str, index: int | str, offset: int, place: int | None = None,
+    want_meta: bool = False,
 ) -> Record:
     """The sample in a serialised Example (CorruptDataError when it is not an image Example, or,
     with ``place``, when its ``packer/place`` feature is not that seed: a sample from another place)."""
@@ -207,7 +240,7 @@ def image_record(
     w = v[0] if v else 0
     v = name.bytes_list.value if name is not None else ()
     key = v[0].decode("utf-8", "replace") if v else f"{os.path.basename(path)}:{index}"
-    return Record(codec, target, h, w, key, payload)
+    return Record(codec, target, h, w, key, payload, meta=example_meta(msg) if want_meta else None)
 
 
 def scan_file(path: str, rows: list[tuple[int, int]], example_cls: Any) -> int:
