@@ -19,11 +19,13 @@ time to the first batch, which is where a gap to the ceiling shows. "CPU-bound" 
 CPU time per image (bare decode / read, JPEG / raw): what the img/s ratios are when nothing else
 runs on the cores, and what still compares when other jobs do. ``--revs OLD NEW`` runs each
 round under both revisions (exported as tools/bench_versions.py does), alternating.
+``--ceiling --candidates`` gives the CPU time per image of each candidate fix instead.
 """
 
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import multiprocessing
 import os
@@ -33,6 +35,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from typing import Any
 
 import torch
 from torch.utils.data import DataLoader
@@ -126,13 +129,13 @@ def _usage(who: int) -> tuple[float, int]:
     return r.ru_utime + r.ru_stime, r.ru_minflt
 
 
-def loader_epoch(path: str) -> dict:
+def loader_epoch(path: str, worker_init_fn: Any = None) -> dict:
     """One shuffled epoch through DataLoader(2 workers, batch 64, 224 crop, collate), workers
     started for it as by default: img/s, first batch ms, CPU us and page faults per image of the
     workers and of this process, and the threads of a worker at the end of the epoch."""
     ds = open_dataset(path, transform=crop224)
     loader = DataLoader(ds, batch_size=64, num_workers=2, shuffle=True, collate_fn=collate,
-                        generator=torch.Generator().manual_seed(0))
+                        generator=torch.Generator().manual_seed(0), worker_init_fn=worker_init_fn)
     main0, kids0 = _usage(resource.RUSAGE_SELF), _usage(resource.RUSAGE_CHILDREN)
     t0 = time.perf_counter()
     it = iter(loader)
@@ -166,6 +169,46 @@ def _in_revision(lib: str, jpeg: str, raw: str) -> dict:
     if r.returncode:
         raise SystemExit(f"{lib}: {r.stderr.strip()}")
     return json.loads(r.stdout.strip().splitlines()[-1])
+
+
+def _opencv_one_thread(worker_id: int) -> None:
+    import cv2
+
+    cv2.setNumThreads(1)
+
+
+def _freeze_at_start(worker_id: int) -> None:
+    gc.freeze()
+
+
+#: name -> (worker_init_fn, torch threads of the main process) of ``--candidates``.
+CANDIDATES: dict[str, tuple[Any, int | None]] = {
+    "as is": (None, None),
+    "cv2.setNumThreads(1) in workers": (_opencv_one_thread, None),
+    "main process at 1 torch thread": (None, 1),
+    "gc.freeze() at worker start": (_freeze_at_start, None),
+}
+
+
+def candidates(jpeg: str, raw: str, rounds: int) -> None:
+    """Print CPU us per image (workers + main) and worker faults per image of each of
+    :data:`CANDIDATES`, one epoch each per round, candidates interleaved."""
+    threads = torch.get_num_threads()
+    rows: dict[str, list[tuple[dict, dict]]] = {name: [] for name in CANDIDATES}
+    for _ in range(rounds):
+        for name, (init, main_threads) in CANDIDATES.items():
+            torch.set_num_threads(main_threads or threads)
+            rows[name].append((loader_epoch(jpeg, init), loader_epoch(raw, init)))
+    torch.set_num_threads(threads)
+    print(f"medians of {rounds} rounds; CPU us per image, workers + main; worker page faults per image\n")
+    print("| candidate | JPEG CPU us/img | JPEG faults/img | raw CPU us/img | raw faults/img |\n|---|---|---|---|---|")
+    for name, got in rows.items():
+        cells = []
+        for k in (0, 1):
+            cells.append(f"{statistics.median(g[k]['worker_us'] for g in got):.0f} + "
+                         f"{statistics.median(g[k]['main_us'] for g in got):.1f}")
+            cells.append(f"{statistics.median(g[k]['worker_faults'] for g in got):.1f}")
+        print(f"| {name} | {' | '.join(cells)} |", flush=True)
 
 
 def _cpu(epoch: dict) -> float:
@@ -228,6 +271,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--ceiling", action="store_true", help="the read against 2 processes' bare decode rate")
     parser.add_argument("--revs", nargs="+", help="with --ceiling: git revisions (or folders laid out as the "
                         "installed package) to compare, round by round")
+    parser.add_argument("--candidates", action="store_true", help="with --ceiling: CPU per image of each "
+                        "candidate fix (worker threads, main-process threads, gc.freeze), in this process")
     parser.add_argument("--ceiling-round", action="store_true", help=argparse.SUPPRESS)
     a = parser.parse_args(argv)
     if a.ceiling_round:
@@ -236,7 +281,10 @@ def main(argv: list[str] | None = None) -> int:
     if a.ceiling:
         if len(a.paths) != 2:
             parser.error("--ceiling takes a JPEG dataset and a raw dataset")
-        ceiling(a.paths[0], a.paths[1], a.rounds, a.revs)
+        if a.candidates:
+            candidates(a.paths[0], a.paths[1], a.rounds)
+        else:
+            ceiling(a.paths[0], a.paths[1], a.rounds, a.revs)
         return 0
     print("| dataset | ds[i] per sample img/s | __getitems__ img/s | after / before | rounds (after / before) |")
     print("|---|---|---|---|---|")
