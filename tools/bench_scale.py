@@ -67,11 +67,13 @@ def child_build(fmt: str, n: int, dst: str, workers: int) -> dict[str, Any]:
     from packer.ops.items import convert_items
 
     opts = ConvertOptions(processing=ProcessOptions(encoding=Encoding("keep", 0)), workers=workers, overwrite=True)
-    t0 = time.perf_counter()
-    report = convert_items(TinyItems(n), dst, fmt, opts, CLASSES)
-    seconds = time.perf_counter() - t0
+    with TreeMemory(os.getpid()) as memory:
+        t0 = time.perf_counter()
+        report = convert_items(TinyItems(n), dst, fmt, opts, CLASSES)
+        seconds = time.perf_counter() - t0
     return {"seconds": seconds, "samples": report.manifest.num_samples, "files": len(report.manifest.files),
-            "bytes": sum(f.bytes for f in report.manifest.files)}
+            "bytes": sum(f.bytes for f in report.manifest.files), "tree_peak_mb": memory.peak[0] / 1024,
+            "tree_anon_mb": memory.peak[1] / 1024}
 
 
 def child_open(path: str) -> dict[str, Any]:
@@ -202,29 +204,36 @@ def _rss_kb(pid: int) -> tuple[int, int]:
     return out["VmRSS"], out["RssAnon"]
 
 
+class TreeMemory:
+    """Peak RSS and peak anonymous RSS (kB) of a process and its descendants while the ``with``
+    block runs, sampled every 20 ms by a thread (the conversion alone: not the interpreter's exit)."""
+
+    def __init__(self, pid: int) -> None:
+        self.pid, self.peak, self.done = pid, [0, 0], threading.Event()
+
+    def _watch(self) -> None:
+        while not self.done.wait(0.02):
+            sizes = [_rss_kb(p) for p in _tree(self.pid)]
+            self.peak[0] = max(self.peak[0], sum(r for r, _ in sizes))
+            self.peak[1] = max(self.peak[1], sum(a for _, a in sizes))
+
+    def __enter__(self) -> TreeMemory:
+        self.thread = threading.Thread(target=self._watch, daemon=True)
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.done.set()
+        self.thread.join()
+
+
 def run_child(*args: Any) -> dict[str, Any]:
-    """Run ``--child args`` in a fresh interpreter; its JSON answer plus the peak RSS and peak
-    anonymous RSS (MB) of its process tree, sampled every 50 ms."""
-    proc = subprocess.Popen([sys.executable, "-m", "tools.bench_scale", "--child", *map(str, args)],
-                            stdout=subprocess.PIPE, text=True)
-    peak = [0, 0]
-
-    def watch() -> None:
-        while proc.poll() is None:
-            sizes = [_rss_kb(p) for p in _tree(proc.pid)]
-            peak[0] = max(peak[0], sum(r for r, _ in sizes))
-            peak[1] = max(peak[1], sum(a for _, a in sizes))
-            time.sleep(0.05)
-
-    watcher = threading.Thread(target=watch, daemon=True)
-    watcher.start()
-    out, _ = proc.communicate()
-    watcher.join()
-    if proc.returncode:
-        raise SystemExit(f"child {args} failed with exit status {proc.returncode}")
-    answer = json.loads(out.strip().splitlines()[-1])
-    answer["tree_peak_mb"], answer["tree_anon_mb"] = peak[0] / 1024, peak[1] / 1024
-    return answer
+    """Run ``--child args`` in a fresh interpreter; its JSON answer."""
+    out = subprocess.run([sys.executable, "-m", "tools.bench_scale", "--child", *map(str, args)],
+                         stdout=subprocess.PIPE, text=True)
+    if out.returncode:
+        raise SystemExit(f"child {args} failed with exit status {out.returncode}")
+    return json.loads(out.stdout.strip().splitlines()[-1])
 
 
 def _dataset(root: str, fmt: str, n: int, workers: int, rebuild: bool) -> tuple[str, dict[str, Any] | None]:
