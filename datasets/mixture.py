@@ -82,7 +82,9 @@ class Mixture:
     """
 
     def __init__(self, readers: list[Any], options: MixOptions,
-                 target_transform: Callable[[int], Any] | None) -> None:
+                 target_transform: Callable[[int], Any] | None, fields: Sequence[str] | None = None) -> None:
+        """``fields``: what a sample returns (as the readers' ``fields=``, plus ``"source"``, the
+        source's index in the list); None: ``(image, label[, ...], source if return_source)``."""
         sizes = [len(r) for r in readers]
         weights = options.weights if options.weights is not None else sizes
         if len(weights) != len(readers):
@@ -99,7 +101,11 @@ class Mixture:
         self.target_transform = target_transform
         self.union: list[str] | None = None
         self.label_maps: list[list[int]] | None = None
+        self.fields = tuple(fields) if fields is not None else None
         if options.classes == "union":
+            kinds = {getattr(r, "label_kind", "class") for r in readers}
+            if kinds != {"class"}:
+                raise ValueError(f"classes='union' maps class labels by name; these sources have {sorted(kinds)} labels")
             self.union = list(dict.fromkeys(c for r in readers for c in r.classes))
             index = {c: i for i, c in enumerate(self.union)}
             self.label_maps = [[index[c] for c in r.classes] for r in readers]
@@ -120,6 +126,23 @@ class Mixture:
                              f"source_classes with return_source=True, or classes='union'")
         return lists[0]
 
+    def _fields_item(self, s: int, item: tuple[Any, ...]) -> tuple[Any, ...]:
+        """A reader's item (its fields without ``"source"``) as ``self.fields`` orders them."""
+        values = iter(item)
+        out: list[Any] = []
+        for name in self.fields or ():
+            if name == "source":
+                out.append(s)
+                continue
+            value = next(values)
+            if name == "label":
+                if self.label_maps is not None:
+                    value = self.label_maps[s][value]
+                if self.target_transform is not None:
+                    value = self.target_transform(value)
+            out.append(value)
+        return tuple(out)
+
     def fingerprint(self, one: Callable[[Any], str]) -> str:
         """A short digest of the sources' fingerprints, in order."""
         blob = "+".join(one(r) for r in self.readers).encode()
@@ -127,6 +150,8 @@ class Mixture:
 
     def __getitem__(self, index: int) -> tuple[Any, ...]:
         s = bisect.bisect_right(self.firsts, index) - 1
+        if self.fields is not None:
+            return self._fields_item(s, self.readers[s][index - self.firsts[s]])
         image, label, *rest = self.readers[s][index - self.firsts[s]]  # rest: output="encoded"
         if self.label_maps is not None:
             label = self.label_maps[s][label]

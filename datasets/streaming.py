@@ -366,6 +366,8 @@ class StreamingDataset(IterableDataset):
 
         # Handles open lazily in the process that reads, so the readers pickle to workers.
         if mix is None:
+            if "source" in (kwargs.get("fields") or ()):
+                raise ValueError("the \"source\" field is a mixture's: give a list of paths")
             self.reader = open_dataset(paths[0], **kwargs)
             self._mix: Mixture | None = None
             self._sizes = _block_sizes(self.reader.shard_sizes, self.options.block_samples)
@@ -377,9 +379,15 @@ class StreamingDataset(IterableDataset):
             raise ValueError("subset is for one dataset; a mixture takes weights and "
                              "epoch_samples")
         target_transform = kwargs.pop("target_transform")
+        fields = kwargs.pop("fields", None)
+        if fields is not None:
+            if isinstance(fields, str) or mix.return_source:
+                raise ValueError("give fields as a sequence, with \"source\" where the source's index goes "
+                                 "(return_source=True is the same as fields=(\"image\", \"label\", \"source\"))")
+            kwargs["fields"] = tuple(f for f in fields if f != "source")
         readers = [open_dataset(p, target_transform=None, **kwargs) for p in paths]
         self.reader = readers[0]
-        self._mix = Mixture(readers, mix, target_transform)
+        self._mix = Mixture(readers, mix, target_transform, fields)
         blocks = [_block_sizes(r.shard_sizes, self.options.block_samples) for r in readers]
         self._sources = [len(b) for b in blocks]
         self._sizes = np.concatenate(blocks)

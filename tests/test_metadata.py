@@ -401,3 +401,21 @@ def test_other_tools_metadata_is_carried_into_packer_formats(photos, tmp_path):
     assert ds[2] == (2, {"caption": "photo 2", "box": [0.5, 1.5]})
     with tarfile.open(str(tmp_path / "tl" / "shard-000000.tar")) as tf:
         assert json.loads(tf.extractfile("0000000002.json").read())["meta"] == {"caption": "photo 2", "box": [0.5, 1.5]}
+
+
+def test_streaming_and_mixtures_take_fields(photos, tmp_path):
+    """A mixture's source is one more field, not another return shape."""
+    from packer.datasets import StreamingDataset
+
+    root, paths = photos
+    convert_items([(p, "a", {"i": i}) for i, p in enumerate(paths[:4])], str(tmp_path / "a"), "tar", _opts(), root=root)
+    convert_items([(p, "b", None) for p in paths[4:]], str(tmp_path / "b"), "lmdb", _opts(), root=root)
+    one = StreamingDataset(str(tmp_path / "a"), shuffle=False, fields=("key", "meta", "label"))
+    assert list(one) == [(os.path.relpath(p, root), {"i": i}, 0) for i, p in enumerate(paths[:4])]
+    mix = StreamingDataset([str(tmp_path / "a"), str(tmp_path / "b")], shuffle=False, classes="union",
+                           fields=("source", "label", "key"))
+    got = sorted(mix)
+    assert got == sorted([(0, 0, os.path.relpath(p, root)) for p in paths[:4]]
+                         + [(1, 1, os.path.relpath(p, root)) for p in paths[4:]])
+    with pytest.raises(ValueError, match="source.* is a mixture's"):
+        StreamingDataset(str(tmp_path / "a"), fields=("image", "source"))
