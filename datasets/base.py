@@ -151,7 +151,9 @@ class PackedDataset(Dataset):
             return
         self._cache_request = None
         need = request[1] if request[1] is not None else self._cache_estimate(str(self.cache_mode))
-        self.cache = SharedCache(self.manifest.num_samples, need)
+        # Ranks of one job on one node that open the same dataset share one cache (packer.datasets.cache).
+        self.cache = SharedCache(self.manifest.num_samples, need,
+                                 identity=str(self.cache_mode).encode() + b"\0" + self.manifest.dumps())
 
     def _cache_estimate(self, mode: str) -> int:
         """Bytes the whole dataset takes in the cache, with a small margin.

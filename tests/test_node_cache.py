@@ -296,7 +296,6 @@ def test_two_torchrun_ranks_hold_one_copy(images: str, tmp_path) -> None:
 
 
 @pytest.mark.slow
-@pytest.mark.skip(reason="enable once PackedDataset passes identity= to SharedCache (datasets/base.py)")
 def test_two_torchrun_ranks_share_the_readers_own_cache(images: str, tmp_path) -> None:
     ranks = run_ranks(images, tmp_path, "wired")
     wired = [r["wired"] for r in ranks]
