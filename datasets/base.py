@@ -27,7 +27,7 @@ from packer.imageproc import decode_payload
 from packer.manifest import Manifest, read_manifest
 from packer.placeholder import placeholder_reason
 from packer.record import Record, pack_record, unpack_record
-from packer.samples import TABLE_NAME, SampleTable
+from packer.samples import SampleTable, table_file
 from packer.sizes import parse_size
 
 from .cache import SharedCache
@@ -198,6 +198,12 @@ class PackedDataset(Dataset):
         return self.manifest.class_to_idx
 
     @property
+    def data_file(self) -> str:
+        """The name of the dataset's first payload file (LMDB's and HDF5's only one): ``data.mdb``
+        or ``data.h5``, or the name an upload over a live dataset gave it (packer.storage)."""
+        return next(f.name for f in self.manifest.files if f.samples)
+
+    @property
     def shard_sizes(self) -> list[int]:
         """Samples per payload file in sample order (the streaming dataset partitions by these)."""
         return [f.samples for f in self.manifest.files]
@@ -217,13 +223,14 @@ class PackedDataset(Dataset):
         pid = os.getpid()
         if self._table is not None and self._table_pid == pid:
             return self._table
-        if not any(f.name == TABLE_NAME for f in self.manifest.files):
+        name = table_file(self.manifest)
+        if name is None:
             return None
         self._ensure_open()
         assert self._dir is not None
-        fd = self._dir.open(TABLE_NAME)
+        fd = self._dir.open(name)
         try:
-            table = SampleTable(fd, os.path.join(self.root, TABLE_NAME), self.manifest.num_samples)
+            table = SampleTable(fd, os.path.join(self.root, name), self.manifest.num_samples)
         finally:
             os.close(fd)
         if table.kind != self.label_kind:

@@ -39,7 +39,7 @@ import numpy as np
 from packer.codecs import CODEC_IDS, CODEC_NAMES
 from packer.errors import CorruptDataError
 from packer.imageproc import decode_payload
-from packer.layouts.hdf5 import DATA_FILE, LAYOUT_VERSIONS
+from packer.layouts.hdf5 import LAYOUT_VERSIONS
 from packer.placeholder import file_placeholder_reason
 from packer.placement import place_seed
 from packer.record import Record
@@ -240,12 +240,12 @@ class HDF5Dataset(PackedDataset):
 
     @property
     def _path(self) -> str:
-        return os.path.join(self.root, DATA_FILE)
+        return os.path.join(self.root, self.data_file)
 
     def _open(self) -> None:
         self._drop()  # anything inherited through fork belongs to the parent: never used
         path = self._path
-        self._file = os.fdopen(self._open_file(DATA_FILE), "rb", buffering=0)
+        self._file = os.fdopen(self._open_file(self.data_file), "rb", buffering=0)
         meta = _Meta(path, len(self), self.verify, self._file.fileno())
         self._fid = self.manifest.files[0].id if self.manifest.files else ""
         if self._fid != meta.file_id:  # the file's identity, cheap to check at open

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import os
 
-from packer.layouts.lmdb import DATA_FILE, LMDBFile
+from packer.layouts.lmdb import LMDBFile
 from packer.placement import place_seed
 from packer.record import Record, unpack_record
 
@@ -22,8 +22,8 @@ class LMDBDataset(PackedDataset):
 
     def _open(self) -> None:
         self._drop()  # a handle inherited through fork belongs to the parent
-        path = os.path.join(self.root, DATA_FILE)
-        self._file = LMDBFile(path, len(self), self._open_file(DATA_FILE))
+        path = os.path.join(self.root, self.data_file)
+        self._file = LMDBFile(path, len(self), self._open_file(self.data_file))
 
     def _drop(self) -> None:
         if self._file is not None:

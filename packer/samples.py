@@ -35,7 +35,7 @@ from .manifest import FileEntry, file_sha256
 
 __all__ = [
     "LABEL_KINDS", "MAX_META_BYTES", "TABLE_NAME", "Label", "SampleTable", "SampleTableWriter", "encode_meta",
-    "decode_meta", "sample_fields", "carried_label", "build_table",
+    "decode_meta", "sample_fields", "carried_label", "build_table", "is_table_name", "table_file",
 ]
 
 LABEL_KINDS = ("class", "multi", "number")
@@ -93,6 +93,18 @@ def carried_label(ds: Any, index: int, label: int, remap: Sequence[int] | None =
         return Label(-1, labels=[remap[x] for x in ids] if remap is not None else ids, meta=meta)
     value = remap[label] if remap is not None and label >= 0 else label
     return Label(value, meta=meta) if meta else value
+
+
+def is_table_name(name: str) -> bool:
+    """Whether a manifest's file ``name`` is the sample table: ``samples.table``, or
+    ``samples.<generation>.table`` where an upload over a live dataset renamed it
+    (packer.storage)."""
+    return name == TABLE_NAME or (name.startswith("samples.") and name.endswith(".table"))
+
+
+def table_file(manifest: Any) -> str | None:
+    """The name of ``manifest``'s sample table, or None when it lists none."""
+    return next((f.name for f in manifest.files if not f.samples and is_table_name(f.name)), None)
 
 
 def sample_fields(label: int) -> dict[str, Any]:

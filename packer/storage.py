@@ -8,12 +8,13 @@ credentials come from their usual places (environment, config files, instance ro
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import json
 import os
 import posixpath
 import threading
 from collections.abc import Iterable, Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from .errors import (
@@ -284,9 +285,12 @@ class Uploader:
     What was uploaded is recorded at ``remote`` in ``.packer-upload.json`` (name -> SHA-256), so a
     resumed or repeated conversion, which writes the same bytes, uploads each file once. When the
     destination holds a dataset already (``--overwrite``), nothing is uploaded before
-    :meth:`finish`, which first removes the old manifest (readers that open the dataset meanwhile
-    are told its conversion has not finished; readers already open fail on their next download
-    with an error, never a mix), then uploads, then removes the old files no longer named."""
+    :meth:`finish`, which never rewrites an object the live manifest names: a new file whose name
+    the live dataset uses for other bytes is uploaded under a new name (``shard-000001.g1a2b3c4d.tar``:
+    a generation from the new manifest's digest; :func:`generation_name`), then the new manifest
+    replaces the old one, then the old files it no longer names are removed. Readers that open
+    the dataset before the switch read the old one whole, those after it the new one; a reader
+    already open fails on its next download of a removed file with an error, never a mix."""
 
     JOURNAL = ".packer-upload.json"
 
@@ -317,24 +321,45 @@ class Uploader:
         if todo:
             call(self.remote.url, self.fs.pipe_file, self._at(self.JOURNAL), json.dumps(self.done).encode())
 
-    def finish(self, local: str, manifest: Manifest) -> None:
-        """Upload what is left, then the manifest; remove the upload record and stale files."""
-        old: set[str] = set()
+    def finish(self, local: str, manifest: Manifest) -> Manifest:
+        """Upload what is left, then the manifest; remove the upload record and stale files.
+        Returns the manifest as uploaded (files renamed where they met live names)."""
+        old: dict[str, str] = {}
+        data = None
         if self.live:
             try:
-                old = {f.name for f in read_remote_manifest(self.remote)[0].files}
+                old = {f.name: f.sha256 for f in read_remote_manifest(self.remote)[0].files}
             except PackerError:  # an unreadable old manifest: its files are left where they are
-                old = set()
-            call(self.remote.join(MANIFEST_NAME), self.fs.rm_file, self._at(MANIFEST_NAME))
+                old = {}
+            gen = "g" + hashlib.sha256(manifest.dumps()).hexdigest()[:8]
+            names = {f.name: (generation_name(f.name, gen) if f.name in old and old[f.name] != f.sha256 else f.name)
+                     for f in manifest.files}
             self.live = False
-        self.upload(local, [(f.name, f.sha256) for f in manifest.files])
-        call(self.remote.join(MANIFEST_NAME), self.fs.put_file, os.path.join(local, MANIFEST_NAME),
-             self._at(MANIFEST_NAME))
-        for name in sorted(old - {f.name for f in manifest.files}) + [self.JOURNAL]:
+            for f in manifest.files:
+                if names[f.name] != f.name or (f.name not in old and self.done.get(f.name) != f.sha256):
+                    call(self.remote.join(names[f.name]), self.fs.put_file, os.path.join(local, f.name),
+                         self._at(names[f.name]))
+            manifest = replace(manifest, files=[replace(f, name=names[f.name]) for f in manifest.files])
+            data = manifest.dumps()
+        else:
+            self.upload(local, [(f.name, f.sha256) for f in manifest.files])
+        if data is None:
+            call(self.remote.join(MANIFEST_NAME), self.fs.put_file, os.path.join(local, MANIFEST_NAME),
+                 self._at(MANIFEST_NAME))
+        else:
+            call(self.remote.join(MANIFEST_NAME), self.fs.pipe_file, self._at(MANIFEST_NAME), data)
+        for name in sorted(set(old) - {f.name for f in manifest.files}) + [self.JOURNAL]:
             try:
                 call(self.remote.join(name), self.fs.rm_file, self._at(name))
             except RemoteError:
                 pass  # already gone
+
+
+def generation_name(name: str, generation: str) -> str:
+    """``name`` with ``generation`` after its stem: ``shard-000001.tar`` -> ``shard-000001.<gen>.tar``
+    (so index files keep their shard's stem, and suffix checks still hold)."""
+    stem, dot, rest = name.partition(".")
+    return f"{stem}.{generation}{dot}{rest}"
 
 
 def check_remote_destination(url: str, storage_options: dict[str, Any] | None, overwrite: bool) -> Remote:

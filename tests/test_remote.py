@@ -16,7 +16,14 @@ from packer.datasets import open_dataset
 from packer.errors import CorruptDataError, DatasetChangedError, UnfinishedDatasetError
 from packer.manifest import read_manifest
 from packer.nodecache import CacheFullError, NodeCache
-from packer.storage import RemoteError, is_url, parse_storage_options, upload_dataset
+from packer.storage import (
+    Remote,
+    RemoteError,
+    is_url,
+    parse_storage_options,
+    read_remote_manifest,
+    upload_dataset,
+)
 from tests.helpers import make_folder, pack
 
 pytest.importorskip("s3fs")
@@ -504,8 +511,13 @@ def test_overwrite_never_feeds_an_open_reader_a_mix(s3, tmp_path):
     assert _cli("convert", "imagefolder", "tar", a, url, *common).returncode == 0
     old = open_dataset(url, storage_options=s3, cache_dir=str(tmp_path / "reader"))
     first = old[0]
+    fs = s3fs.S3FileSystem(**s3)
     r = _cli("convert", "imagefolder", "tar", b, url, "--overwrite", *common)
     assert r.returncode == 0, r.stderr
+    fresh = read_remote_manifest(Remote(url, s3))[0]
+    # every new file met a live name holding other bytes: none was written over, each got a new name
+    assert not {f.name for f in fresh.files} & {f.name for f in old.manifest.files}
+    assert fresh.files[0].name.startswith("shard-000000.g") and fresh.files[0].name.endswith(".tar")
     with pytest.raises(DatasetChangedError, match="replaced or removed after this reader opened it"):
         old[len(old) - 1]  # its shard was replaced or removed: an error, not another sample
     with pytest.raises(DatasetChangedError):
@@ -513,6 +525,26 @@ def test_overwrite_never_feeds_an_open_reader_a_mix(s3, tmp_path):
     assert torch.equal(old[0][0], first[0])  # what it has cached is still its own dataset
     new = open_dataset(url, storage_options=s3, cache_dir=str(tmp_path / "reader2"))
     assert len(new) == 6
-    fs = s3fs.S3FileSystem(**s3)
+    fs.invalidate_cache()
     names = {p.rsplit("/", 1)[1] for p in fs.ls("data/overwritten/tar")}
     assert names == {f.name for f in new.manifest.files} | {"manifest.json"}  # the old extra shards removed
+
+
+@pytest.mark.parametrize("fmt", ["lmdb", "hdf5"])
+def test_overwrite_of_a_one_file_dataset_uploads_a_new_name(s3, tmp_path, fmt):
+    """LMDB and HDF5 are one file: an overwrite uploads it under a new name, switches the manifest,
+    then removes the old file; a reader opened before keeps what it downloaded."""
+    a, b = str(tmp_path / "a"), str(tmp_path / "b")
+    make_folder(a, {"x": [(f"{i}.png", 16, 16) for i in range(5)]}, seed=3)
+    make_folder(b, {"y": [(f"{i}.png", 16, 16) for i in range(3)]}, seed=4)
+    url = f"s3://data/overwritten1/{fmt}"
+    common = ["--encode", "png", "--no-shuffle", "-q", *_cli_opts(s3, str(tmp_path / "cache"))]
+    assert _cli("convert", "imagefolder", fmt, a, url, *common).returncode == 0
+    old = open_dataset(url, storage_options=s3, cache_dir=str(tmp_path / "reader"))
+    before = [old[i][1] for i in range(len(old))]
+    r = _cli("convert", "imagefolder", fmt, b, url, "--overwrite", *common)
+    assert r.returncode == 0, r.stderr
+    new = open_dataset(url, storage_options=s3, cache_dir=str(tmp_path / "reader2"), fields=("key", "label"))
+    assert new.data_file.startswith("data.g") and new.classes == ["y"]
+    assert [new[i] for i in range(3)] == [(f"y/{i}.png", 0) for i in range(3)] and list(new.targets) == [0, 0, 0]
+    assert [old[i][1] for i in range(len(old))] == before  # downloaded whole before: still its own dataset

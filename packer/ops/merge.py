@@ -33,7 +33,7 @@ from ..layouts.tar import INDEX_SUFFIXES as TAR_INDEX_SUFFIXES
 from ..layouts.tar import pack_index, unpack_index
 from ..manifest import FileEntry, Manifest, file_sha256, read_manifest, write_manifest
 from ..registry import writer_class
-from ..samples import TABLE_NAME, build_table, carried_label
+from ..samples import TABLE_NAME, build_table, carried_label, is_table_name
 from .engine import ConvertOptions, Item, write_packed
 from .transcode import COPY, _open_source, _reprocess_one
 
@@ -269,7 +269,7 @@ def _shard_groups(part: str, m: Manifest) -> Iterator[tuple[FileEntry, list[File
     which belongs to no shard, is merged on its own)."""
     group: tuple[FileEntry, list[FileEntry]] | None = None
     for f in m.files:
-        if f.name == TABLE_NAME:
+        if is_table_name(f.name):
             continue
         if f.samples:
             if group is not None:
