@@ -41,10 +41,13 @@ _META = struct.Struct("<IIq")  # decoded-cache entry header: height, width, labe
 #: What ``__getitem__`` returns as the image: uint8 CHW tensor, HWC numpy array, PIL image, or the
 #: stored bytes still encoded (decoded later, on the GPU: :mod:`packer.datasets.encoded`).
 OUTPUTS = ("tensor", "numpy", "pil", "encoded")
-#: What a sample can hold, for ``fields=``: the image, the label (as the dataset's label kind has
-#: it), the source key, the metadata object and the sample's index.
-FIELDS = ("image", "label", "key", "meta", "index")
+#: What a sample can hold, for ``fields=``: the image (with ``output="encoded"``, the stored bytes),
+#: the label (as the dataset's label kind has it), the source key, the metadata object, the
+#: sample's index, and ``info``: ``(height, width, codec, index)`` of the stored image.
+FIELDS = ("image", "label", "key", "meta", "index", "info")
 DEFAULT_FIELDS = ("image", "label")
+#: ``output="encoded"``'s default: what :func:`~packer.datasets.encoded.collate_encoded` batches.
+ENCODED_FIELDS = ("image", "label", "info")
 
 
 class PackedDataset(Dataset):
@@ -78,8 +81,9 @@ class PackedDataset(Dataset):
         fields: what each sample returns, in order, from :data:`FIELDS`: ``"image"``,
             ``"label"`` (an int for class labels; for multi-label datasets a float32 multi-hot
             tensor of ``len(classes)``; for number labels a float), ``"key"`` (the source path),
-            ``"meta"`` (the per-sample metadata dict, ``{}`` when none) and ``"index"``. Default
-            ``("image", "label")``. Keys, labels and metadata come from the sample table, never
+            ``"meta"`` (the per-sample metadata dict, ``{}`` when none), ``"index"`` and ``"info"``
+            (``(height, width, codec, index)`` of the stored image). Default ``("image", "label")``;
+            with ``output="encoded"``, ``("image", "label", "info")``, the image being the stored bytes. Keys, labels and metadata come from the sample table, never
             from an image read; ``ds.targets`` and ``ds.keys`` give them for every sample.
     """
 
@@ -100,12 +104,12 @@ class PackedDataset(Dataset):
         cache_bytes: int | str | None = None,
         manifest: Manifest | None = None,
         remote_files: Callable[[str], int] | None = None,
-        fields: Sequence[str] = DEFAULT_FIELDS,
+        fields: Sequence[str] | None = None,
     ) -> None:
+        if fields is None:
+            fields = ENCODED_FIELDS if output == "encoded" else DEFAULT_FIELDS
         if isinstance(fields, str) or not fields or any(f not in FIELDS for f in fields):
             raise ValueError(f"fields must be a non-empty sequence of {FIELDS}, not {fields!r}")
-        if output == "encoded" and tuple(fields) != DEFAULT_FIELDS:
-            raise ValueError("output='encoded' returns (payload, target, info); it takes no fields=")
         if output not in OUTPUTS:
             raise ValueError(f"output must be one of {OUTPUTS}, not {output!r}")
         if output == "encoded" and (transform is not None or cache == "decoded"):
@@ -422,12 +426,12 @@ class PackedDataset(Dataset):
                                            path=e.path, sample=e.sample, offset=e.offset) from e
         raise AssertionError("unreachable")  # pragma: no cover
 
-    def _encoded_item(self, index: int) -> tuple[torch.Tensor, Any, tuple[int, int, str, int]]:
-        """``__getitem__`` of ``output="encoded"``: (payload, target, (height, width, codec, index))."""
+    def _encoded_item(self, index: int) -> tuple[Any, ...]:
+        """``__getitem__`` of ``output="encoded"``: ``fields`` with the stored bytes as the image;
+        by default (payload, target, (height, width, codec, index))."""
         i, rec = self._load_or_skip(index, lambda j: (j, self.load_record(j)))
         payload = torch.from_numpy(np.frombuffer(rec.payload, np.uint8).copy())
-        target = rec.label if self.target_transform is None else self.target_transform(rec.label)
-        return payload, target, (rec.height, rec.width, rec.codec, i)
+        return self._fields_item(i, payload, rec.label, rec)
 
     def __getitem__(self, index: int) -> tuple[Any, ...]:
         if self.output == "encoded":
@@ -438,13 +442,17 @@ class PackedDataset(Dataset):
         i, (rgb, label) = self._load_or_skip(self._index(index), lambda j: (j, self.load(j)))
         return self._fields_item(i, rgb, label)
 
-    def _fields_item(self, index: int, rgb: np.ndarray, label: int) -> tuple[Any, ...]:
-        """One sample as ``fields`` asks for it."""
+    def _fields_item(self, index: int, image: Any, label: int, rec: Record | None = None) -> tuple[Any, ...]:
+        """One sample as ``fields`` asks for it: ``image`` decoded pixels (or, with ``rec``, the
+        stored bytes as a tensor, returned as they are)."""
         out: list[Any] = []
         for name in self.fields:
             if name == "image":
-                image = self._to_output(rgb)
-                out.append(self.transform(image) if self.transform is not None else image)
+                if rec is None:
+                    image = self._to_output(image)
+                    out.append(self.transform(image) if self.transform is not None else image)
+                else:
+                    out.append(image)
             elif name == "label":
                 target = self._target(index, label)
                 out.append(self.target_transform(target) if self.target_transform is not None else target)
@@ -453,6 +461,10 @@ class PackedDataset(Dataset):
                 out.append(table.keys[index] if table is not None else self.read_record(index).key)
             elif name == "meta":
                 out.append(self.meta(index))
+            elif name == "info":
+                if rec is None:
+                    rec = self.read_record(index)
+                out.append((rec.height, rec.width, rec.codec, index))
             else:
                 out.append(index)
         return tuple(out)

@@ -419,3 +419,26 @@ def test_streaming_and_mixtures_take_fields(photos, tmp_path):
                          + [(1, 1, os.path.relpath(p, root)) for p in paths[4:]])
     with pytest.raises(ValueError, match="source.* is a mixture's"):
         StreamingDataset(str(tmp_path / "a"), fields=("image", "source"))
+
+
+def test_encoded_output_is_fields_too(photos, tmp_path):
+    """``output="encoded"`` is the same interface: the image field holds the stored bytes."""
+    from packer.datasets.encoded import collate_encoded
+
+    root, paths = photos
+    convert_items([(p, ["a", "b"][: 1 + i % 2], {"i": i}) for i, p in enumerate(paths)], str(tmp_path / "d"), "tar",
+                  _opts(), root=root, label_kind="multi")
+    enc = open_dataset(str(tmp_path / "d"), output="encoded")
+    payload, label, info = enc[1]
+    record = enc.read_record(1)
+    assert bytes(payload.numpy()) == bytes(record.payload) and info == (record.height, record.width, "jpeg", 1)
+    assert torch.equal(label, torch.tensor([1.0, 1.0]))
+    batch = collate_encoded([enc[i] for i in range(4)])
+    assert batch.labels.shape == (4, 2) and batch.samples.tolist() == [0, 1, 2, 3]
+    more = open_dataset(str(tmp_path / "d"), output="encoded", fields=("key", "image", "meta"))
+    key, payload2, meta = more[3]
+    assert key == ds_key(paths[3], root) and torch.equal(payload2, enc[3][0]) and meta == {"i": 3}
+
+
+def ds_key(path, root):
+    return os.path.relpath(path, root)
