@@ -119,7 +119,7 @@ def test_torchrun_resume_keeps_finished_parts(folder, tmp_path):
     out = torchrun(2, "hdf5", folder, dst, "--workers", "1", "-q", "--resume")
     assert out.returncode == 0, out.stderr
     assert "kept the parts of rank(s) 0" in out.stderr and leftovers(tmp_path) == []
-    pack(folder, str(tmp_path / "ref"), "hdf5")
+    pack(folder, str(tmp_path / "ref"), "hdf5", encode="keep")  # the CLI default with --resize none
     assert samples(dst) == samples(tmp_path / "ref")
 
 
@@ -159,7 +159,8 @@ def test_torchrun_environment_in_process(folder, tmp_path, monkeypatch, capsys):
     for k, v in {"RANK": "0", "WORLD_SIZE": "1", "LOCAL_RANK": "0", "MASTER_ADDR": "127.0.0.1",
                  "MASTER_PORT": str(free_port())}.items():
         monkeypatch.setenv(k, v)
-    assert main(["convert", "imagefolder", "tfrecord", folder, str(tmp_path / "dst"), "--workers", "1", "-q"]) == 0
+    assert main(["convert", "imagefolder", "tfrecord", folder, str(tmp_path / "dst"), "--workers", "1", "-q",
+                 "--encode", "jpeg:90"]) == 0
     out = capsys.readouterr().out
     assert out.startswith("packer: torchrun detected: rank 0 of 1 (local rank 0, master 127.0.0.1:")
     ref = pack(folder, str(tmp_path / "ref"), "tfrecord")

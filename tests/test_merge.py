@@ -178,3 +178,25 @@ def test_verify_names_the_one_damaged_sample_of_a_copied_tar_shard(items, tmp_pa
     report = verify_dataset(str(tmp_path / "m"), decode=False)
     named = [p for p in report.problems if "sample" in p]
     assert idx >= 0 and len(named) == 1 and "sample 3" in named[0], report.problems
+
+
+@pytest.mark.parametrize("fmt", ["tar", "tfrecord"])
+def test_merge_link_shares_the_shard_files(items, tmp_path, fmt):
+    """With link=True a shard taken whole is the part's file (one inode), the samples those of a
+    copying merge; a damaged shard is still refused, with nothing left at the destination."""
+    _convert(items[:3], tmp_path / "a", fmt, **_shard_writer(fmt))
+    _convert(items[3:], tmp_path / "b", fmt, **_shard_writer(fmt))
+    merge([tmp_path / "a", tmp_path / "b"], tmp_path / "copy")
+    report = merge([tmp_path / "a", tmp_path / "b"], tmp_path / "link", link=True)
+    assert _samples(tmp_path / "link") == _samples(tmp_path / "copy")
+    data = [f.name for f in report.manifest.files if f.samples]
+    part_a = [f.name for f in read_manifest(str(tmp_path / "a")).files if f.samples]
+    assert os.path.samefile(tmp_path / "link" / data[0], tmp_path / "a" / part_a[0])
+    assert not os.path.samefile(tmp_path / "copy" / data[0], tmp_path / "a" / part_a[0])
+    shard = tmp_path / "b" / [f.name for f in read_manifest(str(tmp_path / "b")).files if f.samples][0]
+    raw = bytearray(shard.read_bytes())
+    raw[len(raw) // 2] ^= 1
+    shard.write_bytes(bytes(raw))
+    with pytest.raises(ValueError, match="differs from its manifest"):
+        merge([tmp_path / "a", tmp_path / "b"], tmp_path / "bad", link=True)
+    assert not os.path.exists(tmp_path / "bad")

@@ -2,7 +2,8 @@
 
 Rank 0 scans and shuffles once and sends the ordered list to every rank (JSON bytes in a tensor,
 gloo); each rank converts one contiguous part into a hidden folder beside the destination with its
-own worker processes; rank 0 merges the parts (:mod:`packer.ops.merge`) and publishes. The result
+own worker processes; rank 0 merges the parts (:mod:`packer.ops.merge`; shards taken whole are
+hard-linked, not copied) and publishes. The result
 holds the samples of a one-process conversion with the same seed, in the same order, with the same
 stored bytes. Any rank failing fails every rank, with nothing at the destination; the finished
 parts stay beside it, and ``--resume`` keeps them (and continues interrupted ones).
@@ -226,4 +227,4 @@ def _merge_parts(outcomes: list[dict[str, Any]], src: str, dst: str, options: Co
         raise SourceError(f"no image in {src} could be converted ({len(skipped)} skipped)")
     facts = {"source": template.source, "ignored": template.ignored, "shuffle_seed": template.shuffle_seed,
              "skipped": skipped + list(template.skipped)}
-    return merge(parts, dst, options.overwrite, describe=lambda m: replace(m, **facts))
+    return merge(parts, dst, options.overwrite, describe=lambda m: replace(m, **facts), link=True)

@@ -151,6 +151,7 @@ def merge(
     overwrite: bool = False,
     *,
     describe: Callable[[Manifest], Manifest] | None = None,
+    link: bool = False,
 ) -> MergeReport:
     """Merge packed datasets of one format (``parts``, in order) into one at ``dst``.
 
@@ -161,6 +162,10 @@ def merge(
     processing or format options; UnfinishedDatasetError for a part without a manifest;
     FileExistsError when ``dst`` exists without ``overwrite``. ``describe`` may change the merged
     manifest's facts (source, skips, seed) before it is written; the files are its own.
+    ``link``: a tar or TFRecord shard taken unchanged is hard-linked into ``dst`` instead of
+    copied, when the file system allows (it is still read once and checked against its SHA-256);
+    for parts that are deleted afterwards, as a torchrun conversion's are, since the merged
+    dataset and the part then share the file.
     """
     t0 = time.perf_counter()
     paths, dst = [os.fspath(p) for p in parts], os.fspath(dst)
@@ -176,7 +181,7 @@ def merge(
         template = describe(template) if describe is not None else template
         report = MergeReport(dst, template, 0.0, labels)
         if issubclass(writer_class(template.format), ShardedWriter):
-            report.manifest = _merge_shards(paths, manifests, dst, template, overwrite, report)
+            report.manifest = _merge_shards(paths, manifests, dst, template, overwrite, report, link)
         else:
             report.manifest = _merge_records(paths, manifests, dst, template, overwrite, labels)
     report.seconds = time.perf_counter() - t0
@@ -203,7 +208,7 @@ def _merge_records(paths: Sequence[str], manifests: Sequence[Manifest], dst: str
 
 
 def _merge_shards(paths: Sequence[str], manifests: Sequence[Manifest], dst: str, template: Manifest,
-                  overwrite: bool, report: MergeReport) -> Manifest:
+                  overwrite: bool, report: MergeReport, link: bool = False) -> Manifest:
     """tar and TFRecord: every part's shards, renumbered in order, into a temporary folder; then the
     manifest and the publish. A shard is copied unchanged (with its id) when its part keeps its
     labels, else rewritten by the format's writer with the stored payloads (a new id)."""
@@ -221,7 +226,7 @@ def _merge_shards(paths: Sequence[str], manifests: Sequence[Manifest], dst: str,
             try:
                 for data, indexes in _shard_groups(p, m):
                     if ds is None:
-                        files += _copy_shard(p, data, indexes, tmp, number, first, prefix)
+                        files += _copy_shard(p, data, indexes, tmp, number, first, prefix, link)
                         report.copied_files += 1
                     else:
                         files += _rewrite_shard(ds, p, m, data, tmp, number, first, labels, prefix)
@@ -304,13 +309,13 @@ def _prefix(m: Manifest) -> str:
 
 
 def _copy_shard(part: str, data: FileEntry, indexes: list[FileEntry], tmp: str, number: int,
-                first: int, prefix: str = SHARD_NAME) -> list[FileEntry]:
+                first: int, prefix: str = SHARD_NAME, link: bool = False) -> list[FileEntry]:
     """Copy one shard unchanged under its new number (its id and every sample's checksum stay valid:
     they depend on the file, not on its name or place in the dataset), and its index files, the
     tar index re-written with the shard's new first sample."""
     stem = data.name.split(".", 1)[0]
     new = shard_name(number, _suffix(data.name, stem), prefix)
-    out = [replace(_copy_checked(part, data, os.path.join(tmp, new)), first=first, id=data.id)]
+    out = [replace(_copy_checked(part, data, os.path.join(tmp, new), link=link), first=first, id=data.id)]
     for f in indexes:
         name = shard_name(number, _suffix(f.name, stem), prefix)
         if name.endswith(TAR_INDEX_SUFFIXES) and data.name.endswith(".tar"):
@@ -343,9 +348,19 @@ def _write_new(tmp: str, name: str, data: bytes, first: int) -> FileEntry:
     return FileEntry(name, 0, len(data), hashlib.sha256(data).hexdigest(), first)
 
 
-def _copy_checked(part: str, f: FileEntry, dest: str, chunk: int = 1 << 22) -> FileEntry:
-    """Copy a part's file to ``dest`` (fsynced), checking the bytes against its manifest entry."""
+def _copy_checked(part: str, f: FileEntry, dest: str, chunk: int = 1 << 22, link: bool = False) -> FileEntry:
+    """Copy a part's file to ``dest`` (fsynced), checking the bytes against its manifest entry;
+    with ``link``, check it, then hard-link it (a copy where the file system refuses links)."""
     src = os.path.join(part, f.name)
+    if link:
+        if file_sha256(src, chunk) != f.sha256 or os.path.getsize(src) != f.bytes:
+            raise CorruptDataError(f"part {part}: {f.name} differs from its manifest entry (size or SHA-256); "
+                                   f"verify the part", path=src)
+        try:
+            os.link(src, dest)
+            return FileEntry(os.path.basename(dest), f.samples, f.bytes, f.sha256, f.first, f.id)
+        except OSError:
+            pass  # another file system, or links not allowed: copy
     h, size = hashlib.sha256(), 0
     with open(src, "rb") as fi, open(dest, "wb") as fo:
         while block := fi.read(chunk):
