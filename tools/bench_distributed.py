@@ -72,8 +72,9 @@ def conversions(srcs: list[str], root: str, fmt: str, repeats: int) -> dict[tupl
     return runs
 
 
-def merge_cost(root: str, fmt: str, parts: int, per_part: int) -> tuple[float, float]:
-    """(stored GB, seconds) of merging ``parts`` parts of ``per_part`` 256 x 256 JPEGs (~70 kB)."""
+def merge_cost(root: str, fmt: str, parts: int, per_part: int, link: bool = False) -> tuple[float, float]:
+    """(stored GB, seconds) of merging ``parts`` parts of ``per_part`` 256 x 256 JPEGs (~70 kB);
+    ``link``: shards hard-linked, as a torchrun conversion merges."""
     from packer.imageproc import Encoding, ProcessOptions
     from packer.ops.engine import ConvertOptions
     from packer.ops.items import convert_items
@@ -93,7 +94,7 @@ def merge_cost(root: str, fmt: str, parts: int, per_part: int) -> tuple[float, f
         paths.append(convert_items(items, path, fmt, opts, [f"c{c}" for c in range(10)]).output)
     dst = os.path.join(root, f"merged-{fmt}")
     shutil.rmtree(dst, ignore_errors=True)
-    report = merge(paths, dst)
+    report = merge(paths, dst, link=link)
     gb = sum(f.bytes for f in report.manifest.files) / 1e9
     for path in [*paths, dst]:
         shutil.rmtree(path)
@@ -134,9 +135,11 @@ def main(argv: list[str] | None = None) -> int:
     merges = {}
     print("| merge of 2 parts | stored GB | seconds | seconds per GB |\n|---|---|---|---|")
     for fmt in args.merge_formats:
-        gb, seconds = merge_cost(args.root, fmt, 2, args.merge_samples)
-        merges[fmt] = seconds / gb
-        print(f"| {fmt} | {gb:.3f} | {seconds:.2f} | {seconds / gb:.1f} |")
+        for link in (False, True) if fmt in ("tar", "tfrecord") else (False,):
+            gb, seconds = merge_cost(args.root, fmt, 2, args.merge_samples, link)
+            merges[(fmt, link)] = seconds / gb
+            print(f"| {fmt}{', shards hard-linked (torchrun)' if link else ', copied'} | {gb:.3f} | {seconds:.2f} | "
+                  f"{seconds / gb:.1f} |")
     # The model of docs/distributed.md for ImageNet-1k at this run's stored size per image, one node
     # being this machine (2 ranks x 1 worker), the scan left out (seconds on a local disk).
     items = 1_281_167
@@ -144,9 +147,9 @@ def main(argv: list[str] | None = None) -> int:
     per_node = two
     fixed_h = max(0.0, med[(TWO, small)] - args.small / two) / 3600
     print(f"\nModel: {items:,} images of {stored / 1e3:.0f} kB stored, a node = this machine "
-          f"({per_node:.0f} images/s), merge at the measured {args.format} cost\n")
+          f"({per_node:.0f} images/s), merge at the measured cost of a torchrun {args.format} merge\n")
     print("| nodes | convert (h) | merge (h) | total with the fixed cost (h) | speed-up |\n|---|---|---|---|---|")
-    merge_h = merges.get(args.format, max(merges.values())) * items * stored / 1e9 / 3600
+    merge_h = merges.get((args.format, True), max(merges.values())) * items * stored / 1e9 / 3600
     base = fixed_h + items / per_node / 3600 + merge_h
     for nodes in (1, 2, 4, 8, 16, 32, 64):
         conv_h = items / (nodes * per_node) / 3600
