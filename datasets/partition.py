@@ -38,6 +38,7 @@ __all__ = [
     "interleave",
     "rank_indices",
     "shuffle_buffer",
+    "window_shuffle",
     "worker_indices",
     "plan",
     "resharded_sequence",
@@ -384,6 +385,32 @@ def shuffle_buffer(
     return items[np.concatenate([source, remaining[drain]])]
 
 
+def window_shuffle(
+    indices: ArrayLike, shard_sizes: Sequence[int] | NDArray[np.integer], *, window: int, seed: int, epoch: int,
+    rank: int,
+) -> NDArray[np.int64]:
+    """``indices`` shuffled within windows of ``window`` shards: the shards in the order
+    ``indices`` first reach them are cut into groups of ``window``, and the samples of each group
+    are permuted uniformly (deterministic in ``(seed, epoch, rank)``); every sample of a group
+    comes before any of the next. A reader therefore needs only one group's shards (and the next
+    one's, read ahead) at a time: what a bounded download cache holds, so each shard is
+    downloaded once per epoch (a sample buffer lets stragglers reach back to shards long evicted).
+    """
+    items = _as_indices("indices", indices)
+    window = check_int("window", window, 1)
+    check_int("seed", seed, 0, _MAX_SEED)
+    if len(items) <= 1:
+        return items.copy()
+    firsts = np.cumsum(np.asarray(shard_sizes, dtype=np.int64))
+    shard = np.searchsorted(firsts, items, side="right")
+    starts = np.ones(len(items), dtype=bool)
+    starts[1:] = shard[1:] != shard[:-1]
+    group = (np.cumsum(starts) - 1) // window
+    rng = np.random.default_rng([seed, epoch, rank, 0x57A2D])
+    order = np.lexsort((rng.random(len(items)), group))
+    return items[order]
+
+
 def worker_indices(
     rank_seq: ArrayLike, *, worker: int, num_workers: int, batch_size: int
 ) -> NDArray[np.int64]:
@@ -427,6 +454,7 @@ def plan(
     take: int | Sequence[int] | None = None,
     sources: Sequence[int] | None = None,
     history: Sequence[tuple[int, int]] = (),
+    window_shards: int | None = None,
 ) -> NDArray[np.int64]:
     """Global sample indices that this worker of this rank reads this epoch, in order.
 
@@ -438,7 +466,8 @@ def plan(
     not depend on the number of workers and a run resumes with another ``num_workers``.
     ``take``: samples per epoch, a subset of the dataset, or per source of a mixture whose
     sources have ``sources`` shards each (see :func:`rank_indices`). ``history``: the epoch was
-    resumed after changes of world size (see :func:`resharded_sequence`).
+    resumed after changes of world size (see :func:`resharded_sequence`). ``window_shards``:
+    shuffle with :func:`window_shuffle` over that many shards instead of the sample buffer.
     """
     if not isinstance(world, World):
         raise TypeError(f"world must be a World, got {type(world).__name__}")
@@ -447,7 +476,9 @@ def plan(
         seq = rank_indices(shard_sizes, seed=seed, epoch=epoch, rank=rank,
                            world_size=world_size, shuffle=shuffle, partition=partition,
                            take=take, sources=sources)
-        if shuffle:
+        if shuffle and window_shards is not None:
+            seq = window_shuffle(seq, shard_sizes, window=window_shards, seed=seed, epoch=epoch, rank=rank)
+        elif shuffle:
             seq = shuffle_buffer(seq, buffer_size=buffer_size, seed=seed, epoch=epoch, rank=rank)
         return seq
 

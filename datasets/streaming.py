@@ -27,7 +27,7 @@ import struct
 import threading
 import warnings
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
@@ -81,6 +81,9 @@ class StreamOptions:
             samples, so a large window costs no memory, it only spreads reads further apart.
         block_samples: samples per partitioning block (files are cut into blocks; ``None``: whole
             files).
+        shuffle_shards: shuffle the samples within windows of this many blocks instead of through
+            the sample buffer (:func:`~packer.datasets.partition.window_shuffle`), so that a
+            bounded download cache downloads each shard once per epoch; ``None``: the buffer.
         partition: ``"pad"`` repeats samples, ``"drop"`` leaves samples out, so every rank gets the
             same count; the amount is reported (``padded``/``dropped`` and a warning).
             ``"exact"`` (evaluation): every sample once, nothing repeated or left out; ranks read
@@ -100,8 +103,11 @@ class StreamOptions:
     partition: Partition = "pad"
     batch_size: int = 1
     subset: float | int | None = None
+    shuffle_shards: int | None = None
 
     def __post_init__(self) -> None:
+        if self.shuffle_shards is not None:
+            object.__setattr__(self, "shuffle_shards", check_int("shuffle_shards", self.shuffle_shards, 1))
         if not isinstance(self.shuffle, bool):
             raise TypeError(f"shuffle must be a bool, got {self.shuffle!r}")
         object.__setattr__(self, "seed", check_int("seed", self.seed, 0, _MAX_SEED))
@@ -308,6 +314,10 @@ class StreamingDataset(IterableDataset):
 
     ``block_samples="auto"`` (the default) is 4096 for a local dataset and whole files (None) for
     a dataset at a URL, so that each node downloads only the shards its ranks read.
+    ``shuffle_shards="auto"`` (the default) is None, except for a dataset at a URL read with a
+    ``cache_limit``: then the window that fits half the limit for every rank of the node
+    (``LOCAL_WORLD_SIZE``), so a cache smaller than the dataset still downloads each shard once
+    per epoch.
     """
 
     def __init__(
@@ -318,6 +328,7 @@ class StreamingDataset(IterableDataset):
         seed: int = 0,
         shuffle_buffer: int = 65536,
         block_samples: int | None | str = "auto",
+        shuffle_shards: int | None | str = "auto",
         partition: Partition = "pad",
         batch_size: int = 1,
         subset: float | int | None = None,
@@ -352,6 +363,9 @@ class StreamingDataset(IterableDataset):
                              "mixture: give a list of paths")
         self._open(paths, mix, dict(transform=transform, target_transform=target_transform,
                                     output=output, **reader_kwargs))
+        if shuffle_shards == "auto":
+            shuffle_shards = self._auto_window(paths, reader_kwargs.get("cache_limit"))
+        self.options = replace(self.options, shuffle_shards=shuffle_shards)
         self._clock = _EpochClock()
         self._parent_world: tuple[int, int] | None = None
         self._position: _Position | None = None
@@ -392,6 +406,17 @@ class StreamingDataset(IterableDataset):
         self._sources = [len(b) for b in blocks]
         self._sizes = np.concatenate(blocks)
         self._take = sum(self._mix.takes)
+
+    def _auto_window(self, paths: list[Any], cache_limit: Any) -> int | None:
+        """``shuffle_shards="auto"``: for one dataset at a URL with a cache limit, the shards that
+        fit half the limit for each rank of this node (the other half: shards being read ahead)."""
+        from packer.sizes import parse_size
+
+        if self._mix is not None or cache_limit is None or not is_url(paths[0]) or self.options.block_samples:
+            return None
+        biggest = max((f.bytes for f in self.reader.manifest.files if f.samples), default=1)
+        local = int(os.environ.get("LOCAL_WORLD_SIZE", "1") or 1)
+        return max(1, parse_size(cache_limit) // max(1, biggest) // (2 * max(1, local)))
 
     # -- what is read -------------------------------------------------------------------------
     @property
@@ -524,7 +549,7 @@ class StreamingDataset(IterableDataset):
         indices = plan(self._sizes, world, seed=opts.seed, epoch=epoch, shuffle=opts.shuffle,
                        partition=opts.partition, buffer_size=opts.shuffle_buffer,
                        batch_size=opts.batch_size, skip=skip, **self._draws(),
-                       history=self._history_of(epoch))
+                       history=self._history_of(epoch), window_shards=opts.shuffle_shards)
         if done > len(indices):
             raise ValueError(f"the state says this worker yielded {done} samples of epoch {epoch}, "
                              f"but it has only {len(indices)}")
@@ -600,6 +625,7 @@ class StreamingDataset(IterableDataset):
             "subset": opts.subset,
             "mixture": None if self._mix is None else self._mix.takes,
             "order": ORDER_VERSION,
+            **({"shuffle_shards": opts.shuffle_shards} if opts.shuffle_shards is not None else {}),
         }
 
     def state_dict(self, samples_consumed: int | None = None) -> dict[str, Any]:

@@ -494,3 +494,20 @@ def test_dataloader_yields_the_rank_sequence(monkeypatch: pytest.MonkeyPatch, nu
     )
     assert len(got) == 17
     assert got == expected.tolist()
+
+
+def test_window_shuffle_keeps_each_window_of_shards_together():
+    from packer.datasets.partition import window_shuffle
+
+    sizes = [5, 7, 3, 6, 4]
+    seq = np.concatenate([np.arange(21, 23), np.arange(0, 5), np.arange(12, 15), np.arange(5, 12),
+                          np.arange(15, 21), np.arange(23, 25)])  # shards 4 (part), 0, 2, 1, 3, 4 (rest)
+    out = window_shuffle(seq, sizes, window=2, seed=3, epoch=1, rank=0)
+    assert sorted(out.tolist()) == sorted(seq.tolist())
+    shard = np.searchsorted(np.cumsum(sizes), out, side="right")
+    # groups of 2 shard runs in order of first appearance: {4, 0}, {2, 1}, {3, 4}
+    assert set(shard[:7]) == {4, 0} and set(shard[7:17]) == {2, 1} and set(shard[17:]) == {3, 4}
+    assert not np.array_equal(out[:7], seq[:7])  # shuffled inside the window
+    again = window_shuffle(seq, sizes, window=2, seed=3, epoch=1, rank=0)
+    assert np.array_equal(out, again) and not np.array_equal(out, window_shuffle(seq, sizes, window=2, seed=3,
+                                                                                  epoch=2, rank=0))

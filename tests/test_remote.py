@@ -548,3 +548,54 @@ def test_overwrite_of_a_one_file_dataset_uploads_a_new_name(s3, tmp_path, fmt):
     assert new.data_file.startswith("data.g") and new.classes == ["y"]
     assert [new[i] for i in range(3)] == [(f"y/{i}.png", 0) for i in range(3)] and list(new.targets) == [0, 0, 0]
     assert [old[i][1] for i in range(len(old))] == before  # downloaded whole before: still its own dataset
+
+
+@pytest.mark.parametrize("window", ["auto", None])
+def test_shuffled_streaming_with_a_quarter_size_cache_downloads_each_shard_once_per_epoch(local_sets, tmp_path,
+                                                                                          window):
+    """A shuffle that reaches across the whole rank sequence (the sample buffer) makes a cache
+    smaller than the dataset download shards again and again; the shard window that
+    ``shuffle_shards="auto"`` picks from ``cache_limit`` downloads each shard once per epoch."""
+    import collections
+    import functools
+    import http.server
+
+    from packer.datasets import StreamingDataset
+
+    gets: collections.Counter = collections.Counter()
+
+    class Handler(http.server.SimpleHTTPRequestHandler):
+        def do_GET(self):
+            gets[self.path] += 1
+            super().do_GET()
+
+        def log_message(self, *args):
+            pass
+
+    local = local_sets["tar"]
+    m = read_manifest(local)
+    shards = [f.name for f in m.files if f.samples]
+    limit = sum(f.bytes for f in m.files) // 4
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), functools.partial(Handler, directory=os.path.dirname(local)))
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        url = f"http://127.0.0.1:{server.server_address[1]}/tar"
+        ds = StreamingDataset(url, cache_dir=str(tmp_path / "c"), cache_limit=limit, seed=5, batch_size=2,
+                              prefetch_shards=0, shuffle_shards=window)
+        loader = torch.utils.data.DataLoader(ds, batch_size=2, num_workers=2, collate_fn=_labels_of)
+        seen = []
+        for epoch in range(2):
+            ds.set_epoch(epoch)
+            seen.append(sorted(lab for labels in loader for lab in labels))
+    finally:
+        server.shutdown()
+    assert seen[0] == seen[1] == sorted(open_dataset(local).targets.tolist())
+    got = sum(gets[f"/tar/{s}"] for s in shards)
+    if window == "auto":
+        assert ds.options.shuffle_shards == 1 and got <= 2 * len(shards), dict(gets)
+    else:  # the sample buffer: a worker's next sample is in any shard of the rank's epoch
+        assert got > 2 * len(shards), dict(gets)
+
+
+def _labels_of(batch):
+    return [int(label) for _, label in batch]

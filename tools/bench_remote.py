@@ -17,6 +17,7 @@ import shutil
 import socket
 import threading
 import time
+from typing import Any
 
 
 class LatencyProxy:
@@ -79,6 +80,7 @@ def main() -> None:
     ap.add_argument("--latency-ms", type=float, default=50.0)
     ap.add_argument("--shard-size", default="4MB")
     ap.add_argument("--prefetch-shards", type=int, default=2)
+    ap.add_argument("--egress-only", action="store_true", help="only the bytes-per-node table (no timings)")
     a = ap.parse_args()
 
     import logging
@@ -113,6 +115,12 @@ def main() -> None:
                                                               "region_name": "us-east-1"}}
 
     upload_dataset(local, Remote("s3://bench/ds", options(proxies["none"])), m)
+    if a.egress_only:
+        proxies = {"none": proxies["none"]}
+        egress = _egress(a, options(proxies["none"]), proxies["none"], size)
+        server.stop()
+        _print_egress(egress, size)
+        return
     epoch(open_dataset(local))  # warm-up: page cache, imports, worker start-up paths
     rows = [("local disk", *epoch(open_dataset(local)), 0),
             ("local disk, streaming", *epoch(StreamingDataset(local, shuffle=False, batch_size=64)), 0)]
@@ -128,16 +136,57 @@ def main() -> None:
                     ds = open_dataset("s3://bench/ds", storage_options=options(proxy), cache_dir=cache)
                 rate, cpu = epoch(ds)
                 rows.append((f"S3 {kind}, latency {label}, {which}", rate, cpu, proxy.down - before))
+    egress = _egress(a, options(proxies["none"]), proxies["none"], size)
     server.stop()
     rows.append(("local disk, again", *epoch(open_dataset(local)), 0))
     base = max(rows[0][1], rows[-1][1])
-    print(f"{m.num_samples} images, {size / 1e6:.1f} MB in {len(m.files) // 2} shards; DataLoader 2 workers, "
+    shards = sum(1 for f in m.files if f.samples)
+    print(f"{m.num_samples} images, {size / 1e6:.1f} MB in {shards} shards; DataLoader 2 workers, "
           f"batch 64, decode to tensors, no transform\n")
     print("| read | img/s | vs local (best of 2) | MB from server | x dataset | CPU s / MB |")
     print("|---|---|---|---|---|---|")
     for name, rate, cpu, down in rows:
         per = f"{cpu / (down / 1e6):.3f}" if down > size / 100 else "-"
         print(f"| {name} | {rate:.0f} | {rate / base:.2f} | {down / 1e6:.1f} | {down / size:.2f} | {per} |")
+    _print_egress(egress, size)
+
+
+def _print_egress(egress: list[tuple[str, float]], size: int) -> None:
+    print("\n| bytes from the server (streaming, shuffled, DataLoader 2 workers) | MB | x dataset |")
+    print("|---|---|---|")
+    for name, down in egress:
+        print(f"| {name} | {down / 1e6:.1f} | {down / size:.2f} |")
+
+
+def _egress(a: argparse.Namespace, storage: dict, proxy: LatencyProxy, size: int) -> list[tuple[str, float]]:
+    """Bytes downloaded per epoch (mean of 2 shuffled epochs) by one node with a cache that holds
+    the dataset, by one node whose cache holds a quarter of it, and by each of N simulated nodes
+    (one rank each, its own cache) reading its share of the shards."""
+    from packer.datasets import StreamingDataset
+    from packer.datasets.world import World
+
+    def epochs(cache: str, limit: int | None, world: World | None, window: Any = "auto") -> list[float]:
+        ds = StreamingDataset("s3://bench/ds", storage_options=storage, cache_dir=cache, cache_limit=limit,
+                              shuffle=True, batch_size=64, prefetch_shards=1, world=world, shuffle_shards=window)
+        out = []
+        for e in range(2):
+            before = proxy.down
+            ds.set_epoch(e)
+            epoch(ds)
+            out.append(proxy.down - before)
+        return out
+
+    rows = []
+    full = epochs(os.path.join(a.work, "eg-full"), None, None)
+    rows += [("1 node, cache holds the dataset, epoch 1", full[0]), ("... epoch 2", full[1])]
+    quarter = epochs(os.path.join(a.work, "eg-quarter"), size // 4, None)
+    rows += [("1 node, cache holds a quarter (shard window), epoch 1", quarter[0]), ("... epoch 2", quarter[1])]
+    buffered = epochs(os.path.join(a.work, "eg-buffer"), size // 4, None, None)
+    rows += [("1 node, a quarter, sample buffer instead (before), epoch 1", buffered[0]), ("... epoch 2", buffered[1])]
+    for n in (2, 4):
+        per = [epochs(os.path.join(a.work, f"eg-{n}-{r}"), None, World(r, n))[0] for r in range(n)]
+        rows.append((f"{n} nodes, epoch 1, each (mean; max {max(per) / size:.2f}x)", sum(per) / n))
+    return rows
 
 
 if __name__ == "__main__":
