@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import json
+import logging
 import os
 import posixpath
 import threading
@@ -111,7 +112,10 @@ class Remote:
         if scheme in ("s3", "s3a"):
             options["config_kwargs"] = {**_S3_DEFAULTS, **options.get("config_kwargs", {})}
         try:
-            fs, path = fsspec.core.url_to_fs(self.url, **options)
+            if scheme in ("gs", "gcs"):
+                fs, path = _gcs_filesystem(self.url, options)
+            else:
+                fs, path = fsspec.core.url_to_fs(self.url, **options)
         except ImportError as e:
             extra = _EXTRAS.get(scheme)
             hint = f"pip install 'packer[{extra}]'" if extra else "install the fsspec package for it"
@@ -133,6 +137,27 @@ class Remote:
             extra["size"] = size
         url = self.join(name)
         return _Stream(call(url, fs.open, posixpath.join(path, name), "rb", **extra), url)
+
+
+def _gcs_filesystem(url: str, options: dict[str, Any]) -> tuple[Any, str]:
+    """gcsfs's file system for ``url``, with bounded waits unless ``options`` set
+    ``requests_timeout``. At an ``endpoint_url`` (or ``STORAGE_EMULATOR_HOST``) other than
+    Google's, gcsfs's plain JSON-API class: the default one first asks a gRPC service that
+    only Google runs for each bucket's layout, and retries that for a minute on every call.
+    gcsfs logs each failed request with its traceback; unless the application has set up
+    logging, those records go nowhere (the error reaches the caller as one RemoteError line)."""
+    from aiohttp import ClientTimeout
+    from gcsfs.core import GCSFileSystem
+
+    log = logging.getLogger("gcsfs")
+    if not log.handlers:
+        log.addHandler(logging.NullHandler())
+    options.setdefault("requests_timeout", ClientTimeout(sock_connect=10, sock_read=30))
+    if options.get("endpoint_url") or os.environ.get("STORAGE_EMULATOR_HOST", "default") not in ("", "default"):
+        return GCSFileSystem(**options), GCSFileSystem._strip_protocol(url)
+    import fsspec
+
+    return fsspec.core.url_to_fs(url, **options)
 
 
 class _Stream:
@@ -166,13 +191,21 @@ def call(url: str, fn: Any, *args: Any, **kwargs: Any) -> Any:
         return fn(*args, **kwargs)
     except FileNotFoundError:
         raise RemoteError(f"{url} does not exist (check the bucket, the path and the endpoint)") from None
-    except PermissionError:
-        raise RemoteError(f"{url}: access denied (check the credentials and the bucket's policy)") from None
     except PackerError:
         raise
     except Exception as e:  # noqa: BLE001 - botocore, aiohttp, ... : each library its own types
+        if _denied(e):
+            raise RemoteError(f"{url}: access denied (check the credentials and the bucket's policy)") from None
         text = str(e).splitlines()[0] if str(e) else type(e).__name__
         raise RemoteError(f"{url}: {type(e).__name__}: {text}") from None
+
+
+def _denied(e: Exception) -> bool:
+    """True for a refusal of the credentials: PermissionError (s3fs), an HTTP 401/403 from
+    gcsfs (an OSError starting ``Forbidden:`` for 403, an HttpError with ``code`` 401)."""
+    if isinstance(e, PermissionError) or getattr(e, "code", None) in (401, 403, "401", "403"):
+        return True
+    return isinstance(e, OSError) and str(e).startswith("Forbidden:")
 
 
 def read_remote_manifest(remote: Remote) -> tuple[Manifest, bytes]:
