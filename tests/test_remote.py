@@ -262,24 +262,9 @@ def _read_all(url, cache_dir):
 
 
 def test_two_processes_on_one_node_download_each_file_once_over_http(local_sets, tmp_path):
-    import collections
-    import functools
-    import http.server
     import multiprocessing
 
-    gets: collections.Counter = collections.Counter()
-
-    class Handler(http.server.SimpleHTTPRequestHandler):
-        def do_GET(self):
-            gets[self.path] += 1
-            super().do_GET()
-
-        def log_message(self, *args):
-            pass
-
-    root = os.path.dirname(local_sets["tfrecord"])
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), functools.partial(Handler, directory=root))
-    threading.Thread(target=server.serve_forever, daemon=True).start()
+    server, gets = _counting_server(os.path.dirname(local_sets["tfrecord"]))
     try:
         url = f"http://127.0.0.1:{server.server_address[1]}/tfrecord"
         cache_dir = str(tmp_path / "cache")
@@ -556,28 +541,13 @@ def test_shuffled_streaming_with_a_quarter_size_cache_downloads_each_shard_once_
     """A shuffle that reaches across the whole rank sequence (the sample buffer) makes a cache
     smaller than the dataset download shards again and again; the shard window that
     ``shuffle_shards="auto"`` picks from ``cache_limit`` downloads each shard once per epoch."""
-    import collections
-    import functools
-    import http.server
-
     from packer.datasets import StreamingDataset
-
-    gets: collections.Counter = collections.Counter()
-
-    class Handler(http.server.SimpleHTTPRequestHandler):
-        def do_GET(self):
-            gets[self.path] += 1
-            super().do_GET()
-
-        def log_message(self, *args):
-            pass
 
     local = local_sets["tar"]
     m = read_manifest(local)
     shards = [f.name for f in m.files if f.samples]
     limit = sum(f.bytes for f in m.files) // 4
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), functools.partial(Handler, directory=os.path.dirname(local)))
-    threading.Thread(target=server.serve_forever, daemon=True).start()
+    server, gets = _counting_server(os.path.dirname(local))
     try:
         url = f"http://127.0.0.1:{server.server_address[1]}/tar"
         ds = StreamingDataset(url, cache_dir=str(tmp_path / "c"), cache_limit=limit, seed=5, batch_size=2,
@@ -599,3 +569,24 @@ def test_shuffled_streaming_with_a_quarter_size_cache_downloads_each_shard_once_
 
 def _labels_of(batch):
     return [int(label) for _, label in batch]
+
+
+def _counting_server(root):
+    """A read-only HTTP server of ``root`` on 127.0.0.1, started, and a Counter of its GETs by path."""
+    import collections
+    import functools
+    import http.server
+
+    gets: collections.Counter = collections.Counter()
+
+    class Handler(http.server.SimpleHTTPRequestHandler):
+        def do_GET(self):
+            gets[self.path] += 1
+            super().do_GET()
+
+        def log_message(self, *args):
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), functools.partial(Handler, directory=root))
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    return server, gets
