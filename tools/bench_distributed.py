@@ -127,11 +127,17 @@ def main(argv: list[str] | None = None) -> int:
         print(f"| {conf} | {', '.join(f'{x:.2f}' for x in runs[(conf, small)])} | "
               f"{', '.join(f'{x:.2f}' for x in runs[(conf, big)])} | {whole:.0f} | {rates[conf]:.0f} |")
     one, two = rates[ONE], rates[TWO]
-    whole_ratio = med[(ONE, big)] / med[(TWO, big)]
-    print(f"\n2 ranks x 1 worker / 1 process x 2 workers: **{two / one:.2f}x** past the fixed cost "
-          f"(start of torchrun, ranks and gloo; rank 0's merge), {whole_ratio:.2f}x for the whole "
-          f"{args.images}-image run; fixed cost {med[(TWO, small)] - args.small / two:.1f} s with torchrun, "
-          f"{med[(ONE, small)] - args.small / one:.1f} s without\n")
+    # Per round (the two configurations ran back to back): ratios of rates, whole run and past the
+    # fixed cost; their medians are steadier than ratios of medians on a machine whose load drifts.
+    past = [(b1 - s1) / (b2 - s2) for s1, b1, s2, b2 in
+            zip(runs[(ONE, small)], runs[(ONE, big)], runs[(TWO, small)], runs[(TWO, big)])]
+    whole = [a / b for a, b in zip(runs[(ONE, big)], runs[(TWO, big)])]
+    print(f"\n2 ranks x 1 worker / 1 process x 2 workers, per round: past the fixed cost "
+          f"{', '.join(f'{x:.2f}' for x in past)} (median **{statistics.median(past):.2f}x**); whole "
+          f"{args.images}-image run {', '.join(f'{x:.2f}' for x in whole)} (median "
+          f"{statistics.median(whole):.2f}x). Fixed cost (start of torchrun, ranks and gloo; rank 0's merge): "
+          f"{med[(TWO, small)] - args.small / two:.1f} s with torchrun, {med[(ONE, small)] - args.small / one:.1f} s "
+          f"without\n")
     merges = {}
     print("| merge of 2 parts | stored GB | seconds | seconds per GB |\n|---|---|---|---|")
     for fmt in args.merge_formats:
