@@ -38,7 +38,7 @@ def gcs():
     server = emulator.create_server("127.0.0.1", port, in_memory=True)
     server.start()
     options = {"endpoint_url": f"http://127.0.0.1:{port}", "token": "anon"}
-    gcsfs.GCSFileSystem(**options).mkdir(BUCKET)
+    gcsfs.core.GCSFileSystem(**options).mkdir(BUCKET)
     yield options
     server.stop()
 
