@@ -8,9 +8,10 @@ The one home of the format's on-disk knowledge: the writer (packer.converters.lm
 
 from __future__ import annotations
 
-import bisect
 import os
 import struct
+
+import numpy as np
 
 from packer.errors import CorruptDataError
 from packer.fileio import open_regular, pread_buffer
@@ -115,15 +116,13 @@ class LMDBFile:
             raise self._bad(f"the LMDB database has flags {flags:#x}; a packer dataset uses none", offset=psize)
         if entries != num_samples:
             raise self._bad(f"the LMDB database holds {entries} entries, the manifest {num_samples} samples")
-        self.firsts: list[int] = []
-        self.leaves: list[int] = []
-        if entries:
-            if root == _P_INVALID or depth < 1 or depth > 16:
-                raise self._bad(f"LMDB root page {root} at depth {depth} is not valid")
-            self._walk(root, depth, 0)
-            if self.firsts[0] != 0:
-                raise self._bad("LMDB B-tree does not start at sample 0")
-        self.entries = entries
+        if entries and (root == _P_INVALID or depth < 1 or depth > 16):
+            raise self._bad(f"LMDB root page {root} at depth {depth} is not valid")
+        self.root, self.depth, self.entries = root, depth, entries
+        # Branch pages met so far: page -> (first sample of each child but the first, children).
+        # Opening reads no page of the tree; a read descends from the root (log pages), so the
+        # cost of opening and the index a process holds do not grow with the dataset.
+        self._branches: dict[int, tuple[np.ndarray, np.ndarray]] = {}
 
     def _meta(self, pg: int) -> tuple[int, tuple[int, ...], int, int]:
         off = pg * self.psize
@@ -161,44 +160,64 @@ class LMDBFile:
             raise self._bad(f"LMDB node {k} of page {pgno} runs past the page", sample, pgno * self.psize + ptr)
         return lo | hi << 16, hi, flags, page[start : start + ksize], start + ksize
 
-    def _walk(self, pgno: int, depth: int, first: int) -> None:
-        page = self._page(pgno)
-        flags, lower = _PAGE.unpack_from(page)[2], _PAGE.unpack_from(page)[3]
+    def _branch(self, pgno: int, sample: int) -> tuple[np.ndarray, np.ndarray]:
+        """A branch page's child boundaries and children, parsed and checked once."""
+        cached = self._branches.get(pgno)
+        if cached is not None:
+            return cached
+        page = self._page(pgno, sample)
+        _, _, flags, lower, upper = _PAGE.unpack_from(page)
         n = (lower - _PAGE.size) // 2
-        if n < 1:
-            raise self._bad(f"LMDB page {pgno} is empty", offset=pgno * self.psize)
-        if depth == 1:
-            if not flags & _P_LEAF:
-                raise self._bad(f"LMDB page {pgno} should be a leaf (flags {flags:#x})", offset=pgno * self.psize)
-            if self.firsts and first <= self.firsts[-1]:
-                raise self._bad(f"LMDB leaf page {pgno} is out of order", offset=pgno * self.psize)
-            self.firsts.append(first)
-            self.leaves.append(pgno)
-            return
         if not flags & _P_BRANCH:
-            raise self._bad(f"LMDB page {pgno} should be a branch page (flags {flags:#x})", offset=pgno * self.psize)
-        for k in range(n):
-            size, _, nflags, key, _ = self._node(page, pgno, k)
-            child = size | nflags << 32
-            if k:
-                if len(key) != 10 or not key.isdigit():
-                    raise self._bad(f"LMDB branch page {pgno} holds a damaged key {key[:16]!r}",
-                                    offset=pgno * self.psize)
-                first = int(key)
-            self._walk(child, depth - 1, first)
+            raise self._bad(f"LMDB page {pgno} should be a branch page (flags {flags:#x})", sample, pgno * self.psize)
+        if n < 1:
+            raise self._bad(f"LMDB page {pgno} is empty", sample, pgno * self.psize)
+        raw = np.frombuffer(page, np.uint8)
+        ptrs = np.frombuffer(page, "<u2", count=n, offset=_PAGE.size).astype(np.int64)
+        room = np.full(n, self.psize - _NODE.size - 10)  # a key of ten digits after each header
+        room[0] += 10  # but the first, whose key is empty
+        bad = np.flatnonzero((ptrs < upper) | (ptrs > room))
+        if len(bad):
+            raise self._bad(f"LMDB node {int(bad[0])} of page {pgno} points outside the page", sample, pgno * self.psize)
+        head = raw[ptrs[:, None] + np.arange(_NODE.size)].astype(np.int64)  # lo, hi, flags, key size (LE u16)
+        words = head[:, 0::2] | head[:, 1::2] << 8
+        children = words[:, 0] | words[:, 1] << 16 | words[:, 2] << 32
+        keys = raw[ptrs[1:, None] + _NODE.size + np.arange(10)]
+        bad = np.flatnonzero((words[1:, 3] != 10) | np.any((keys < 48) | (keys > 57), axis=1))
+        if len(bad):
+            k = int(bad[0]) + 1
+            key = bytes(raw[ptrs[k] + _NODE.size : ptrs[k] + _NODE.size + min(int(words[k, 3]), 16)])
+            raise self._bad(f"LMDB branch page {pgno} holds a damaged key {key!r}", sample, pgno * self.psize)
+        firsts = (keys.astype(np.int64) - 48) @ (10 ** np.arange(9, -1, -1, dtype=np.int64))
+        if n > 2 and not bool(np.all(firsts[1:] > firsts[:-1])):
+            raise self._bad(f"LMDB branch page {pgno} is out of order", sample, pgno * self.psize)
+        self._branches[pgno] = (firsts, children)
+        return firsts, children
 
-    def _load_leaf(self, k: int, index: int) -> None:
-        """Read and check leaf ``k`` once; reads stay on it while they can."""
-        pgno = self.leaves[k]
+    def _find_leaf(self, index: int) -> None:
+        """Descend from the root to the leaf that holds sample ``index`` and load it."""
+        pgno, lo, hi = self.root, 0, self.entries
+        for _ in range(self.depth - 1):
+            firsts, children = self._branch(pgno, index)
+            k = int(np.searchsorted(firsts, index, side="right"))
+            start = int(firsts[k - 1]) if k else lo
+            end = int(firsts[k]) if k < len(firsts) else hi
+            if not lo <= start <= index < end <= hi:
+                raise self._bad(f"LMDB branch page {pgno} sends sample {index} to samples {start}..{end - 1}, "
+                                f"outside its own {lo}..{hi - 1} (damaged B-tree)", index, pgno * self.psize)
+            pgno, lo, hi = int(children[k]), start, end
+        self._load_leaf(pgno, lo, hi, index)
+
+    def _load_leaf(self, pgno: int, lo: int, hi: int, index: int) -> None:
+        """Read and check the leaf of samples ``lo`` .. ``hi - 1`` once; reads stay on it while they can."""
         page = self._page(pgno, index)
         flags, lower, upper = _PAGE.unpack_from(page)[2:]
         n = (lower - _PAGE.size) // 2
-        end = self.firsts[k + 1] if k + 1 < len(self.firsts) else self.entries
-        if not flags & _P_LEAF or n != end - self.firsts[k]:
-            raise self._bad(f"LMDB leaf page {pgno} holds {n} keys, the B-tree above it {end - self.firsts[k]}",
+        if not flags & _P_LEAF or n != hi - lo:
+            raise self._bad(f"LMDB leaf page {pgno} holds {n} keys, the B-tree above it {hi - lo}",
                             index, pgno * self.psize)
-        self._leaf, self._leaf_no = page, k
-        self._leaf_range = (self.firsts[k], end)
+        self._leaf, self._leaf_no = page, pgno
+        self._leaf_range = (lo, hi)
         self._ptrs = struct.unpack_from(f"<{n}H", page, _PAGE.size)
         self._upper = upper
 
@@ -206,13 +225,12 @@ class LMDBFile:
         """The value (a packer record) of sample ``index``, every LMDB structure on its way checked."""
         lo, hi = self._leaf_range
         if not lo <= index < hi:
-            k = bisect.bisect_right(self.firsts, index) - 1
-            if k < 0:
+            if not 0 <= index < self.entries:
                 raise self._bad("sample index not in the LMDB B-tree", index)
-            self._load_leaf(k, index)
+            self._find_leaf(index)
             lo, hi = self._leaf_range
         page, psize = self._leaf, self.psize
-        base = self.leaves[self._leaf_no] * psize
+        base = self._leaf_no * psize
         ptr = self._ptrs[index - lo]
         if not self._upper <= ptr <= psize - _NODE.size - 10:
             raise self._bad(f"LMDB node {index - lo} of the leaf at {base} points outside its page", index, base)
