@@ -48,6 +48,7 @@ _MAGIC = b"PKST"
 _HEAD = struct.Struct("<4sHBBQQQQI")
 _HEADER_BYTES = 48  # _HEAD (44 bytes) + CRC32C of those 44 bytes
 _FIXED = np.dtype([("value", "<i8"), ("keylen", "<u4"), ("metalen", "<u4")])  # one spill row per sample
+_ROW = struct.Struct("<qII")  # the same row, packed
 
 
 class Label(int):
@@ -221,18 +222,19 @@ class SampleTableWriter:
             target = getattr(label, "target", None)
             if target is None:
                 raise ValueError(f"sample {key!r} has no number label")
-            value = int(np.array(float(target), "<f8").view("<i8"))
+            value = struct.unpack("<q", struct.pack("<d", float(target)))[0]
         else:
             labels = getattr(label, "labels", None)
             if labels is None:
                 raise ValueError(f"sample {key!r} has no list of labels")
             value = len(labels)
             self._files["multi"].write(np.asarray(labels, "<u4").tobytes())
-        self._files["fixed"].write(np.array([(value, len(k), len(m))], _FIXED).tobytes())
+        self._files["fixed"].write(_ROW.pack(value, len(k), len(m)))
         self._files["keys"].write(k)
         self._files["meta"].write(m)
         self._count += 1
-        self._lengths[self._count] = tuple(self._files[p].tell() for p in self._PARTS)
+        if self.resumable:  # pruned at each checkpoint
+            self._lengths[self._count] = tuple(self._files[p].tell() for p in self._PARTS)
 
     def checkpoint(self) -> dict[str, Any]:
         """The writer's checkpoint, with the spill files made durable and their lengths recorded."""
@@ -289,44 +291,64 @@ class SampleTableWriter:
 
 
 def write_table(path: str, kind: str, fixed_path: str, keys_path: str, meta_path: str, multi_path: str) -> None:
-    """Write a sample table at ``path`` (via a temporary name) from the four spill files."""
-    fixed = np.fromfile(fixed_path, _FIXED)
-    n = len(fixed)
-    sections: list[np.ndarray] = []
-    if kind == "multi":
-        counts = fixed["value"].astype("<u8")
-        sections.append(np.cumsum(counts, dtype="<u8"))
-        multi = np.fromfile(multi_path, "<u4")
-        m = len(multi)
-        if int(counts.sum()) != m:
-            raise CorruptDataError(f"{multi_path}: {m} labels, the samples claim {int(counts.sum())}")
-        sections.append(np.concatenate([multi, np.zeros(m % 2, "<u4")]))  # keep 8-byte alignment
-    else:
-        m = 0
-        sections.append(fixed["value"].astype("<i8"))  # float64 bits for the number kind
-    sections.append(np.cumsum(fixed["keylen"], dtype="<u8"))
-    sections.append(np.cumsum(fixed["metalen"], dtype="<u8"))
-    k = int(sections[-2][-1]) if n else 0
-    e = int(sections[-1][-1]) if n else 0
-    if os.path.getsize(keys_path) != k or os.path.getsize(meta_path) != e:
-        raise CorruptDataError(f"{path}: the spill files do not match their row counts")
-    crc = 0
-    for s in sections:
-        crc = crc32c.crc32c(s.tobytes(), crc)
-    for blob in (keys_path, meta_path):
-        with open(blob, "rb") as f:
-            while chunk := f.read(1 << 20):
-                crc = crc32c.crc32c(chunk, crc)
-    head = _HEAD.pack(_MAGIC, TABLE_VERSION, LABEL_KINDS.index(kind), 0, n, m, k, e, crc)
+    """Write a sample table at ``path`` (via a temporary name) from the four spill files, a
+    chunk of rows at a time, so memory does not grow with the number of samples."""
+    n = os.path.getsize(fixed_path) // _FIXED.itemsize
+    fixed = np.memmap(fixed_path, _FIXED, mode="r", shape=(n,)) if n else np.zeros(0, _FIXED)
+    chunk = 1 << 20
+    spans = [(a, min(a + chunk, n)) for a in range(0, n, chunk)]
+
+    def ends(column: str) -> Any:  # running end offsets of a length column, chunk by chunk
+        total = 0
+        for a, b in spans:
+            out = np.cumsum(fixed[column][a:b], dtype="<u8") + np.uint64(total)
+            total = int(out[-1])
+            yield out
+
+    def copy(src: str) -> Any:
+        with open(src, "rb") as f:
+            while data := f.read(1 << 20):
+                yield data
+
     tmp = path + ".partial"
+    crc, totals = 0, {}
     with open(tmp, "wb") as out:
-        out.write(head + struct.pack("<I", crc32c.crc32c(head)))
-        for s in sections:
-            out.write(s.tobytes())
+        out.write(bytes(_HEADER_BYTES))
+
+        def put(data: Any) -> None:
+            nonlocal crc
+            raw = data.tobytes() if isinstance(data, np.ndarray) else data
+            crc = crc32c.crc32c(raw, crc)
+            out.write(raw)
+
+        if kind == "multi":
+            last = np.zeros(0, "<u8")
+            for last in ends("value"):
+                put(last)
+            m = int(last[-1]) if len(last) else 0
+            if os.path.getsize(multi_path) != 4 * m:
+                raise CorruptDataError(f"{multi_path}: {os.path.getsize(multi_path) // 4} labels, the samples claim {m}")
+            for data in copy(multi_path):
+                put(data)
+            put(bytes(4 * (m % 2)))  # keep 8-byte alignment
+        else:
+            m = 0
+            for a, b in spans:
+                put(np.ascontiguousarray(fixed["value"][a:b]).astype("<i8"))  # float64 bits for number
+        for column, blob in (("keylen", keys_path), ("metalen", meta_path)):
+            last = np.zeros(0, "<u8")
+            for last in ends(column):
+                put(last)
+            totals[column] = int(last[-1]) if len(last) else 0
+            if os.path.getsize(blob) != totals[column]:
+                raise CorruptDataError(f"{path}: the spill files do not match their row counts")
         for blob in (keys_path, meta_path):
-            with open(blob, "rb") as f:
-                while chunk := f.read(1 << 20):
-                    out.write(chunk)
+            for data in copy(blob):
+                put(data)
+        head = _HEAD.pack(_MAGIC, TABLE_VERSION, LABEL_KINDS.index(kind), 0, n, m, totals["keylen"],
+                          totals["metalen"], crc)
+        out.seek(0)
+        out.write(head + struct.pack("<I", crc32c.crc32c(head)))
         out.flush()
         os.fsync(out.fileno())
     os.replace(tmp, path)
