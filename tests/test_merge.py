@@ -200,3 +200,14 @@ def test_merge_link_shares_the_shard_files(items, tmp_path, fmt):
     with pytest.raises(ValueError, match="differs from its manifest"):
         merge([tmp_path / "a", tmp_path / "b"], tmp_path / "bad", link=True)
     assert not os.path.exists(tmp_path / "bad")
+
+
+def test_merge_command_line_link(items, tmp_path):
+    from packer.ops.cli import main
+
+    _convert(items[:3], tmp_path / "a", "tar", **_shard_writer("tar"))
+    _convert(items[3:], tmp_path / "b", "tar", **_shard_writer("tar"))
+    assert main(["merge", str(tmp_path / "m"), str(tmp_path / "a"), str(tmp_path / "b"), "--link"]) == 0
+    first = [f.name for f in read_manifest(str(tmp_path / "m")).files if f.samples][0]
+    part = [f.name for f in read_manifest(str(tmp_path / "a")).files if f.samples][0]
+    assert os.path.samefile(tmp_path / "m" / first, tmp_path / "a" / part)

@@ -598,13 +598,16 @@ def _add_merge(p: argparse.ArgumentParser) -> None:
     p.add_argument("dst", help="destination directory (must not exist unless --overwrite)")
     p.add_argument("parts", nargs="+", metavar="PART", help="packed datasets of one format, in sample order")
     p.add_argument("--overwrite", action="store_true", help="replace DST (atomically, once the new one is complete)")
+    p.add_argument("--link", action="store_true",
+                   help="hard-link shards taken whole instead of copying them (same file system; the parts then "
+                        "share those files: do not modify them)")
 
 
 def _run_merge(a: argparse.Namespace) -> int:
     from ..sizes import format_size
     from .merge import merge
 
-    report = merge(a.parts, a.dst, a.overwrite)
+    report = merge(a.parts, a.dst, a.overwrite, link=a.link)
     for line in report.mapping_lines(a.parts):
         print(f"labels of {line}")
     m = report.manifest
