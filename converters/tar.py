@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import struct
 from typing import Any
 
 import crc32c
@@ -29,6 +30,9 @@ from .shards import ShardedWriter, ShardFile, write_small_file
 
 __all__ = ["TarWriter"]
 
+_ENTRY = struct.Struct("<QQqIIIIBB6x")  # one INDEX_ENTRY, packed as the writer goes
+assert _ENTRY.size == INDEX_ENTRY.itemsize
+
 
 class TarWriter(ShardedWriter):
     """Writes WebDataset tar shards and their index files (layout: packer.layouts.tar)."""
@@ -38,9 +42,8 @@ class TarWriter(ShardedWriter):
 
     def __init__(self, directory: str, options: WriterOptions) -> None:
         super().__init__(directory, options)
-        self._rows: list[tuple[Any, ...]] = []
-        self._keys: list[bytes] = []
-        self._key_end = 0
+        self._rows = bytearray()  # the open shard's index entries, packed (INDEX_ENTRY)
+        self._keys = bytearray()  # and its keys, one after another
 
     def add(self, index: int, key: str, label: int, image: ProcessedImage) -> None:
         """Append one sample's members, starting a new shard first when this one is full."""
@@ -52,16 +55,14 @@ class TarWriter(ShardedWriter):
                               sample_fields(label))
         size = self.shard.size if self.shard is not None else 0
         start = self.shard_for(index, key, payload, final_size(size + len(blob))).write(blob)
-        k = key.encode("utf-8")
-        self._keys.append(k)
-        self._key_end += len(k)
-        if self._key_end > 0xFFFFFFFF:
+        self._keys += key.encode("utf-8")
+        if len(self._keys) > 0xFFFFFFFF:
             raise ValueError("sample keys of one shard exceed 4 GiB; set a smaller shard size")
-        self._rows.append((
-            start + BLOCK, len(payload), label, image.height, image.width,
+        self._rows += _ENTRY.pack(
+            start + BLOCK, len(payload), int(label), image.height, image.width,
             crc32c.crc32c(payload, place_seed(self.fid, index - self.first)),
-            self._key_end, CODEC_IDS[image.codec], image.channels, b"",
-        ))
+            len(self._keys), CODEC_IDS[image.codec], image.channels,
+        )
 
     def seal(self, shard: ShardFile) -> None:
         """The end-of-archive blocks, padded to a whole tar record."""
@@ -69,8 +70,8 @@ class TarWriter(ShardedWriter):
 
     def write_indexes(self, stem: str) -> list[FileEntry]:
         """The shard's ``.pkidx`` file (packer tar index v2)."""
-        index = pack_index(self.first, np.array(self._rows, dtype=INDEX_ENTRY), b"".join(self._keys))
-        self._rows, self._keys, self._key_end = [], [], 0
+        index = pack_index(self.first, np.frombuffer(self._rows, dtype=INDEX_ENTRY), bytes(self._keys))
+        self._rows, self._keys = bytearray(), bytearray()
         return [write_small_file(self.directory, stem + INDEX_SUFFIX, index, self.first)]
 
     def layout(self) -> dict[str, Any]:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import struct
 import zlib
+from array import array
 from typing import Any
 
 from packer.imageproc import ProcessedImage
@@ -41,8 +42,8 @@ class TFRecordWriter(ShardedWriter):
         self._gzip = options.gzip
         self.suffix = GZIP_SUFFIX if self._gzip else TFRECORD_SUFFIX  # type: ignore[misc]
         self._stream = 0  # bytes of (uncompressed) records in the open shard
-        self._index: list[bytes] = []
-        self._zoffsets: list[int] = []
+        self._index = bytearray()  # the open shard's .idx text
+        self._zoffsets = array("Q")
         self._zcrc = 0
         self._z: Any = None
 
@@ -52,7 +53,7 @@ class TFRecordWriter(ShardedWriter):
         shard = self.shard_for(index, key, image.payload, self._stream + len(example) + 16)
         example[-4:] = _U32.pack(place_seed(self.fid, index - self.first))
         record = frame_record(example)
-        self._index.append(b"%d %d\n" % (self._stream, len(record)))
+        self._index += b"%d %d\n" % (self._stream, len(record))
         self._stream += len(record)
         if self._gzip:
             self._zoffsets.append(shard.size)
@@ -76,10 +77,10 @@ class TFRecordWriter(ShardedWriter):
 
     def write_indexes(self, stem: str) -> list[FileEntry]:
         """The ``.idx`` file, and the ``.zidx`` file when gzipped."""
-        files = [write_small_file(self.directory, stem + INDEX_SUFFIX, b"".join(self._index), self.first)]
+        files = [write_small_file(self.directory, stem + INDEX_SUFFIX, bytes(self._index), self.first)]
         if self._gzip:
             files.append(write_small_file(self.directory, stem + ZINDEX_SUFFIX, pack_zindex(self._zoffsets), self.first))
-        self._index, self._zoffsets, self._stream, self._z = [], [], 0, None
+        self._index, self._zoffsets, self._stream, self._z = bytearray(), array("Q"), 0, None
         return files
 
     def layout(self) -> dict[str, Any]:

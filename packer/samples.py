@@ -24,6 +24,7 @@ import math
 import mmap
 import os
 import struct
+from array import array
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
@@ -189,9 +190,11 @@ class SampleTableWriter:
         self.resumable = getattr(writer, "resumable", False)
         self._files: dict[str, Any] = {}
         self._count = 0
-        # spill lengths after each row since the last checkpoint: a writer's checkpoint may hold
+        # spill lengths after each row since the last checkpoint, one group of four per row (row
+        # ``_base + i`` ends at ``_lengths[4 * i : 4 * i + 4]``): a writer's checkpoint may hold
         # fewer samples than were added (a sharded writer counts finished shards only)
-        self._lengths: dict[int, tuple[int, ...]] = {0: (0, 0, 0, 0)}
+        self._base = 0
+        self._lengths = array("Q", (0, 0, 0, 0))
 
     def _spill(self, part: str) -> str:
         return self.writer.path(f".{TABLE_NAME}.{part}")
@@ -234,7 +237,7 @@ class SampleTableWriter:
         self._files["meta"].write(m)
         self._count += 1
         if self.resumable:  # pruned at each checkpoint
-            self._lengths[self._count] = tuple(self._files[p].tell() for p in self._PARTS)
+            self._lengths.extend(f.tell() for f in self._files.values())
 
     def checkpoint(self) -> dict[str, Any]:
         """The writer's checkpoint, with the spill files made durable and their lengths recorded."""
@@ -243,8 +246,10 @@ class SampleTableWriter:
         for f in self._files.values():
             f.flush()
             os.fsync(f.fileno())
-        state["table"] = dict(zip(self._PARTS, self._lengths[done]))
-        self._lengths = {i: v for i, v in self._lengths.items() if i >= done}
+        at = 4 * (done - self._base)
+        state["table"] = dict(zip(self._PARTS, self._lengths[at:at + 4]))
+        del self._lengths[:at]
+        self._base = done
         return state
 
     def resume(self, state: dict[str, Any]) -> None:
@@ -260,7 +265,8 @@ class SampleTableWriter:
             f.truncate(int(lengths[part]))
             f.seek(0, os.SEEK_END)
         self._count = int(state["samples"])
-        self._lengths = {self._count: tuple(int(lengths[p]) for p in self._PARTS)}
+        self._base = self._count
+        self._lengths = array("Q", (int(lengths[p]) for p in self._PARTS))
         self.writer.resume({k: v for k, v in state.items() if k != "table"})
 
     def close(self) -> tuple[list[FileEntry], dict[str, Any]]:

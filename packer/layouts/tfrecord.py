@@ -12,6 +12,7 @@ import gzip
 import os
 import struct
 import zlib
+from collections.abc import Sequence
 from typing import Any
 
 import crc32c
@@ -110,7 +111,7 @@ def image_example(key: str, label: int, image: ProcessedImage, place: int | None
     })
 
 
-def pack_zindex(offsets: list[int]) -> bytes:
+def pack_zindex(offsets: Sequence[int]) -> bytes:
     """Serialise a gzip offset index from the N + 1 compressed offsets.
 
     The writer fully flushes the compressor (``Z_FULL_FLUSH``) after every record, so each record's

@@ -25,6 +25,7 @@ import functools
 import os
 import shutil
 import time
+from array import array
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any
@@ -257,7 +258,10 @@ class _Run:
         j = self.journal
         self.resumed = {"consumed": j.consumed, "written": j.written} if j is not None else None
         self.skipped: list[tuple[int, Skipped]] = []  # (source position, skip)
-        self.positions: dict[int, int] = {}  # sample index -> source position, since the last checkpoint
+        # source position of each sample written since the last checkpoint (resumable runs only):
+        # sample index ``positions_base + i`` came from source position ``positions[i]``
+        self.positions = array("q")
+        self.positions_base = 0
         self.index = self.consumed = 0
         self.writer: Any = None
         self.closed = False
@@ -283,11 +287,13 @@ class _Run:
         assert self.writer is not None and self.fingerprint is not None
         state = self.writer.checkpoint()
         done = int(state["samples"])
-        upto = self.positions.get(done, next_pos)
+        at = done - self.positions_base
+        upto = self.positions[at] if 0 <= at < len(self.positions) else next_pos
         entries = [{"pos": p, "path": k.path, "reason": k.reason} for p, k in self.skipped if p < upto]
         write_journal(self.tmp, Journal(self.fingerprint, "writing", upto, done, entries, state))
-        for i in [i for i in self.positions if i < done]:
-            del self.positions[i]
+        if at > 0:
+            del self.positions[:at]
+            self.positions_base = done
 
     def publish_closed(self) -> Manifest:
         """Finish a run killed after its payload files were final: only the manifest was missing."""
@@ -318,6 +324,7 @@ class _Run:
                 os.remove(os.path.join(self.tmp, name))
         self.writer.resume(j.writer)
         self.index, self.consumed = j.written, j.consumed
+        self.positions_base = self.index
         self.skipped = [(int(e["pos"]), Skipped(str(e["path"]), str(e["reason"]))) for e in j.skipped]
         self.checkpoint(self.consumed)
 
@@ -333,7 +340,8 @@ class _Run:
                 if image is None or not image.payload:  # a 0-byte image is never stored
                     self.skipped.append((self.pos, Skipped(key, reason or "empty image payload (0 bytes)")))
                 else:
-                    self.positions[self.index] = self.pos
+                    if self.resumable:
+                        self.positions.append(self.pos)
                     self.writer.add(self.index, key, label, image)
                     self.index += 1
                     self.left_small += left_small(image, resize, upscale)
