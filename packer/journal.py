@@ -33,13 +33,16 @@ class Journal:
 
         {"version": 1, "fingerprint": {"source": SHA-256, "options": SHA-256},
          "phase": "writing" | "closed", "consumed": C, "written": S,
-         "skipped": [{"pos": P, "path": ..., "reason": ...}], "writer": {...}, "manifest": {...} | null}
+         "skipped": [{"pos": P, "path": ..., "reason": ...}], "writer": {...}, "manifest": {...} | null,
+         "left_small": L}
 
     ``consumed`` counts items of the ordered source list whose result is durable (written or
     skipped), ``written`` the samples the writer holds, ``writer`` the writer's own state (its
     :meth:`~packer.converters.base.Writer.checkpoint`). ``phase`` is ``closed`` once every payload
     file is final; ``manifest`` then holds the manifest, so a run killed between the journal and
-    the publish only has to write it and rename.
+    the publish only has to write it and rename. ``left_small`` counts the ``written`` samples
+    stored below the resize target (a resumed run reports the whole conversion's count; journals
+    without it count 0).
 
     The fingerprint binds a journal to its source (every file's path, label, size and mtime, or a
     packed source's manifest) and to every option that changes the output; ``--resume`` refuses a
@@ -54,6 +57,7 @@ class Journal:
     writer: dict[str, Any] = field(default_factory=dict)
     manifest: dict[str, Any] | None = None
     version: int = JOURNAL_VERSION
+    left_small: int = 0
 
     def dumps(self) -> bytes:
         """The journal's JSON bytes."""
@@ -79,10 +83,11 @@ def read_journal(directory: str) -> Journal | None:
             skipped=[dict(s) for s in d["skipped"]],
             writer=dict(d["writer"]),
             manifest=dict(d["manifest"]) if d.get("manifest") is not None else None,
+            left_small=int(d.get("left_small", 0)),
         )
     except (KeyError, TypeError, ValueError, AttributeError):
         return None
-    if j.phase not in ("writing", "closed") or j.consumed < 0 or j.written < 0:
+    if j.phase not in ("writing", "closed") or j.consumed < 0 or j.written < 0 or j.left_small < 0:
         return None
     return j
 

@@ -335,8 +335,7 @@ def _summary(a: argparse.Namespace, report, skipped_status: int = EXIT_SKIPPED) 
         _say(f"ignored: {', '.join(ignored)}")
     small = getattr(report, "left_small", 0)
     if small:
-        since = " (counted since the interruption)" if getattr(report, "resumed", None) else ""
-        _say(f"left small: {small} images below --resize {m.processing.get('resize')} kept their size{since} "
+        _say(f"left small: {small} images below --resize {m.processing.get('resize')} kept their size "
              f"(--upscale enlarges them)")
     empty = m.source.get("empty_classes") or []
     if empty:

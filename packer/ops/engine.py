@@ -110,8 +110,8 @@ class ConvertReport:
     #: "written": samples}``, or None when it started from the beginning (see ``notes``).
     resumed: dict[str, int] | None = None
     notes: list[str] = field(default_factory=list)
-    #: Images stored smaller than the resize target (never enlarged without ``upscale``), counted
-    #: by this run (with ``resume``: the part after the interruption).
+    #: Images stored smaller than the resize target (never enlarged without ``upscale``), in the
+    #: whole output (with ``resume``: the interrupted run's part included).
     left_small: int = 0
     #: With ``resume``: the destination was already complete, with the same source and options.
     already_complete: bool = False
@@ -216,7 +216,7 @@ def write_packed_result(
 ) -> tuple[Manifest, dict[str, int] | None, list[str]]:
     """:func:`write_packed`, also returning what a resume kept (``{"consumed", "written"}`` or
     None) and notes for the user (e.g. that there was nothing to resume). A ``counts`` dict gets
-    ``left_small``: the images this run stored below the resize target (see :func:`left_small`)."""
+    ``left_small``: the images of the output stored below the resize target (see :func:`left_small`)."""
     run = _Run(dst, fmt, items, template, options, total, source, fingerprint)
     try:
         if run.journal is not None and run.journal.phase == "closed":
@@ -262,6 +262,7 @@ class _Run:
         # sample index ``positions_base + i`` came from source position ``positions[i]``
         self.positions = array("q")
         self.positions_base = 0
+        self.small = bytearray()  # and whether it was left small (1) or not (0)
         self.index = self.consumed = 0
         self.writer: Any = None
         self.closed = False
@@ -290,15 +291,18 @@ class _Run:
         at = done - self.positions_base
         upto = self.positions[at] if 0 <= at < len(self.positions) else next_pos
         entries = [{"pos": p, "path": k.path, "reason": k.reason} for p, k in self.skipped if p < upto]
-        write_journal(self.tmp, Journal(self.fingerprint, "writing", upto, done, entries, state))
+        small = self.left_small - sum(self.small[max(at, 0):])  # of the samples in the checkpoint
+        write_journal(self.tmp, Journal(self.fingerprint, "writing", upto, done, entries, state, left_small=small))
         if at > 0:
             del self.positions[:at]
+            del self.small[:at]
             self.positions_base = done
 
     def publish_closed(self) -> Manifest:
         """Finish a run killed after its payload files were final: only the manifest was missing."""
         assert self.journal is not None
         manifest = _finish_closed(self.tmp, self.journal)
+        self.left_small = self.journal.left_small
         keep = {f.name for f in manifest.files} | {JOURNAL_NAME}
         for name in os.listdir(self.tmp):  # what the killed run had not deleted yet: resume-only files
             if name not in keep:
@@ -325,6 +329,7 @@ class _Run:
         self.writer.resume(j.writer)
         self.index, self.consumed = j.written, j.consumed
         self.positions_base = self.index
+        self.left_small = j.left_small
         self.skipped = [(int(e["pos"]), Skipped(str(e["path"]), str(e["reason"]))) for e in j.skipped]
         self.checkpoint(self.consumed)
 
@@ -340,11 +345,13 @@ class _Run:
                 if image is None or not image.payload:  # a 0-byte image is never stored
                     self.skipped.append((self.pos, Skipped(key, reason or "empty image payload (0 bytes)")))
                 else:
+                    small = left_small(image, resize, upscale)
                     if self.resumable:
                         self.positions.append(self.pos)
+                        self.small.append(small)
                     self.writer.add(self.index, key, label, image)
                     self.index += 1
-                    self.left_small += left_small(image, resize, upscale)
+                    self.left_small += small
                 self.pos += 1
                 if self.resumable and self.writer.checkpoint_due():
                     self.checkpoint(self.pos)
@@ -363,7 +370,8 @@ class _Run:
                            skipped=[k for _, k in self.skipped] + list(self.template.skipped))
         if self.resumable:
             assert self.fingerprint is not None
-            write_journal(self.tmp, Journal(self.fingerprint, "closed", self.pos, self.index, [], {}, manifest.to_json()))
+            write_journal(self.tmp, Journal(self.fingerprint, "closed", self.pos, self.index, [], {}, manifest.to_json(),
+                                            left_small=self.left_small))
         self.writer.forget_checkpoints()
         write_manifest(self.tmp, manifest)
         remove_journal(self.tmp)
