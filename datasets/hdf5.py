@@ -1,20 +1,23 @@
 """``HDF5Dataset``: map-style reader for packed HDF5 files (layout: packer.layouts.hdf5).
 
-Reading a sample does not go through h5py. When a process first reads, the small per-sample
-datasets (labels, offsets, shapes, CRCs) are loaded into NumPy arrays and checked against their
-``crc32c`` attributes, the file address of every chunk of ``/images`` is looked up once
-(``chunk_iter``), and the h5py file is closed again. ``ds[i]`` is then one ``os.pread`` of the
-sample's bytes, a CRC32C and the decode: measured at about 0.97x a bare ``cv2.imdecode`` loop, where
-h5py's per-element vlen read would cost 40 us a sample (0.83x). Why the payload is a flat byte
-array plus offsets is in the writer's docstring.
+Reading a sample does not go through h5py. When the reader is built (for a dataset at a URL:
+when a process first reads), the small per-sample datasets (labels, offsets, shapes, CRCs) are
+loaded into NumPy arrays and checked against their ``crc32c`` attributes, the file address of
+every chunk of ``/images`` is looked up once (``chunk_iter``), and the h5py file is closed again.
+``ds[i]`` is then one ``os.pread`` of the sample's bytes, a CRC32C and the decode: measured at
+about 0.97x a bare ``cv2.imdecode`` loop, where h5py's per-element vlen read would cost 40 us a
+sample (0.83x). Why the payload is a flat byte array plus offsets is in the writer's docstring.
 
 Fork and spawn: no h5py file stays open between calls, so no HDF5 file handle, and no HDF5
-library state tied to an open file, is ever inherited by a DataLoader worker; what a worker
-inherits (an OS file descriptor and arrays, via fork) is replaced in that worker on first use
-(PackedDataset checks the pid), and a pickled dataset carries none of it. Keys, needed only by
-``read_record``, are read in blocks through a short-lived h5py open. Files are opened read-only
-with ``locking=False``: a dataset with a manifest is complete and never written again (as LMDB's
-``lock=False``), and HDF5's file locks fail on some network file systems.
+library state tied to an open file, is ever inherited by a DataLoader worker; the OS file
+descriptor a worker inherits is replaced in that worker on first use (PackedDataset checks the
+pid). The index arrays are loaded once: forked workers read the parent's (shared pages), and
+spawn/forkserver workers receive them in one shared memfd region, so a node holds one copy
+whatever the number of workers (~32 bytes a sample: 41 MB for ImageNet's 1.28M;
+docs/benchmarks.md, section 8). A plain pickle carries no index; its copy loads its own. Keys,
+needed only by ``read_record``, are read in blocks through a short-lived h5py open. Files are
+opened read-only with ``locking=False``: a dataset with a manifest is complete and never written
+again (as LMDB's ``lock=False``), and HDF5's file locks fail on some network file systems.
 
 An ``/images`` dataset stored in a way a plain read cannot follow (a compression filter added by
 ``h5repack``, compact storage) is read through h5py instead, opened in the reading process.
@@ -28,8 +31,10 @@ and HDF5 errors become CorruptDataError naming the file (and the sample where th
 
 from __future__ import annotations
 
+import copy
 import math
 import os
+from multiprocessing.context import get_spawning_popen
 from typing import Any
 
 import crc32c
@@ -45,6 +50,7 @@ from packer.placement import place_seed
 from packer.record import Record
 
 from .base import PackedDataset
+from .shm import SharedRegion
 
 __all__ = ["HDF5Dataset"]
 
@@ -58,6 +64,8 @@ _MAX_INFLATION = 1100
 #: /images chunks smaller than this are read through h5py instead of a table of chunk addresses
 #: (the table costs 8 bytes per chunk; packer writes 1 MiB chunks).
 _MIN_TABLE_CHUNK = 64 << 10
+#: Index arrays of at least this size go to spawn/forkserver workers in shared memory.
+SHARE_INDEX_BYTES = 1 << 20
 
 
 def _h5open(path: str, fd: int | None = None) -> h5py.File:
@@ -77,7 +85,14 @@ def _h5open(path: str, fd: int | None = None) -> h5py.File:
 
 
 class _Meta:
-    """What one process needs to read samples: per-sample arrays and where ``/images`` lives."""
+    """What one process needs to read samples: per-sample arrays and where ``/images`` lives.
+
+    Loaded once per dataset object and kept across a fork (a worker reads the arrays its parent
+    loaded, the pages shared), or sent to spawn/forkserver workers in one shared region
+    (:meth:`share`): the index exists once per node, not once per worker."""
+
+    #: The per-sample (and per-chunk) arrays; the rest of the attributes are small.
+    ARRAYS = ("labels", "shapes", "crcs", "key_crcs", "codecs", "offsets", "table")
 
     def __init__(self, path: str, num_samples: int, verify: bool, fd: int | None = None) -> None:
         self.path = path
@@ -95,6 +110,37 @@ class _Meta:
             raise
         except Exception as e:  # noqa: BLE001 - HDF5 reports damage as OSError, KeyError, RuntimeError, ...
             raise CorruptDataError(f"unreadable HDF5 file ({type(e).__name__}: {e})", path=path) from None
+
+    def reopened(self, fd: int) -> _Meta:
+        """This index for a process that opened the file again as ``fd`` (the arrays shared)."""
+        meta = copy.copy(self)
+        meta.fd = fd
+        return meta
+
+    def share(self) -> tuple[SharedRegion, list[tuple[str, str, int, tuple[int, ...]]], dict[str, Any]]:
+        """Move the large arrays into one shared region (read-only views here too) and return
+        what :meth:`from_shared` rebuilds this index from in another process."""
+        big = [(name, a) for name in self.ARRAYS
+               if isinstance(a := getattr(self, name, None), np.ndarray) and a.nbytes >= SHARE_INDEX_BYTES]
+        layout, size = [], 0
+        for name, a in big:
+            layout.append((name, a.dtype.str, size, a.shape))
+            size += -(-a.nbytes // 64) * 64  # every array 64-byte aligned
+        region = SharedRegion(max(size, 1), "packer-hdf5-index")
+        for (_, a), (_, _, offset, _) in zip(big, layout):
+            region.buffer[offset : offset + a.nbytes] = np.ascontiguousarray(a).view(np.uint8).reshape(-1)
+        self.__dict__.update(_views(region, layout))
+        small = {k: v for k, v in vars(self).items() if k not in {name for name, *_ in layout}}
+        return region, layout, small
+
+    @classmethod
+    def from_shared(cls, region: SharedRegion, layout: list[tuple[str, str, int, tuple[int, ...]]],
+                    small: dict[str, Any]) -> _Meta:
+        """The index that :meth:`share` sent, its large arrays views of the shared region."""
+        meta = cls.__new__(cls)
+        meta.__dict__.update(small)
+        meta.__dict__.update(_views(region, layout))
+        return meta
 
     def _stored_limit(self, d: h5py.Dataset, name: str) -> int:
         """The most bytes of ``d`` that the file can hold (see ``_MAX_INFLATION``)."""
@@ -229,6 +275,15 @@ class _Meta:
         self.table = table
 
 
+def _views(region: SharedRegion, layout: list[tuple[str, str, int, tuple[int, ...]]]) -> dict[str, np.ndarray]:
+    out = {}
+    for name, dtype, offset, shape in layout:
+        view = np.frombuffer(region.buffer, np.dtype(dtype), count=math.prod(shape), offset=offset).reshape(shape)
+        view.flags.writeable = False
+        out[name] = view
+    return out
+
+
 class HDF5Dataset(PackedDataset):
     """Map-style dataset over a packed HDF5 directory (see :class:`PackedDataset` for options)."""
 
@@ -237,16 +292,36 @@ class HDF5Dataset(PackedDataset):
     _file: Any = None  # raw binary file object of data.h5 (os.pread on its descriptor)
     _h5: h5py.File | None = None  # only when /images must be read through h5py
     _keys: dict[int, list[str]] | None = None
+    _shared_meta: tuple[SharedRegion, list[tuple[str, str, int, tuple[int, ...]]], dict[str, Any]] | None = None
 
     @property
     def _path(self) -> str:
         return os.path.join(self.root, self.data_file)
 
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        if self._remote is None:
+            # The index is loaded here, before any DataLoader worker starts, so forked workers
+            # share this process's copy and spawned ones get it in shared memory (_Meta.share).
+            # No handle stays open (a damaged file reports at its first read, as before).
+            try:
+                self._ensure_open()
+            except CorruptDataError:
+                pass
+            meta = self._meta
+            self.close()
+            self._meta = meta
+
     def _open(self) -> None:
-        self._drop()  # anything inherited through fork belongs to the parent: never used
+        inherited = self._meta  # the parent's index (fork), or the one sent in shared memory (spawn)
+        self._drop()  # the handles inherited through fork belong to the parent: never used
         path = self._path
         self._file = os.fdopen(self._open_file(self.data_file), "rb", buffering=0)
-        meta = _Meta(path, len(self), self.verify, self._file.fileno())
+        fd = self._file.fileno()
+        if inherited is not None and inherited.path == path and inherited.size == os.fstat(fd).st_size:
+            meta = inherited.reopened(fd)
+        else:
+            meta = _Meta(path, len(self), self.verify, fd)
         self._fid = self.manifest.files[0].id if self.manifest.files else ""
         if self._fid != meta.file_id:  # the file's identity, cheap to check at open
             raise CorruptDataError(f"{path} is another file than the manifest names (file id "
@@ -265,12 +340,29 @@ class HDF5Dataset(PackedDataset):
                 except Exception:  # noqa: BLE001 - an inherited handle may already be unusable
                     pass
         self._file = self._h5 = self._meta = self._keys = None
+        self._shared_meta = None
 
     def _close(self) -> None:
         self._drop()
 
     def _handle_attrs(self) -> tuple[str, ...]:
-        return ("_meta", "_file", "_h5", "_keys")
+        return ("_meta", "_file", "_h5", "_keys", "_shared_meta")
+
+    # -- the index for spawn / forkserver workers -----------------------------------------------
+    def __getstate__(self) -> dict[str, Any]:
+        state = super().__getstate__()
+        if get_spawning_popen() is not None and self._meta is not None:
+            if self._shared_meta is None:
+                self._shared_meta = self._meta.share()
+            state["_shared_meta"] = self._shared_meta
+        return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        shared = state.pop("_shared_meta", None)
+        super().__setstate__(state)
+        self._shared_meta = None
+        if shared is not None:
+            self._meta = _Meta.from_shared(*shared)  # taken over by _open in this process
 
     # -- reading ---------------------------------------------------------------------------------
     def _pread(self, start: int, end: int, index: int) -> tuple[bytes | memoryview, int]:
