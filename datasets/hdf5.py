@@ -435,6 +435,14 @@ class HDF5Dataset(PackedDataset):
         return payload, codec, int(h), int(w)
 
     def _key(self, index: int) -> str:
+        table = self.sample_table()
+        kcrcs = self._meta.key_crcs
+        if table is not None and kcrcs is not None:
+            # The sample table holds every key: no /keys block read (~3 ms at random). HDF5 stores
+            # a key only up to a NUL; such a key differs from the table's: /keys decides.
+            key = table.keys[index]
+            if crc32c.crc32c(key.encode("utf-8", "surrogatepass")) == int(kcrcs[index]):
+                return key
         block = index // _KEY_BLOCK
         keys = self._keys.get(block)
         if keys is None:
@@ -448,7 +456,9 @@ class HDF5Dataset(PackedDataset):
             self._keys[block] = keys
         if index - block * _KEY_BLOCK >= len(keys):
             raise CorruptDataError("/keys is shorter than the dataset", path=self._path, sample=index)
-        key = keys[index - block * _KEY_BLOCK]
+        return self._checked_key(index, keys[index - block * _KEY_BLOCK])
+
+    def _checked_key(self, index: int, key: str) -> str:
         kcrcs = self._meta.key_crcs
         if self.verify and kcrcs is not None:
             stored, actual = int(kcrcs[index]), crc32c.crc32c(key.encode("utf-8", "surrogatepass"))
