@@ -292,6 +292,9 @@ class HDF5Dataset(PackedDataset):
     _file: Any = None  # raw binary file object of data.h5 (os.pread on its descriptor)
     _h5: h5py.File | None = None  # only when /images must be read through h5py
     _keys: dict[int, list[str]] | None = None
+    #: ``packer verify`` sets this: every key is read from /keys (checked against /key_crc32c),
+    #: so damage there is found, though the sample table holds the same keys.
+    audit = False
     _shared_meta: tuple[SharedRegion, list[tuple[str, str, int, tuple[int, ...]]], dict[str, Any]] | None = None
 
     @property
@@ -435,7 +438,7 @@ class HDF5Dataset(PackedDataset):
         return payload, codec, int(h), int(w)
 
     def _key(self, index: int) -> str:
-        table = self.sample_table()
+        table = None if self.audit else self.sample_table()
         kcrcs = self._meta.key_crcs
         if table is not None and kcrcs is not None:
             # The sample table holds every key: no /keys block read (~3 ms at random). HDF5 stores

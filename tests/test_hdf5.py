@@ -333,3 +333,10 @@ def test_keys_come_from_the_sample_table_without_opening_h5py(tiny_folder, tmp_p
     table = ds.sample_table()
     monkeypatch.setattr(table, "keys", ["other"] * len(ds))
     assert [ds.read_record(i).key for i in range(3)] == want  # the table disagrees: /keys is read
+    monkeypatch.undo()
+    audited = open_dataset(tmp_path / "out")
+    audited[0]
+    audited.audit = True  # packer verify: /keys itself is read and checked
+    monkeypatch.setattr(reader, "_h5open", no_h5py)
+    with pytest.raises(CorruptDataError, match="cannot read /keys"):
+        audited.read_record(1)

@@ -111,6 +111,7 @@ def _read_samples(root: str, m: Manifest, check_unique: bool, rep: VerifyReport)
     try:
         ds = open_dataset(root, output="numpy")
         ds._ensure_open()  # a file that fails the checks at open is one problem, not one per sample
+        ds.audit = True  # no shortcut around a stored structure (HDF5: keys from /keys, not the table)
     except (CorruptDataError, OSError, ValueError) as e:
         rep.problems.append(f"{root}: cannot open: {e}")
         return
