@@ -302,6 +302,7 @@ class HDF5Dataset(PackedDataset):
         return os.path.join(self.root, self.data_file)
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
+        """Takes :class:`PackedDataset`'s arguments; also loads the index (module docstring)."""
         super().__init__(*args, **kwargs)
         if self._remote is None:
             # The index is loaded here, before any DataLoader worker starts, so forked workers
@@ -325,6 +326,7 @@ class HDF5Dataset(PackedDataset):
             meta = inherited.reopened(fd)
         else:
             meta = _Meta(path, len(self), self.verify, fd)
+            self._shared_meta = None  # of the index loaded before, if any
         self._fid = self.manifest.files[0].id if self.manifest.files else ""
         if self._fid != meta.file_id:  # the file's identity, cheap to check at open
             raise CorruptDataError(f"{path} is another file than the manifest names (file id "
@@ -343,7 +345,6 @@ class HDF5Dataset(PackedDataset):
                 except Exception:  # noqa: BLE001 - an inherited handle may already be unusable
                     pass
         self._file = self._h5 = self._meta = self._keys = None
-        self._shared_meta = None
 
     def _close(self) -> None:
         self._drop()

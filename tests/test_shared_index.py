@@ -69,6 +69,8 @@ def test_hdf5_index_is_loaded_once_and_shared_with_workers(tiny_folder, tmp_path
         region, layout, _ = ds._shared_meta
         assert {name for name, *_ in layout} >= {"labels", "shapes", "crcs"}
         assert not ds._meta.labels.flags.writeable
+        ds[0]  # the parent reads too, then a second epoch's workers start: still the one region
+        assert len(list(loader)) == len(want) and ds._shared_meta[0] is region
     copy = pickle.loads(pickle.dumps(ds))
     assert copy._meta is None and [copy.read_record(i).key for i in range(len(copy))] == [w[2] for w in want]
     assert len(list(loads.iterdir())) == 1
