@@ -50,7 +50,7 @@ from packer.placement import place_seed
 from packer.record import Record
 
 from .base import PackedDataset
-from .shm import SharedRegion
+from .shm import SharedRegion, region_views
 
 __all__ = ["HDF5Dataset"]
 
@@ -129,7 +129,7 @@ class _Meta:
         region = SharedRegion(max(size, 1), "packer-hdf5-index")
         for (_, a), (_, _, offset, _) in zip(big, layout):
             region.buffer[offset : offset + a.nbytes] = np.ascontiguousarray(a).view(np.uint8).reshape(-1)
-        self.__dict__.update(_views(region, layout))
+        self.__dict__.update(region_views(region, layout))
         small = {k: v for k, v in vars(self).items() if k not in {name for name, *_ in layout}}
         return region, layout, small
 
@@ -139,7 +139,7 @@ class _Meta:
         """The index that :meth:`share` sent, its large arrays views of the shared region."""
         meta = cls.__new__(cls)
         meta.__dict__.update(small)
-        meta.__dict__.update(_views(region, layout))
+        meta.__dict__.update(region_views(region, layout))
         return meta
 
     def _stored_limit(self, d: h5py.Dataset, name: str) -> int:
@@ -273,15 +273,6 @@ class _Meta:
                 if info.byte_offset is not None and info.size == self.chunk:
                     table[c] = info.byte_offset
         self.table = table
-
-
-def _views(region: SharedRegion, layout: list[tuple[str, str, int, tuple[int, ...]]]) -> dict[str, np.ndarray]:
-    out = {}
-    for name, dtype, offset, shape in layout:
-        view = np.frombuffer(region.buffer, np.dtype(dtype), count=math.prod(shape), offset=offset).reshape(shape)
-        view.flags.writeable = False
-        out[name] = view
-    return out
 
 
 class HDF5Dataset(PackedDataset):

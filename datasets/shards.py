@@ -27,7 +27,7 @@ from packer.manifest import FileEntry, Manifest
 from packer.placement import place_seed
 
 from .base import PackedDataset
-from .shm import SharedRegion
+from .shm import SharedBytes, SharedRegion, region_views
 
 __all__ = ["ShardedDataset", "foreign_manifest", "SHARE_INDEX_BYTES"]
 
@@ -102,7 +102,7 @@ class ShardedDataset(PackedDataset):
         state = super().__getstate__()
         if get_spawning_popen() is None:  # plain pickle: a copy, on purpose
             state.pop("_shared_index", None)
-            return {k: v[:] if isinstance(v, _Blob) else v for k, v in state.items()}
+            return {k: v[:] if isinstance(v, SharedBytes) else v for k, v in state.items()}
         shared = self.__dict__.get("_shared_index") or self._share_index()
         if shared is not None:
             for name, *_ in shared[1]:
@@ -114,7 +114,7 @@ class ShardedDataset(PackedDataset):
         super().__setstate__(state)
         shared = state.get("_shared_index")
         if shared is not None:
-            self.__dict__.update(_index_views(*shared))
+            self.__dict__.update(region_views(*shared))
 
     def _share_index(self) -> tuple[SharedRegion, list[tuple[str, str, int, int]]] | None:
         """Move this dataset's large index attributes into one shared region (views here too):
@@ -135,7 +135,7 @@ class ShardedDataset(PackedDataset):
             raw = memoryview(value).cast("B")
             region.buffer[offset : offset + len(raw)] = raw
         shared = (region, layout)
-        self.__dict__.update(_index_views(*shared))
+        self.__dict__.update(region_views(*shared))
         self.__dict__["_shared_index"] = shared
         return shared
 
@@ -177,32 +177,6 @@ class ShardedDataset(PackedDataset):
                 path=self._shard_paths[shard], sample=sample, offset=offset,
             )
         return data
-
-
-class _Blob:
-    """Read-only bytes in shared memory: slicing gives ``bytes`` (as the key blob it replaces)."""
-
-    def __init__(self, buffer: Any, offset: int, size: int) -> None:
-        self.view, self.size = memoryview(buffer)[offset : offset + size], size
-
-    def __len__(self) -> int:
-        return self.size
-
-    def __getitem__(self, i: slice) -> bytes:
-        return self.view[i].tobytes()
-
-
-def _index_views(region: SharedRegion, layout: list[tuple[str, str, int, int]]) -> dict[str, Any]:
-    """The index attributes as read-only views of the shared region."""
-    out: dict[str, Any] = {}
-    for name, dtype, offset, count in layout:
-        if dtype == "bytes":
-            out[name] = _Blob(region.buffer, offset, count)
-        else:
-            view = np.frombuffer(region.buffer, np.dtype(dtype), count=count, offset=offset)
-            view.flags.writeable = False
-            out[name] = view
-    return out
 
 
 #: Labels of data written by other tools become class names "0".."N-1": above this, refused.

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import errno
 import fcntl
+import math
 import mmap
 import os
 import struct
@@ -28,7 +29,7 @@ import numpy as np
 from packer.fileio import anonymous_file
 
 __all__ = [
-    "SharedRegion", "ProcessLock", "FileLock", "SlotTable", "int64_rows",
+    "SharedRegion", "SharedBytes", "region_views", "ProcessLock", "FileLock", "SlotTable", "int64_rows",
     "new_segment", "publish_segment", "open_segment", "release_segment", "remove_stale_segments",
 ]
 
@@ -90,6 +91,35 @@ class SharedRegion(_OwnedDescriptor):
     def __reduce__(self) -> tuple:
         raise TypeError(f"shared memory {self.name!r} can only be sent through multiprocessing; "
                         f"a pickled copy would no longer be shared")
+
+
+class SharedBytes:
+    """Read-only bytes in a shared region: slicing gives ``bytes``, as the bytes object it stands for."""
+
+    def __init__(self, buffer: Any, offset: int, size: int) -> None:
+        self.view, self.size = memoryview(buffer)[offset : offset + size], size
+
+    def __len__(self) -> int:
+        return self.size
+
+    def __getitem__(self, i: slice) -> bytes:
+        return self.view[i].tobytes()
+
+
+def region_views(region: SharedRegion, layout: Sequence[tuple[str, str, int, Any]]) -> dict[str, Any]:
+    """Read-only views of parts of ``region``, by name: for each ``(name, dtype, offset, shape)``
+    a NumPy array of that dtype and shape (an int: that many items) at byte ``offset``, or, with
+    the dtype ``"bytes"``, :class:`SharedBytes` of ``shape`` bytes."""
+    out: dict[str, Any] = {}
+    for name, dtype, offset, shape in layout:
+        if dtype == "bytes":
+            out[name] = SharedBytes(region.buffer, offset, shape)
+            continue
+        dims = (shape,) if isinstance(shape, int) else tuple(shape)
+        view = np.frombuffer(region.buffer, np.dtype(dtype), count=math.prod(dims), offset=offset).reshape(dims)
+        view.flags.writeable = False
+        out[name] = view
+    return out
 
 
 def _rebuild_region(dup_fd: Any, size: int, name: str) -> SharedRegion:
