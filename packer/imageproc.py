@@ -17,6 +17,11 @@ from dataclasses import dataclass
 import cv2
 import numpy as np
 
+try:  # libjpeg-turbo's TurboJPEG API; optional at run time (the reader falls back to OpenCV)
+    import simplejpeg as _simplejpeg
+except ImportError:  # pragma: no cover - installed with packer; absent only on platforms without a wheel
+    _simplejpeg = None
+
 from .codecs import TAR_EXTENSIONS
 from .errors import CorruptDataError, ImageError
 from .fileio import anonymous_file
@@ -318,6 +323,10 @@ def decode_payload(
             )
         pixels = np.frombuffer(payload, np.uint8).reshape(height, width, 3)
         return pixels if pixels.flags.writeable else pixels.copy()
+    if codec == "jpeg":
+        rgb = _turbo_decode(payload)
+        if rgb is not None:
+            return rgb
     try:
         rgb = cv2.imdecode(np.frombuffer(payload, np.uint8), cv2.IMREAD_COLOR_RGB)
     except cv2.error as e:
@@ -326,6 +335,41 @@ def decode_payload(
     if rgb is None:
         raise CorruptDataError(f"cannot decode {codec} payload of {len(payload)} bytes", path=path, sample=sample)
     return rgb
+
+
+def _turbo_decode(payload: bytes | memoryview) -> np.ndarray | None:
+    """A JPEG payload decoded to RGB by libjpeg-turbo's TurboJPEG API, or None where OpenCV must
+    decide.
+
+    Both decoders are libjpeg-turbo with its defaults (accurate integer IDCT, smooth chroma
+    upsampling), so the pixels are the same; TurboJPEG skips OpenCV's decoder probing and header
+    re-reads, which is most of OpenCV's time on top of libjpeg's at the sizes packer stores
+    (docs/benchmarks.md). OpenCV keeps the cases where the two differ: a payload with EXIF (OpenCV
+    applies its orientation), one libjpeg warns about (damaged: OpenCV returns what it could
+    decode), and what TurboJPEG cannot give as RGB (CMYK, 12-bit).
+    """
+    if _simplejpeg is None or _has_exif(payload):
+        return None
+    try:
+        return _simplejpeg.decode_jpeg(payload, colorspace="rgb", strict=True)
+    except (ValueError, TypeError):
+        return None
+
+
+def _has_exif(p: bytes | memoryview) -> bool:
+    """Whether a JPEG payload has an EXIF segment before its scan (or markers too odd to tell):
+    a walk over the segment headers, about a microsecond for a stored payload."""
+    i, n = 2, len(p)
+    while i + 4 <= n:
+        if p[i] != 0xFF:
+            return True
+        marker = p[i + 1]
+        if marker == 0xDA:  # start of scan: no more header segments
+            return False
+        if marker == 0xE1 and p[i + 4 : i + 10] == b"Exif\0\0":
+            return True
+        i += 2 + (p[i + 2] << 8 | p[i + 3])
+    return True
 
 
 # -- libjpeg's warnings ------------------------------------------------------------------------------

@@ -238,3 +238,76 @@ def test_sniff_reads_sizes_of_every_torchvision_extension(ext):
     img = BGR if ext != ".pgm" else BGR[..., 0].copy()
     info = sniff(enc(img, ext))
     assert info is not None and (info.width, info.height) == (40, 30)
+
+
+# -- the readers' JPEG decode: TurboJPEG where it gives OpenCV's pixels, OpenCV where it decides -----
+
+def _cv2_rgb(data: bytes) -> np.ndarray:
+    return cv2.imdecode(np.frombuffer(data, np.uint8), cv2.IMREAD_COLOR_RGB)
+
+
+_PHOTO = cv2.cvtColor(draw(np.random.default_rng(3), 97, 131), cv2.COLOR_RGB2BGR)
+
+
+@pytest.mark.parametrize("params", [
+    [cv2.IMWRITE_JPEG_QUALITY, 90],
+    [cv2.IMWRITE_JPEG_QUALITY, 75, cv2.IMWRITE_JPEG_SAMPLING_FACTOR, cv2.IMWRITE_JPEG_SAMPLING_FACTOR_444],
+    [cv2.IMWRITE_JPEG_QUALITY, 90, cv2.IMWRITE_JPEG_SAMPLING_FACTOR, cv2.IMWRITE_JPEG_SAMPLING_FACTOR_422],
+    [cv2.IMWRITE_JPEG_QUALITY, 90, cv2.IMWRITE_JPEG_PROGRESSIVE, 1],
+    [cv2.IMWRITE_JPEG_QUALITY, 95, cv2.IMWRITE_JPEG_OPTIMIZE, 1],
+], ids=["420", "444", "422", "progressive", "optimized"])
+def test_read_decode_gives_opencvs_pixels(params):
+    data = enc(_PHOTO, ".jpg", params)
+    out = decode_payload(data, "jpeg")
+    assert out.dtype == np.uint8 and out.flags.writeable
+    np.testing.assert_array_equal(out, _cv2_rgb(data))
+    np.testing.assert_array_equal(decode_payload(memoryview(bytearray(data)), "jpeg"), out)
+
+
+def test_read_decode_of_gray_jpeg_is_rgb_like_opencv():
+    data = enc(cv2.cvtColor(_PHOTO, cv2.COLOR_BGR2GRAY), ".jpg")
+    out = decode_payload(data, "jpeg")
+    assert out.shape == (97, 131, 3)
+    np.testing.assert_array_equal(out, _cv2_rgb(data))
+
+
+def test_read_decode_takes_the_fast_decoder_and_leaves_exif_and_damage_to_opencv(monkeypatch):
+    import packer.imageproc as imageproc
+
+    calls = []
+    real = imageproc._simplejpeg.decode_jpeg
+
+    def spy(data, **kw):
+        calls.append(kw)
+        return real(data, **kw)
+
+    monkeypatch.setattr(imageproc._simplejpeg, "decode_jpeg", spy)
+    plain = enc(_PHOTO, ".jpg")
+    decode_payload(plain, "jpeg")
+    assert calls == [{"colorspace": "rgb", "strict": True}]
+    # EXIF orientation 6: OpenCV turns the image, so it decodes
+    rotated = _with_orientation(plain, 6)
+    out = decode_payload(rotated, "jpeg")
+    assert len(calls) == 1 and out.shape == (131, 97, 3)
+    np.testing.assert_array_equal(out, _cv2_rgb(rotated))
+    # EXIF after the JFIF segment OpenCV writes first is found too
+    assert plain[2:4] == b"\xff\xe0"
+    app0_end = 4 + struct.unpack(">H", plain[4:6])[0]
+    later = _with_orientation(plain[:2] + plain[app0_end:], 8)
+    later = later[:2] + plain[2:app0_end] + later[2:]
+    out = decode_payload(later, "jpeg")
+    assert len(calls) == 1 and out.shape == (131, 97, 3)
+    np.testing.assert_array_equal(out, _cv2_rgb(later))
+    # damaged: libjpeg warns, TurboJPEG refuses in strict mode, OpenCV returns what it decoded
+    damaged = plain[: len(plain) * 2 // 3] + b"\xff\xd9"
+    out = decode_payload(damaged, "jpeg")
+    np.testing.assert_array_equal(out, _cv2_rgb(damaged))
+
+
+def test_read_decode_without_the_fast_decoder_is_the_same(monkeypatch):
+    import packer.imageproc as imageproc
+
+    data = enc(_PHOTO, ".jpg")
+    fast = decode_payload(data, "jpeg")
+    monkeypatch.setattr(imageproc, "_simplejpeg", None)
+    np.testing.assert_array_equal(decode_payload(data, "jpeg"), fast)
