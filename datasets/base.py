@@ -173,7 +173,12 @@ class PackedDataset(Dataset):
         probe = sorted({int(i) for i in np.linspace(0, n - 1, num=min(n, 64))})
         sizes = []
         for i in probe:
-            rec = self.read_record(i)
+            try:
+                rec = self.read_record(i)
+            except CorruptDataError:
+                if i == probe[-1] and not sizes:
+                    raise
+                continue  # a damaged sample is reported (or skipped) where it is read, not here
             sizes.append(rec.height * rec.width * 3)
         mean = sum(sizes) / len(sizes)
         return int(mean * n * 1.05) + (_META.size + 64) * n + (1 << 20)
@@ -356,18 +361,26 @@ class PackedDataset(Dataset):
             return self.decode(rec, index), rec.label
         view = cache.get(index)
         if view is not None:
-            if self.cache_mode == "decoded":
-                h, w, label = _META.unpack_from(view, 0)
-                return np.frombuffer(view, np.uint8, offset=_META.size).reshape(h, w, 3).copy(), label
-            rec = unpack_record(view, verify=False)
-            return self.decode(rec, index), rec.label
+            return self._from_cache(view, index)
         rec = self.read_record(index)
         rgb = self.decode(rec, index)
-        if self.cache_mode == "decoded":
-            cache.put(index, (_META.pack(rgb.shape[0], rgb.shape[1], rec.label), rgb))
-        else:
-            cache.put(index, pack_record(rec.key, rec.label, rec.codec, rec.height, rec.width, bytes(rec.payload)))
+        cache.put(index, self._cache_entry(rec, rgb))
         return rgb, rec.label
+
+    def _from_cache(self, view: memoryview, index: int) -> tuple[np.ndarray, int]:
+        """(pixels the caller owns, label) of a cache entry."""
+        if self.cache_mode == "decoded":
+            h, w, label = _META.unpack_from(view, 0)
+            return np.frombuffer(view, np.uint8, offset=_META.size).reshape(h, w, 3).copy(), label
+        rec = unpack_record(view, verify=False)
+        return self.decode(rec, index), rec.label
+
+    def _cache_entry(self, rec: Record, rgb: np.ndarray) -> tuple[bytes, np.ndarray] | bytes:
+        """What the cache keeps of a sample just read: its pixels with their shape and label, or
+        its record."""
+        if self.cache_mode == "decoded":
+            return _META.pack(rgb.shape[0], rgb.shape[1], rec.label), rgb
+        return pack_record(rec.key, rec.label, rec.codec, rec.height, rec.width, bytes(rec.payload))
 
     def load_record(self, index: int) -> Record:
         """Sample ``index``'s record, payload still encoded, through the encoded cache when there is one."""
@@ -494,31 +507,46 @@ class PackedDataset(Dataset):
     def __getitems__(self, indices: Sequence[int]) -> list[tuple[Any, ...]]:
         """``[self[i] for i in indices]`` (the DataLoader calls this with each batch's indices):
         the same items, order, errors, skips and transforms, with the per-sample lookups done once
-        per batch. A sample that fails to read or decode goes through ``self[i]`` itself, so the
-        skip policy treats it exactly as a single read would. Datasets with a cache, encoded
-        output or their own ``load`` (HDF5) read sample by sample."""
-        if (self.output == "encoded" or self.cache is not None or self._cache_request is not None
-                or type(self).load is not PackedDataset.load or self.fields != DEFAULT_FIELDS
-                or self.manifest.label_kind != "class"):
+        per batch (with a cache: one lookup and one store for the batch, each one hold of the
+        cache's lock). A sample that fails to read or decode goes through ``self[i]`` itself, so
+        the skip policy treats it exactly as a single read would. Datasets with encoded output or
+        their own ``load`` (HDF5) read sample by sample."""
+        if (self.output == "encoded" or type(self).load is not PackedDataset.load
+                or self.fields != DEFAULT_FIELDS or self.manifest.label_kind != "class"):
             return [self[i] for i in indices]
+        if self._cache_request is not None:
+            self._ensure_cache()
         valid: list[int] = []
         for index in indices:
             try:
                 valid.append(self._index(index))
             except (IndexError, TypeError):
                 break  # raised again below, in its place, after the samples before it
+        cache = self.cache
+        views: list[memoryview | None] = [None] * len(valid) if cache is None else cache.get_many(valid)
+        misses = [i for i, view in zip(valid, views) if view is None]
+        records = iter(self._read_many(misses) if misses else ())  # all hits: the files stay closed
         out: list[tuple[Any, ...]] = []
-        for i, rec in zip(valid, self._read_many(valid)):
+        store: list[tuple[int, Any]] = []
+        for i, view in zip(valid, views):
             try:
-                if isinstance(rec, CorruptDataError):
-                    raise rec
-                rgb = self.decode(rec, i)
+                if view is not None:
+                    rgb, label = self._from_cache(view, i)
+                else:
+                    rec = next(records)
+                    if isinstance(rec, CorruptDataError):
+                        raise rec
+                    rgb, label = self.decode(rec, i), rec.label
+                    if cache is not None:
+                        store.append((i, self._cache_entry(rec, rgb)))
             except CorruptDataError:
                 if self._skips is None:
                     raise
                 out.append(self[i])  # skips, warns and counts as ds[i] does
                 continue
-            out.append(self._item(rgb, rec.label))
+            out.append(self._item(rgb, label))
+        if store:
+            cache.put_many(store)  # type: ignore[union-attr]
         if len(valid) < len(indices):
             self._index(indices[len(valid)])
         return out

@@ -15,7 +15,9 @@ import hashlib
 import os
 import warnings
 import weakref
+from collections.abc import Sequence
 from multiprocessing import reduction
+from typing import Any
 
 import numpy as np
 import torch
@@ -392,6 +394,63 @@ class SharedCache:
         view = self._arena[offset : offset + length]
         view.flags.writeable = False
         return view.data
+
+    def get_many(self, indices: Sequence[int]) -> list[memoryview | None]:
+        """:meth:`get` for each of ``indices``, under one hold of the lock (a batch's lookups)."""
+        checked = [self._check_index(i) for i in indices]
+        with self._lock.hold():
+            offsets = self._offsets[checked].tolist()
+            lengths = self._lengths[checked].tolist()
+            ready = (self._states[checked] == _READY).tolist()
+            hits = sum(ready)
+            self._header["hits"] += hits
+            self._header["misses"] += len(checked) - hits
+        out: list[memoryview | None] = []
+        for offset, length, ok in zip(offsets, lengths, ready):
+            if not ok:
+                out.append(None)
+                continue
+            view = self._arena[offset : offset + length]
+            view.flags.writeable = False
+            out.append(view.data)
+        return out
+
+    def put_many(self, items: Sequence[tuple[int, Any]]) -> list[bool]:
+        """:meth:`put` for each ``(index, data)`` of ``items``, with two holds of the lock for the
+        whole batch instead of two per entry; returns what ``put`` would for each."""
+        entries = [(self._check_index(i), [_as_bytes(d, i) for d in data] if isinstance(data, tuple)
+                    else [_as_bytes(data, i)]) for i, data in items]
+        out: list[bool] = []
+        todo: list[tuple[int, int, list[np.ndarray]]] = []  # (index, offset, parts) to write
+        with self._lock.hold():
+            for index, parts in entries:
+                state = int(self._states[index])
+                if state != _EMPTY:  # cached, being stored, or twice in this batch
+                    out.append(state == _READY)
+                    continue
+                length = sum(part.size for part in parts)
+                offset = self._header["ptr"]
+                end = offset + length
+                if end > self._capacity:
+                    self._header["rejected"] += 1
+                    out.append(False)
+                    continue
+                self._header["ptr"] = min(-(-end // _ALIGN) * _ALIGN, self._capacity)
+                self._offsets[index], self._lengths[index] = offset, length
+                self._states[index] = _WRITING
+                todo.append((index, offset, parts))
+                out.append(True)
+        written = 0
+        try:
+            for _, offset, parts in todo:
+                _pwrite_all(self._fd, parts, self._arena_at + offset)
+                written += 1
+        finally:
+            with self._lock.hold():
+                for k, (index, _, _) in enumerate(todo):
+                    self._states[index] = _READY if k < written else _EMPTY
+                self._header["entries"] += written
+        return out
 
     def put(
         self,

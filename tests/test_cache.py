@@ -113,6 +113,61 @@ def test_put_of_parts_stores_them_back_to_back() -> None:
     cache.close()
 
 
+def test_get_many_and_put_many_are_get_and_put_for_a_batch() -> None:
+    cache = SharedCache(6, 800)
+    holds = 0
+    real_hold = cache._lock.hold
+
+    def counting_hold():  # noqa: ANN202
+        nonlocal holds
+        holds += 1
+        return real_hold()
+
+    cache._lock.hold = counting_hold
+    assert cache.get_many([0, 1, 2]) == [None, None, None] and holds == 1
+    stored = cache.put_many([(0, b"zero"), (1, (b"o", np.frombuffer(b"ne", np.uint8))), (1, b"again"),
+                             (2, b"x" * 600), (3, b"y" * 200), (4, b"")])
+    assert holds == 3, "one hold to reserve the batch, one to publish it"
+    # index 1 twice in a batch: the first is stored, the second finds it being stored;
+    # 3 does not fit after 2 (600 B from byte 128, the next entry at 768 of the 800): refused, as put refuses
+    assert stored == [True, True, False, True, False, True]
+    views = cache.get_many([4, 3, 2, 1, 0])
+    assert [None if v is None else bytes(v) for v in views] == [b"", None, b"x" * 600, b"one", b"zero"]
+    assert all(v.readonly for v in views if v is not None)
+    assert cache.hits == 4 and cache.misses == 4 and cache.rejected == 1 and len(cache) == 4
+    assert cache.put_many([(0, b"other")]) == [True] and bytes(cache.get(0)) == b"zero"
+    with pytest.raises(IndexError, match="out of range"):
+        cache.get_many([1, 6])
+    with pytest.raises(TypeError, match="str"):
+        cache.put_many([(5, b"fine"), (5, "text")])
+    assert 5 not in cache, "a bad entry fails the batch before anything is reserved"
+    cache.close()
+
+
+def test_put_many_that_fails_to_write_leaves_nothing_half_cached(monkeypatch: pytest.MonkeyPatch) -> None:
+    import packer.datasets.cache as cache_module
+
+    cache = SharedCache(4, 4096)
+    calls = 0
+    real = cache_module._pwrite_all
+
+    def failing(fd, parts, at):  # noqa: ANN001, ANN202
+        nonlocal calls
+        calls += 1
+        if calls == 2:
+            raise OSError(28, "No space left on device")
+        return real(fd, parts, at)
+
+    monkeypatch.setattr(cache_module, "_pwrite_all", failing)
+    with pytest.raises(OSError, match="No space"):
+        cache.put_many([(0, b"a"), (1, b"b"), (2, b"c")])
+    assert 0 in cache and 1 not in cache and 2 not in cache and len(cache) == 1
+    monkeypatch.setattr(cache_module, "_pwrite_all", real)
+    assert cache.put_many([(1, b"b"), (2, b"c")]) == [True, True]
+    assert [bytes(v) for v in cache.get_many([0, 1, 2])] == [b"a", b"b", b"c"]
+    cache.close()
+
+
 def test_bound_is_honoured_and_data_stays_intact() -> None:
     cache = SharedCache(10, 1000)
     stored = [cache.put(i, payload(i, 300)) for i in range(10)]

@@ -91,16 +91,17 @@ def damage(ds, index: int, where: str, monkeypatch) -> None:
     monkeypatch.setattr(type(ds), "decode", decode)
 
 
-@pytest.mark.parametrize("fmt", ["lmdb", "tar"])
+@pytest.mark.parametrize("fmt,cache", [("lmdb", None), ("tar", None), ("lmdb", "decoded"), ("tar", "encoded")])
 @pytest.mark.parametrize("where", ["read", "decode"])
-def test_skip_and_raise_policies_match(tiny_folder, tmp_path, fmt, where, monkeypatch):
+def test_skip_and_raise_policies_match(tiny_folder, tmp_path, fmt, cache, where, monkeypatch):
     src, _ = tiny_folder
     pack(src, tmp_path / "out", fmt)
-    raising = open_dataset(tmp_path / "out")
+    raising = open_dataset(tmp_path / "out", cache=cache)
     damage(raising, 3, where, monkeypatch)
     with pytest.raises(CorruptDataError, match="sample 3"):
         raising.__getitems__([1, 3, 4])
-    one, batched = (open_dataset(tmp_path / "out", on_error="skip") for _ in range(2))
+    # sizing a decoded cache reads samples too: a damaged one among them is left to the reads
+    one, batched = (open_dataset(tmp_path / "out", on_error="skip", cache=cache) for _ in range(2))
     indices = [2, 3, 3, 13]
     with warnings.catch_warnings(record=True) as singles:
         warnings.simplefilter("always")
@@ -111,3 +112,34 @@ def test_skip_and_raise_policies_match(tiny_folder, tmp_path, fmt, where, monkey
     assert_items_equal(got, want)
     assert [str(w.message) for w in batch] == [str(w.message) for w in singles] and len(batch) == 2
     assert batched.errors == one.errors == 2
+    if cache is not None:
+        assert [i for i in range(14) if i in batched.cache] == [2, 4, 13]  # 4 read in place of 3
+
+
+@pytest.mark.parametrize("mode", ["decoded", "encoded"])
+def test_a_cached_batch_holds_the_cache_lock_a_fixed_number_of_times(tiny_folder, tmp_path, mode):
+    src, pixels = tiny_folder
+    pack(src, tmp_path / "out", "lmdb")
+    ds = open_dataset(tmp_path / "out", cache=mode, transform=crop)
+    plain = open_dataset(tmp_path / "out", transform=crop)
+    ds._ensure_cache()
+    holds = 0
+    real_hold = ds.cache._lock.hold
+
+    def counting_hold():  # noqa: ANN202
+        nonlocal holds
+        holds += 1
+        return real_hold()
+
+    ds.cache._lock.hold = counting_hold
+    batch = [7, 1, 12, 3, 0, 9]
+    assert_items_equal(ds.__getitems__(batch), [plain[i] for i in batch])
+    assert holds == 3 and len(ds.cache) == 6, "one lookup for the batch, one reservation, one publication"
+    holds = 0
+    everything = list(range(len(pixels)))
+    assert_items_equal(ds.__getitems__(everything), [plain[i] for i in everything])
+    assert holds == 3 and len(ds.cache) == len(pixels)
+    assert ds.cache.hits == 6 and ds.cache.misses == 6 + len(pixels) - 6
+    holds = 0
+    assert_items_equal(ds.__getitems__(batch), [plain[i] for i in batch])
+    assert holds == 1, "all hits: the lookup alone"
