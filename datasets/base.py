@@ -32,7 +32,7 @@ from packer.sizes import parse_size
 
 from .cache import SharedCache
 from .skips import SkipCounter
-from .worker_memory import tune_worker_malloc
+from .worker_memory import settle_worker
 
 __all__ = ["PackedDataset", "OUTPUTS", "FIELDS"]
 
@@ -305,7 +305,7 @@ class PackedDataset(Dataset):
             with self._lock:
                 if self._pid != pid:
                     self._pid = None  # a handle inherited across fork is never used
-                    tune_worker_malloc()  # in DataLoader workers only; see worker_memory
+                    settle_worker()  # in DataLoader workers only; see worker_memory
                     if self._dir is not None:
                         self._dir.close()  # this process's copy of an inherited descriptor
                     # Every file is opened through the directory as it was when bound to our manifest.

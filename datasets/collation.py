@@ -34,7 +34,7 @@ from torch.multiprocessing.reductions import reduce_tensor
 from torch.utils.data import default_collate, get_worker_info
 
 from .shm import SharedRegion, SlotTable
-from .worker_memory import tune_worker_malloc
+from .worker_memory import settle_worker
 
 __all__ = ["collate", "MAX_SLOTS", "KNOWN_GOOD_TORCH"]
 
@@ -213,16 +213,9 @@ _pool: _Pool | None = None
 def _worker_pool() -> _Pool:
     global _pool
     if _pool is None:
-        tune_worker_malloc()
-        # Everything this worker inherited from the main process (torch, numpy, the dataset) goes
-        # to the garbage collector's permanent generation: a full collection in the worker would
-        # otherwise write to the header of every inherited object, copying each of their pages
-        # (copy-on-write) into a worker that only reads them. Measured: 4 page faults and
-        # 40 us of worker CPU per image, every epoch (docs/benchmarks.md, section 7). The worker
-        # still collects what it allocates itself; what it inherited is freed when it exits.
-        # Not again where something froze it already (the reader's first read, or the user).
-        if gc.get_freeze_count() == 0:
-            gc.freeze()
+        # What the worker inherited goes to the collector's permanent generation, and malloc
+        # keeps freed buffers (see worker_memory); the reader's first read did it already.
+        settle_worker()
         _pool = _Pool()
     return _pool
 

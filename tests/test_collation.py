@@ -276,6 +276,38 @@ def _frozen_after_collate(batch):  # noqa: ANN001, ANN202
     return images.clone(), labels.clone(), torch.tensor(gc.get_freeze_count())
 
 
+class _FreezeCount(Dataset):
+    """Not a packer dataset: no packer code runs in its workers."""
+
+    def __len__(self) -> int:
+        return 2
+
+    def __getitem__(self, index: int) -> int:
+        return gc.get_freeze_count()
+
+
+def _freeze_count_to(conn) -> None:  # noqa: ANN001
+    conn.send(gc.get_freeze_count())
+    conn.close()
+
+
+def test_forked_children_have_frozen_what_they_inherited_before_their_first_step():
+    """A forked worker can make a full collection before packer's first read in it (the main
+    process's collector counts come with the fork), so the freeze is made at the fork itself."""
+    import multiprocessing
+
+    before = gc.get_freeze_count()
+    counts = [int(c) for c in DataLoader(_FreezeCount(), batch_size=1, num_workers=1,
+                                         multiprocessing_context="fork")]
+    assert min(counts) > 1000
+    parent, child = multiprocessing.get_context("fork").Pipe()
+    proc = multiprocessing.get_context("fork").Process(target=_freeze_count_to, args=(child,))
+    proc.start()
+    assert parent.recv() > 1000
+    proc.join()
+    assert gc.get_freeze_count() == before, "the main process is never changed"
+
+
 def test_workers_freeze_what_they_inherited():
     """In a worker, the first collate moves the inherited objects to the garbage collector's
     permanent generation (a full collection would copy every page that holds one); the main

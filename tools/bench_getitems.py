@@ -11,7 +11,7 @@ before/after so that a change of the machine's load hits both; each figure is th
 epochs, and the table gives the median over rounds.
 
 ``--ceiling`` measures the read against what the machine can decode, in one run: two processes
-decoding the stored JPEG bytes in a loop (``cv2.imdecode`` straight to RGB, the readers' call; and to BGR then ``cvtColor``),
+decoding the stored JPEG bytes in a loop (``cv2.imdecode`` straight to RGB; to BGR then ``cvtColor``; and TurboJPEG, the readers' JPEG decoder),
 then one epoch of the JPEG dataset and one of the raw-pixel dataset through the DataLoader above
 (workers not persistent, as by default). Each row also gives the CPU time per image of the
 workers and of the main process (``getrusage``), the workers' page faults and threads, and the
@@ -20,6 +20,10 @@ CPU time per image (bare decode / read, JPEG / raw): what the img/s ratios are w
 runs on the cores, and what still compares when other jobs do. ``--revs OLD NEW`` runs each
 round under both revisions (exported as tools/bench_versions.py does), alternating.
 ``--ceiling --candidates`` gives the CPU time per image of each candidate fix instead.
+
+``--startup DATASET --revs OLD NEW`` measures what starting a DataLoader's two workers costs (their
+CPU time and page faults over 128 images), for four DataLoaders in a row in a fresh process per
+revision and round, then one whole epoch.
 """
 
 from __future__ import annotations
@@ -85,15 +89,19 @@ def in_process_cost(path: str, rounds: int, count: int = 2048) -> tuple[float, f
     return statistics.median(single), statistics.median(batched)
 
 
-def _bare_decode(payloads: list[bytes], seconds: float, convert: bool, out: multiprocessing.Queue) -> None:
+def _bare_decode(payloads: list[bytes], seconds: float, how: str, out: multiprocessing.Queue) -> None:
     import cv2
     import numpy as np
 
+    if how == "turbo":
+        import simplejpeg
     n, t0, c0 = 0, time.perf_counter(), time.process_time()
     while time.perf_counter() - t0 < seconds:
         for p in payloads:
-            if convert:
+            if how == "bgr":
                 cv2.cvtColor(cv2.imdecode(np.frombuffer(p, np.uint8), cv2.IMREAD_COLOR_BGR), cv2.COLOR_BGR2RGB)
+            elif how == "turbo":
+                simplejpeg.decode_jpeg(p, colorspace="rgb", strict=True)
             else:
                 cv2.imdecode(np.frombuffer(p, np.uint8), cv2.IMREAD_COLOR_RGB)
         n += len(payloads)
@@ -101,9 +109,10 @@ def _bare_decode(payloads: list[bytes], seconds: float, convert: bool, out: mult
 
 
 def bare_decode_rate(path: str, processes: int = 2, seconds: float = 1.5, count: int = 1000,
-                     convert: bool = False) -> tuple[float, float]:
+                     how: str = "rgb") -> tuple[float, float]:
     """(img/s, CPU us per image) of ``processes`` processes decoding stored payloads in a loop:
-    straight to RGB (the readers' call), or with ``convert`` to BGR and then ``cvtColor``."""
+    ``how`` = "rgb": ``cv2.imdecode`` straight to RGB; "bgr": to BGR and then ``cvtColor``;
+    "turbo": TurboJPEG (simplejpeg) to RGB, the readers' JPEG decoder."""
     import numpy as np
 
     ds = open_dataset(path)
@@ -111,7 +120,7 @@ def bare_decode_rate(path: str, processes: int = 2, seconds: float = 1.5, count:
     payloads = [bytes(ds.read_record(i).payload) for i in order]
     ctx = multiprocessing.get_context("fork")
     out = ctx.Queue()
-    procs = [ctx.Process(target=_bare_decode, args=(payloads[k::processes], seconds, convert, out))
+    procs = [ctx.Process(target=_bare_decode, args=(payloads[k::processes], seconds, how, out))
              for k in range(processes)]
     t0 = time.perf_counter()
     for p in procs:
@@ -157,15 +166,68 @@ def loader_epoch(path: str, worker_init_fn: Any = None) -> dict:
 def ceiling_round(jpeg: str, raw: str) -> dict:
     """One round of ``--ceiling``: the bare decode rate of 2 processes, a JPEG epoch, a raw epoch."""
     bare, bare_us = bare_decode_rate(jpeg)
-    bare_bgr = bare_decode_rate(jpeg, convert=True)[0]
-    return {"bare_img_s": bare, "bare_us": bare_us, "bare_bgr_img_s": bare_bgr, "jpeg": loader_epoch(jpeg),
-            "raw": loader_epoch(raw)}
+    bare_bgr = bare_decode_rate(jpeg, how="bgr")[0]
+    bare_turbo, turbo_us = bare_decode_rate(jpeg, how="turbo")
+    return {"bare_img_s": bare, "bare_us": bare_us, "bare_bgr_img_s": bare_bgr, "bare_turbo_img_s": bare_turbo,
+            "turbo_us": turbo_us, "jpeg": loader_epoch(jpeg), "raw": loader_epoch(raw)}
 
 
-def _in_revision(lib: str, jpeg: str, raw: str) -> dict:
+def startup_round(path: str, loaders: int = 4, small: int = 128) -> dict:
+    """In this fresh process: ``loaders`` DataLoaders (2 workers, the settings above) over the
+    first ``small`` samples, one after the other, then one epoch of the whole dataset. Per small
+    loader, the workers' CPU ms and page faults: what starting two workers costs, every epoch
+    where workers are not persistent."""
+    from torch.utils.data import Subset
+
+    ds = open_dataset(path, transform=crop224)
+    runs = []
+    for _ in range(loaders):
+        loader = DataLoader(Subset(ds, range(small)), batch_size=64, num_workers=2, shuffle=True, collate_fn=collate)
+        k0 = _usage(resource.RUSAGE_CHILDREN)
+        it = iter(loader)
+        for _batch in it:
+            pass
+        del it, _batch  # the workers exit: their CPU time is then in RUSAGE_CHILDREN
+        k1 = _usage(resource.RUSAGE_CHILDREN)
+        runs.append(((k1[0] - k0[0]) * 1e3, k1[1] - k0[1]))
+    return {"small_ms": [r[0] for r in runs], "small_faults": [r[1] for r in runs], "epoch": loader_epoch(path)}
+
+
+def startup(path: str, rounds: int, revs: list[str]) -> None:
+    """Print the ``--startup`` table: per revision, medians over ``rounds`` fresh processes."""
+    import shutil
+
+    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    from tools.bench_versions import export
+
+    work = tempfile.mkdtemp(prefix="packer-startup-")
+    try:
+        libs = {rev: rev if os.path.isdir(rev) else export(rev, os.path.join(work, str(k))) for k, rev in enumerate(revs)}
+        rows: dict[str, list[dict]] = {name: [] for name in libs}
+        for r in range(rounds):
+            for name in list(libs)[:: 1 if r % 2 == 0 else -1]:
+                rows[name].append(_in_revision(libs[name], "--startup-round", path))
+                print(f"round {r + 1} {name}: {json.dumps(rows[name][-1])}", file=sys.stderr, flush=True)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    print(f"medians of {rounds} fresh processes; DataLoader 2 workers, batch 64, shuffled, 224 crop, collate\n")
+    print("| revision | workers' CPU ms, 128-image loaders 1, 2, 3, 4 | their page faults | whole epoch img/s | "
+          "whole epoch CPU us/img, workers + main | first batch ms |\n|---|---|---|---|---|---|")
+    for name, got in rows.items():
+        ms = [statistics.median(g["small_ms"][k] for g in got) for k in range(len(got[0]["small_ms"]))]
+        faults = [statistics.median(g["small_faults"][k] for g in got) for k in range(len(got[0]["small_faults"]))]
+        print(f"| {name} | {', '.join(f'{x:.0f}' for x in ms)} | {', '.join(f'{x:.0f}' for x in faults)} | "
+              f"{statistics.median(g['epoch']['img_s'] for g in got):.0f} | "
+              f"{statistics.median(g['epoch']['worker_us'] for g in got):.0f} + "
+              f"{statistics.median(g['epoch']['main_us'] for g in got):.1f} | "
+              f"{statistics.median(g['epoch']['first_ms'] for g in got):.0f} |")
+
+
+def _in_revision(lib: str, *args: str) -> dict:
     env = {**os.environ, "PYTHONPATH": lib}
-    r = subprocess.run([sys.executable, os.path.abspath(__file__), "--ceiling-round", jpeg, raw], env=env,
-                       capture_output=True, text=True, cwd=tempfile.gettempdir())
+    r = subprocess.run([sys.executable, os.path.abspath(__file__), *(args if args[0].startswith("--") else
+                        ("--ceiling-round", *args))], env=env, capture_output=True, text=True,
+                       cwd=tempfile.gettempdir())
     if r.returncode:
         raise SystemExit(f"{lib}: {r.stderr.strip()}")
     return json.loads(r.stdout.strip().splitlines()[-1])
@@ -242,19 +304,22 @@ def ceiling(jpeg: str, raw: str, rounds: int, revs: list[str] | None) -> None:
         return statistics.median(f(x) for x in rows[name])
 
     print(f"medians of {rounds} rounds; DataLoader 2 workers, batch 64, shuffled, 224 crop, collate\n")
-    print("| revision | 2 x bare decode img/s (RGB; BGR + cvtColor) | JPEG read img/s | JPEG / bare (RGB; BGR + cvtColor) | "
-          "raw read img/s | raw / JPEG | "
-          "CPU us/img JPEG: workers + main (bare) | raw: workers + main | CPU-bound JPEG / bare, raw / JPEG | "
-          "worker faults/img JPEG, raw | worker threads | first batch ms JPEG, raw |")
+    print("| revision | 2 x bare decode img/s (RGB; BGR + cvtColor; TurboJPEG) | JPEG read img/s | "
+          "JPEG / bare (RGB; BGR + cvtColor; TurboJPEG) | raw read img/s | raw / JPEG | "
+          "CPU us/img JPEG: workers + main (bare RGB; TurboJPEG) | raw: workers + main | "
+          "CPU-bound JPEG / bare RGB, raw / JPEG | worker faults/img JPEG, raw | worker threads | "
+          "first batch ms JPEG, raw |")
     print("|---|---|---|---|---|---|---|---|---|---|---|---|")
     for name in rows:
-        print(f"| {name} | {med(name, lambda x: x['bare_img_s']):.0f}; {med(name, lambda x: x['bare_bgr_img_s']):.0f} | "
+        print(f"| {name} | {med(name, lambda x: x['bare_img_s']):.0f}; {med(name, lambda x: x['bare_bgr_img_s']):.0f}; "
+              f"{med(name, lambda x: x['bare_turbo_img_s']):.0f} | "
               f"{med(name, lambda x: x['jpeg']['img_s']):.0f} | "
               f"{med(name, lambda x: x['jpeg']['img_s'] / x['bare_img_s']):.2f}; "
-              f"{med(name, lambda x: x['jpeg']['img_s'] / x['bare_bgr_img_s']):.2f} | "
+              f"{med(name, lambda x: x['jpeg']['img_s'] / x['bare_bgr_img_s']):.2f}; "
+              f"{med(name, lambda x: x['jpeg']['img_s'] / x['bare_turbo_img_s']):.2f} | "
               f"{med(name, lambda x: x['raw']['img_s']):.0f} | {med(name, lambda x: x['raw']['img_s'] / x['jpeg']['img_s']):.2f} | "
               f"{med(name, lambda x: x['jpeg']['worker_us']):.0f} + {med(name, lambda x: x['jpeg']['main_us']):.1f} "
-              f"({med(name, lambda x: x['bare_us']):.0f}) | "
+              f"({med(name, lambda x: x['bare_us']):.0f}; {med(name, lambda x: x['turbo_us']):.0f}) | "
               f"{med(name, lambda x: x['raw']['worker_us']):.0f} + {med(name, lambda x: x['raw']['main_us']):.1f} | "
               f"{med(name, lambda x: x['bare_us'] / _cpu(x['jpeg'])):.2f}, "
               f"{med(name, lambda x: _cpu(x['jpeg']) / _cpu(x['raw'])):.2f} | "
@@ -273,10 +338,21 @@ def main(argv: list[str] | None = None) -> int:
                         "installed package) to compare, round by round")
     parser.add_argument("--candidates", action="store_true", help="with --ceiling: CPU per image of each "
                         "candidate fix (worker threads, main-process threads, gc.freeze), in this process")
+    parser.add_argument("--startup", action="store_true", help="with --revs: what starting a DataLoader's "
+                        "workers costs, in fresh processes, per revision")
     parser.add_argument("--ceiling-round", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--startup-round", action="store_true", help=argparse.SUPPRESS)
     a = parser.parse_args(argv)
     if a.ceiling_round:
         print(json.dumps(ceiling_round(*a.paths)))
+        return 0
+    if a.startup_round:
+        print(json.dumps(startup_round(a.paths[0])))
+        return 0
+    if a.startup:
+        if len(a.paths) != 1 or not a.revs:
+            parser.error("--startup takes one dataset and --revs")
+        startup(a.paths[0], a.rounds, a.revs)
         return 0
     if a.ceiling:
         if len(a.paths) != 2:
