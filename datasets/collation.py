@@ -296,9 +296,8 @@ def _is_chw_view_of_hwc(x: torch.Tensor) -> bool:
 def _deinterleave_into(batch: list[torch.Tensor], out: torch.Tensor) -> None:
     """``torch.stack(batch, out=out)`` for CHW views of HWC images, 4-5x faster.
 
-    torch copies a permuted view element by element (46 us for a 224 x 224 crop, measured);
-    copying the crop's rows and splitting the channels with OpenCV's vectorised ``split``
-    straight into the batch's planes takes 9 us.
+    torch copies a permuted view element by element; OpenCV's vectorised ``split`` reads the
+    crop's rows and writes the channels straight into the batch's planes.
     """
     planes = out.numpy()
     for i, x in enumerate(batch):

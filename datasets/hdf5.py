@@ -4,9 +4,9 @@ Reading a sample does not go through h5py. When the reader is built (for a datas
 when a process first reads), the small per-sample datasets (labels, offsets, shapes, CRCs) are
 loaded into NumPy arrays and checked against their ``crc32c`` attributes, the file address of
 every chunk of ``/images`` is looked up once (``chunk_iter``), and the h5py file is closed again.
-``ds[i]`` is then one ``os.pread`` of the sample's bytes, a CRC32C and the decode: measured at
-about 0.97x a bare ``cv2.imdecode`` loop, where h5py's per-element vlen read would cost 40 us a
-sample (0.83x). Why the payload is a flat byte array plus offsets is in the writer's docstring.
+``ds[i]`` is then one ``os.pread`` of the sample's bytes, a CRC32C and the decode, with no h5py
+call (docs/benchmarks.md, section 5). Why the payload is a flat byte array plus offsets is in the
+writer's docstring.
 
 Fork and spawn: no h5py file stays open between calls, so no HDF5 file handle, and no HDF5
 library state tied to an open file, is ever inherited by a DataLoader worker; the OS file
@@ -433,7 +433,7 @@ class HDF5Dataset(PackedDataset):
         table = None if self.audit else self.sample_table()
         kcrcs = self._meta.key_crcs
         if table is not None and kcrcs is not None:
-            # The sample table holds every key: no /keys block read (~3 ms at random). HDF5 stores
+            # The sample table holds every key: no /keys block read (a chunk's decompression). HDF5 stores
             # a key only up to a NUL; such a key differs from the table's: /keys decides.
             key = table.keys[index]
             if crc32c.crc32c(key.encode("utf-8", "surrogatepass")) == int(kcrcs[index]):

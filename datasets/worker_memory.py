@@ -6,7 +6,8 @@ collector's view of what the worker inherited.
 dataset: ~170,000 of them in a training script) with the collector's counts. Where the main
 process is due a full collection, the worker makes it soon after it starts: it walks every
 inherited object and writes to its header, which copies every page that holds one into the worker
-(~18,000 page faults, ~95 ms of CPU per worker, every epoch with non-persistent workers).
+(thousands of page faults per worker, every epoch with non-persistent workers; figures in
+docs/benchmarks.md, section 7).
 ``gc.freeze()`` moves them to the permanent generation before that can happen; the worker still
 collects what it allocates itself, and what it inherited is freed when it exits. The main process
 is never changed. The freeze is made in the child of every ``os.fork`` of a process that imported
@@ -14,8 +15,8 @@ is never changed. The freeze is made in the child of every ``os.fork`` of a proc
 moment packer's code runs in one, its first read, can already be after that collection), and
 again at a worker's first read or batch where the worker was not forked (spawn, forkserver). The
 same holds for any other process forked without ``exec`` (the freeze is what Python's
-documentation of ``gc.freeze`` advises for them). ``gc.get_freeze_count()`` walks the frozen
-objects (~15 ms with that many), so it is never asked.
+documentation of ``gc.freeze`` advises for them). ``gc.get_freeze_count()`` walks every frozen
+object, so it is never asked.
 
 **malloc.**
 

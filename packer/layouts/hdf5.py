@@ -28,12 +28,11 @@ Layout (``packer_layout`` 2, 1 in version 1 datasets; docs/FORMATS.md repeats it
     /labels, /offsets, /shapes, /crc32c, /key_crc32c, /codecs carry attribute crc32c: the CRC32C
     of the dataset's little-endian bytes, checked by the reader when it opens the file.
 
-Why a flat byte array plus offsets instead of a variable-length uint8 dataset: measured on the
-reference machine with 27 kB JPEGs, h5py reads one vlen element in 40 us and one slice of a flat
-dataset in 24 us, against 240 us to decode the JPEG; ``vlen + decode`` runs at 0.83x a bare
-``cv2.imdecode`` loop. Flat storage also lets the reader skip h5py on the hot path: unfiltered
-chunks are plain bytes in the file, so it maps each chunk to its file address once and reads a
-sample with one ``os.pread`` (3.4 us; ``ds[i]`` then runs at about 0.97x the bare decode loop).
+Why a flat byte array plus offsets instead of a variable-length uint8 dataset: h5py reads one
+vlen element markedly slower than one slice of a flat dataset (docs/benchmarks.md, section 5).
+Flat storage also lets the reader skip h5py on the hot path: unfiltered chunks are plain bytes in
+the file, so it maps each chunk to its file address once and reads a sample with one
+``os.pread``.
 Any h5py user still reads a sample with one slice. No compression filter is set: payloads are
 already compressed, and a filter would force every read through HDF5.
 
