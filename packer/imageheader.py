@@ -11,7 +11,7 @@ from __future__ import annotations
 import struct
 from dataclasses import dataclass
 
-__all__ = ["ImageInfo", "sniff", "describe_non_image"]
+__all__ = ["ImageInfo", "sniff", "describe_non_image", "tiff_tags"]
 
 
 @dataclass(frozen=True)
@@ -34,7 +34,7 @@ class ImageInfo:
 _SOF = {0xC0, 0xC1, 0xC2, 0xC3, 0xC5, 0xC6, 0xC7, 0xC9, 0xCA, 0xCB, 0xCD, 0xCE, 0xCF}
 
 
-def _tiff_tags(buf: bytes, wanted: set[int]) -> dict[int, int]:
+def tiff_tags(buf: bytes, wanted: set[int]) -> dict[int, int]:
     """Return the integer values of ``wanted`` tags in IFD0 of a TIFF structure (also EXIF)."""
     if len(buf) < 8 or buf[:2] not in (b"II", b"MM"):
         return {}
@@ -74,7 +74,7 @@ def _jpeg(data: bytes) -> ImageInfo | None:
         (length,) = struct.unpack_from(">H", data, pos + 2)
         seg = data[pos + 4 : pos + 2 + length]
         if marker == 0xE1 and seg[:6] == b"Exif\x00\x00":
-            orientation = _tiff_tags(seg[6:], {0x0112}).get(0x0112, 1)
+            orientation = tiff_tags(seg[6:], {0x0112}).get(0x0112, 1)
         elif marker in _SOF and len(seg) >= 6:
             depth, h, w, comps = struct.unpack_from(">BHHB", seg, 0)
             return ImageInfo("jpeg", w, h, orientation if 1 <= orientation <= 8 else 1, comps, depth)
@@ -126,7 +126,7 @@ def sniff(data: bytes) -> ImageInfo | None:
                 return ImageInfo("webp", w, h)
             return None
         if data[:4] in (b"II*\x00", b"MM\x00*"):
-            tags = _tiff_tags(data, {256, 257, 274})
+            tags = tiff_tags(data, {256, 257, 274})
             if 256 in tags and 257 in tags:
                 return ImageInfo("tiff", tags[256], tags[257], tags.get(274, 1))
             return None

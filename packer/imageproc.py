@@ -25,7 +25,7 @@ except ImportError:  # pragma: no cover - installed with packer; absent only on 
 from .codecs import TAR_EXTENSIONS
 from .errors import CorruptDataError, ImageError
 from .fileio import anonymous_file
-from .imageheader import ImageInfo, describe_non_image, sniff
+from .imageheader import ImageInfo, describe_non_image, sniff, tiff_tags
 
 __all__ = [
     "Resize",
@@ -343,12 +343,12 @@ def _turbo_decode(payload: bytes | memoryview) -> np.ndarray | None:
 
     Both decoders are libjpeg-turbo with its defaults (accurate integer IDCT, smooth chroma
     upsampling), so the pixels are the same; TurboJPEG skips OpenCV's decoder probing and header
-    re-reads, which is most of OpenCV's time on top of libjpeg's at the sizes packer stores
-    (docs/benchmarks.md). OpenCV keeps the cases where the two differ: a payload with EXIF (OpenCV
-    applies its orientation), one libjpeg warns about (damaged: OpenCV returns what it could
-    decode), and what TurboJPEG cannot give as RGB (CMYK, 12-bit).
+    re-reads (docs/benchmarks.md, section 7). OpenCV keeps the cases where the two differ: a
+    payload whose EXIF orientation turns or flips the image (OpenCV applies it), one libjpeg warns
+    about (damaged: OpenCV returns what it could decode), and what TurboJPEG cannot give as RGB
+    (CMYK, 12-bit).
     """
-    if _simplejpeg is None or _has_exif(payload):
+    if _simplejpeg is None or _oriented(payload):
         return None
     try:
         return _simplejpeg.decode_jpeg(payload, colorspace="rgb", strict=True)
@@ -356,9 +356,10 @@ def _turbo_decode(payload: bytes | memoryview) -> np.ndarray | None:
         return None
 
 
-def _has_exif(p: bytes | memoryview) -> bool:
-    """Whether a JPEG payload has an EXIF segment before its scan (or markers too odd to tell):
-    a walk over the segment headers, about a microsecond for a stored payload."""
+def _oriented(p: bytes | memoryview) -> bool:
+    """Whether a JPEG payload has an EXIF orientation other than "as stored" before its scan, or
+    markers too odd to tell: a walk over the segment headers (about a microsecond for a stored
+    payload without EXIF)."""
     i, n = 2, len(p)
     while i + 4 <= n:
         if p[i] != 0xFF:
@@ -366,9 +367,12 @@ def _has_exif(p: bytes | memoryview) -> bool:
         marker = p[i + 1]
         if marker == 0xDA:  # start of scan: no more header segments
             return False
+        end = i + 2 + (p[i + 2] << 8 | p[i + 3])
         if marker == 0xE1 and p[i + 4 : i + 10] == b"Exif\0\0":
-            return True
-        i += 2 + (p[i + 2] << 8 | p[i + 3])
+            turn = tiff_tags(bytes(p[i + 10 : end]), {0x0112}).get(0x0112, 1)
+            if 2 <= turn <= 8:
+                return True
+        i = end
     return True
 
 

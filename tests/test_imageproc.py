@@ -271,7 +271,7 @@ def test_read_decode_of_gray_jpeg_is_rgb_like_opencv():
     np.testing.assert_array_equal(out, _cv2_rgb(data))
 
 
-def test_read_decode_takes_the_fast_decoder_and_leaves_exif_and_damage_to_opencv(monkeypatch):
+def test_read_decode_takes_the_fast_decoder_and_leaves_turns_and_damage_to_opencv(monkeypatch):
     import packer.imageproc as imageproc
 
     calls = []
@@ -285,10 +285,14 @@ def test_read_decode_takes_the_fast_decoder_and_leaves_exif_and_damage_to_opencv
     plain = enc(_PHOTO, ".jpg")
     decode_payload(plain, "jpeg")
     assert calls == [{"colorspace": "rgb", "strict": True}]
+    # EXIF that says "as stored": the same pixels either way, so the fast decoder
+    upright = _with_orientation(plain, 1)
+    np.testing.assert_array_equal(decode_payload(upright, "jpeg"), _cv2_rgb(upright))
+    assert len(calls) == 2
     # EXIF orientation 6: OpenCV turns the image, so it decodes
     rotated = _with_orientation(plain, 6)
     out = decode_payload(rotated, "jpeg")
-    assert len(calls) == 1 and out.shape == (131, 97, 3)
+    assert len(calls) == 2 and out.shape == (131, 97, 3)
     np.testing.assert_array_equal(out, _cv2_rgb(rotated))
     # EXIF after the JFIF segment OpenCV writes first is found too
     assert plain[2:4] == b"\xff\xe0"
@@ -296,7 +300,7 @@ def test_read_decode_takes_the_fast_decoder_and_leaves_exif_and_damage_to_opencv
     later = _with_orientation(plain[:2] + plain[app0_end:], 8)
     later = later[:2] + plain[2:app0_end] + later[2:]
     out = decode_payload(later, "jpeg")
-    assert len(calls) == 1 and out.shape == (131, 97, 3)
+    assert len(calls) == 2 and out.shape == (131, 97, 3)
     np.testing.assert_array_equal(out, _cv2_rgb(later))
     # damaged: libjpeg warns, TurboJPEG refuses in strict mode, OpenCV returns what it decoded
     damaged = plain[: len(plain) * 2 // 3] + b"\xff\xd9"
