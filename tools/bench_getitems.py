@@ -138,13 +138,20 @@ def _usage(who: int) -> tuple[float, int]:
     return r.ru_utime + r.ru_stime, r.ru_minflt
 
 
-def loader_epoch(path: str, worker_init_fn: Any = None) -> dict:
+def loader_epoch(path: str, worker_init_fn: Any = None, samples: int | None = None) -> dict:
     """One shuffled epoch through DataLoader(2 workers, batch 64, 224 crop, collate), workers
     started for it as by default: img/s, first batch ms, CPU us and page faults per image of the
-    workers and of this process, and the threads of a worker at the end of the epoch."""
+    workers and of this process, and the threads of a worker at the end of the epoch. With
+    ``samples``, the epoch draws that many samples at random with replacement (a longer epoch
+    over the same data: start-up costs spread as over a large dataset)."""
+    from torch.utils.data import RandomSampler
+
     ds = open_dataset(path, transform=crop224)
-    loader = DataLoader(ds, batch_size=64, num_workers=2, shuffle=True, collate_fn=collate,
-                        generator=torch.Generator().manual_seed(0), worker_init_fn=worker_init_fn)
+    gen = torch.Generator().manual_seed(0)
+    sampler = RandomSampler(ds, replacement=True, num_samples=samples, generator=gen) if samples else None
+    loader = DataLoader(ds, batch_size=64, num_workers=2, shuffle=sampler is None, sampler=sampler,
+                        collate_fn=collate, generator=gen, worker_init_fn=worker_init_fn)
+    total = samples or len(ds)
     main0, kids0 = _usage(resource.RUSAGE_SELF), _usage(resource.RUSAGE_CHILDREN)
     t0 = time.perf_counter()
     it = iter(loader)
@@ -153,7 +160,7 @@ def loader_epoch(path: str, worker_init_fn: Any = None) -> dict:
         n += x.shape[0]
         if not first:
             first = time.perf_counter() - t0
-        if n >= len(ds) - 64 and not threads:
+        if n >= total - 64 and not threads:
             threads = max(len(os.listdir(f"/proc/{w.pid}/task")) for w in it._workers)
     del it, x  # the workers exit: their CPU time is then in RUSAGE_CHILDREN
     wall = time.perf_counter() - t0
@@ -163,13 +170,13 @@ def loader_epoch(path: str, worker_init_fn: Any = None) -> dict:
             "threads": threads}
 
 
-def ceiling_round(jpeg: str, raw: str) -> dict:
+def ceiling_round(jpeg: str, raw: str, samples: int | None = None) -> dict:
     """One round of ``--ceiling``: the bare decode rate of 2 processes, a JPEG epoch, a raw epoch."""
     bare, bare_us = bare_decode_rate(jpeg)
     bare_bgr = bare_decode_rate(jpeg, how="bgr")[0]
     bare_turbo, turbo_us = bare_decode_rate(jpeg, how="turbo")
     return {"bare_img_s": bare, "bare_us": bare_us, "bare_bgr_img_s": bare_bgr, "bare_turbo_img_s": bare_turbo,
-            "turbo_us": turbo_us, "jpeg": loader_epoch(jpeg), "raw": loader_epoch(raw)}
+            "turbo_us": turbo_us, "jpeg": loader_epoch(jpeg, samples=samples), "raw": loader_epoch(raw, samples=samples)}
 
 
 def startup_round(path: str, loaders: int = 4, small: int = 128) -> dict:
@@ -224,9 +231,10 @@ def startup(path: str, rounds: int, revs: list[str]) -> None:
 
 
 def _in_revision(lib: str, *args: str) -> dict:
+    """This script run with ``args`` (a hidden ``--...-round`` mode) in a fresh process importing
+    packer from ``lib``: the JSON it prints last."""
     env = {**os.environ, "PYTHONPATH": lib}
-    r = subprocess.run([sys.executable, os.path.abspath(__file__), *(args if args[0].startswith("--") else
-                        ("--ceiling-round", *args))], env=env, capture_output=True, text=True,
+    r = subprocess.run([sys.executable, os.path.abspath(__file__), *args], env=env, capture_output=True, text=True,
                        cwd=tempfile.gettempdir())
     if r.returncode:
         raise SystemExit(f"{lib}: {r.stderr.strip()}")
@@ -278,7 +286,7 @@ def _cpu(epoch: dict) -> float:
     return epoch["worker_us"] + epoch["main_us"]
 
 
-def ceiling(jpeg: str, raw: str, rounds: int, revs: list[str] | None) -> None:
+def ceiling(jpeg: str, raw: str, rounds: int, revs: list[str] | None, samples: int | None = None) -> None:
     """Print the ``--ceiling`` table: medians over ``rounds``, per revision."""
     import shutil
 
@@ -295,7 +303,9 @@ def ceiling(jpeg: str, raw: str, rounds: int, revs: list[str] | None) -> None:
         for r in range(rounds):
             for name in list(libs)[:: 1 if r % 2 == 0 else -1]:
                 lib = libs[name]
-                rows[name].append(ceiling_round(jpeg, raw) if lib is None else _in_revision(lib, jpeg, raw))
+                more = ("--epoch-samples", str(samples)) if samples else ()
+                rows[name].append(ceiling_round(jpeg, raw, samples) if lib is None else
+                                  _in_revision(lib, "--ceiling-round", jpeg, raw, *more))
                 print(f"round {r + 1} {name}: {json.dumps(rows[name][-1])}", file=sys.stderr, flush=True)
     finally:
         shutil.rmtree(work, ignore_errors=True)
@@ -303,7 +313,8 @@ def ceiling(jpeg: str, raw: str, rounds: int, revs: list[str] | None) -> None:
     def med(name: str, f) -> float:  # noqa: ANN001
         return statistics.median(f(x) for x in rows[name])
 
-    print(f"medians of {rounds} rounds; DataLoader 2 workers, batch 64, shuffled, 224 crop, collate\n")
+    print(f"medians of {rounds} rounds; DataLoader 2 workers, batch 64, shuffled, 224 crop, collate"
+          f"{f', epochs of {samples} samples drawn with replacement' if samples else ''}\n")
     print("| revision | 2 x bare decode img/s (RGB; BGR + cvtColor; TurboJPEG) | JPEG read img/s | "
           "JPEG / bare (RGB; BGR + cvtColor; TurboJPEG) | raw read img/s | raw / JPEG | "
           "CPU us/img JPEG: workers + main (bare RGB; TurboJPEG) | raw: workers + main | "
@@ -340,11 +351,13 @@ def main(argv: list[str] | None = None) -> int:
                         "candidate fix (worker threads, main-process threads, gc.freeze), in this process")
     parser.add_argument("--startup", action="store_true", help="with --revs: what starting a DataLoader's "
                         "workers costs, in fresh processes, per revision")
+    parser.add_argument("--epoch-samples", type=int, help="with --ceiling: epochs of N samples drawn with "
+                        "replacement instead of one pass (start-up spread as over a large dataset)")
     parser.add_argument("--ceiling-round", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--startup-round", action="store_true", help=argparse.SUPPRESS)
     a = parser.parse_args(argv)
     if a.ceiling_round:
-        print(json.dumps(ceiling_round(*a.paths)))
+        print(json.dumps(ceiling_round(*a.paths, a.epoch_samples)))
         return 0
     if a.startup_round:
         print(json.dumps(startup_round(a.paths[0])))
@@ -360,7 +373,7 @@ def main(argv: list[str] | None = None) -> int:
         if a.candidates:
             candidates(a.paths[0], a.paths[1], a.rounds)
         else:
-            ceiling(a.paths[0], a.paths[1], a.rounds, a.revs)
+            ceiling(a.paths[0], a.paths[1], a.rounds, a.revs, a.epoch_samples)
         return 0
     print("| dataset | ds[i] per sample img/s | __getitems__ img/s | after / before | rounds (after / before) |")
     print("|---|---|---|---|---|")
