@@ -356,10 +356,11 @@ def _turbo_decode(payload: bytes | memoryview) -> np.ndarray | None:
         return None
 
 
-def _oriented(p: bytes | memoryview) -> bool:
+def _oriented(payload: bytes | memoryview | np.ndarray) -> bool:
     """Whether a JPEG payload has an EXIF orientation other than "as stored" before its scan, or
     markers too odd to tell: a walk over the segment headers (about a microsecond for a stored
     payload without EXIF)."""
+    p = memoryview(payload).cast("B")  # bytes-like or a uint8 array: indexing gives ints
     i, n = 2, len(p)
     while i + 4 <= n:
         if p[i] != 0xFF:

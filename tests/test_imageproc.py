@@ -262,6 +262,7 @@ def test_read_decode_gives_opencvs_pixels(params):
     assert out.dtype == np.uint8 and out.flags.writeable
     np.testing.assert_array_equal(out, _cv2_rgb(data))
     np.testing.assert_array_equal(decode_payload(memoryview(bytearray(data)), "jpeg"), out)
+    np.testing.assert_array_equal(decode_payload(np.frombuffer(data, np.uint8), "jpeg"), out)
 
 
 def test_read_decode_of_gray_jpeg_is_rgb_like_opencv():
@@ -289,11 +290,14 @@ def test_read_decode_takes_the_fast_decoder_and_leaves_turns_and_damage_to_openc
     upright = _with_orientation(plain, 1)
     np.testing.assert_array_equal(decode_payload(upright, "jpeg"), _cv2_rgb(upright))
     assert len(calls) == 2
-    # EXIF orientation 6: OpenCV turns the image, so it decodes
+    # EXIF orientation 6: OpenCV turns the image, so it decodes (also from an array, as the
+    # encoded batches' CPU decode passes it)
     rotated = _with_orientation(plain, 6)
     out = decode_payload(rotated, "jpeg")
     assert len(calls) == 2 and out.shape == (131, 97, 3)
     np.testing.assert_array_equal(out, _cv2_rgb(rotated))
+    np.testing.assert_array_equal(decode_payload(np.frombuffer(rotated, np.uint8), "jpeg"), out)
+    assert len(calls) == 2
     # EXIF after the JFIF segment OpenCV writes first is found too
     assert plain[2:4] == b"\xff\xe0"
     app0_end = 4 + struct.unpack(">H", plain[4:6])[0]
