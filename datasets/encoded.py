@@ -94,7 +94,8 @@ def _pair(size: int | Sequence[int]) -> tuple[int, int]:
 
 
 def _decode_cpu(batch: EncodedBatch, k: int) -> torch.Tensor:
-    """Sample ``k`` decoded by OpenCV (the CPU readers' decoder), as a 3 x H x W uint8 tensor."""
+    """Sample ``k`` decoded as the CPU readers decode it (``decode_payload``), as a 3 x H x W
+    uint8 tensor."""
     h, w = (int(v) for v in batch.shapes[k])
     payload = batch.payload(k).cpu().numpy()
     rgb = decode_payload(payload, batch.codecs[k], h, w, sample=int(batch.samples[k]))
@@ -142,8 +143,8 @@ def decode_batch(batch: EncodedBatch, device: torch.device | str, crop: int | Se
     """Decode ``batch`` on ``device`` to a uint8 N x 3 x H x W tensor (RGB).
 
     On CUDA, JPEGs are decoded in one nvJPEG call (``torchvision.io.decode_jpeg``; torchvision must
-    be importable) and other codecs by OpenCV on the CPU, then copied; on the CPU every sample is
-    decoded by OpenCV, pixel for pixel as the CPU readers decode. ``raw`` payloads are only
+    be importable) and other codecs on the CPU, then copied; on the CPU every sample is decoded
+    pixel for pixel as the CPU readers decode (TurboJPEG or OpenCV, ``decode_payload``). ``raw`` payloads are only
     reshaped. ``crop`` takes the centred crop of each image (as :func:`center_crop`); without it
     every image of the batch must have the same size. nvJPEG's pixels may differ from libjpeg's
     by a level or two, and it ignores EXIF orientation (packer stores images upright; JPEGs of

@@ -3,7 +3,7 @@
 ``prefetch_to_device(loader, "cuda")`` wraps any iterable of batches (a DataLoader, usually) and
 yields the same batches with every tensor on the device; on a machine without CUDA the same script
 runs on the CPU. With ``decode=True`` the batches are :class:`~packer.datasets.encoded.EncodedBatch`
-es (stored bytes) and are decoded on the device (nvJPEG on CUDA, OpenCV on the CPU).
+es (stored bytes) and are decoded on the device (nvJPEG on CUDA, the CPU readers' decode on the CPU).
 """
 
 from __future__ import annotations
@@ -308,8 +308,8 @@ def prefetch_to_device(
         channels_last: give image batches the ``torch.channels_last`` memory format.
         decode: the loader yields :class:`~packer.datasets.encoded.EncodedBatch` es (a reader with
             ``output="encoded"``, ``collate_fn=collate_encoded``); each is decoded on the device
-            (:func:`~packer.datasets.encoded.decode_batch`: nvJPEG for JPEG on CUDA, OpenCV
-            otherwise, pixel-equal to the CPU readers on the CPU; ``raw`` only reshaped) and
+            (:func:`~packer.datasets.encoded.decode_batch`: nvJPEG for JPEG on CUDA, the CPU
+            readers' decode otherwise, pixel-equal to them on the CPU; ``raw`` only reshaped) and
             delivered as ``(images, labels)``, images converted as above. On CUDA the decode is
             queued on the side stream, so it overlaps the caller's work on the previous batch.
         crop: with ``decode``, the centred crop (int or (height, width)) taken of each decoded
