@@ -418,6 +418,13 @@ class SharedCache:
     def put_many(self, items: Sequence[tuple[int, Any]]) -> list[bool]:
         """:meth:`put` for each ``(index, data)`` of ``items``, with two holds of the lock for the
         whole batch instead of two per entry; returns what ``put`` would for each."""
+        # Reserve the bytes and mark the entries WRITING under the lock, copy without it, then
+        # mark them READY under the lock: a get reads an entry under the lock, so it never sees
+        # READY before the bytes (the lock is the memory barrier). A writer that dies mid-copy
+        # leaves its entries WRITING: never cached, their bytes lost to the bound. Entries never
+        # move. The copy is a pwrite into the file, not a store through the mapping: a store
+        # faults in every fresh page of the mapping one by one (docs/benchmarks.md, section 7).
+        # Every entry is checked before any is reserved.
         entries = [(self._check_index(i), [_as_bytes(d, i) for d in data] if isinstance(data, tuple)
                     else [_as_bytes(data, i)]) for i, data in items]
         out: list[bool] = []
@@ -470,37 +477,7 @@ class SharedCache:
                 bytes), or a tuple of those, stored one after the other as one entry
                 (a header and pixels without first joining them in a new buffer).
         """
-        # Reserve the bytes and mark the entry WRITING under the lock, copy without it, then mark
-        # it READY under the lock: a get reads the entry under the lock, so it never sees READY
-        # before the bytes (the lock is the memory barrier). A writer that dies mid-copy leaves
-        # its entry WRITING: never cached, its bytes lost to the bound. Entries never move.
-        # The copy is a pwrite into the file, not a store through the mapping: a store faults in
-        # every fresh page of the mapping one by one (docs/benchmarks.md, section 7).
-        index = self._check_index(index)
-        parts = [_as_bytes(d, index) for d in data] if isinstance(data, tuple) else [_as_bytes(data, index)]
-        length = sum(part.size for part in parts)
-        with self._lock.hold():
-            state = int(self._states[index])
-            if state != _EMPTY:
-                return state == _READY
-            offset = self._header["ptr"]
-            end = offset + length
-            if end > self._capacity:
-                self._header["rejected"] += 1
-                return False
-            self._header["ptr"] = min(-(-end // _ALIGN) * _ALIGN, self._capacity)
-            self._offsets[index], self._lengths[index] = offset, length
-            self._states[index] = _WRITING
-        try:
-            _pwrite_all(self._fd, parts, self._arena_at + offset)
-        except BaseException:
-            with self._lock.hold():
-                self._states[index] = _EMPTY
-            raise
-        with self._lock.hold():
-            self._states[index] = _READY
-            self._header["entries"] += 1
-        return True
+        return self.put_many([(index, data)])[0]
 
     def close(self) -> None:
         """Drop this process's references to the shared memory and the lock; idempotent.
