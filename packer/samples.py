@@ -19,6 +19,7 @@ image. Its byte layout is in docs/FORMATS.md ("The sample table").
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import mmap
@@ -270,16 +271,23 @@ class SampleTableWriter:
         self.writer.resume({k: v for k, v in state.items() if k != "table"})
 
     def close(self) -> tuple[list[FileEntry], dict[str, Any]]:
-        """Close the writer, then write ``samples.table`` and list it after the writer's files."""
+        """Close the writer, then write ``samples.table`` and list it after the writer's files.
+        The spill files stay until :meth:`forget_checkpoints`: a run killed before its final
+        journal resumes from the last checkpoint, which needs them."""
         files, layout = self.writer.close()
         for f in self._files.values():
             f.close()
         path = self.writer.path(TABLE_NAME)
         write_table(path, self.kind, *(self._spill(p) for p in self._PARTS))
-        for p in self._PARTS:
-            os.remove(self._spill(p))
         files = [*files, FileEntry(TABLE_NAME, 0, os.path.getsize(path), file_sha256(path), 0)]
         return files, layout
+
+    def forget_checkpoints(self) -> None:
+        """After the final journal: delete the spill files, then the writer's resume-only files."""
+        for p in self._PARTS:
+            with contextlib.suppress(FileNotFoundError):
+                os.remove(self._spill(p))
+        self.writer.forget_checkpoints()
 
     def _drop(self) -> None:
         for f in self._files.values():

@@ -160,6 +160,28 @@ def test_killed_after_the_last_journal_finishes_on_resume(fmt, src, refs, tmp_pa
 
 
 @pytest.mark.parametrize("fmt", FORMATS)
+def test_killed_after_close_before_the_final_journal_resumes(fmt, src, refs, tmp_path, monkeypatch):
+    """Killed after the writers closed but before the journal says so (the SIGKILL sweep found
+    it): the last checkpoint's resume state, the sample table's spill files included, is still
+    there, and the resume rebuilds the same dataset."""
+    dst = str(tmp_path / "out")
+    orig = engine.write_journal
+
+    def journal(tmp, j, *a, **kw):  # noqa: ANN001, ANN202
+        if j.phase == "closed":
+            raise KeyboardInterrupt
+        return orig(tmp, j, *a, **kw)
+
+    monkeypatch.setattr(engine, "write_journal", journal)
+    with pytest.raises(KeyboardInterrupt):
+        convert_imagefolder(src, dst, fmt, options(fmt))
+    monkeypatch.undo()
+    assert read_journal(temp_dir_for(dst)).phase == "writing"
+    report = convert_imagefolder(src, dst, fmt, options(fmt, resume=True))
+    assert report.resumed is not None and fl.identical_dirs(dst, refs[fmt])
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
 def test_killed_while_resuming_resumes_again(fmt, src, refs, tmp_path, monkeypatch):
     dst = str(tmp_path / "out")
     interrupt_after(monkeypatch, fmt, 16)
