@@ -142,28 +142,12 @@ def test_resume_with_nothing_to_resume_starts_over(src, refs, tmp_path, capsys):
 
 
 @pytest.mark.parametrize("fmt", FORMATS)
-def test_killed_after_the_last_journal_finishes_on_resume(fmt, src, refs, tmp_path, monkeypatch):
+@pytest.mark.parametrize("killed_at", ["manifest", "final journal"])
+def test_killed_at_the_end_resumes(fmt, killed_at, src, refs, tmp_path, monkeypatch):
     """Killed between the final journal and the manifest (or the publish): resume only checks the
-    files and publishes."""
-    dst = str(tmp_path / "out")
-
-    def boom(*a, **kw):
-        raise KeyboardInterrupt
-
-    monkeypatch.setattr(engine, "write_manifest", boom)
-    with pytest.raises(KeyboardInterrupt):
-        convert_imagefolder(src, dst, fmt, options(fmt))
-    monkeypatch.undo()
-    assert read_journal(temp_dir_for(dst)).phase == "closed"
-    report = convert_imagefolder(src, dst, fmt, options(fmt, resume=True))
-    assert report.resumed["written"] == 27 and fl.identical_dirs(dst, refs[fmt])
-
-
-@pytest.mark.parametrize("fmt", FORMATS)
-def test_killed_after_close_before_the_final_journal_resumes(fmt, src, refs, tmp_path, monkeypatch):
-    """Killed after the writers closed but before the journal says so (the SIGKILL sweep found
-    it): the last checkpoint's resume state, the sample table's spill files included, is still
-    there, and the resume rebuilds the same dataset."""
+    files and publishes. Killed after the writers closed but before that journal (the SIGKILL
+    sweep found it): the last checkpoint's resume state, the sample table's spill files included,
+    is still there, and the resume rebuilds the same dataset."""
     dst = str(tmp_path / "out")
     orig = engine.write_journal
 
@@ -172,12 +156,20 @@ def test_killed_after_close_before_the_final_journal_resumes(fmt, src, refs, tmp
             raise KeyboardInterrupt
         return orig(tmp, j, *a, **kw)
 
-    monkeypatch.setattr(engine, "write_journal", journal)
+    def boom(*a, **kw):  # noqa: ANN202
+        raise KeyboardInterrupt
+
+    if killed_at == "manifest":
+        monkeypatch.setattr(engine, "write_manifest", boom)
+    else:
+        monkeypatch.setattr(engine, "write_journal", journal)
     with pytest.raises(KeyboardInterrupt):
         convert_imagefolder(src, dst, fmt, options(fmt))
     monkeypatch.undo()
-    assert read_journal(temp_dir_for(dst)).phase == "writing"
+    assert read_journal(temp_dir_for(dst)).phase == ("closed" if killed_at == "manifest" else "writing")
     report = convert_imagefolder(src, dst, fmt, options(fmt, resume=True))
+    if killed_at == "manifest":
+        assert report.resumed["written"] == 27
     assert report.resumed is not None and fl.identical_dirs(dst, refs[fmt])
 
 
