@@ -23,7 +23,7 @@ from torch.utils.data import Dataset
 from packer.datasetdir import DatasetDir
 from packer.errors import CorruptDataError
 from packer.fileio import open_regular
-from packer.imageproc import decode_payload
+from packer.imageproc import crop_window, decode_payload, decode_payload_window
 from packer.manifest import Manifest, read_manifest
 from packer.placeholder import placeholder_reason
 from packer.record import Record, pack_record, unpack_record
@@ -31,6 +31,7 @@ from packer.samples import SampleTable, table_file
 from packer.sizes import parse_size
 
 from .cache import SharedCache
+from .crops import Crop, as_crop
 from .skips import SkipCounter
 from .worker_memory import settle_worker
 
@@ -74,6 +75,12 @@ class PackedDataset(Dataset):
             no disk read and no decode after the first epoch). One cache in shared memory is
             used by this process and all its DataLoader workers (fork or spawn), filled on first
             access; see :mod:`packer.datasets.cache`.
+        crop: a crop the reader makes as it decodes, before ``transform``: an int or (height,
+            width) for the centred crop, or a :class:`~packer.datasets.crops.RandomCrop` /
+            :class:`~packer.datasets.crops.RandomResizedCrop`. JPEGs are then decoded only in
+            the crop's window where packer's C module was built (same pixels as a whole decode
+            cut to the window; :mod:`packer.datasets.crops`). A decoded cache keeps whole
+            images and crops each read of them.
         cache_bytes: the cache's bound, an int or a size like ``"8GB"``; beyond it samples are
             read uncached. Default: what the whole dataset needs (from the manifest), clamped to
             the shared memory and RAM available. The capacity is reserved when the dataset is
@@ -105,6 +112,7 @@ class PackedDataset(Dataset):
         manifest: Manifest | None = None,
         remote_files: Callable[[str], int] | None = None,
         fields: Sequence[str] | None = None,
+        crop: Crop | int | Sequence[int] | None = None,
     ) -> None:
         if fields is None:
             fields = ENCODED_FIELDS if output == "encoded" else DEFAULT_FIELDS
@@ -112,6 +120,9 @@ class PackedDataset(Dataset):
             raise ValueError(f"fields must be a non-empty sequence of {FIELDS}, not {fields!r}")
         if output not in OUTPUTS:
             raise ValueError(f"output must be one of {OUTPUTS}, not {output!r}")
+        if output == "encoded" and crop is not None:
+            raise ValueError("output='encoded' yields the stored bytes: crop them after the decode "
+                             "(prefetch_to_device(..., decode=True, crop=...))")
         if output == "encoded" and (transform is not None or cache == "decoded"):
             raise ValueError("output='encoded' yields the stored bytes: it takes no transform (crop after the "
                              "decode, prefetch_to_device(..., decode=True, crop=...)) and no cache='decoded'")
@@ -126,6 +137,7 @@ class PackedDataset(Dataset):
             )
         self.transform = transform
         self.target_transform = target_transform
+        self.crop = as_crop(crop)
         self.output = output
         self.fields = tuple(fields)
         self.verify = verify
@@ -348,8 +360,25 @@ class PackedDataset(Dataset):
         return self._read(index)
 
     def decode(self, rec: Record, index: int | None = None) -> np.ndarray:
-        """Decode a record's payload to an RGB uint8 H x W x 3 array."""
-        return decode_payload(rec.payload, rec.codec, rec.height, rec.width, path=self.root, sample=index)
+        """Decode a record's payload to an RGB uint8 H x W x 3 array (with ``crop``, the crop)."""
+        return self._decode_payload(rec.payload, rec.codec, rec.height, rec.width, index)
+
+    def _decode_payload(self, payload: bytes | memoryview, codec: str, height: int, width: int,
+                        index: int | None, path: str | None = None) -> np.ndarray:
+        """A payload's pixels as the reader returns them: whole, or the crop's (only its window
+        decoded where the payload allows); errors name ``path`` (default: the dataset)."""
+        crop, path = self.crop, path or self.root
+        if crop is None:
+            return decode_payload(payload, codec, height, width, path=path, sample=index)
+        return crop.finish(decode_payload_window(payload, codec, height, width, crop.window, path=path,
+                                                 sample=index))
+
+    def _cropped(self, rgb: np.ndarray, index: int | None) -> np.ndarray:
+        """Whole decoded pixels (a decoded cache's) cut as ``crop`` cuts them."""
+        crop = self.crop
+        if crop is None:
+            return rgb
+        return crop.finish(crop_window(rgb, crop.window, path=self.root, sample=index))
 
     def load(self, index: int) -> tuple[np.ndarray, int]:
         """Sample ``index`` as (RGB uint8 H x W x 3 array, label), before output conversion."""
@@ -363,15 +392,27 @@ class PackedDataset(Dataset):
         if view is not None:
             return self._from_cache(view, index)
         rec = self.read_record(index)
-        rgb = self.decode(rec, index)
-        cache.put(index, self._cache_entry(rec, rgb))
+        rgb, entry = self._decoded_for_cache(rec, index)
+        cache.put(index, entry)
         return rgb, rec.label
+
+    def _decoded_for_cache(self, rec: Record, index: int) -> tuple[np.ndarray, Any]:
+        """(the pixels the reader returns, the cache entry) of a record read on a cache miss: a
+        decoded cache keeps the whole image, also under ``crop``."""
+        if self.cache_mode == "decoded" and self.crop is not None:
+            whole = decode_payload(rec.payload, rec.codec, rec.height, rec.width, path=self.root, sample=index)
+            return self._cropped(whole, index), self._cache_entry(rec, whole)
+        rgb = self.decode(rec, index)
+        return rgb, self._cache_entry(rec, rgb)
 
     def _from_cache(self, view: memoryview, index: int) -> tuple[np.ndarray, int]:
         """(pixels the caller owns, label) of a cache entry."""
         if self.cache_mode == "decoded":
             h, w, label = _META.unpack_from(view, 0)
-            return np.frombuffer(view, np.uint8, offset=_META.size).reshape(h, w, 3).copy(), label
+            pixels = np.frombuffer(view, np.uint8, offset=_META.size).reshape(h, w, 3)
+            if self.crop is None:
+                return pixels.copy(), label
+            return np.ascontiguousarray(self._cropped(pixels, index)), label
         rec = unpack_record(view, verify=False)
         return self.decode(rec, index), rec.label
 
@@ -536,9 +577,12 @@ class PackedDataset(Dataset):
                     rec = next(records)
                     if isinstance(rec, CorruptDataError):
                         raise rec
-                    rgb, label = self.decode(rec, i), rec.label
-                    if cache is not None:
-                        store.append((i, self._cache_entry(rec, rgb)))
+                    label = rec.label
+                    if cache is None:
+                        rgb = self.decode(rec, i)
+                    else:
+                        rgb, entry = self._decoded_for_cache(rec, i)
+                        store.append((i, entry))
             except CorruptDataError:
                 if self._skips is None:
                     raise

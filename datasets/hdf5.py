@@ -43,7 +43,6 @@ import numpy as np
 
 from packer.codecs import CODEC_IDS, CODEC_NAMES
 from packer.errors import CorruptDataError
-from packer.imageproc import decode_payload
 from packer.layouts.hdf5 import LAYOUT_VERSIONS
 from packer.placeholder import file_placeholder_reason
 from packer.placement import place_seed
@@ -479,4 +478,4 @@ class HDF5Dataset(PackedDataset):
             raise IndexError(f"sample {index} out of range for {len(self)} samples in {self.root}")
         self._ensure_open()
         payload, codec, h, w = self._payload(index)
-        return decode_payload(payload, codec, h, w, path=self._path, sample=index), int(self._meta.labels[index])
+        return self._decode_payload(payload, codec, h, w, index, self._path), int(self._meta.labels[index])

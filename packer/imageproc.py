@@ -11,7 +11,7 @@ import contextlib
 import os
 import re
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 import cv2
@@ -21,6 +21,11 @@ try:  # libjpeg-turbo's TurboJPEG API; optional at run time (the reader falls ba
     import simplejpeg as _simplejpeg
 except ImportError:  # pragma: no cover - installed with packer; absent only on platforms without a wheel
     _simplejpeg = None
+
+try:  # packer's own C module (setup.py): a JPEG's crop window decoded alone; optional
+    from . import _jpegwindow
+except ImportError:  # built without a C compiler or libjpeg-turbo headers: whole decodes, then crop
+    _jpegwindow = None
 
 from .codecs import TAR_EXTENSIONS
 from .errors import CorruptDataError, ImageError
@@ -40,6 +45,9 @@ __all__ = [
     "REDUCED_DECODE_MARGIN",
     "process_image",
     "decode_payload",
+    "decode_payload_window",
+    "crop_window",
+    "window_decoding",
     "check_encoded",
     "libjpeg_warnings",
     "DEFAULT_MAX_PIXELS",
@@ -335,6 +343,74 @@ def decode_payload(
     if rgb is None:
         raise CorruptDataError(f"cannot decode {codec} payload of {len(payload)} bytes", path=path, sample=sample)
     return rgb
+
+
+#: (top, left, height, width) of a crop in an image.
+Window = tuple[int, int, int, int]
+
+
+def window_decoding() -> bool:
+    """Whether JPEG crop windows are decoded alone here (packer's C module ``_jpegwindow`` was
+    built against libjpeg-turbo); otherwise whole images are decoded and cropped."""
+    return _jpegwindow is not None
+
+
+def decode_payload_window(
+    payload: bytes | memoryview,
+    codec: str,
+    height: int,
+    width: int,
+    window: Callable[[int, int], Window],
+    *,
+    path: str | None = None,
+    sample: int | str | None = None,
+) -> np.ndarray:
+    """The pixels of one crop window of a stored payload: ``decode_payload(...)`` cut to
+    ``window(H, W)`` (called once, with the image's height and width), equal pixel for pixel.
+
+    A JPEG payload of known size is decoded alone in its window where :func:`window_decoding`
+    (libjpeg-turbo skips the inverse DCT, upsampling and colour conversion of what lies outside
+    it, and everything below it); payloads it refuses (an EXIF orientation to apply, damage,
+    CMYK, 12-bit, a stored size that does not match) and other codecs are decoded whole and cut.
+    The result may be a view of a buffer the caller owns (``raw`` payloads in writable buffers).
+    Errors as :func:`decode_payload`; a window outside the image raises ValueError.
+    """
+    box = None
+    if codec == "jpeg" and _jpegwindow is not None and height > 0 and width > 0 and not _oriented(payload):
+        box = _checked_window(window, height, width, path, sample)
+        top, left, h, w = box
+        out = np.empty((h, w, 3), np.uint8)
+        try:
+            if _jpegwindow.decode_window(payload, out, top, left):
+                return out
+        except ValueError:  # the payload's own size is not the stored one: decided below
+            pass
+    rgb = decode_payload(payload, codec, height, width, path=path, sample=sample)
+    if box is None or rgb.shape[:2] != (height, width):
+        return crop_window(rgb, window, path=path, sample=sample)
+    top, left, h, w = box
+    return rgb[top : top + h, left : left + w]
+
+
+def crop_window(rgb: np.ndarray, window: Callable[[int, int], Window], *, path: str | None = None,
+                sample: int | str | None = None) -> np.ndarray:
+    """The view of decoded H x W x 3 pixels that ``window(H, W)`` picks (ValueError naming the
+    sample where it does not fit)."""
+    top, left, h, w = _checked_window(window, rgb.shape[0], rgb.shape[1], path, sample)
+    return rgb[top : top + h, left : left + w]
+
+
+def _checked_window(window: Callable[[int, int], Window], height: int, width: int, path: str | None,
+                    sample: int | str | None) -> Window:
+    where = f"sample {sample} of {path}" if path is not None else f"sample {sample}"
+    try:
+        top, left, h, w = (int(v) for v in window(height, width))
+    except ValueError as e:
+        raise ValueError(f"{where}: {e}") from None
+    if h <= 0 or w <= 0 or top < 0 or left < 0 or top + h > height or left + w > width:
+        raise ValueError(f"{where}: the {h}x{w} crop window at ({top}, {left}) does not fit the "
+                         f"{height}x{width} image")
+    return top, left, h, w
 
 
 def _turbo_decode(payload: bytes | memoryview) -> np.ndarray | None:

@@ -13,7 +13,8 @@ epochs, and the table gives the median over rounds.
 ``--ceiling`` measures the read against what the machine can decode, in one run: two processes
 decoding the stored JPEG bytes in a loop (``cv2.imdecode`` straight to RGB; to BGR then ``cvtColor``; and TurboJPEG, the readers' JPEG decoder),
 then one epoch of the JPEG dataset and one of the raw-pixel dataset through the DataLoader above
-(workers not persistent, as by default). Each row also gives the CPU time per image of the
+(workers not persistent, as by default), and the same two epochs with the crop made by the
+reader (``crop=224``: JPEGs decoded only in the crop's window) instead of the transform. Each row also gives the CPU time per image of the
 workers and of the main process (``getrusage``), the workers' page faults and threads, and the
 time to the first batch, which is where a gap to the ceiling shows. "CPU-bound" ratios divide
 CPU time per image (bare decode / read, JPEG / raw): what the img/s ratios are when nothing else
@@ -138,15 +139,21 @@ def _usage(who: int) -> tuple[float, int]:
     return r.ru_utime + r.ru_stime, r.ru_minflt
 
 
-def loader_epoch(path: str, worker_init_fn: Any = None, samples: int | None = None) -> dict:
+def loader_epoch(path: str, worker_init_fn: Any = None, samples: int | None = None,
+                 reader_crop: bool = False) -> dict | None:
     """One shuffled epoch through DataLoader(2 workers, batch 64, 224 crop, collate), workers
     started for it as by default: img/s, first batch ms, CPU us and page faults per image of the
     workers and of this process, and the threads of a worker at the end of the epoch. With
     ``samples``, the epoch draws that many samples at random with replacement (a longer epoch
-    over the same data: start-up costs spread as over a large dataset)."""
+    over the same data: start-up costs spread as over a large dataset). ``reader_crop``: the
+    crop is the reader's ``crop=224`` instead of the transform (None where the revision read
+    has no ``crop=``)."""
     from torch.utils.data import RandomSampler
 
-    ds = open_dataset(path, transform=crop224)
+    try:
+        ds = open_dataset(path, crop=224) if reader_crop else open_dataset(path, transform=crop224)
+    except TypeError:
+        return None
     gen = torch.Generator().manual_seed(0)
     sampler = RandomSampler(ds, replacement=True, num_samples=samples, generator=gen) if samples else None
     loader = DataLoader(ds, batch_size=64, num_workers=2, shuffle=sampler is None, sampler=sampler,
@@ -176,7 +183,9 @@ def ceiling_round(jpeg: str, raw: str, samples: int | None = None) -> dict:
     bare_bgr = bare_decode_rate(jpeg, how="bgr")[0]
     bare_turbo, turbo_us = bare_decode_rate(jpeg, how="turbo")
     return {"bare_img_s": bare, "bare_us": bare_us, "bare_bgr_img_s": bare_bgr, "bare_turbo_img_s": bare_turbo,
-            "turbo_us": turbo_us, "jpeg": loader_epoch(jpeg, samples=samples), "raw": loader_epoch(raw, samples=samples)}
+            "turbo_us": turbo_us, "jpeg": loader_epoch(jpeg, samples=samples), "raw": loader_epoch(raw, samples=samples),
+            "jpeg_crop": loader_epoch(jpeg, samples=samples, reader_crop=True),
+            "raw_crop": loader_epoch(raw, samples=samples, reader_crop=True)}
 
 
 def startup_round(path: str, loaders: int = 4, small: int = 128) -> dict:
@@ -337,6 +346,25 @@ def ceiling(jpeg: str, raw: str, rounds: int, revs: list[str] | None, samples: i
               f"{med(name, lambda x: x['jpeg']['worker_faults']):.1f}, {med(name, lambda x: x['raw']['worker_faults']):.1f} | "
               f"{med(name, lambda x: x['jpeg']['threads']):.0f} | "
               f"{med(name, lambda x: x['jpeg']['first_ms']):.0f}, {med(name, lambda x: x['raw']['first_ms']):.0f} |")
+    print("\nThe same with the crop made by the reader (`open_dataset(path, crop=224)`: JPEGs decoded only in "
+          "the crop's window) instead of by the transform:\n")
+    print("| revision | JPEG read img/s | JPEG / bare (RGB; BGR + cvtColor; TurboJPEG) | raw read img/s | raw / JPEG | "
+          "CPU us/img JPEG: workers + main | raw: workers + main | CPU-bound JPEG / bare RGB, raw / JPEG |")
+    print("|---|---|---|---|---|---|---|---|")
+    for name in rows:
+        if any(x.get("jpeg_crop") is None or x.get("raw_crop") is None for x in rows[name]):
+            print(f"| {name} | (no `crop=` in this revision) |||||||")
+            continue
+        print(f"| {name} | {med(name, lambda x: x['jpeg_crop']['img_s']):.0f} | "
+              f"{med(name, lambda x: x['jpeg_crop']['img_s'] / x['bare_img_s']):.2f}; "
+              f"{med(name, lambda x: x['jpeg_crop']['img_s'] / x['bare_bgr_img_s']):.2f}; "
+              f"{med(name, lambda x: x['jpeg_crop']['img_s'] / x['bare_turbo_img_s']):.2f} | "
+              f"{med(name, lambda x: x['raw_crop']['img_s']):.0f} | "
+              f"{med(name, lambda x: x['raw_crop']['img_s'] / x['jpeg_crop']['img_s']):.2f} | "
+              f"{med(name, lambda x: x['jpeg_crop']['worker_us']):.0f} + {med(name, lambda x: x['jpeg_crop']['main_us']):.1f} | "
+              f"{med(name, lambda x: x['raw_crop']['worker_us']):.0f} + {med(name, lambda x: x['raw_crop']['main_us']):.1f} | "
+              f"{med(name, lambda x: x['bare_us'] / _cpu(x['jpeg_crop'])):.2f}, "
+              f"{med(name, lambda x: _cpu(x['jpeg_crop']) / _cpu(x['raw_crop'])):.2f} |")
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -1,0 +1,150 @@
+"""Crops that a reader applies as it decodes (``open_dataset(path, crop=...)``).
+
+A crop given to the reader instead of in ``transform`` lets it decode only the crop's window of
+each JPEG (:func:`packer.imageproc.decode_payload_window`): libjpeg-turbo then skips the inverse
+DCT, upsampling and colour conversion of what lies outside the window, and stops after its last
+row. The pixels are those of a whole decode cut to the window. What it saves depends on the share
+of the image the window leaves out (docs/benchmarks.md, section 7).
+
+* ``crop=224`` or ``crop=(h, w)``: :class:`CenterCrop` (torchvision's ``CenterCrop`` window).
+* :class:`RandomCrop`: a window of a fixed size at a random place (``RandomCrop``).
+* :class:`RandomResizedCrop`: a window of random area and aspect ratio, resized to the output size
+  (``RandomResizedCrop``'s window; the resize is OpenCV's, see the class).
+
+The reader returns the cropped image to ``transform`` (which then no longer crops). Random windows
+are drawn from Python's ``random`` module, which the DataLoader seeds in each worker from the
+main process's torch seed (``torch.manual_seed`` makes them repeatable; packer's
+``worker_init_fn`` seeds it too). An image smaller than a fixed-size crop raises ValueError naming
+the sample.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+from collections.abc import Sequence
+
+import cv2
+import numpy as np
+
+from packer.imageproc import Window
+
+__all__ = ["Crop", "CenterCrop", "RandomCrop", "RandomResizedCrop", "as_crop"]
+
+
+def _size(size: int | Sequence[int], what: str) -> tuple[int, int]:
+    if isinstance(size, (int, np.integer)) and not isinstance(size, bool):
+        pair = (int(size), int(size))
+    elif isinstance(size, Sequence) and len(size) == 2 and all(isinstance(v, (int, np.integer)) for v in size):
+        pair = (int(size[0]), int(size[1]))
+    else:
+        raise TypeError(f"{what}: size must be an int or (height, width), not {size!r}")
+    if min(pair) <= 0:
+        raise ValueError(f"{what}: size must be positive, not {size!r}")
+    return pair
+
+
+class Crop:
+    """A crop the reader applies while decoding: :meth:`window` picks the rectangle of an image
+    of a given size, :meth:`finish` turns the rectangle's pixels into the output."""
+
+    def window(self, height: int, width: int) -> Window:
+        """(top, left, height, width) of the crop in a ``height`` x ``width`` image."""
+        raise NotImplementedError
+
+    def finish(self, pixels: np.ndarray) -> np.ndarray:
+        """The output made of the window's H x W x 3 pixels (as they are, by default)."""
+        return pixels
+
+
+class _FixedSize(Crop):
+    """A window of a fixed ``size`` (an int for a square, or (height, width))."""
+
+    def __init__(self, size: int | Sequence[int]) -> None:
+        self.size = _size(size, type(self).__name__)
+
+    def _room(self, height: int, width: int) -> tuple[int, int]:
+        """How far the window can move down and right in a ``height`` x ``width`` image."""
+        th, tw = self.size
+        if th > height or tw > width:
+            raise ValueError(f"the {height}x{width} image is smaller than the {th}x{tw} crop")
+        return height - th, width - tw
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}(size={self.size})"
+
+
+class CenterCrop(_FixedSize):
+    """The centred ``size`` window, placed as torchvision's ``CenterCrop`` places it
+    (``round((H - h) / 2)``)."""
+
+    def window(self, height: int, width: int) -> Window:
+        down, right = self._room(height, width)
+        return int(round(down / 2.0)), int(round(right / 2.0)), *self.size
+
+
+class RandomCrop(_FixedSize):
+    """A ``size`` window at a uniformly random place (torchvision's ``RandomCrop`` without
+    padding)."""
+
+    def window(self, height: int, width: int) -> Window:
+        down, right = self._room(height, width)
+        return random.randint(0, down), random.randint(0, right), *self.size
+
+
+class RandomResizedCrop(Crop):
+    """A window of random area (``scale`` of the image's) and aspect ratio (``ratio``, drawn
+    log-uniformly), resized to ``size``: the window torchvision's ``RandomResizedCrop`` draws
+    (10 tries, then the largest centred window within ``ratio``).
+
+    The resize is OpenCV's ``INTER_AREA`` where the window shrinks on both sides (an average over
+    each output pixel's footprint, as packer's conversion resizes) and ``INTER_LINEAR``
+    otherwise; torchvision's bilinear resize with antialiasing gives close but not equal pixels.
+    """
+
+    def __init__(self, size: int | Sequence[int], scale: tuple[float, float] = (0.08, 1.0),
+                 ratio: tuple[float, float] = (3 / 4, 4 / 3)) -> None:
+        self.size = _size(size, "RandomResizedCrop")
+        if not (0 < scale[0] <= scale[1] <= 1) or not (0 < ratio[0] <= ratio[1]):
+            raise ValueError(f"RandomResizedCrop: need 0 < scale[0] <= scale[1] <= 1 and 0 < ratio[0] <= "
+                             f"ratio[1], not scale={scale}, ratio={ratio}")
+        self.scale = (float(scale[0]), float(scale[1]))
+        self.ratio = (float(ratio[0]), float(ratio[1]))
+
+    def window(self, height: int, width: int) -> Window:
+        area = height * width
+        low, high = math.log(self.ratio[0]), math.log(self.ratio[1])
+        for _ in range(10):
+            target = area * random.uniform(*self.scale)
+            aspect = math.exp(random.uniform(low, high))
+            w = int(round(math.sqrt(target * aspect)))
+            h = int(round(math.sqrt(target / aspect)))
+            if 0 < w <= width and 0 < h <= height:
+                return random.randint(0, height - h), random.randint(0, width - w), h, w
+        aspect = width / height
+        if aspect < self.ratio[0]:
+            w, h = width, int(round(width / self.ratio[0]))
+        elif aspect > self.ratio[1]:
+            h, w = height, int(round(height * self.ratio[1]))
+        else:
+            h, w = height, width
+        return (height - h) // 2, (width - w) // 2, h, w
+
+    def finish(self, pixels: np.ndarray) -> np.ndarray:
+        th, tw = self.size
+        h, w = pixels.shape[:2]
+        if (h, w) == (th, tw):
+            return pixels
+        shrink = h >= th and w >= tw
+        return cv2.resize(pixels, (tw, th), interpolation=cv2.INTER_AREA if shrink else cv2.INTER_LINEAR)
+
+    def __repr__(self) -> str:
+        return f"RandomResizedCrop(size={self.size}, scale={self.scale}, ratio={self.ratio})"
+
+
+def as_crop(crop: Crop | int | Sequence[int] | None) -> Crop | None:
+    """A reader's ``crop`` argument as a :class:`Crop`: an int or (height, width) is a
+    :class:`CenterCrop`."""
+    if crop is None or isinstance(crop, Crop):
+        return crop
+    return CenterCrop(crop)

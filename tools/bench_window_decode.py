@@ -1,0 +1,179 @@
+#!/usr/bin/env python3
+"""Would decoding only the crop window make the JPEG read cheaper? Measured, not assumed.
+
+    python tools/bench_window_decode.py JPEG_DATASET [--images 1000] [--rounds 5]
+
+libjpeg-turbo's libjpeg API can leave out part of a decode: ``jpeg_skip_scanlines`` skips rows
+(they are still entropy-decoded, but get no inverse DCT, upsampling or colour conversion),
+``jpeg_crop_scanline`` narrows every row to a column range (rounded out to iMCU columns, with the
+same saving), and a decode can stop after the last row it needs. Neither OpenCV nor simplejpeg
+exposes this; packer's C module ``packer._jpegwindow`` does (built at install where a C compiler
+and libjpeg-turbo's headers are there, e.g. Debian's ``gcc libjpeg-dev``), and the readers' ``crop=``
+uses it. This tool measures it on the stored payloads of a packed JPEG dataset:
+
+* the pixel check: windows of random size and place, each against the same rectangle of a full
+  decode by simplejpeg (the readers' decoder) and by ``cv2.imdecode``; the columns are widened
+  by one iMCU each side before cropping, so the upsampler sees what a full decode sees;
+* the time per image, in one process: each method decodes every payload once per round (a pass,
+  as an epoch does: decoding one payload over and over would train the branch predictor on its
+  bit stream and flatter every decoder), the methods taking turns pass by pass, median of
+  ``--rounds`` passes: a full decode through the same module (the window = the whole image), windows as the 224 center crop of the benchmarks takes, as ``RandomCrop(224)`` takes,
+  and as ``RandomResizedCrop`` draws them (torchvision's defaults: area 8-100%, aspect 3/4-4/3);
+  with simplejpeg's and OpenCV's full decodes for reference. Only the ratios travel between
+  machines; docs/benchmarks.md, section 7, has a run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import random
+import statistics
+import sys
+import time
+from collections.abc import Callable
+from types import ModuleType
+
+import cv2
+import numpy as np
+import simplejpeg
+
+Window = tuple[int, int, int, int]  # top, left, height, width
+
+
+def module() -> ModuleType | None:
+    """packer's window-decoding C module, or None where it was not built."""
+    from packer import imageproc
+
+    return imageproc._jpegwindow
+
+
+def decode_window(lib: ModuleType, payload: bytes, window: Window) -> np.ndarray | None:
+    """The window's RGB pixels, or None where the helper refuses the payload (damaged, CMYK, ...)."""
+    top, left, height, width = window
+    out = np.empty((height, width, 3), np.uint8)
+    return out if lib.decode_window(payload, out, top, left) else None
+
+
+def center_window(h: int, w: int, size: int = 224) -> Window:
+    """The benchmarks' 224 center crop (rounded as torchvision's CenterCrop)."""
+    return int(round((h - size) / 2.0)), int(round((w - size) / 2.0)), size, size
+
+
+def random_window(h: int, w: int, rng: random.Random, size: int = 224) -> Window:
+    """``RandomCrop(size)``'s window."""
+    return rng.randint(0, h - size), rng.randint(0, w - size), size, size
+
+
+def resized_crop_window(h: int, w: int, rng: random.Random, scale: tuple[float, float] = (0.08, 1.0),
+                        ratio: tuple[float, float] = (3 / 4, 4 / 3)) -> Window:
+    """A window drawn as ``RandomResizedCrop`` draws one (10 tries, then the central square)."""
+    area = h * w
+    for _ in range(10):
+        target = area * rng.uniform(*scale)
+        aspect = math.exp(rng.uniform(math.log(ratio[0]), math.log(ratio[1])))
+        cw, ch = int(round(math.sqrt(target * aspect))), int(round(math.sqrt(target / aspect)))
+        if 0 < cw <= w and 0 < ch <= h:
+            return rng.randint(0, h - ch), rng.randint(0, w - cw), ch, cw
+    side = min(h, w)
+    return (h - side) // 2, (w - side) // 2, side, side
+
+
+def payloads(path: str, count: int) -> list[bytes]:
+    """Up to ``count`` stored JPEG payloads of the packed dataset at ``path``, spread over it."""
+    from packer.datasets import open_dataset
+
+    with open_dataset(path) as ds:
+        step = max(1, len(ds) // count)
+        out = [bytes(ds.read_record(i).payload) for i in range(0, len(ds), step)][:count]
+    return [p for p in out if p[:2] == b"\xff\xd8"]
+
+
+def check(lib: ModuleType, data: list[bytes], per_image: int = 3, seed: int = 0) -> dict[str, int]:
+    """Windows of random size and place against full decodes: the counts of windows checked,
+    of those that differ from simplejpeg's and from OpenCV's pixels, and of refused payloads."""
+    rng = random.Random(seed)
+    counts = {"windows": 0, "differ_simplejpeg": 0, "differ_opencv": 0, "refused": 0}
+    for payload in data:
+        full = simplejpeg.decode_jpeg(payload, colorspace="rgb")
+        ocv = cv2.imdecode(np.frombuffer(payload, np.uint8), cv2.IMREAD_COLOR_RGB)
+        h, w = full.shape[:2]
+        for _ in range(per_image):
+            wh, ww = rng.randint(1, h), rng.randint(1, w)
+            window = (rng.randint(0, h - wh), rng.randint(0, w - ww), wh, ww)
+            got = decode_window(lib, payload, window)
+            counts["windows"] += 1
+            if got is None:
+                counts["refused"] += 1
+                continue
+            t, left = window[0], window[1]
+            counts["differ_simplejpeg"] += not np.array_equal(got, full[t:t + wh, left:left + ww])
+            counts["differ_opencv"] += not np.array_equal(got, ocv[t:t + wh, left:left + ww])
+    return counts
+
+
+def timings(lib: ModuleType, data: list[bytes], rounds: int, seed: int = 0) -> dict[str, float]:
+    """Median over ``rounds`` of each method's mean microseconds per payload in one pass over all
+    payloads; the methods take turns pass by pass, in an order that rotates each round."""
+    rng = random.Random(seed)
+    sizes = [simplejpeg.decode_jpeg_header(p)[:2] for p in data]
+    windows = {
+        "full, packer._jpegwindow": [(0, 0, h, w) for h, w in sizes],
+        "224 center crop window": [center_window(h, w) for h, w in sizes],
+        "RandomCrop(224) window": [random_window(h, w, rng) for h, w in sizes],
+        "RandomResizedCrop window": [resized_crop_window(h, w, rng) for h, w in sizes],
+    }
+
+    def windowed(ws: list[Window]) -> Callable[[], None]:
+        return lambda: [decode_window(lib, p, w) for p, w in zip(data, ws)] and None
+
+    methods: dict[str, Callable[[], None]] = {name: windowed(ws) for name, ws in windows.items()}
+    methods["full, simplejpeg (the readers')"] = lambda: [
+        simplejpeg.decode_jpeg(p, colorspace="rgb", strict=True) for p in data] and None
+    methods["full, cv2.imdecode to RGB"] = lambda: [
+        cv2.imdecode(np.frombuffer(p, np.uint8), cv2.IMREAD_COLOR_RGB) for p in data] and None
+    passes: dict[str, list[float]] = {name: [] for name in methods}
+    names = list(methods)
+    for r in range(rounds):
+        for name in names[r % len(names):] + names[: r % len(names)]:
+            t = time.perf_counter()
+            methods[name]()
+            passes[name].append((time.perf_counter() - t) / len(data) * 1e6)
+    out = {name: statistics.median(v) for name, v in passes.items()}
+    out["RandomResizedCrop mean area"] = statistics.fmean(
+        hh * ww / (h * w) for (_, _, hh, ww), (h, w) in zip(windows["RandomResizedCrop window"], sizes))
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("dataset", help="a packed dataset of JPEG payloads")
+    parser.add_argument("--images", type=int, default=1000)
+    parser.add_argument("--rounds", type=int, default=5)
+    a = parser.parse_args(argv)
+    cv2.setNumThreads(1)
+    data = payloads(a.dataset, a.images)
+    if not data:
+        print(f"error: {a.dataset} holds no JPEG payloads", file=sys.stderr)
+        return 2
+    lib = module()
+    if lib is None:
+        print("error: packer was installed without its C module packer._jpegwindow (no C compiler or no "
+              "libjpeg-turbo headers at install; see setup.py)", file=sys.stderr)
+        return 2
+    counts = check(lib, data)
+    times = timings(lib, data, a.rounds)
+    area = times.pop("RandomResizedCrop mean area")
+    print(f"{len(data)} payloads of {a.dataset}; pixel check: {counts['windows']} random windows, "
+          f"{counts['differ_simplejpeg']} differ from simplejpeg's full decode, {counts['differ_opencv']} from "
+          f"OpenCV's, {counts['refused']} refused\n")
+    base, readers = times["full, packer._jpegwindow"], times["full, simplejpeg (the readers')"]
+    print("| decode | us/image | / full, same library | / simplejpeg's full decode |\n|---|---:|---:|---:|")
+    for name, us in times.items():
+        print(f"| {name} | {us:.0f} | {us / base:.2f} | {us / readers:.2f} |")
+    print(f"\nRandomResizedCrop windows cover {area:.0%} of the image on average.")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
