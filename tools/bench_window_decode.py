@@ -17,7 +17,9 @@ uses it. This tool measures it on the stored payloads of a packed JPEG dataset:
 * the time per image, in one process: each method decodes every payload once per round (a pass,
   as an epoch does: decoding one payload over and over would train the branch predictor on its
   bit stream and flatter every decoder), the methods taking turns pass by pass, median of
-  ``--rounds`` passes: a full decode through the same module (the window = the whole image), windows as the 224 center crop of the benchmarks takes, as ``RandomCrop(224)`` takes,
+  ``--rounds`` passes, with the malloc settings readers have in DataLoader workers (without
+  them every decoded image is fresh memory, and page faults add 100-150 us to each decode): a
+  full decode through the same module (the window = the whole image), windows as the 224 center crop of the benchmarks takes, as ``RandomCrop(224)`` takes,
   and as ``RandomResizedCrop`` draws them (torchvision's defaults: area 8-100%, aspect 3/4-4/3);
   with simplejpeg's and OpenCV's full decodes for reference. Only the ratios travel between
   machines; docs/benchmarks.md, section 7, has a run.
@@ -125,13 +127,22 @@ def timings(lib: ModuleType, data: list[bytes], rounds: int, seed: int = 0) -> d
     }
 
     def windowed(ws: list[Window]) -> Callable[[], None]:
-        return lambda: [decode_window(lib, p, w) for p, w in zip(data, ws)] and None
+        def run() -> None:
+            for p, w in zip(data, ws):
+                decode_window(lib, p, w)  # each result dropped at once, as a reader's batch is
+        return run
+
+    def simple() -> None:
+        for p in data:
+            simplejpeg.decode_jpeg(p, colorspace="rgb", strict=True)
+
+    def opencv() -> None:
+        for p in data:
+            cv2.imdecode(np.frombuffer(p, np.uint8), cv2.IMREAD_COLOR_RGB)
 
     methods: dict[str, Callable[[], None]] = {name: windowed(ws) for name, ws in windows.items()}
-    methods["full, simplejpeg (the readers')"] = lambda: [
-        simplejpeg.decode_jpeg(p, colorspace="rgb", strict=True) for p in data] and None
-    methods["full, cv2.imdecode to RGB"] = lambda: [
-        cv2.imdecode(np.frombuffer(p, np.uint8), cv2.IMREAD_COLOR_RGB) for p in data] and None
+    methods["full, simplejpeg (the readers')"] = simple
+    methods["full, cv2.imdecode to RGB"] = opencv
     passes: dict[str, list[float]] = {name: [] for name in methods}
     names = list(methods)
     for r in range(rounds):
@@ -152,6 +163,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rounds", type=int, default=5)
     a = parser.parse_args(argv)
     cv2.setNumThreads(1)
+    from packer.datasets import worker_memory
+
+    worker_memory._apply()  # the malloc settings of a DataLoader worker, where readers decode
     data = payloads(a.dataset, a.images)
     if not data:
         print(f"error: {a.dataset} holds no JPEG payloads", file=sys.stderr)
