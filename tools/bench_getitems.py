@@ -177,15 +177,20 @@ def loader_epoch(path: str, worker_init_fn: Any = None, samples: int | None = No
             "threads": threads}
 
 
-def ceiling_round(jpeg: str, raw: str, samples: int | None = None) -> dict:
-    """One round of ``--ceiling``: the bare decode rate of 2 processes, a JPEG epoch, a raw epoch."""
+def ceiling_round(jpeg: str, raw: str, samples: int | None = None, turn: int = 0) -> dict:
+    """One round of ``--ceiling``: the bare decode rate of 2 processes, then a JPEG and a raw
+    epoch with the crop in the transform and the same with the reader's crop, in an order that
+    rotates with ``turn`` (the round's number), so that no variant is always first or last."""
     bare, bare_us = bare_decode_rate(jpeg)
     bare_bgr = bare_decode_rate(jpeg, how="bgr")[0]
     bare_turbo, turbo_us = bare_decode_rate(jpeg, how="turbo")
-    return {"bare_img_s": bare, "bare_us": bare_us, "bare_bgr_img_s": bare_bgr, "bare_turbo_img_s": bare_turbo,
-            "turbo_us": turbo_us, "jpeg": loader_epoch(jpeg, samples=samples), "raw": loader_epoch(raw, samples=samples),
-            "jpeg_crop": loader_epoch(jpeg, samples=samples, reader_crop=True),
-            "raw_crop": loader_epoch(raw, samples=samples, reader_crop=True)}
+    epochs = [("jpeg", jpeg, False), ("jpeg_crop", jpeg, True), ("raw", raw, False), ("raw_crop", raw, True)]
+    turn %= len(epochs)
+    out = {"bare_img_s": bare, "bare_us": bare_us, "bare_bgr_img_s": bare_bgr, "bare_turbo_img_s": bare_turbo,
+           "turbo_us": turbo_us}
+    for name, path, reader_crop in epochs[turn:] + epochs[:turn]:
+        out[name] = loader_epoch(path, samples=samples, reader_crop=reader_crop)
+    return out
 
 
 def startup_round(path: str, loaders: int = 4, small: int = 128) -> dict:
@@ -313,7 +318,7 @@ def ceiling(jpeg: str, raw: str, rounds: int, revs: list[str] | None, samples: i
             for name in list(libs)[:: 1 if r % 2 == 0 else -1]:
                 lib = libs[name]
                 more = ("--epoch-samples", str(samples)) if samples else ()
-                rows[name].append(ceiling_round(jpeg, raw, samples) if lib is None else
+                rows[name].append(ceiling_round(jpeg, raw, samples, r) if lib is None else
                                   _in_revision(lib, "--ceiling-round", jpeg, raw, *more))
                 print(f"round {r + 1} {name}: {json.dumps(rows[name][-1])}", file=sys.stderr, flush=True)
     finally:
