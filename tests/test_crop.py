@@ -187,6 +187,8 @@ def test_reader_crop_is_the_transform_crop(packed, name, cache):
             assert torch.equal(gi, wi) and torch.equal(si, wi)
     np_ds = open_dataset(packed[name], crop=(32, 36), output="numpy")
     assert np_ds[0][0].shape == (32, 36, 3)
+    pil = open_dataset(packed[name], crop=(32, 36), output="pil")[0][0]
+    assert pil.size == (36, 32) and np.array_equal(np.asarray(pil), want[0][0].permute(1, 2, 0).numpy())
 
 
 def test_reader_crop_goes_before_the_transform_and_takes_no_encoded_output(packed):
