@@ -8,16 +8,14 @@
  * The columns are widened by one iMCU on each side before cropping, so that the chroma upsampler
  * sees the neighbours a full decode sees; tests/test_crop.py checks that the pixels equal a full
  * decode's (simplejpeg's and OpenCV's, which use libjpeg-turbo with the same defaults).
- * Strict: a libjpeg warning (damaged data) or error ends the decode and the call returns False.
- * Colour spaces other than gray, YCbCr and RGB, and precisions other than 8 bits, return False.
+ * Strict: a libjpeg warning (damaged data) or error ends the decode and the call returns None.
+ * Colour spaces other than gray, YCbCr and RGB, and precisions other than 8 bits, return None.
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 
 #include <setjmp.h>
 #include <stdio.h>
-#include <stdlib.h>
-#include <string.h>
 
 #include <jpeglib.h>
 
@@ -40,12 +38,17 @@ static void stop_on_warning(j_common_ptr cinfo, int level)
         longjmp(((struct guard *)cinfo->err)->jump, 1);
 }
 
-static int decode(const unsigned char *data, size_t size, unsigned char *out, JDIMENSION top,
-                  JDIMENSION left, JDIMENSION height, JDIMENSION width, int *bad_window)
+/* Decode rows top .. top + height of the columns around left .. left + width into out, a buffer
+ * of height rows of out_cols RGB pixels each: row r of the decoded region starts at
+ * out + r * out_cols * 3, its column 0 being image column left - *shift. Returns 1, 0 where the
+ * payload must be decoded whole instead, and sets *bad_window for a window outside the image or
+ * a region wider than out_cols (the caller makes out_cols >= width + 3 iMCUs, or the image's). */
+static int decode(const unsigned char *data, size_t size, unsigned char *out, JDIMENSION out_cols,
+                  JDIMENSION top, JDIMENSION left, JDIMENSION height, JDIMENSION width,
+                  JDIMENSION *shift, int *bad_window)
 {
     struct jpeg_decompress_struct cinfo;
     struct guard err;
-    unsigned char *volatile row = NULL;
     volatile int ok = 0;
 
     cinfo.err = jpeg_std_error(&err.pub);
@@ -72,53 +75,37 @@ static int decode(const unsigned char *data, size_t size, unsigned char *out, JD
         goto done;
     }
     {
+        /* one iMCU of margin each side, so the upsampler's neighbours are those of a full decode */
         JDIMENSION imcu = (JDIMENSION)cinfo.max_h_samp_factor * DCTSIZE;
         JDIMENSION x0 = left > imcu ? left - imcu : 0;
         JDIMENSION x1 = left + width + imcu < cinfo.output_width ? left + width + imcu : cinfo.output_width;
         JDIMENSION xoff = x0, cw = x1 - x0, r;
-        size_t shift;
+        JSAMPROW rows[ROWS_PER_CALL];
         if (xoff > 0 || cw < cinfo.output_width)
             jpeg_crop_scanline(&cinfo, &xoff, &cw);
         else
             xoff = 0;
-        shift = (size_t)(left - xoff) * 3;
+        if (cinfo.output_width > out_cols) {
+            *bad_window = 1;
+            goto done;
+        }
+        *shift = left - xoff;
         if (top > 0 && jpeg_skip_scanlines(&cinfo, top) != top)
             goto done;
-        if (shift == 0 && cinfo.output_width == width) {
-            /* no columns to drop: decode straight into the output's rows, many per call */
-            JSAMPROW rows[ROWS_PER_CALL];
-            for (r = 0; r < height;) {
-                JDIMENSION k, n = height - r < ROWS_PER_CALL ? height - r : ROWS_PER_CALL, got;
-                for (k = 0; k < n; k++)
-                    rows[k] = out + (size_t)(r + k) * width * 3;
-                got = jpeg_read_scanlines(&cinfo, rows, n);
-                if (got == 0)
-                    goto done;
-                r += got;
-            }
-        } else {
-            JSAMPROW rows[ROWS_PER_CALL];
-            JDIMENSION k;
-            size_t stride = (size_t)cinfo.output_width * 3;
-            row = (unsigned char *)malloc(stride * ROWS_PER_CALL);
-            if (row == NULL)
+        /* straight into the caller's rows (no copy: the colour conversion's stores are the only
+         * writes to that memory), many rows per call */
+        for (r = 0; r < height;) {
+            JDIMENSION k, n = height - r < ROWS_PER_CALL ? height - r : ROWS_PER_CALL, got;
+            for (k = 0; k < n; k++)
+                rows[k] = out + (size_t)(r + k) * out_cols * 3;
+            got = jpeg_read_scanlines(&cinfo, rows, n);
+            if (got == 0)
                 goto done;
-            for (k = 0; k < ROWS_PER_CALL; k++)
-                rows[k] = row + k * stride;
-            for (r = 0; r < height;) {
-                JDIMENSION n = height - r < ROWS_PER_CALL ? height - r : ROWS_PER_CALL;
-                JDIMENSION got = jpeg_read_scanlines(&cinfo, rows, n);
-                if (got == 0)
-                    goto done;
-                for (k = 0; k < got; k++)
-                    memcpy(out + (size_t)(r + k) * width * 3, rows[k] + shift, (size_t)width * 3);
-                r += got;
-            }
+            r += got;
         }
         ok = 1;
     }
 done:
-    free(row);
     jpeg_destroy_decompress(&cinfo);
     return ok;
 }
@@ -127,11 +114,12 @@ static PyObject *decode_window(PyObject *self, PyObject *args)
 {
     Py_buffer src, dst;
     PyObject *target;
-    unsigned int top, left;
+    unsigned int top, left, width;
+    JDIMENSION shift = 0;
     int ok, bad_window = 0;
 
     (void)self;
-    if (!PyArg_ParseTuple(args, "y*OII", &src, &target, &top, &left))
+    if (!PyArg_ParseTuple(args, "y*OIII", &src, &target, &top, &left, &width))
         return NULL;
     if (PyObject_GetBuffer(target, &dst, PyBUF_WRITABLE | PyBUF_C_CONTIGUOUS) < 0) {
         PyBuffer_Release(&src);
@@ -140,29 +128,33 @@ static PyObject *decode_window(PyObject *self, PyObject *args)
     if (dst.ndim != 3 || dst.shape[2] != 3 || dst.itemsize != 1) {
         PyBuffer_Release(&src);
         PyBuffer_Release(&dst);
-        PyErr_SetString(PyExc_ValueError, "decode_window: out must be a C-contiguous H x W x 3 uint8 buffer");
+        PyErr_SetString(PyExc_ValueError, "decode_window: out must be a C-contiguous H x C x 3 uint8 buffer");
         return NULL;
     }
     {
-        JDIMENSION height = (JDIMENSION)dst.shape[0], width = (JDIMENSION)dst.shape[1];
+        JDIMENSION height = (JDIMENSION)dst.shape[0], cols = (JDIMENSION)dst.shape[1];
         Py_BEGIN_ALLOW_THREADS
-        ok = decode((const unsigned char *)src.buf, (size_t)src.len, (unsigned char *)dst.buf, top, left,
-                    height, width, &bad_window);
+        ok = decode((const unsigned char *)src.buf, (size_t)src.len, (unsigned char *)dst.buf, cols, top, left,
+                    height, width, &shift, &bad_window);
         Py_END_ALLOW_THREADS
         if (bad_window)
-            PyErr_Format(PyExc_ValueError, "decode_window: the %ux%u window at (%u, %u) is outside the image",
-                         height, width, top, left);
+            PyErr_Format(PyExc_ValueError, "decode_window: the %ux%u window at (%u, %u) is outside the image or "
+                         "wider than out's %u columns", height, width, top, left, cols);
     }
     PyBuffer_Release(&src);
     PyBuffer_Release(&dst);
     if (bad_window)
         return NULL;
-    return PyBool_FromLong(ok);
+    if (!ok)
+        Py_RETURN_NONE;
+    return PyLong_FromUnsignedLong(shift);
 }
 
 static PyMethodDef methods[] = {
     {"decode_window", decode_window, METH_VARARGS,
-     "decode_window(payload, out, top, left) -> bool: the window of out's H x W at (top, left), RGB"},
+     "decode_window(payload, out, top, left, width) -> shift or None: rows top .. top + H of the columns\n"
+     "around left .. left + width, RGB, into out (H x C x 3 uint8, C >= width + 96 or the image's width);\n"
+     "the window is out[:, shift:shift + width]. None: decode the payload whole instead (damaged, CMYK, ...)."},
     {NULL, NULL, 0, NULL},
 };
 

@@ -347,6 +347,9 @@ def decode_payload(
 
 #: (top, left, height, width) of a crop in an image.
 Window = tuple[int, int, int, int]
+#: Columns beyond a window's width that libjpeg may decode around it: one iMCU (up to 32 px) of
+#: margin each side, and up to one more where the left edge is rounded down to an iMCU boundary.
+_WINDOW_SLACK = 96
 
 
 def window_decoding() -> bool:
@@ -372,19 +375,23 @@ def decode_payload_window(
     (libjpeg-turbo skips the inverse DCT, upsampling and colour conversion of what lies outside
     it, and everything below it); payloads it refuses (an EXIF orientation to apply, damage,
     CMYK, 12-bit, a stored size that does not match) and other codecs are decoded whole and cut.
-    The result may be a view of a buffer the caller owns (``raw`` payloads in writable buffers).
+    The result may be a view (of the decode's wider rows, or of a ``raw`` payload's writable
+    buffer), rows strided like any crop's.
     Errors as :func:`decode_payload`; a window outside the image raises ValueError.
     """
     box = None
     if codec == "jpeg" and _jpegwindow is not None and height > 0 and width > 0 and not _oriented(payload):
         box = _checked_window(window, height, width, path, sample)
         top, left, h, w = box
-        out = np.empty((h, w, 3), np.uint8)
+        # Rows as wide as the columns libjpeg decodes (the window, a margin and the iMCU rounding),
+        # so that it writes the pixels where they stay: the window is a view of them.
+        out = np.empty((h, min(width, w + _WINDOW_SLACK), 3), np.uint8)
         try:
-            if _jpegwindow.decode_window(payload, out, top, left):
-                return out
+            shift = _jpegwindow.decode_window(payload, out, top, left, w)
         except ValueError:  # the payload's own size is not the stored one: decided below
-            pass
+            shift = None
+        if shift is not None:
+            return out[:, shift : shift + w]
     rgb = decode_payload(payload, codec, height, width, path=path, sample=sample)
     if box is None or rgb.shape[:2] != (height, width):
         return crop_window(rgb, window, path=path, sample=sample)

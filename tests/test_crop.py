@@ -65,7 +65,7 @@ def test_window_decode_is_the_whole_decode_cut(kind, monkeypatch):
         h = h or rng.randint(1, 83 - top)
         w = w or rng.randint(1, 121 - left)
         got = decode_payload_window(data, "jpeg", 83, 121, fixed(top, left, h, w))
-        assert got.shape == (h, w, 3) and got.flags.c_contiguous
+        assert got.shape == (h, w, 3) and got.strides[1:] == (3, 1)  # interleaved; rows may be wider
         np.testing.assert_array_equal(got, whole[top:top + h, left:left + w], err_msg=f"{kind} {top, left, h, w}")
     assert len(calls) == len(windows)  # every one decoded alone
 

@@ -51,10 +51,13 @@ def module() -> ModuleType | None:
 
 
 def decode_window(lib: ModuleType, payload: bytes, window: Window) -> np.ndarray | None:
-    """The window's RGB pixels, or None where the helper refuses the payload (damaged, CMYK, ...)."""
+    """The window's RGB pixels (a view of the decoded rows), or None where the module refuses the
+    payload (damaged, CMYK, ...)."""
     top, left, height, width = window
-    out = np.empty((height, width, 3), np.uint8)
-    return out if lib.decode_window(payload, out, top, left) else None
+    w_img = simplejpeg.decode_jpeg_header(payload)[1]
+    out = np.empty((height, min(w_img, width + 96), 3), np.uint8)
+    shift = lib.decode_window(payload, out, top, left, width)
+    return None if shift is None else out[:, shift:shift + width]
 
 
 def center_window(h: int, w: int, size: int = 224) -> Window:
