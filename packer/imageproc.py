@@ -409,15 +409,18 @@ def crop_window(rgb: np.ndarray, window: Callable[[int, int], Window], *, path: 
 
 def _checked_window(window: Callable[[int, int], Window], height: int, width: int, path: str | None,
                     sample: int | str | None) -> Window:
-    where = f"sample {sample} of {path}" if path is not None else f"sample {sample}"
     try:
-        top, left, h, w = (int(v) for v in window(height, width))
+        top, left, h, w = window(height, width)
     except ValueError as e:
-        raise ValueError(f"{where}: {e}") from None
-    if h <= 0 or w <= 0 or top < 0 or left < 0 or top + h > height or left + w > width:
-        raise ValueError(f"{where}: the {h}x{w} crop window at ({top}, {left}) does not fit the "
+        raise ValueError(f"{_where(path, sample)}: {e}") from None
+    if not (h > 0 and w > 0 and top >= 0 and left >= 0 and top + h <= height and left + w <= width):
+        raise ValueError(f"{_where(path, sample)}: the {h}x{w} crop window at ({top}, {left}) does not fit the "
                          f"{height}x{width} image")
     return top, left, h, w
+
+
+def _where(path: str | None, sample: int | str | None) -> str:
+    return f"sample {sample} of {path}" if path is not None else f"sample {sample}"
 
 
 def _turbo_decode(payload: bytes | memoryview) -> np.ndarray | None:
