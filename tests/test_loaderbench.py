@@ -52,3 +52,16 @@ def test_center_crop_pad():
     assert torch.equal(CenterCropPad(3)(x), x[:, 1:4, 2:5])
     y = CenterCropPad(6)(x)
     assert y.shape == (2, 6, 6) and torch.equal(y[:, :5, :6], x[:, :5, :6]) and y[:, 5].sum() == 0
+
+
+def test_bench_compares_the_crop_in_the_transform_and_in_the_reader(tiny_folder, tmp_path, capsys):
+    src, _ = tiny_folder
+    convert_imagefolder(src, tmp_path / "out", "lmdb", ConvertOptions())
+    rc = main(["bench", str(tmp_path / "out"), "--workers", "0", "--batch-sizes", "4", "--cache", "none",
+               "--samples", "8", "--crop", "24", "--crop-in", "transform,reader"])
+    assert rc == 0
+    out = capsys.readouterr().out
+    assert "| crop in |" in out and "| none | reader | 0 |" in out and "| none | transform | 0 |" in out
+    assert "recommended: DataLoader(num_workers=0" in out
+    assert main(["bench", str(tmp_path / "out"), "--crop-in", "model"]) in (1, 2)
+    assert "--crop-in takes transform, reader" in capsys.readouterr().err

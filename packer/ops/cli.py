@@ -520,6 +520,10 @@ def _add_bench(p: argparse.ArgumentParser) -> None:
                    help="collate_fn: packer (packer.datasets.collate), default (torch's) (default: both)")
     p.add_argument("--samples", type=int, default=2000, help="samples read per configuration (default: 2000)")
     p.add_argument("--crop", type=int, default=224, help="center crop so batches collate (default: 224)")
+    p.add_argument("--crop-in", default="transform",
+                   help="where the crop is made: transform (a center crop that pads small images), reader "
+                        "(open_dataset(..., crop=N): JPEGs decoded only in the crop's window; every image must be "
+                        "at least N a side), or both as transform,reader (default: transform)")
     p.add_argument("--json", action="store_true", help="print JSON instead of a table")
     p.add_argument("--plot", metavar="OUT.png", default=None,
                    help="also draw images/s against num_workers, a line per configuration, into a PNG (drawn with "
@@ -536,11 +540,14 @@ def _run_bench(a: argparse.Namespace) -> int:
     collates = [c for c in a.collate.split(",") if c]
     if not collates or any(c not in ("packer", "default") for c in collates):
         raise UsageError(f"packer bench: --collate takes packer, default; got {a.collate!r}")
+    crop_in = [c for c in a.crop_in.split(",") if c]
+    if not crop_in or any(c not in ("transform", "reader") for c in crop_in):
+        raise UsageError(f"packer bench: --crop-in takes transform, reader; got {a.crop_in!r}")
     read_manifest(a.path)  # a clear error before any worker starts
     pin = {"on": [True], "off": [False], "both": [False, True], None: None}[a.pin_memory]
     rows = run_bench(a.path, workers=_int_list(a.workers) if a.workers else None, pin=pin,
                      batch_sizes=_int_list(a.batch_sizes), caches=caches, collates=collates,
-                     samples=a.samples, crop=a.crop,
+                     samples=a.samples, crop=a.crop, crop_in=crop_in,
                      progress=not a.json and sys.stderr.isatty())
     best = recommend(rows)
     if a.plot:
@@ -553,8 +560,11 @@ def _run_bench(a: argparse.Namespace) -> int:
         return EXIT_OK
     print(format_table(rows))
     collate_arg = ", collate_fn=packer.datasets.collate" if best.collate == "packer" else ""
+    reader = [f"cache={best.cache!r}"] if best.cache != "none" else []
+    reader += [f"crop={a.crop}"] if best.crop_in == "reader" else []
     print(f"\nrecommended: DataLoader(num_workers={best.num_workers}, pin_memory={best.pin_memory}, "
-          f"batch_size={best.batch_size}{collate_arg})" + (f" with open_dataset(..., cache={best.cache!r})" if best.cache != "none" else "")
+          f"batch_size={best.batch_size}{collate_arg})"
+          + (f" with open_dataset(..., {', '.join(reader)})" if reader else "")
           + f": {best.images_per_s:.0f} images/s (fewest workers within 5% of the fastest)")
     return EXIT_OK
 

@@ -58,6 +58,9 @@ class BenchRow:
     mb_per_s: float
     first_batch_s: float
     collate: str = "default"
+    #: where the crop is made: ``"transform"`` (a center crop that pads small images) or
+    #: ``"reader"`` (``open_dataset(..., crop=N)``: JPEGs decoded only in the crop's window)
+    crop_in: str = "transform"
 
 
 def _measure(ds: Any, indices: list[int], workers: int, pin: bool, batch: int,
@@ -89,12 +92,16 @@ def run_bench(
     collates: list[str] | None = None,
     samples: int = 2000,
     crop: int = 224,
+    crop_in: list[str] | None = None,
     progress: bool = True,
 ) -> list[BenchRow]:
     """Measure every combination of the grid; return one row per configuration.
 
     ``collates`` holds ``"packer"`` and/or ``"default"`` (the DataLoader's collate_fn); with
     ``num_workers=0`` both are the same function, so only ``"default"`` is measured there.
+    ``crop_in`` holds ``"transform"`` (default: a center crop in ``transform``, zero-padding
+    smaller images) and/or ``"reader"`` (the reader's ``crop=``, which decodes only the crop's
+    window of each JPEG and raises ValueError for an image smaller than the crop).
     """
     from tqdm import tqdm
 
@@ -106,24 +113,27 @@ def run_bench(
     batch_sizes = batch_sizes or [64, 256]
     caches = caches or ["none", "decoded"]
     collates = collates or ["packer", "default"]
+    crop_in = crop_in or ["transform"]
     probe = open_dataset(path)
     n = len(probe)
     indices = np.random.default_rng(0).permutation(n)[: min(samples, n)].tolist()
     rows: list[BenchRow] = []
-    grid = [(c, w, p, b, k) for c, w, p, b, k in itertools.product(caches, workers, pin, batch_sizes, collates)
+    grid = [(c, m, w, p, b, k)
+            for c, m, w, p, b, k in itertools.product(caches, crop_in, workers, pin, batch_sizes, collates)
             if w > 0 or k == collates[-1]]
     bar = tqdm(grid, desc="bench", unit="cfg", disable=not progress, file=sys.stderr)
-    datasets: dict[str, Any] = {}
-    for cache, w, p, b, k in bar:
-        if cache not in datasets:
-            ds = open_dataset(path, transform=CenterCropPad(crop), cache=None if cache == "none" else cache)
+    datasets: dict[tuple[str, str], Any] = {}
+    for cache, where, w, p, b, k in bar:
+        if (cache, where) not in datasets:
+            how: dict[str, Any] = {"crop": crop} if where == "reader" else {"transform": CenterCropPad(crop)}
+            ds = open_dataset(path, cache=None if cache == "none" else cache, **how)
             if cache != "none":
                 for i in indices:  # warm: the cached steady state is what epochs 2+ see
                     ds[i]
-            datasets[cache] = ds
-        bar.set_postfix_str(f"cache={cache} workers={w} pin={p} batch={b} collate={k}")
-        ips, mbs, first = _measure(datasets[cache], indices, w, p, b, k if w > 0 else "default")
-        rows.append(BenchRow(w, p, b, cache, ips, mbs, first, k if w > 0 else "default"))
+            datasets[(cache, where)] = ds
+        bar.set_postfix_str(f"cache={cache} crop_in={where} workers={w} pin={p} batch={b} collate={k}")
+        ips, mbs, first = _measure(datasets[(cache, where)], indices, w, p, b, k if w > 0 else "default")
+        rows.append(BenchRow(w, p, b, cache, ips, mbs, first, k if w > 0 else "default", where))
     for ds in datasets.values():
         ds.close()
     return rows
@@ -139,10 +149,10 @@ def recommend(rows: list[BenchRow]) -> BenchRow:
 
 def format_table(rows: list[BenchRow]) -> str:
     """A markdown table of the rows."""
-    out = ["| cache | num_workers | pin_memory | batch_size | collate_fn | images/s | MB/s | first batch s |",
-           "|---|---|---|---|---|---|---|---|"]
+    out = ["| cache | crop in | num_workers | pin_memory | batch_size | collate_fn | images/s | MB/s | first batch s |",
+           "|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
-        out.append(f"| {r.cache} | {r.num_workers} | {r.pin_memory} | {r.batch_size} | {r.collate} | "
+        out.append(f"| {r.cache} | {r.crop_in} | {r.num_workers} | {r.pin_memory} | {r.batch_size} | {r.collate} | "
                    f"{r.images_per_s:.0f} | {r.mb_per_s:.0f} | {r.first_batch_s:.2f} |")
     return "\n".join(out)
 
@@ -160,16 +170,17 @@ _COLORS = [(31, 119, 180), (255, 127, 14), (44, 160, 44), (214, 39, 40), (148, 1
 
 def bench_series(rows: list[BenchRow]) -> dict[str, list[tuple[int, float]]]:
     """The rows as lines to plot: one per configuration besides ``num_workers`` (cache, batch size,
-    pin_memory, collate), each a list of (num_workers, images/s), named by the settings that differ
+    pin_memory, collate, where the crop is made), each a list of (num_workers, images/s), named by the settings that differ
     between lines. ``num_workers=0`` has one collate (the DataLoader calls it in this process), so
     its point joins the lines of both."""
     collates = sorted({r.collate for r in rows if r.num_workers > 0}) or ["default"]
     configs = {}
     for r in rows:
         for k in collates if r.num_workers == 0 else [r.collate]:
-            config = (("cache", r.cache), ("batch", r.batch_size), ("pin", r.pin_memory), ("collate", k))
+            config = (("cache", r.cache), ("batch", r.batch_size), ("pin", r.pin_memory), ("collate", k),
+                      ("crop_in", r.crop_in))
             configs.setdefault(config, []).append((r.num_workers, r.images_per_s))
-    varying = [i for i in range(4) if len({c[i][1] for c in configs}) > 1]
+    varying = [i for i in range(5) if len({c[i][1] for c in configs}) > 1]
     return {" ".join(f"{c[i][0]}={c[i][1]}" for i in varying) or "all": points for c, points in configs.items()}
 
 
