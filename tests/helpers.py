@@ -8,7 +8,21 @@ import numpy as np
 
 from tools.sample_images import draw, make_folder, write_image
 
-__all__ = ["draw", "write_image", "make_folder", "psnr", "pack", "forge_manifest_sizes", "records_by_key", "place_seed_by_spec", "fixed_image"]
+__all__ = ["draw", "write_image", "make_folder", "need_optional", "psnr", "pack", "forge_manifest_sizes", "records_by_key", "place_seed_by_spec", "fixed_image"]
+
+
+def need_optional(available: bool, reason: str) -> None:
+    """Skip the calling test with ``reason`` when an optional part of packer (a built C module,
+    torch's shared-memory batches, an importable extra) is absent here. Under
+    ``PACKER_REQUIRE_OPTIONAL=1`` (set by CI, which installs everything) the absence is a failure
+    instead, so no optional part can silently drop out of CI."""
+    import pytest
+
+    if available:
+        return
+    if os.environ.get("PACKER_REQUIRE_OPTIONAL") == "1":
+        pytest.fail(f"PACKER_REQUIRE_OPTIONAL=1 but {reason}")
+    pytest.skip(reason)
 
 
 def psnr(a: np.ndarray, b: np.ndarray) -> float:
