@@ -4,9 +4,10 @@ Returns the same batch as torch's ``default_collate`` (same structure, dtypes, s
 but in a worker it stacks the tensors into a few shared-memory buffers ("slots") that each worker
 creates once and reuses; the main process maps each slot once and rebuilds the batch as views of
 it, and hands the slot back when every view of that batch is freed. This removes the per-batch
-page faults of a fresh segment on both sides. In the main process, where ``memfd_create`` is
-missing, and on a torch version not known to work (:data:`KNOWN_GOOD_TORCH`) it is
-``default_collate``. Use it as the DataLoader's ``collate_fn``::
+page faults of a fresh segment on both sides. The slot path leans on torch internals, so it is
+decided by what this process's torch does, not by its version: :func:`slots_available` runs a
+self-test at import (a real batch through a slot, the pickler and back). Where it fails, or in the
+main process, ``collate`` is ``default_collate`` (one warning says why). As the ``collate_fn``::
 
     DataLoader(ds, batch_size=64, num_workers=4, collate_fn=packer.datasets.collate)
 
@@ -19,7 +20,6 @@ import gc
 import itertools
 import multiprocessing
 import os
-import re
 import threading
 import warnings
 import weakref
@@ -36,7 +36,7 @@ from torch.utils.data import default_collate, get_worker_info
 from .shm import SharedRegion, SlotTable
 from .worker_memory import settle_worker
 
-__all__ = ["collate", "MAX_SLOTS", "KNOWN_GOOD_TORCH"]
+__all__ = ["collate", "slots_available", "MAX_SLOTS"]
 
 #: Slots per worker process. Steady state needs about ``prefetch_factor`` + 2.
 MAX_SLOTS = 8
@@ -54,36 +54,19 @@ _ALIGN = 64
 _ROUND = 1 << 20  # slot capacities are whole MiB
 _STALE_AFTER = 4096  # received slot uses after which an idle mapping is dropped
 
-#: torch versions (major, minor) the slot path is tested with. It relies on torch internals: the
-#: private ``torch.utils.data._utils.collate`` (the recursive collate with a type map),
-#: ``torch._C._disabled_torch_function_impl`` and the tensor reduction of multiprocessing's
-#: pickler. On any other version ``collate`` is ``default_collate``, with one warning.
-KNOWN_GOOD_TORCH = ((2, 13),)
-
-
 def _torch_internals() -> tuple[Callable[..., Any], Callable[..., Any], dict] | None:
-    """torch's recursive collate, its tensor collate and its type map, on a known-good torch."""
-    match = re.match(r"(\d+)\.(\d+)", torch.__version__)
-    version = (int(match.group(1)), int(match.group(2))) if match else None
+    """torch's recursive collate, its tensor collate and its type map (the extension point that
+    ``default_collate``'s documentation names), or None where this torch lacks them."""
     try:
         from torch.utils.data._utils.collate import collate as recursive_collate
         from torch.utils.data._utils.collate import collate_tensor_fn, default_collate_fn_map
-
-        torch._C._disabled_torch_function_impl  # noqa: B018 - used by _SlotTensor
-    except (ImportError, AttributeError):
-        recursive_collate = None
-    if version in KNOWN_GOOD_TORCH and recursive_collate is not None:
-        return recursive_collate, collate_tensor_fn, default_collate_fn_map
-    if multiprocessing.parent_process() is None:  # once, in the main process, not per worker
-        known = ", ".join(f"{major}.{minor}" for major, minor in KNOWN_GOOD_TORCH)
-        warnings.warn(f"packer.datasets.collate: torch {torch.__version__} is not a version its "
-                      f"shared-memory batches are tested with ({known}); it uses torch's "
-                      f"default_collate instead", RuntimeWarning, stacklevel=2)
-    return None
+    except ImportError:
+        return None
+    return recursive_collate, collate_tensor_fn, default_collate_fn_map
 
 
 _TORCH = _torch_internals()
-_AVAILABLE = hasattr(os, "memfd_create") and _TORCH is not None
+_AVAILABLE = False  # set by the self-test below, at import
 
 
 def _align(n: int) -> int:
@@ -149,14 +132,15 @@ def _worker_release(slot: _Slot, gen: int, pid: int) -> None:
 class _Pool:
     """The slots of one worker process and the allocation state of the batch being built."""
 
-    def __init__(self) -> None:
+    def __init__(self, register: bool = True) -> None:
         self.slots: list[_Slot] = []
         self.taken: list[_Slot] = []
         self.expect = 0  # bytes the previous batch needed: new slots are sized for a whole batch
         self.used = 0
-        # At worker exit, after multiprocessing has flushed the result queue (its feeder thread is
-        # joined at exitpriority -5), so no batch is still being pickled from a closed slot.
-        util.Finalize(self, _retire_all, args=(self.slots,), exitpriority=-10)
+        if register:
+            # At worker exit, after multiprocessing has flushed the result queue (its feeder thread
+            # is joined at exitpriority -5), so no batch is still being pickled from a closed slot.
+            util.Finalize(self, _retire_all, args=(self.slots,), exitpriority=-10)
 
     def begin(self) -> None:
         self.taken = []
@@ -334,12 +318,16 @@ def collate(batch: list[Any]) -> Any:
     worker the tensors are stacked into slots of shared memory that the worker reuses once the
     main process has freed the previous batch in that slot (see the module documentation),
     which removes the per-batch page faults of a fresh segment on both sides. In the main
-    process, and where ``memfd_create`` is missing, it is ``default_collate`` itself.
+    process, and where the import-time self-test failed (:func:`slots_available` says why), it is
+    ``default_collate`` itself.
 
     Args:
         batch: the list of samples the DataLoader's sampler selected.
     """
-    if not _AVAILABLE or get_worker_info() is None:
+    if get_worker_info() is None:
+        return default_collate(batch)
+    if not _AVAILABLE:
+        settle_worker()
         return default_collate(batch)
     pool = _worker_pool()
     pool.begin()
@@ -470,3 +458,93 @@ def _after_fork_in_child() -> None:
 if hasattr(os, "register_at_fork"):
     os.register_at_fork(after_in_child=_after_fork_in_child)
 gc.callbacks.append(_gc_sweep)
+
+
+# --------------------------------------------------------------------------------------------
+# The self-test: whether the slot path works with this process's torch
+# --------------------------------------------------------------------------------------------
+
+_WHY_OFF = "not tested yet"
+
+
+def _probe_batch() -> list[tuple[torch.Tensor, int, dict[str, torch.Tensor]]]:
+    images = torch.arange(2 * 5 * 7 * 3, dtype=torch.uint8).reshape(2, 5, 7, 3)
+    return [(images[i].permute(2, 0, 1), 40 + i, {"f": torch.full((2,), i / 4)}) for i in range(2)]
+
+
+def _probe() -> str:
+    """Send one batch the way a worker does and receive it the way the main process does, all in
+    this process: collate into a slot (torch's recursive collate with packer's type map), pickle
+    with multiprocessing's pickler, rebuild from the slot's mapping, compare with
+    ``default_collate``, and check that freeing the batch hands the slot back. Returns "" when every
+    step behaves, else what failed."""
+    global _pool
+    if not hasattr(os, "memfd_create"):
+        return "this platform has no memfd_create"
+    if _TORCH is None:
+        return "torch.utils.data._utils.collate (collate, collate_tensor_fn, default_collate_fn_map) is missing"
+    batch = _probe_batch()
+    saved, _pool = _pool, _Pool(register=False)
+    key = None
+    try:
+        _pool.begin()
+        sent = _TORCH[0](batch, collate_fn_map=_COLLATE_MAP)
+        _pool.end(True)
+        if not _pool.slots or type(sent[0]) is not _SlotTensor:
+            return "torch's recursive collate did not call packer's tensor collate for a Tensor"
+        slot = _pool.slots[0]
+        key = slot.key
+        with _rx_lock:
+            _rx[key] = _Mapping(slot.fd, os.fstat(slot.fd).st_size, key)
+        slot.header["receiver"] = os.getppid()  # as a worker whose parent holds the mapping: key alone
+        data = bytes(reduction.ForkingPickler.dumps(sent))
+        if b"_rebuild_slot_tensor" not in data:
+            return "multiprocessing's pickler did not use packer's reduction for a slot tensor"
+        del sent
+        got = reduction.ForkingPickler.loads(data)
+        want = default_collate(_probe_batch())
+        if not _same(got, want):
+            return "a batch sent through a slot differs from default_collate's"
+        del got  # its views are freed here (no cycles): the finalizer hands the slot back
+        if slot.header["state"] != _FREE:
+            return "freeing a received batch did not hand its slot back"
+        return ""
+    except Exception as exc:  # noqa: BLE001 - any failure of torch's internals turns the path off
+        return f"{type(exc).__name__}: {exc}"
+    finally:
+        with _rx_lock:
+            if key is not None:
+                _rx.pop(key, None)
+        _retire_all(_pool.slots)
+        _pool = saved
+
+
+def _same(a: Any, b: Any) -> bool:
+    """Same structure, types, dtypes, shapes and values (tensors must be plain ``torch.Tensor``)."""
+    if isinstance(b, torch.Tensor):
+        return type(a) is torch.Tensor and a.dtype == b.dtype and a.shape == b.shape and torch.equal(a, b)
+    if type(a) is not type(b):
+        return False
+    if isinstance(b, dict):
+        return a.keys() == b.keys() and all(_same(a[k], b[k]) for k in b)
+    if isinstance(b, (list, tuple)):
+        return len(a) == len(b) and all(_same(x, y) for x, y in zip(a, b))
+    return a == b
+
+
+def slots_available() -> tuple[bool, str]:
+    """Whether ``collate`` builds batches in shared-memory slots in this process's workers, and if
+    not, why: the result of the self-test run at import (:func:`_probe`), never of a version check."""
+    return _AVAILABLE, _WHY_OFF
+
+
+def _self_test() -> None:
+    global _AVAILABLE, _WHY_OFF
+    _WHY_OFF = _probe()
+    _AVAILABLE = not _WHY_OFF
+    if _WHY_OFF and multiprocessing.parent_process() is None:  # once, in the main process
+        warnings.warn(f"packer.datasets.collate: shared-memory batches are off ({_WHY_OFF}); it uses "
+                      f"torch's default_collate", RuntimeWarning, stacklevel=2)
+
+
+_self_test()

@@ -501,6 +501,17 @@ def _run_demo(a: argparse.Namespace) -> int:
     return run_demo(a.workdir, a.classes, a.per_class, a.workers)
 
 
+# -- doctor -------------------------------------------------------------------------------------
+def _add_doctor(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--json", action="store_true", help="print one JSON object")
+
+
+def _run_doctor(a: argparse.Namespace) -> int:
+    from .doctor import run_doctor
+
+    return run_doctor(a.json)
+
+
 # -- bench --------------------------------------------------------------------------------------
 def _int_list(text: str) -> list[int]:
     try:
@@ -636,6 +647,7 @@ COMMANDS: dict[str, tuple[str, Callable[[argparse.ArgumentParser], None], Callab
     "bench": ("measure the DataLoader alone over a grid of settings", _add_bench, _run_bench),
     "merge": ("merge packed datasets of one format, made separately, into one", _add_merge, _run_merge),
     "preview": ("draw a contact sheet of seeded samples with their class names", _add_preview, _run_preview),
+    "doctor": ("say what this machine gives packer (paste it into bug reports)", _add_doctor, _run_doctor),
 }
 
 

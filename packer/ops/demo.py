@@ -87,9 +87,13 @@ def run_demo(workdir: str | None = None, classes: int = 8, per_class: int = 64, 
     from torch.utils.data import DataLoader
 
     from packer.datasets import collate, open_dataset
+    from packer.datasets.collation import slots_available
     from packer.imageproc import ProcessOptions, parse_encoding, parse_resize
     from packer.ops.engine import ConvertOptions, convert_imagefolder
 
+    slots, why = slots_available()
+    print("packer demo (`python -m packer doctor` says what this machine gives packer: torch, "
+          "decoders, shared memory)")
     with tempfile.TemporaryDirectory(prefix="packer-demo-") as tmp:
         base = workdir or tmp
         src, dst = os.path.join(base, "sample"), os.path.join(base, "sample.lmdb")
@@ -116,8 +120,9 @@ def run_demo(workdir: str | None = None, classes: int = 8, per_class: int = 64, 
             seen.extend(labels.tolist())
         dt = time.perf_counter() - t0
         counts = np.bincount(seen, minlength=classes).tolist()
+        batches = "in reused shared memory" if slots else f"by torch's default_collate: slots are off, {why}"
         print(f"3. read one epoch through DataLoader(batch_size=64, num_workers={workers}, "
-              f"collate_fn=packer.datasets.collate): {len(seen)} images "
+              f"collate_fn=packer.datasets.collate; batches {batches}): {len(seen)} images "
               f"in {dt:.2f} s = {len(seen) / dt:.0f} img/s (includes worker start-up), "
               f"batches of {tuple(images.shape)} {images.dtype}")
         print(f"   images per class: {dict(zip(ds.classes, counts))}")
