@@ -8,7 +8,7 @@ import numpy as np
 
 from tools.sample_images import draw, make_folder, write_image
 
-__all__ = ["draw", "write_image", "make_folder", "need_optional", "psnr", "pack", "forge_manifest_sizes", "records_by_key", "place_seed_by_spec", "fixed_image"]
+__all__ = ["draw", "write_image", "make_folder", "need_optional", "import_optional", "psnr", "pack", "forge_manifest_sizes", "records_by_key", "place_seed_by_spec", "fixed_image"]
 
 
 def need_optional(available: bool, reason: str) -> None:
@@ -21,8 +21,19 @@ def need_optional(available: bool, reason: str) -> None:
     if available:
         return
     if os.environ.get("PACKER_REQUIRE_OPTIONAL") == "1":
-        pytest.fail(f"PACKER_REQUIRE_OPTIONAL=1 but {reason}")
-    pytest.skip(reason)
+        pytest.fail(f"PACKER_REQUIRE_OPTIONAL=1 but {reason}", pytrace=False)
+    pytest.skip(reason, allow_module_level=True)
+
+
+def import_optional(name: str, reason: str):  # noqa: ANN201 - a module
+    """``pytest.importorskip`` for an optional dependency, through :func:`need_optional`: the
+    module, or a skip with ``reason`` (a failure under ``PACKER_REQUIRE_OPTIONAL=1``)."""
+    import importlib
+
+    try:
+        return importlib.import_module(name)
+    except ImportError as exc:
+        need_optional(False, f"{reason} ({exc})")
 
 
 def psnr(a: np.ndarray, b: np.ndarray) -> float:

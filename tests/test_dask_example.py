@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from tests.helpers import make_folder
+from tests.helpers import import_optional, make_folder
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 DOC = os.path.join(ROOT, "docs", "distributed.md")
@@ -27,7 +27,7 @@ def example_code() -> str:
 
 @pytest.mark.slow
 def test_dask_example_runs_as_written(tmp_path):
-    pytest.importorskip("dask.distributed", reason="the [dask] extra is not installed")
+    import_optional("dask.distributed", "the [dask] extra is not installed")
     from packer.datasets import open_dataset
 
     src = str(tmp_path / "src")

@@ -17,6 +17,7 @@ import pytest
 
 from packer.datasets import open_dataset
 from packer.errors import CorruptDataError
+from tests.helpers import import_optional
 from tools import faultlib as fl
 
 FORMATS = fl.FORMATS
@@ -146,7 +147,7 @@ def test_workers_exit_when_the_converter_is_killed(source, tmp_path):
     import subprocess
     import time
 
-    psutil = pytest.importorskip("psutil")
+    psutil = import_optional("psutil", "needs psutil (the [test] extra)")
     dst = str(tmp_path / "out")
     proc = subprocess.Popen(fl.convert_argv("lmdb", source, dst, workers=2), stdout=subprocess.DEVNULL,
                             stderr=subprocess.DEVNULL)

@@ -20,12 +20,12 @@ from packer.datasets import StreamingDataset, open_dataset
 from packer.errors import DatasetChangedError
 from packer.manifest import read_manifest
 from packer.storage import Remote, RemoteError, read_remote_manifest
-from tests.helpers import make_folder, pack
+from tests.helpers import import_optional, make_folder, pack
 from tests.test_ddp import free_port
 
-gcsfs = pytest.importorskip("gcsfs", reason="gs:// tests need gcsfs: pip install 'packer[gcs]'")
-emulator = pytest.importorskip("gcp_storage_emulator.server",
-                               reason="gs:// tests need the GCS emulator: pip install gcp-storage-emulator")
+gcsfs = import_optional("gcsfs", "gs:// tests need gcsfs: pip install 'packer[gcs]'")
+emulator = import_optional("gcp_storage_emulator.server",
+                           "gs:// tests need the GCS emulator: pip install gcp-storage-emulator")
 
 BUCKET = "packed"
 FIELDS = ("image", "label", "key")

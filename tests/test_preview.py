@@ -15,7 +15,7 @@ from packer.ops.cli import main
 from packer.ops.loaderbench import BenchRow, bench_series
 from packer.ops.preview import caption_text, contact_sheet
 from packer.registry import format_names
-from tests.helpers import pack
+from tests.helpers import import_optional, pack
 
 TILE, CAPTION, GAP = 160, 22, 4
 BACKGROUND = (32, 32, 32)
@@ -87,7 +87,7 @@ def test_caption_text():
 
 
 def test_preview_of_a_url_reads_only_what_it_shows(tiny_folder, tmp_path, capsys):
-    pytest.importorskip("aiohttp")
+    import_optional("aiohttp", "http(s):// reads need the [http] extra")
     src, _ = tiny_folder
     dst = pack(src, str(tmp_path / "ds"), "tar", writer={"shard_samples": 4}).output
     gets: list[str] = []

@@ -24,10 +24,10 @@ from packer.storage import (
     read_remote_manifest,
     upload_dataset,
 )
-from tests.helpers import make_folder, pack
+from tests.helpers import import_optional, make_folder, pack
 
-pytest.importorskip("s3fs")
-moto_server = pytest.importorskip("moto.server")
+import_optional("s3fs", "s3:// tests need s3fs: pip install 'packer[s3]'")
+moto_server = import_optional("moto.server", "s3:// tests need moto's server: pip install 'moto[server]'")
 
 FORMATS = ["lmdb", "hdf5", "tar", "tfrecord"]
 

@@ -25,7 +25,7 @@ from packer.datasets.partition import World, epoch_counts, plan
 from packer.imageproc import ProcessOptions, parse_encoding, parse_resize
 from packer.ops.engine import ConvertOptions, convert_imagefolder
 from packer.registry import format_names, get_format
-from tests.helpers import write_image
+from tests.helpers import import_optional, write_image
 
 N = 23  # samples: odd, so two ranks pad one and three ranks pad one
 SHARD = 5  # samples per shard for sharded formats: 5 shards, the last one short
@@ -328,7 +328,7 @@ def test_unshuffled_single_rank_reads_in_stored_order(packed):
 @pytest.mark.parametrize("workers,persistent", [(0, False), (2, False), (2, True)])
 @pytest.mark.filterwarnings("ignore:'set_vital' is deprecated")
 def test_stateful_dataloader_resumes_the_epoch(packed, workers, persistent):
-    tdl = pytest.importorskip("torchdata.stateful_dataloader")
+    tdl = import_optional("torchdata.stateful_dataloader", "needs torchdata (the [test] extra)")
     ds = stream(packed, rank=1, world_size=2)
     dl = loader(ds, workers, persistent=persistent, cls=tdl.StatefulDataLoader)
     epoch_ids(dl)  # epoch 0
