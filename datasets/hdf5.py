@@ -1,32 +1,5 @@
-"""``HDF5Dataset``: map-style reader for packed HDF5 files (layout: packer.layouts.hdf5).
-
-Reading a sample does not go through h5py. When the reader is built (for a dataset at a URL:
-when a process first reads), the small per-sample datasets (labels, offsets, shapes, CRCs) are
-loaded into NumPy arrays and checked against their ``crc32c`` attributes, the file address of
-every chunk of ``/images`` is looked up once (``chunk_iter``), and the h5py file is closed again.
-``ds[i]`` is then one ``os.pread`` of the sample's bytes, a CRC32C and the decode, with no h5py
-call (docs/benchmarks.md, section 5). Why the payload is a flat byte array plus offsets is in the
-writer's docstring.
-
-Fork and spawn: no h5py file stays open between calls, so no HDF5 file handle, and no HDF5
-library state tied to an open file, is ever inherited by a DataLoader worker; the OS file
-descriptor a worker inherits is replaced in that worker on first use (PackedDataset checks the
-pid). The index arrays are loaded once: forked workers read the parent's (shared pages), and
-spawn/forkserver workers receive them in one shared memfd region, so a node holds one copy
-whatever the number of workers (~32 bytes a sample: 41 MB for ImageNet's 1.28M;
-docs/benchmarks.md, section 8). A plain pickle carries no index; its copy loads its own. Keys,
-needed only by ``read_record``, are read in blocks through a short-lived h5py open. Files are
-opened read-only with ``locking=False``: a dataset with a manifest is complete and never written
-again (as LMDB's ``lock=False``), and HDF5's file locks fail on some network file systems.
-
-An ``/images`` dataset stored in a way a plain read cannot follow (a compression filter added by
-``h5repack``, compact storage) is read through h5py instead, opened in the reading process.
-
-Damage and hostile files: every per-sample dataset must have the expected numeric dtype (no
-object or variable-length types, which h5py would turn into Python objects) and match its
-``crc32c`` attribute; every ``pread`` is checked against the file's real size before a buffer is
-allocated; each payload is checked against its CRC32C and each key against ``/key_crc32c``; h5py
-and HDF5 errors become CorruptDataError naming the file (and the sample where there is one).
+"""``HDF5Dataset``: map-style reader for packed HDF5 files (layout: packer.layouts.hdf5); how it
+reads without h5py, under fork and spawn, and what it refuses: docs/datasets.md ("HDF5Dataset").
 """
 
 from __future__ import annotations

@@ -1,38 +1,6 @@
 """Memory settings for DataLoader worker processes, applied by packer's readers and collate at a
 worker's first read or batch (:func:`settle_worker`): glibc malloc thresholds, and the garbage
-collector's view of what the worker inherited.
-
-**Inherited objects.** A forked worker inherits the main process's objects (torch, numpy, the
-dataset: ~170,000 of them in a training script) with the collector's counts. Where the main
-process is due a full collection, the worker makes it soon after it starts: it walks every
-inherited object and writes to its header, which copies every page that holds one into the worker
-(thousands of page faults per worker, every epoch with non-persistent workers; figures in
-docs/benchmarks.md, section 7).
-``gc.freeze()`` moves them to the permanent generation before that can happen; the worker still
-collects what it allocates itself, and what it inherited is freed when it exits. The main process
-is never changed. The freeze is made in the child of every ``os.fork`` of a process that imported
-``packer.datasets`` (an ``os.register_at_fork`` hook: torch forks the workers, so the first
-moment packer's code runs in one, its first read, can already be after that collection), and
-again at a worker's first read or batch where the worker was not forked (spawn, forkserver). The
-same holds for any other process forked without ``exec`` (the freeze is what Python's
-documentation of ``gc.freeze`` advises for them). ``gc.get_freeze_count()`` walks every frozen
-object, so it is never asked.
-
-**malloc.**
-
-A worker allocates and frees the same large buffers over and over: a read buffer and a decoded
-image per sample (~200 kB for 256 x 341 RGB), 64 of them alive until the batch is collated. glibc
-serves blocks above its mmap threshold (128 kB, raised dynamically only up to the largest block
-freed so far) with ``mmap`` and gives freed memory at the top of the heap back to the kernel
-above its trim threshold (twice the mmap threshold). Either way the next buffer is fresh memory
-that the kernel zero-fills one 4 kB page fault at a time: ~50 faults per image (the gain is
-measured in docs/benchmarks.md).
-
-In a DataLoader worker (``get_worker_info()`` is set), on glibc, the first read or collate sets
-``M_MMAP_THRESHOLD`` to 4 MiB and ``M_TRIM_THRESHOLD`` to 64 MiB, so freed buffers are reused
-without faults; a worker then keeps up to 64 MiB of freed heap instead of returning it at once.
-The main process is never changed. Set ``PACKER_MALLOC_TUNING=0`` to opt out; a process started
-with glibc's own ``MALLOC_MMAP_THRESHOLD_`` or ``MALLOC_TRIM_THRESHOLD_`` is left alone.
+collector's view of what the worker inherited. Why and how: docs/datasets.md ("Worker memory").
 """
 
 from __future__ import annotations

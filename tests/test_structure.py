@@ -1,0 +1,127 @@
+"""The house rules of the source tree, checked on every run so that they do not drift.
+
+- functions and methods are at most 60 lines, not counting their docstring;
+- module docstrings are at most 20 lines (user guides live in docs/);
+- no module edits ``sys.path`` (packages import as installed, tools and tests as packages);
+- readers (``packer.datasets``) import no writer (``packer.converters``);
+- format names are compared only in the formats' own modules and the registry.
+"""
+
+from __future__ import annotations
+
+import ast
+import os
+from collections.abc import Iterator
+
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+TREES = ("packer", "converters", "datasets", "tests")
+MAX_FUNCTION_LINES = 60
+MAX_MODULE_DOCSTRING_LINES = 20
+FORMAT_NAMES = {"lmdb", "hdf5", "tar", "tfrecord"}
+#: Where a format's name may be compared: its layout, writer and reader, and the registry.
+FORMAT_HOMES = ("packer/layouts/", "converters/", "datasets/lmdb.py", "datasets/hdf5.py", "datasets/tar.py",
+                "datasets/tfrecord.py", "packer/registry.py")
+
+
+def _modules(trees: tuple[str, ...] = TREES) -> Iterator[tuple[str, ast.Module]]:
+    for tree in trees:
+        for folder, dirs, files in os.walk(os.path.join(ROOT, tree)):
+            dirs[:] = sorted(d for d in dirs if d not in ("__pycache__", "data"))
+            for name in sorted(files):
+                if name.endswith(".py"):
+                    path = os.path.join(folder, name)
+                    with open(path, encoding="utf-8") as f:
+                        yield os.path.relpath(path, ROOT), ast.parse(f.read(), path)
+
+
+def _body_lines(node: ast.FunctionDef | ast.AsyncFunctionDef) -> int:
+    body = node.body
+    if body and isinstance(body[0], ast.Expr) and isinstance(body[0].value, ast.Constant) \
+            and isinstance(body[0].value.value, str):
+        body = body[1:] or body
+    return body[-1].end_lineno - body[0].lineno + 1
+
+
+def test_functions_are_at_most_60_lines():
+    long = [f"{path}:{node.lineno} {node.name} ({_body_lines(node)} lines)"
+            for path, module in _modules() for node in ast.walk(module)
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and _body_lines(node) > MAX_FUNCTION_LINES]
+    assert not long, "split these functions:\n" + "\n".join(long)
+
+
+def test_module_docstrings_are_at_most_20_lines():
+    long = []
+    for path, module in _modules():
+        doc = ast.get_docstring(module, clean=False)
+        if doc is not None and len(doc.strip("\n").splitlines()) > MAX_MODULE_DOCSTRING_LINES:
+            long.append(f"{path} ({len(doc.strip(chr(10)).splitlines())} lines)")
+    assert not long, "move the guide to docs/ and keep a line or two:\n" + "\n".join(long)
+
+
+def _is_sys_path(node: ast.AST) -> bool:
+    return isinstance(node, ast.Attribute) and node.attr == "path" and isinstance(node.value, ast.Name) \
+        and node.value.id == "sys"
+
+
+def test_no_module_edits_sys_path():
+    edits = []
+    for path, module in _modules():
+        for node in ast.walk(module):
+            target = None
+            if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute):
+                target = node.func.value
+            elif isinstance(node, (ast.Assign, ast.AugAssign)):
+                target = node.targets[0] if isinstance(node, ast.Assign) else node.target
+                target = target.value if isinstance(target, ast.Subscript) else target
+            if target is not None and _is_sys_path(target):
+                edits.append(f"{path}:{node.lineno}")
+    assert not edits, "import as a package instead of editing sys.path:\n" + "\n".join(edits)
+
+
+def _imports(module: ast.Module, package: str) -> Iterator[tuple[int, str]]:
+    for node in ast.walk(module):
+        if isinstance(node, ast.Import):
+            yield from ((node.lineno, alias.name) for alias in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:  # relative: resolve against the importing package
+                parts = package.split(".")[: len(package.split(".")) - node.level + 1]
+                base = ".".join(parts + ([base] if base else []))
+            yield node.lineno, base
+
+
+def test_readers_import_no_writer():
+    found = [f"{path}:{line} imports {name}" for path, module in _modules(("datasets",))
+             for line, name in _imports(module, "packer.datasets")
+             if name == "packer.converters" or name.startswith("packer.converters.")]
+    assert not found, "readers must not import writers:\n" + "\n".join(found)
+
+
+def _compares_format_name(node: ast.AST) -> bool:
+    if not isinstance(node, ast.Compare):
+        return False
+    values = [node.left, *node.comparators]
+    for value in values:
+        if isinstance(value, ast.Constant) and value.value in FORMAT_NAMES:
+            return True
+        if isinstance(value, (ast.Tuple, ast.List, ast.Set)) and any(
+                isinstance(e, ast.Constant) and e.value in FORMAT_NAMES for e in value.elts):
+            return True
+    return False
+
+
+def test_format_names_are_compared_only_in_the_formats_own_modules():
+    found = [f"{path}:{node.lineno}" for path, module in _modules(("packer", "converters", "datasets"))
+             if not path.startswith(FORMAT_HOMES) for node in ast.walk(module) if _compares_format_name(node)]
+    assert not found, "ask the format's registry record instead of comparing its name:\n" + "\n".join(found)
+
+
+@pytest.mark.parametrize("source, lines", [
+    ("def f():\n    '''doc\n    more'''\n    a = 1\n    return a\n", 2),
+    ("def f():\n    return 1\n", 1),
+])
+def test_the_line_count_leaves_out_the_docstring(source, lines):
+    node = ast.parse(source).body[0]
+    assert _body_lines(node) == lines
