@@ -89,6 +89,9 @@ def _add_convert(p: argparse.ArgumentParser) -> None:
                    help="use this class list (a packed dataset's, e.g. the training set's, or a text file with one "
                         "name per line) so labels line up; a source class not in it is an error")
     g.add_argument("--root", help="list source: the folder its paths are relative to (default: the list's folder)")
+    g.add_argument("--allow-outside-root", action="store_true", default=None,
+                   help="list source: accept rows whose paths lead outside --root (../x.jpg, absolute paths "
+                        "elsewhere); refused by default")
     g.add_argument("--path-column", help="list source: the column of image paths (default: path, file, filename "
                                          "or image)")
     g.add_argument("--label-column", help="list source: the label column (default: label, labels, class or target)")
@@ -194,7 +197,7 @@ def _run_convert(a: argparse.Namespace) -> int:
     return _convert_to_url(a)
 
 
-_LIST_ONLY = ("root", "path_column", "label_column")
+_LIST_ONLY = ("root", "path_column", "label_column", "allow_outside_root")
 
 
 def pinned_classes(spec: str) -> list[str]:
@@ -273,7 +276,8 @@ def _convert_local(a: argparse.Namespace) -> int:
 
         try:
             report = convert_list(a.src, a.dst, a.dst_format, options, root=a.root, path_column=a.path_column,
-                                  label_column=a.label_column, label_kind=a.label_kind, label_sep=a.label_sep)
+                                  label_column=a.label_column, label_kind=a.label_kind, label_sep=a.label_sep,
+                                  allow_outside_root=bool(a.allow_outside_root))
         except ValueError as e:  # metadata that cannot be stored, named by its item
             from ..errors import SourceError
 
