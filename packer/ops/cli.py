@@ -226,35 +226,37 @@ def pinned_classes(spec: str) -> list[str]:
 
 def _convert_to_url(a: argparse.Namespace) -> int:
     """Convert into a local folder of the node cache, uploading each file as it is finished (the
-    manifest last); the folder's name comes from the URL, so --resume finds it again."""
-    import hashlib
+    manifest last); the folder's name comes from the URL, so --resume finds it again. The folder
+    is claimed before anything in it is touched and until the upload has finished, so a second
+    conversion to the URL on this node is refused and removes nothing."""
     import shutil
 
+    from ..filesystem import claim_destination
     from ..nodecache import NodeCache
-    from ..storage import Uploader, check_remote_destination, watch_uploads
+    from ..storage import Uploader, check_remote_destination, upload_folder, watch_uploads
 
     url = a.dst
-    uploader = Uploader(check_remote_destination(url, _storage(a), a.overwrite))
-    work = os.path.join(NodeCache(a.cache_dir).root, "uploads", hashlib.sha256(url.encode()).hexdigest()[:16])
-    os.makedirs(work, exist_ok=True)
-    a.dst = os.path.join(work, "dataset")
-    if os.path.lexists(a.dst):
-        shutil.rmtree(a.dst)  # the last run's copy, uploaded already
-    keep = False
-    try:
-        with watch_uploads(uploader, a.dst):
-            status = _convert_local(a)
-        from ..manifest import read_manifest
+    work = upload_folder(NodeCache(a.cache_dir).root, url)
+    with claim_destination(work, shown=url):
+        uploader = Uploader(check_remote_destination(url, _storage(a), a.overwrite))
+        a.dst = os.path.join(work, "dataset")
+        if os.path.lexists(a.dst):
+            shutil.rmtree(a.dst)  # an earlier run's finished copy; the upload record says what is uploaded
+        keep = False
+        try:
+            with watch_uploads(uploader, a.dst):
+                status = _convert_local(a)
+            from ..manifest import read_manifest
 
-        uploader.finish(a.dst, read_manifest(a.dst))
-        print(f"uploaded to {url}")
-        return status
-    except BaseException as e:
-        keep = getattr(e, "partial_output", None) is not None
-        raise
-    finally:
-        if not keep:
-            shutil.rmtree(work, ignore_errors=True)
+            uploader.finish(a.dst, read_manifest(a.dst))
+            print(f"uploaded to {url}")
+            return status
+        except BaseException as e:
+            keep = getattr(e, "partial_output", None) is not None
+            raise
+        finally:
+            if not keep:
+                shutil.rmtree(work, ignore_errors=True)
 
 
 def _convert_local(a: argparse.Namespace) -> int:
