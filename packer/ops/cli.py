@@ -283,6 +283,8 @@ def _convert_local(a: argparse.Namespace) -> int:
         except ValueError as e:  # metadata that cannot be stored, named by its item
             from ..errors import SourceError
 
+            if isinstance(e, SourceError):  # names the list already
+                raise
             raise SourceError(f"{a.src}: {e}") from None
     elif a.src_format == "imagefolder":
         report = convert_imagefolder(a.src, a.dst, a.dst_format, options)

@@ -128,9 +128,9 @@ def _inside(base: str, full: str) -> bool:
 def _outside_error(path: str, base: str, root_given: bool, outside: list[tuple[int, str]]) -> SourceError:
     shown = ", ".join(f"line {n}: {rel!r}" for n, rel in outside[:5])
     more = f", ... ({len(outside)} rows in all)" if len(outside) > 5 else ""
-    what = "--root" if root_given else "the list's folder (no --root given)"
-    return SourceError(f"{path}: {len(outside)} row(s) lie outside {what} {base}: {shown}{more}; pass the folder "
-                       f"that holds them as --root, or --allow-outside-root if the list means it")
+    what = f"--root {base}" if root_given else f"the list's folder {base} (no --root given)"
+    return SourceError(f"{path}: {len(outside)} row(s) lie outside {what}: {shown}{more}; pass the folder that "
+                       f"holds them as --root, or --allow-outside-root if the list means it")
 
 
 def _column(path: str, rows: list[tuple[int, dict[str, Any]]], given: str | None, candidates: Sequence[str],
