@@ -94,11 +94,11 @@ def _owner(fd: int) -> str:
 
 
 @contextlib.contextmanager
-def claim_destination(dst: str | os.PathLike[str]) -> Iterator[None]:
+def claim_destination(dst: str | os.PathLike[str], shown: str | None = None) -> Iterator[None]:
     """Own ``dst`` for the duration of the block: one conversion per destination at a time.
 
     Raises :class:`~packer.errors.DestinationBusyError` naming the owner when another process
-    holds the claim. The lock file is removed when the block ends; one left by a killed run holds
+    holds the claim (and ``shown`` in place of ``dst``: the URL a local folder stands for). The lock file is removed when the block ends; one left by a killed run holds
     no lock and is taken over. Re-entrant within a process (an operation that claims ``dst`` may
     call another that claims it too).
     """
@@ -119,8 +119,8 @@ def claim_destination(dst: str | os.PathLike[str]) -> Iterator[None]:
                 if e.errno not in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
                     raise
                 raise DestinationBusyError(
-                    f"{os.fspath(dst)} is being written by another conversion ({_owner(fd)}); wait for it to "
-                    f"finish or stop it (lock: {path})", path=os.fspath(dst),
+                    f"{shown or os.fspath(dst)} is being written by another conversion ({_owner(fd)}); wait for "
+                    f"it to finish or stop it (lock: {path})", path=shown or os.fspath(dst),
                 ) from None
             # The owner before us may have removed the file after we opened it: our lock is then
             # on an orphan, and a third process could lock a new file under the same name.

@@ -35,6 +35,7 @@ __all__ = [
     "local_copy",
     "open_remote",
     "upload_converted",
+    "upload_folder",
     "Uploader",
     "watch_uploads",
     "check_remote_destination",
@@ -393,6 +394,13 @@ def generation_name(name: str, generation: str) -> str:
     (so index files keep their shard's stem, and suffix checks still hold)."""
     stem, dot, rest = name.partition(".")
     return f"{stem}.{generation}{dot}{rest}"
+
+
+def upload_folder(cache_root: str, url: str) -> str:
+    """The folder of the node cache at ``cache_root`` that a conversion to ``url`` is built in
+    (the same for every run to ``url``, so ``--resume`` finds it). Claim it
+    (:func:`packer.filesystem.claim_destination`) before touching anything inside it."""
+    return os.path.join(cache_root, "uploads", hashlib.sha256(Remote(url).url.encode()).hexdigest()[:16])
 
 
 def check_remote_destination(url: str, storage_options: dict[str, Any] | None, overwrite: bool) -> Remote:

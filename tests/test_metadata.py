@@ -222,9 +222,10 @@ def test_tsv_multi_label_and_jsonl_number_lists(photos, tmp_path):
     root, paths = photos
     lst = _write(str(tmp_path / "l.tsv"), "file\tlabels\n" + "".join(
         f"{p}\t{'cat|dog' if i % 2 else 'dog'}\n" for i, p in enumerate(paths)))
-    src = read_list(lst, label_kind="multi")
+    src = read_list(lst, label_kind="multi", root=root)  # absolute paths inside the root
     assert src.label_kind == "multi" and src.items[1][1] == ["cat", "dog"] and src.path_column == "file"
-    convert_list(lst, str(tmp_path / "t"), "tar", ConvertOptions(workers=1, shuffle=False), label_kind="multi")
+    convert_list(lst, str(tmp_path / "t"), "tar", ConvertOptions(workers=1, shuffle=False), label_kind="multi",
+                 root=root)
     assert open_dataset(str(tmp_path / "t")).targets[:2] == [[1], [0, 1]]
     lst = _write(str(tmp_path / "n.jsonl"), "".join(
         json.dumps({"path": os.path.relpath(p, root), "target": i + 0.5, "box": [1, 2, 3, 4]}) + "\n"
@@ -251,7 +252,7 @@ def test_bad_lists_are_one_line_errors(text, name, why, tmp_path):
 def test_missing_images_in_a_list_are_skipped_with_the_reason(photos, tmp_path):
     root, paths = photos
     lst = _write(str(tmp_path / "l.csv"), "path,label\n" + "".join(f"{p},cat\n" for p in paths) + "gone.png,cat\n")
-    report = convert_list(lst, str(tmp_path / "d"), "tfrecord", _opts())
+    report = convert_list(lst, str(tmp_path / "d"), "tfrecord", _opts(), root=root)
     assert report.manifest.num_samples == 6
     assert [s.path for s in report.skipped] == ["gone.png"] and "No such file" in report.skipped[0].reason
 

@@ -333,11 +333,14 @@ def test_two_ranks_on_one_node_download_only_their_shards(s3, local_sets, tmp_pa
 
 class _FaultProxy:
     """A TCP proxy to a server that answers some HTTP requests itself with ``status`` instead of
-    forwarding them: every request when ``every`` is 1, every second one when 2, ..."""
+    forwarding them: every request when ``every`` is 1, every second one when 2, ... Uploads
+    (PUT requests) wait while ``uploads`` is clear."""
 
     def __init__(self, port, status, every, delay=0.0):
         self.target, self.status, self.every, self.requests = ("127.0.0.1", port), status, every, 0
         self.delay = delay
+        self.uploads = threading.Event()
+        self.uploads.set()
         self.sock = socket.create_server(("127.0.0.1", 0))
         self.port = self.sock.getsockname()[1]
         threading.Thread(target=self._accept, daemon=True).start()
@@ -360,6 +363,8 @@ class _FaultProxy:
                     break
                 if data[:4] in (b"GET ", b"HEAD", b"PUT "):
                     self.requests += 1
+                    if data.startswith(b"PUT "):
+                        self.uploads.wait()
                     time.sleep(self.delay)
                     if self.requests % self.every == 0:
                         body = b"" if data.startswith(b"HEAD") else b"<Error><Code>Injected</Code></Error>"
@@ -482,6 +487,69 @@ def test_a_killed_upload_resumes_without_uploading_again(s3, tmp_path):
     assert not fs.exists(f"{key}/.packer-upload.json")
     local = pack(src, str(tmp_path / "local"), "tar", encode="png", shuffle=False, writer={"shard_samples": 4})
     _same(open_dataset(url, storage_options=s3, cache_dir=str(tmp_path / "c2")), open_dataset(local.output))
+
+
+def _files_under(top):
+    """{path: (size, mtime_ns)} of every file below ``top``."""
+    out = {}
+    for folder, _, names in os.walk(top):
+        for n in names:
+            st = os.stat(os.path.join(folder, n))
+            out[os.path.relpath(os.path.join(folder, n), top)] = (st.st_size, st.st_mtime_ns)
+    return out
+
+
+@pytest.mark.parametrize("first_then", ["finishes", "is_killed_and_resumed"])
+def test_a_second_conversion_to_a_url_being_uploaded_is_refused_and_touches_nothing(s3, tmp_path, first_then):
+    """The first conversion has finished its local copy and waits on its uploads (the server
+    holds every PUT): a second one to the same URL on this node exits 1 with one line naming the
+    first's pid and leaves every file of the node-cache upload folder as it was. The first then
+    completes, or (killed) its --resume does, and the URL holds the dataset."""
+    import glob
+    import signal
+    import subprocess
+    import sys
+
+    src = str(tmp_path / "src")
+    make_folder(src, {c: [(f"{i}.png", 24, 24) for i in range(6)] for c in ("a", "b")})
+    url, cache = f"s3://data/claimed/{first_then}", str(tmp_path / "cache")
+    args = ["convert", "imagefolder", "tar", src, url, "--encode", "png", "--shard-samples", "4", "--workers", "1",
+            "--no-shuffle", "-q"]
+    port = int(s3["client_kwargs"]["endpoint_url"].rsplit(":", 1)[1])
+    held = _FaultProxy(port, 503, every=10**9)
+    held.uploads.clear()
+    first = subprocess.Popen([sys.executable, "-m", "packer", *args, *_cli_opts(held.options(s3), cache)],
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        finished = os.path.join(cache, "uploads", "*", "dataset", "manifest.json")
+        deadline = time.monotonic() + 120
+        while not glob.glob(finished) and first.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert glob.glob(finished) and first.poll() is None, first.communicate() if first.poll() is not None else ""
+        before = _files_under(os.path.join(cache, "uploads"))
+        second = _cli(*args, *_cli_opts(s3, cache))
+        assert second.returncode == 1 and "Traceback" not in second.stderr, second.stderr
+        assert len(second.stderr.strip().splitlines()) == 1, second.stderr
+        assert f"{url} is being written by another conversion (pid {first.pid} " in second.stderr, second.stderr
+        assert _files_under(os.path.join(cache, "uploads")) == before
+        if first_then == "is_killed_and_resumed":
+            first.send_signal(signal.SIGKILL)
+            first.communicate()
+            held.uploads.set()
+            r = _cli(*args, *_cli_opts(s3, cache), "--resume")
+            assert r.returncode == 0 and f"uploaded to {url}" in r.stdout, r.stderr
+        else:
+            held.uploads.set()
+            out, err = first.communicate(timeout=120)
+            assert first.returncode == 0 and f"uploaded to {url}" in out, err
+    finally:
+        held.uploads.set()
+        if first.poll() is None:
+            first.kill()
+            first.communicate()
+    local = pack(src, str(tmp_path / "local"), "tar", encode="png", shuffle=False, writer={"shard_samples": 4})
+    _same(open_dataset(url, storage_options=s3, cache_dir=str(tmp_path / "reader")), open_dataset(local.output))
+    assert not glob.glob(os.path.join(cache, "uploads", "*", "*"))  # the upload folder is gone once published
 
 
 def test_overwrite_never_feeds_an_open_reader_a_mix(s3, tmp_path):

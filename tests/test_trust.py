@@ -1166,3 +1166,70 @@ def test_hdf5_disk_filled_after_the_space_check_is_one_line_not_a_crash(big_sour
     assert r.returncode == 1, r.stderr
     assert len(err) == 1 and err[0].startswith("packer: error: disk full: no space left on device while writing ")
     assert os.listdir(small_fs) == []
+
+
+# -- list rows that lead out of the folder they are relative to ------------------------------------
+def _list_outside_root(tmp_path):
+    """A list whose rows 4 and 5 lead out of --root, to a real image beside it; row 6 goes out and
+    back in (``a/../b/b0.png``)."""
+    root = _src(tmp_path, "root")
+    secret = str(tmp_path / "secret.png")
+    shutil.copy(os.path.join(root, "b", "b0.png"), secret)
+    rows = ["a/a0.jpg,a", "b/b1.png,b", "../secret.png,a", f"{secret},b", "a/../b/b0.png,b"]
+    lst = tmp_path / "root" / "train.csv"
+    lst.write_text("path,label\n" + "\n".join(rows) + "\n")
+    return root, secret, str(lst)
+
+
+def test_list_rows_outside_the_root_are_refused_naming_them(tmp_path, capsys):
+    from packer.ops.listsource import read_list
+
+    root, secret, lst = _list_outside_root(tmp_path)
+    dst = str(tmp_path / "d")
+    for extra in ([], ["--root", root]):  # the list's own folder is the root when none is given
+        assert main(["convert", "list", "tar", lst, dst, "--workers", "1", "-q", *extra]) == 1
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and "2 row(s) lie outside" in err[0] and "Traceback" not in err[0], err
+        assert err[0].count(lst) == 1 and "line 4: '../secret.png'" in err[0] and f"line 5: '{secret}'" in err[0] and "line 6" not in err[0]
+        assert "--allow-outside-root" in err[0] and not os.path.exists(dst)
+    assert main(["convert", "list", "tar", lst, dst, "--workers", "1", "-q", "--allow-outside-root"]) == 0
+    from packer.manifest import read_manifest
+
+    assert read_manifest(dst).num_samples == 5
+    src = read_list(lst, allow_outside_root=True)
+    assert [p for p, _, _ in src.items][2:] == [secret, secret, os.path.join(root, "b", "b0.png")]
+    assert main(["convert", "imagefolder", "tar", root, str(tmp_path / "e"), "--allow-outside-root"]) == 2
+    assert "--allow-outside-root applies to a list source only" in capsys.readouterr().err
+
+
+def test_list_rows_through_a_symlink_in_the_root_are_followed(tmp_path):
+    """The rule is on the path the list writes; a symlink inside the root (the user's own folder)
+    is followed wherever it leads, as in an image folder."""
+    from packer.ops.engine import ConvertOptions
+    from packer.ops.listsource import convert_list
+
+    elsewhere = _src(tmp_path, "elsewhere")
+    root = tmp_path / "root"
+    root.mkdir()
+    (root / "more").symlink_to(os.path.join(elsewhere, "a"))
+    (root / "l.csv").write_text("path,label\nmore/a0.jpg,a\n")
+    report = convert_list(str(root / "l.csv"), str(tmp_path / "d"), "tar", ConvertOptions(workers=1))
+    assert report.manifest.num_samples == 1 and not report.skipped
+
+
+@pytest.mark.parametrize("text, name, why", [
+    ('{"path": "a/a0.jpg", "label": "a"}\n{"path": "a/a1.jpg", "label": "a", "path": "../x.png"}\n',
+     "l.jsonl", r"l\.jsonl:2: key 'path' appears twice"),
+    ('{"path": "a/a0.jpg", "label": "a", "label": "b"}\n', "l.jsonl", r"l\.jsonl:1: key 'label' appears twice"),
+    ("path,label,path\na/a0.jpg,a,../x.png\n", "l.csv", r"l\.csv:1: column 'path' appears twice in the header"),
+    ("file\tlabel\tnote\tnote\na/a0.jpg\ta\tx\ty\n", "l.tsv", r"l\.tsv:1: column 'note' appears twice"),
+])
+def test_a_list_key_or_column_named_twice_is_an_error(tmp_path, text, name, why):
+    from packer.ops.listsource import read_list
+
+    root = _src(tmp_path, "root")
+    lst = os.path.join(root, name)
+    with open(lst, "w", encoding="utf-8") as f:
+        f.write(text)
+    with pytest.raises(SourceError, match=why):
+        read_list(lst)

@@ -263,10 +263,30 @@ TRUST = {
     "test_hdf5_disk_filled_after_the_space_check_is_one_line_not_a_crash": (
         "DST on a 2 MB tmpfs filled after HDF5's free-space check passed; 1 and 2 workers",
         "exit 1, one line 'disk full', nothing left (was h5py tracebacks and a SIGSEGV at exit)"),
+    "test_list_rows_outside_the_root_are_refused_naming_them": (
+        "list rows '../secret.png' and an absolute path outside --root (and outside the list's folder when no "
+        "--root is given); --allow-outside-root", "exit 1, one line naming the rows and their lines, nothing written "
+        "(were packed, exit 0); with the option all 5 packed"),
+    "test_list_rows_through_a_symlink_in_the_root_are_followed": (
+        "a list row through a folder symlink inside --root that leads out of it",
+        "followed, as in an image folder (the rule is on the path the list writes)"),
+    "test_a_list_key_or_column_named_twice_is_an_error": (
+        "a JSON Lines row with 'path' or 'label' twice; a CSV/TSV header naming a column twice",
+        "SourceError naming the list file, line and key (JSON kept the last value, CSV the last column)"),
 }
 
 
-def hostile_rows(test_file: str = "test_hostile.py", names: dict | None = None) -> list[list[str]]:
+REMOTE = {
+    "test_a_second_conversion_to_a_url_being_uploaded_is_refused_and_touches_nothing": (
+        "a second conversion to an s3:// URL while the first waits on its uploads (its local copy finished); "
+        "the first then finishes, or is SIGKILLed and resumed",
+        "exit 1, one line naming the first's pid; no file of the node-cache upload folder touched; the first (or "
+        "its --resume) publishes the dataset (was: the second deleted the first's copy)"),
+}
+
+
+def hostile_rows(test_file: str = "test_hostile.py", names: dict | None = None, only: bool = False) -> list[list[str]]:
+    """One row per test of ``test_file`` that ``names`` describes; ``only``: run those tests alone."""
     import pytest
 
     names = HOSTILE if names is None else names
@@ -278,7 +298,8 @@ def hostile_rows(test_file: str = "test_hostile.py", names: dict | None = None) 
             if report.when == "call" or (report.when == "setup" and report.outcome != "passed"):
                 results[report.nodeid.split("::", 1)[1].split("[")[0]][report.outcome] += 1
 
-    pytest.main([os.path.join(TESTS, test_file), "-q", "-p", "no:cacheprovider", "-o", "addopts="],
+    select = ["-k", " or ".join(names)] if only else []
+    pytest.main([os.path.join(TESTS, test_file), "-q", "-p", "no:cacheprovider", "-o", "addopts=", *select],
                 plugins=[Collect()])
     rows = []
     for name, c in results.items():
@@ -321,6 +342,7 @@ def main() -> int:
         shutil.rmtree(work, ignore_errors=True)
     hrows = hostile_rows()
     trows = hostile_rows("test_trust.py", TRUST)
+    rrows = hostile_rows("test_remote.py", REMOTE, only=True)
     print("\n## SIGKILL during conversion, then --resume\n")
     print(table(["format", "kills", "writing starts / run ends", "DST absent / complete", "resumes that kept samples",
                  "samples lost", "byte-identical after resume", "failures"], krows))
@@ -331,6 +353,8 @@ def main() -> int:
     print(table(["hostile input", "required", "outcome"], hrows))
     print("\n## Sources, destinations, readers and places (tests/test_trust.py)\n")
     print(table(["fault", "required", "outcome"], trows))
+    print("\n## Object storage (tests/test_remote.py, selected)\n")
+    print(table(["fault", "required", "outcome"], rrows))
     print(f"\n({time.time() - t0:.0f} s, python {sys.version.split()[0]}, {os.cpu_count()} cores)")
     return 0
 

@@ -89,6 +89,9 @@ def _add_convert(p: argparse.ArgumentParser) -> None:
                    help="use this class list (a packed dataset's, e.g. the training set's, or a text file with one "
                         "name per line) so labels line up; a source class not in it is an error")
     g.add_argument("--root", help="list source: the folder its paths are relative to (default: the list's folder)")
+    g.add_argument("--allow-outside-root", action="store_true", default=None,
+                   help="list source: accept rows whose paths lead outside --root (../x.jpg, absolute paths "
+                        "elsewhere); refused by default")
     g.add_argument("--path-column", help="list source: the column of image paths (default: path, file, filename "
                                          "or image)")
     g.add_argument("--label-column", help="list source: the label column (default: label, labels, class or target)")
@@ -194,7 +197,7 @@ def _run_convert(a: argparse.Namespace) -> int:
     return _convert_to_url(a)
 
 
-_LIST_ONLY = ("root", "path_column", "label_column")
+_LIST_ONLY = ("root", "path_column", "label_column", "allow_outside_root")
 
 
 def pinned_classes(spec: str) -> list[str]:
@@ -223,35 +226,37 @@ def pinned_classes(spec: str) -> list[str]:
 
 def _convert_to_url(a: argparse.Namespace) -> int:
     """Convert into a local folder of the node cache, uploading each file as it is finished (the
-    manifest last); the folder's name comes from the URL, so --resume finds it again."""
-    import hashlib
+    manifest last); the folder's name comes from the URL, so --resume finds it again. The folder
+    is claimed before anything in it is touched and until the upload has finished, so a second
+    conversion to the URL on this node is refused and removes nothing."""
     import shutil
 
+    from ..filesystem import claim_destination
     from ..nodecache import NodeCache
-    from ..storage import Uploader, check_remote_destination, watch_uploads
+    from ..storage import Uploader, check_remote_destination, upload_folder, watch_uploads
 
     url = a.dst
-    uploader = Uploader(check_remote_destination(url, _storage(a), a.overwrite))
-    work = os.path.join(NodeCache(a.cache_dir).root, "uploads", hashlib.sha256(url.encode()).hexdigest()[:16])
-    os.makedirs(work, exist_ok=True)
-    a.dst = os.path.join(work, "dataset")
-    if os.path.lexists(a.dst):
-        shutil.rmtree(a.dst)  # the last run's copy, uploaded already
-    keep = False
-    try:
-        with watch_uploads(uploader, a.dst):
-            status = _convert_local(a)
-        from ..manifest import read_manifest
+    work = upload_folder(NodeCache(a.cache_dir).root, url)
+    with claim_destination(work, shown=url):
+        uploader = Uploader(check_remote_destination(url, _storage(a), a.overwrite))
+        a.dst = os.path.join(work, "dataset")
+        if os.path.lexists(a.dst):
+            shutil.rmtree(a.dst)  # an earlier run's finished copy; the upload record says what is uploaded
+        keep = False
+        try:
+            with watch_uploads(uploader, a.dst):
+                status = _convert_local(a)
+            from ..manifest import read_manifest
 
-        uploader.finish(a.dst, read_manifest(a.dst))
-        print(f"uploaded to {url}")
-        return status
-    except BaseException as e:
-        keep = getattr(e, "partial_output", None) is not None
-        raise
-    finally:
-        if not keep:
-            shutil.rmtree(work, ignore_errors=True)
+            uploader.finish(a.dst, read_manifest(a.dst))
+            print(f"uploaded to {url}")
+            return status
+        except BaseException as e:
+            keep = getattr(e, "partial_output", None) is not None
+            raise
+        finally:
+            if not keep:
+                shutil.rmtree(work, ignore_errors=True)
 
 
 def _convert_local(a: argparse.Namespace) -> int:
@@ -273,10 +278,13 @@ def _convert_local(a: argparse.Namespace) -> int:
 
         try:
             report = convert_list(a.src, a.dst, a.dst_format, options, root=a.root, path_column=a.path_column,
-                                  label_column=a.label_column, label_kind=a.label_kind, label_sep=a.label_sep)
+                                  label_column=a.label_column, label_kind=a.label_kind, label_sep=a.label_sep,
+                                  allow_outside_root=bool(a.allow_outside_root))
         except ValueError as e:  # metadata that cannot be stored, named by its item
             from ..errors import SourceError
 
+            if isinstance(e, SourceError):  # names the list already
+                raise
             raise SourceError(f"{a.src}: {e}") from None
     elif a.src_format == "imagefolder":
         report = convert_imagefolder(a.src, a.dst, a.dst_format, options)

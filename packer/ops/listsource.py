@@ -6,7 +6,11 @@ items :func:`packer.ops.items.convert_items` takes; :func:`convert_list` does bo
     train/0001.jpg,cat,ann
     train/0002.jpg,dog,bob
 
-Paths are relative to the list's folder unless ``root`` is given (absolute paths stay as they are).
+Paths are relative to the list's folder unless ``root`` is given, and must lie inside that folder:
+a row that leads out of it (``../x.jpg``, an absolute path elsewhere) is refused unless
+``allow_outside_root`` is set, so a list from elsewhere cannot pack files it was not meant to reach.
+The check is on the path as written; symlinks inside the folder are followed wherever they lead,
+as in an image folder (the folder is the user's own; the list may be someone else's).
 The label column holds a class name or number (``class``), several classes (``multi``: a JSON list
 in JSON Lines, or names separated by ``label_sep`` in CSV/TSV), or a number (``number``).
 """
@@ -72,7 +76,10 @@ def _rows(path: str, fmt: str) -> list[tuple[int, dict[str, Any]]]:
                     if not line.strip():
                         continue
                     try:
-                        row = json.loads(line)
+                        row = json.loads(line, object_pairs_hook=_unique_keys)
+                    except _DuplicateKey as e:
+                        raise SourceError(f"{path}:{n}: key {e.args[0]!r} appears twice in one object; "
+                                          f"which value is meant is ambiguous") from None
                     except ValueError as e:
                         raise SourceError(f"{path}:{n}: not JSON ({e})") from None
                     if not isinstance(row, dict):
@@ -82,6 +89,10 @@ def _rows(path: str, fmt: str) -> list[tuple[int, dict[str, Any]]]:
             reader = csv.DictReader(f, delimiter="," if fmt == "csv" else "\t")
             if not reader.fieldnames:
                 raise SourceError(f"{path}: the list is empty (no header row)")
+            twice = sorted({c for c in reader.fieldnames if reader.fieldnames.count(c) > 1})
+            if twice:
+                raise SourceError(f"{path}:{reader.line_num}: column {twice[0]!r} appears twice in the header; "
+                                  f"which one is meant is ambiguous")
             out = []
             for row in reader:
                 if None in row:
@@ -93,6 +104,33 @@ def _rows(path: str, fmt: str) -> list[tuple[int, dict[str, Any]]]:
         raise SourceError(f"{path}: not UTF-8 text ({e.reason} at byte {e.start})") from None
     except csv.Error as e:
         raise SourceError(f"{path}: not a valid {fmt.upper()} file ({e})") from None
+
+
+class _DuplicateKey(ValueError):
+    """A JSON object names a key twice (``json`` keeps the last silently)."""
+
+
+def _unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for k, v in pairs:
+        if k in out:
+            raise _DuplicateKey(k)
+        out[k] = v
+    return out
+
+
+def _inside(base: str, full: str) -> bool:
+    """True when the normalised path ``full`` lies inside the folder ``base`` as written (``..``
+    and ``.`` resolved, symlinks not)."""
+    return full == base or full.startswith(base.rstrip(os.sep) + os.sep)
+
+
+def _outside_error(path: str, base: str, root_given: bool, outside: list[tuple[int, str]]) -> SourceError:
+    shown = ", ".join(f"line {n}: {rel!r}" for n, rel in outside[:5])
+    more = f", ... ({len(outside)} rows in all)" if len(outside) > 5 else ""
+    what = f"--root {base}" if root_given else f"the list's folder {base} (no --root given)"
+    return SourceError(f"{path}: {len(outside)} row(s) lie outside {what}: {shown}{more}; pass the folder that "
+                       f"holds them as --root, or --allow-outside-root if the list means it")
 
 
 def _column(path: str, rows: list[tuple[int, dict[str, Any]]], given: str | None, candidates: Sequence[str],
@@ -159,6 +197,7 @@ def read_list(
     label_column: str | None = None,
     label_kind: str = "auto",
     label_sep: str = "|",
+    allow_outside_root: bool = False,
 ) -> ListSource:
     """Parse a CSV, TSV or JSON Lines list into convert_items' items.
 
@@ -167,7 +206,9 @@ def read_list(
     TSV values are strings; JSON Lines values keep their JSON types; empty CSV cells are left
     out). ``label_kind``: ``auto`` (a list is multi-label, a number with a fraction in JSON Lines
     is ``number``, else ``class``), or ``class``, ``multi``, ``number``. SourceError names the file
-    and line of anything it cannot use."""
+    and line of anything it cannot use, and every row whose path leads outside ``root`` (default:
+    the list's folder) unless ``allow_outside_root``; a JSON key or CSV/TSV column named twice is
+    an error too."""
     path = os.fspath(path)
     if label_kind != "auto" and label_kind not in LABEL_KINDS:
         raise ValueError(f"label kind must be auto or one of {LABEL_KINDS}, not {label_kind!r}")
@@ -183,6 +224,7 @@ def read_list(
     base = os.path.abspath(os.fspath(root) if root is not None else os.path.dirname(os.path.abspath(path)))
     items: list[tuple[str, Any, dict[str, Any] | None]] = []
     lines: list[int] = []
+    outside: list[tuple[int, str]] = []
     for n, row in rows:
         where = f"{path}:{n}"
         rel = row.get(pcol)
@@ -194,8 +236,13 @@ def read_list(
             encode_meta(meta, f"{where}: metadata")
         except ValueError as e:
             raise SourceError(str(e)) from None
-        items.append((os.path.join(base, rel), label, meta or None))
+        full = os.path.normpath(os.path.join(base, rel))  # what is checked is what is opened
+        if not _inside(base, full):
+            outside.append((n, rel))
+        items.append((full, label, meta or None))
         lines.append(n)
+    if outside and not allow_outside_root:
+        raise _outside_error(path, base, root is not None, outside)
     return ListSource(items, kind, base, pcol, lcol, lines)
 
 
