@@ -7,6 +7,7 @@ turned RGB only for ``raw`` storage and on read (``IMREAD_COLOR_RGB`` decodes st
 
 from __future__ import annotations
 
+import bisect
 import contextlib
 import functools
 import os
@@ -568,7 +569,7 @@ def jpeg_truncation(data: bytes) -> str | None:
     whole; the reason is worded for a skip. Arithmetic-coded files are decoded once per scan for
     this; others are only walked."""
     frame = _jpeg_frame(data)
-    if frame is None:  # markers too odd to walk: only the end marker is looked for
+    if frame is None:  # markers too odd to walk: the end marker is all that is checked
         if data.rfind(b"\xff\xd9") < data.rfind(b"\xff\xda"):
             return "truncated JPEG (no end-of-image marker after the last scan)"
         return None
@@ -599,11 +600,10 @@ def _refuse_truncated(data: bytes) -> None:
 def _jpeg_scans(data: bytes, at: int) -> tuple[list[_Scan], bool]:
     """The scans of a JPEG from its first SOS marker at ``at``, and whether an end-of-image marker
     follows the last."""
+    marks = _marker_offsets(data, at)
     scans: list[_Scan] = []
     i, n = at, len(data)
-    while i + 2 <= n:
-        if data[i] != 0xFF:
-            return scans, False
+    while i + 2 <= n and data[i] == 0xFF:
         marker = data[i + 1]
         if marker == 0xD9:
             return scans, True
@@ -616,33 +616,35 @@ def _jpeg_scans(data: bytes, at: int) -> tuple[list[_Scan], bool]:
         if marker != 0xDA:
             i = end
             continue
-        count = data[i + 4] if i + 4 < n else 0
-        tail = data[i + 5 + 2 * count : i + 8 + 2 * count]
-        if len(tail) < 3:
-            return scans, False
-        ids = tuple(data[i + 5 : i + 5 + 2 * count : 2])
-        i = _entropy_end(data, end)
-        scans.append(_Scan(i, ids, tail[0], tail[1], tail[2] >> 4, tail[2] & 15))
+        k = bisect.bisect_left(marks, end)  # the scan's data runs to the next marker
+        stop = marks[k] if k < len(marks) else n
+        while stop > end and data[stop - 1] == 0xFF:  # its fill bytes belong to the marker
+            stop -= 1
+        scan = _scan_header(data, i, stop)
+        if scan is None:
+            break
+        scans.append(scan)
+        i = stop
     return scans, False
 
 
-def _entropy_end(data: bytes, i: int) -> int:
-    """The offset of the marker that ends the entropy-coded data starting at ``i`` (0xFF 0x00 is
-    a data byte, RSTn markers belong to the data, 0xFF fill bytes to the marker)."""
-    n = len(data)
-    while True:
-        i = data.find(b"\xff", i)
-        if i < 0:
-            return n
-        k = i
-        while k + 1 < n and data[k + 1] == 0xFF:
-            k += 1
-        if k + 1 >= n:
-            return n
-        if data[k + 1] == 0 or 0xD0 <= data[k + 1] <= 0xD7:
-            i = k + 2
-            continue
-        return i
+def _marker_offsets(data: bytes, start: int) -> list[int]:
+    """Where 0xFF is followed by a marker code from ``start`` on: not by 0x00 (a data byte), an
+    RSTn (part of the data) or 0xFF (a fill byte). One pass in NumPy: far faster than a walk
+    over the data's 0xFF bytes in Python."""
+    b = np.frombuffer(data, np.uint8)[start:]
+    code = b[1:]
+    marks = (b[:-1] == 0xFF) & (code != 0) & (code != 0xFF) & ((code < 0xD0) | (code > 0xD7))
+    return (np.flatnonzero(marks) + start).tolist()
+
+
+def _scan_header(data: bytes, at: int, end: int) -> _Scan | None:
+    """The scan whose SOS marker is at ``at`` and whose data ends at ``end``; None if cut short."""
+    count = data[at + 4] if at + 4 < len(data) else 0
+    tail = data[at + 5 + 2 * count : at + 8 + 2 * count]
+    if len(tail) < 3:
+        return None
+    return _Scan(end, tuple(data[at + 5 : at + 5 + 2 * count : 2]), tail[0], tail[1], tail[2] >> 4, tail[2] & 15)
 
 
 def _zeros_used(data: bytes, end: int) -> int:
