@@ -256,8 +256,8 @@ def process_image(data: bytes, opts: ProcessOptions) -> ProcessedImage:
             f"{info.width}x{info.height} = {info.pixels} pixels is above the limit of "
             f"{opts.max_pixels} (a decompression bomb?); raise --max-pixels to allow it"
         )
-    if info.format == "jpeg" and not opts.keep_damaged_jpeg:
-        _refuse_truncated(data)
+    if info.format == "jpeg":
+        _refuse_truncated(data, opts.keep_damaged_jpeg)
     # Size after EXIF orientation (OpenCV applies it), before any DCT reduction.
     full_w, full_h = (info.height, info.width) if info.orientation >= 5 else (info.width, info.height)
     tw, th = target_size(full_w, full_h, opts.resize, opts.upscale)
@@ -300,8 +300,9 @@ def check_encoded(data: bytes, keep_damaged_jpeg: bool = False) -> tuple[int, in
         raise ImageError(describe_non_image(data))
     if info.width <= 0 or info.height <= 0:
         raise ImageError(f"header says {info.width}x{info.height} pixels")
+    if info.format == "jpeg":
+        _refuse_truncated(data, keep_damaged_jpeg)
     if info.format == "jpeg" and not keep_damaged_jpeg:
-        _refuse_truncated(data)
         with libjpeg_warnings() as warnings:
             bgr = cv2.imdecode(np.frombuffer(data, np.uint8), cv2.IMREAD_REDUCED_COLOR_8)
         if bgr is None:
@@ -549,6 +550,7 @@ def _oriented(payload: bytes | memoryview | np.ndarray) -> bool:
 #: misses is the low bits of some coefficients).
 _ARITHMETIC_PROBE = 256
 _ARITHMETIC_SLACK = 48
+_NO_END = "truncated JPEG (no end-of-image marker after the last scan)"
 _EXTRANEOUS = re.compile(r"(\d+) extraneous bytes before marker")
 
 
@@ -571,11 +573,11 @@ def jpeg_truncation(data: bytes) -> str | None:
     frame = _jpeg_frame(data)
     if frame is None:  # markers too odd to walk: the end marker is all that is checked
         if data.rfind(b"\xff\xd9") < data.rfind(b"\xff\xda"):
-            return "truncated JPEG (no end-of-image marker after the last scan)"
+            return _NO_END
         return None
     scans, ended = _jpeg_scans(data, frame.first_scan)
     if not ended:
-        return "truncated JPEG (no end-of-image marker after the last scan)"
+        return _NO_END
     if frame.marker not in _LOSSLESS_FRAMES:
         done = {(c, k) for scan in scans if scan.low == 0 for c in scan.components
                 for k in range(scan.first, scan.last + 1)}
@@ -591,10 +593,15 @@ def jpeg_truncation(data: bytes) -> str | None:
     return None
 
 
-def _refuse_truncated(data: bytes) -> None:
-    reason = jpeg_truncation(data)
+def _refuse_truncated(data: bytes, keep_damaged_jpeg: bool) -> None:
+    """ImageError for a truncated JPEG; with ``keep_damaged_jpeg`` only for one without an end
+    marker after its last scan (which no decoder here decodes)."""
+    if keep_damaged_jpeg:
+        reason = _NO_END if data.rfind(b"\xff\xd9") < data.rfind(b"\xff\xda") else None
+    else:
+        reason = jpeg_truncation(data)
     if reason is not None:
-        raise ImageError(f"{reason} (--keep-damaged-jpeg keeps such files)")
+        raise ImageError(reason if reason == _NO_END else f"{reason} (--keep-damaged-jpeg keeps such files)")
 
 
 def _jpeg_scans(data: bytes, at: int) -> tuple[list[_Scan], bool]:
