@@ -2,8 +2,10 @@
  * what the library lets a decoder skip outside it (the readers' ``crop=``). Rows above the
  * window: jpeg_skip_scanlines (entropy-decoded, but no inverse DCT, upsampling or colour
  * conversion); columns outside it: jpeg_crop_scanline (the same, per iMCU column); rows below it:
- * not decoded at all (the decode ends after the window's last row). Needs libjpeg-turbo >= 1.5;
- * where it cannot be built, packer decodes whole images and crops them (the same pixels).
+ * not decoded at all (the decode ends after the window's last row). Builds with libjpeg-turbo >= 1.5;
+ * packer uses it only when built against the version its pixels were checked with or newer
+ * (packer.imageproc.WINDOW_DECODER_MINIMUM) and only for Huffman-coded frames (SOF0-SOF2); where
+ * it is not used, packer decodes whole images and crops them (the same pixels).
  *
  * The columns are widened by one iMCU on each side before cropping, so that the chroma upsampler
  * sees the neighbours a full decode sees; tests/test_crop.py checks that the pixels equal a full
