@@ -418,7 +418,8 @@ def decode_payload_window(
     """
     if codec == "jpeg" and window_decoding():
         frame = _jpeg_frame(payload)
-        if frame is not None and frame.marker in _WINDOW_FRAMES and not frame.oriented and frame.height > 0:
+        if (frame is not None and frame.marker in _WINDOW_FRAMES and not frame.oriented and frame.height > 0
+                and frame.width > 0):
             top, left, h, w = _checked_window(window, frame.height, frame.width, path, sample)
             # Rows as wide as the columns libjpeg decodes (the window, a margin and the iMCU
             # rounding), so that it writes the pixels where they stay: the window is a view of them.
@@ -496,6 +497,8 @@ class _JpegFrame:
 _FRAME_MARKERS = frozenset(range(0xC0, 0xD0)) - {0xC4, 0xC8, 0xCC}
 _LOSSLESS_FRAMES = frozenset({0xC3, 0xC7, 0xCB, 0xCF})
 _ARITHMETIC_FRAMES = frozenset({0xC9, 0xCA, 0xCB, 0xCD, 0xCE, 0xCF})
+_PROGRESSIVE_FRAMES = frozenset({0xC2, 0xC6, 0xCA, 0xCE})
+_ALL_COEFFICIENTS = (1 << 64) - 1
 
 
 def _jpeg_frame(payload: bytes | memoryview | np.ndarray) -> _JpegFrame | None:
@@ -579,9 +582,17 @@ def jpeg_truncation(data: bytes) -> str | None:
     if not ended:
         return _NO_END
     if frame.marker not in _LOSSLESS_FRAMES:
-        done = {(c, k) for scan in scans if scan.low == 0 for c in scan.components
-                for k in range(scan.first, scan.last + 1)}
-        if len(done) < 64 * len(set(frame.components)):
+        # each component's coefficients at full precision, one bit each (a sequential scan
+        # codes all 64 of its components')
+        progressive = frame.marker in _PROGRESSIVE_FRAMES
+        complete = dict.fromkeys(frame.components, 0)
+        for scan in scans:
+            if scan.low == 0 or not progressive:
+                bits = (1 << (scan.last + 1)) - (1 << scan.first) if progressive else _ALL_COEFFICIENTS
+                for c in scan.components:
+                    if c in complete:
+                        complete[c] |= bits
+        if any(bits & _ALL_COEFFICIENTS != _ALL_COEFFICIENTS for bits in complete.values()):
             return (f"truncated JPEG (cut between two scans: after scan {len(scans)}, some coefficients "
                     f"never reach full precision)")
     if frame.marker in _ARITHMETIC_FRAMES:
