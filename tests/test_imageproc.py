@@ -281,7 +281,7 @@ def test_truncation_reasons_say_what_is_missing():
     with open(__file__.replace("test_imageproc.py", "data/arithmetic.jpg"), "rb") as f:
         baseline = f.read()
     assert jpeg_truncation(baseline[: len(baseline) // 2] + b"\xff\xd9") == (
-        "truncated JPEG (arithmetic-coded scan 1 of 1 ends at least 256 bytes before its data does)")
+        "truncated JPEG (arithmetic-coded scan 1 of 1 is at least 256 bytes short)")
     with pytest.raises(ImageError, match=r"arithmetic-coded scan .* \(--keep-damaged-jpeg keeps such files\)"):
         process_image(baseline[: len(baseline) * 9 // 10] + b"\xff\xd9", opts())
 
