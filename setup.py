@@ -4,7 +4,9 @@ The module links the system's libjpeg-turbo (Debian/Ubuntu: ``libjpeg-dev``; Fed
 ``libjpeg-turbo-devel``; conda: ``libjpeg-turbo``) so that readers with ``crop=`` decode only the
 crop's window of each JPEG. It is optional: where there is no C compiler or no libjpeg-turbo
 headers the install goes on without it and the readers decode whole images and crop them, with
-the same pixels. ``PACKER_NO_EXTENSION=1`` skips it on purpose.
+the same pixels, as they do where the module was built against a libjpeg-turbo older than the
+one its pixels were checked with (``packer.imageproc.WINDOW_DECODER_MINIMUM``).
+``PACKER_NO_EXTENSION=1`` skips it on purpose.
 """
 
 import os

@@ -2,14 +2,19 @@
  * what the library lets a decoder skip outside it (the readers' ``crop=``). Rows above the
  * window: jpeg_skip_scanlines (entropy-decoded, but no inverse DCT, upsampling or colour
  * conversion); columns outside it: jpeg_crop_scanline (the same, per iMCU column); rows below it:
- * not decoded at all (the decode ends after the window's last row). Needs libjpeg-turbo >= 1.5;
- * where it cannot be built, packer decodes whole images and crops them (the same pixels).
+ * not decoded at all (the decode ends after the window's last row). Builds with libjpeg-turbo >= 1.5;
+ * packer uses it only when built against the version its pixels were checked with or newer
+ * (packer.imageproc.WINDOW_DECODER_MINIMUM) and only for Huffman-coded frames (SOF0-SOF2); where
+ * it is not used, packer decodes whole images and crops them (the same pixels).
  *
  * The columns are widened by one iMCU on each side before cropping, so that the chroma upsampler
  * sees the neighbours a full decode sees; tests/test_crop.py checks that the pixels equal a full
  * decode's (simplejpeg's and OpenCV's, which use libjpeg-turbo with the same defaults).
  * Strict: a libjpeg warning (damaged data) or error ends the decode and the call returns None.
- * Colour spaces other than gray, YCbCr and RGB, and precisions other than 8 bits, return None.
+ * Colour spaces other than gray, YCbCr and RGB, precisions other than 8 bits and arithmetic-coded
+ * JPEGs (whose damage libjpeg does not warn about) return None. The module's ``libjpeg_turbo``
+ * attribute is the libjpeg-turbo version it was built against ("2.1.5"), for packer to decide
+ * whether to use it.
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -24,6 +29,14 @@
 #endif
 
 #define ROWS_PER_CALL 16
+
+#define TEXT(x) #x
+#define VERSION_TEXT(x) TEXT(x)
+#if defined(LIBJPEG_TURBO_VERSION)
+#define BUILT_AGAINST VERSION_TEXT(LIBJPEG_TURBO_VERSION)
+#else
+#define BUILT_AGAINST ""
+#endif
 
 struct guard {
     struct jpeg_error_mgr pub;
@@ -59,7 +72,7 @@ static int decode(const unsigned char *data, size_t size, unsigned char *out, JD
         goto done;
     jpeg_mem_src(&cinfo, (unsigned char *)data, (unsigned long)size);
     jpeg_read_header(&cinfo, TRUE);
-    if (cinfo.data_precision != 8 ||
+    if (cinfo.data_precision != 8 || cinfo.arith_code ||
         !(cinfo.jpeg_color_space == JCS_YCbCr || cinfo.jpeg_color_space == JCS_GRAYSCALE ||
           cinfo.jpeg_color_space == JCS_RGB))
         goto done;
@@ -163,4 +176,12 @@ static struct PyModuleDef module = {
     -1, methods, NULL, NULL, NULL, NULL,
 };
 
-PyMODINIT_FUNC PyInit__jpegwindow(void) { return PyModule_Create(&module); }
+PyMODINIT_FUNC PyInit__jpegwindow(void)
+{
+    PyObject *m = PyModule_Create(&module);
+    if (m != NULL && PyModule_AddStringConstant(m, "libjpeg_turbo", BUILT_AGAINST) < 0) {
+        Py_DECREF(m);
+        return NULL;
+    }
+    return m;
+}

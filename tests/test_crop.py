@@ -19,11 +19,39 @@ from packer.datasets import collate, open_dataset
 from packer.datasets.crops import CenterCrop, RandomCrop, RandomResizedCrop, as_crop
 from packer.datasets.encoded import center_crop
 from packer.errors import CorruptDataError
-from packer.imageproc import crop_window, decode_payload, decode_payload_window, window_decoding
-from tests.helpers import draw, make_folder, pack
+from packer.imageproc import (
+    WINDOW_DECODER_MINIMUM,
+    crop_window,
+    decode_payload,
+    decode_payload_window,
+    window_decoder_version,
+    window_decoding,
+)
+from tests.helpers import draw, make_folder, need_optional, pack
 
 PHOTO = cv2.cvtColor(draw(np.random.default_rng(5), 83, 121), cv2.COLOR_RGB2BGR)
-needs_module = pytest.mark.skipif(not window_decoding(), reason="packer._jpegwindow was not built here")
+DATA = os.path.join(os.path.dirname(__file__), "data")
+
+
+def need_module() -> None:
+    """Skip (or fail under PACKER_REQUIRE_OPTIONAL=1) where the window decode is not in use here."""
+    built = window_decoder_version()
+    need_optional(window_decoding(), "packer._jpegwindow is not built here" if built is None else
+                  f"packer._jpegwindow was built against libjpeg-turbo {built}, older than "
+                  f"{'.'.join(map(str, WINDOW_DECODER_MINIMUM))}")
+
+
+def spy_on_window_decodes(monkeypatch) -> list:
+    """The (top, left, width) of every call of the window decode from now on."""
+    calls: list = []
+    real = imageproc._jpegwindow.decode_window
+
+    def spy(*args):
+        calls.append(args[2:])
+        return real(*args)
+
+    monkeypatch.setattr(imageproc._jpegwindow, "decode_window", spy)
+    return calls
 
 
 def jpeg(img: np.ndarray, params=()) -> bytes:
@@ -45,19 +73,12 @@ KINDS = {
 }
 
 
-@needs_module
 @pytest.mark.parametrize("kind", list(KINDS))
 def test_window_decode_is_the_whole_decode_cut(kind, monkeypatch):
+    need_module()
     data = jpeg(PHOTO, KINDS[kind])
     whole = decode_payload(data, "jpeg")
-    calls = []
-    real = imageproc._jpegwindow.decode_window
-
-    def spy(*args):
-        calls.append(args[2:])
-        return real(*args)
-
-    monkeypatch.setattr(imageproc._jpegwindow, "decode_window", spy)
+    calls = spy_on_window_decodes(monkeypatch)
     rng = random.Random(kind)
     windows = [(0, 0, 83, 121), (0, 0, 1, 1), (82, 120, 1, 1), (16, 32, 40, 50), (1, 3, 81, 117)]
     windows += [(rng.randint(0, 82), rng.randint(0, 120), 0, 0) for _ in range(40)]
@@ -70,8 +91,8 @@ def test_window_decode_is_the_whole_decode_cut(kind, monkeypatch):
     assert len(calls) == len(windows)  # every one decoded alone
 
 
-@needs_module
 def test_window_decode_of_gray_jpeg_is_rgb():
+    need_module()
     data = jpeg(cv2.cvtColor(PHOTO, cv2.COLOR_BGR2GRAY))
     got = decode_payload_window(data, "jpeg", 83, 121, fixed(5, 7, 30, 40))
     np.testing.assert_array_equal(got, decode_payload(data, "jpeg")[5:35, 7:47])
@@ -257,15 +278,58 @@ def test_streaming_reader_takes_the_crop(packed):
     assert shapes == {(3, 28, 28)}
 
 
-def test_the_module_is_built_where_it_can_be():
-    """Where a C compiler and libjpeg-turbo's headers are there (as on CI), the install built
-    packer._jpegwindow: an optional build that fails quietly must not go unnoticed here."""
-    import shutil
-    import sysconfig
+def test_the_window_decoder_says_which_libjpeg_turbo_it_was_built_against(monkeypatch):
+    need_module()
+    version = window_decoder_version()
+    assert tuple(int(x) for x in version.split(".")) >= WINDOW_DECODER_MINIMUM
+    # built against an older libjpeg-turbo than the pixels were checked with: whole decodes
+    monkeypatch.setattr(imageproc._jpegwindow, "libjpeg_turbo", "2.0.4")
+    assert window_decoder_version() == "2.0.4" and not window_decoding()
+    monkeypatch.setattr(imageproc, "_jpegwindow", None)
+    assert window_decoder_version() is None and not window_decoding()
 
-    compiler = (sysconfig.get_config_var("CC") or "cc").split()[0]
-    headers = [os.path.join(d, "jpeglib.h") for d in ("/usr/include", "/usr/local/include")]
-    turbo = any(os.path.exists(h) and b"jpeg_crop_scanline" in open(h, "rb").read() for h in headers)
-    if shutil.which(compiler) is None or not turbo or os.environ.get("PACKER_NO_EXTENSION") == "1":
-        pytest.skip("no C compiler or no libjpeg-turbo >= 1.5 headers here: the readers decode whole images")
-    assert window_decoding(), "packer._jpegwindow was not built although it could be: reinstall packer"
+
+# -- where the window decode is not proven equal: arithmetic coding -----------------------------
+
+@pytest.mark.parametrize("name", ["arithmetic.jpg", "arithmetic-progressive.jpg"])
+def test_arithmetic_coded_jpegs_are_decoded_whole_and_cut(name, monkeypatch):
+    """The window decode links the system's libjpeg-turbo, the whole decode another build: on a
+    cut arithmetic-coded JPEG (which libjpeg decodes without a warning) they differed by up to 47
+    levels. Such frames are never given to the window decode."""
+    with open(os.path.join(DATA, name), "rb") as f:
+        data = f.read()
+    assert (b"\xff\xca" if "progressive" in name else b"\xff\xc9") in data  # SOF10 / SOF9
+    calls = spy_on_window_decodes(monkeypatch) if imageproc._jpegwindow is not None else []
+    for cut in (len(data), len(data) * 3 // 20, len(data) * 3 // 5, len(data) * 4 // 5):
+        payload = data[:cut] if cut == len(data) else data[:cut] + b"\xff\xd9"
+        whole = decode_payload(payload, "jpeg")
+        assert whole.shape == (83, 121, 3)
+        for top, left, h, w in [(0, 0, 83, 121), (16, 32, 40, 50), (1, 3, 81, 117)]:
+            got = decode_payload_window(payload, "jpeg", 83, 121, fixed(top, left, h, w))
+            np.testing.assert_array_equal(got, whole[top:top + h, left:left + w], err_msg=f"{name} {cut}")
+    assert calls == []
+
+
+# -- the window's place comes from the JPEG, not from sizes stored beside it ---------------------
+
+def test_a_foreign_tfrecord_with_wrong_sizes_gets_the_window_of_its_jpegs(tmp_path, monkeypatch):
+    from tfrecord.writer import TFRecordWriter as PackageWriter
+
+    from packer.datasets.tfrecord import TFRecordDataset
+
+    payloads = [jpeg(PHOTO), jpeg(PHOTO[:, ::-1].copy(), KINDS["progressive"])]
+    stored = [(60, 100), (83, 121)]  # the first record's image/height and image/width are wrong
+    w = PackageWriter(str(tmp_path / "part-00000.tfrecord"))
+    for payload, (h, wd) in zip(payloads, stored):
+        w.write({"image/encoded": (payload, "byte"), "image/format": (b"jpeg", "byte"),
+                 "image/class/label": (0, "int"), "image/height": (h, "int"), "image/width": (wd, "int")})
+    w.close()
+    calls = spy_on_window_decodes(monkeypatch) if window_decoding() else None
+    for crop in (CenterCrop(40), CenterCrop((20, 100))):
+        ds = TFRecordDataset.open_foreign(str(tmp_path), crop=crop, output="numpy")
+        whole = TFRecordDataset.open_foreign(str(tmp_path), output="numpy")
+        for i in range(len(payloads)):
+            assert ds.read_record(i).height == stored[i][0]
+            np.testing.assert_array_equal(ds[i][0], crop_window(whole[i][0], crop.window), err_msg=f"{crop} {i}")
+    if calls is not None:  # and each was a window decode, placed in the JPEG's own 83 x 121
+        assert [c[:2] for c in calls] == [(22, 40), (22, 40), (32, 10), (32, 10)]

@@ -13,7 +13,9 @@ from packer.imageheader import sniff
 from packer.imageproc import (
     REDUCED_DECODE_MARGIN,
     ProcessOptions,
+    check_encoded,
     decode_payload,
+    jpeg_truncation,
     parse_encoding,
     parse_resize,
     process_image,
@@ -219,6 +221,69 @@ def test_truncated_files_are_refused():
     png = enc(BGR, ".png")
     with pytest.raises(ImageError):
         process_image(png[: len(png) // 2], opts())
+
+
+def _scan_starts(data: bytes) -> list[int]:
+    starts, at = [], data.find(b"\xff\xda")
+    while at >= 0:
+        starts.append(at)
+        at = data.find(b"\xff\xda", at + 1)
+    return starts
+
+
+@pytest.mark.parametrize("name", ["arithmetic.jpg", "arithmetic-progressive.jpg", "huffman-progressive"])
+def test_cut_jpegs_with_an_end_marker_are_skipped_as_truncated(name):
+    """A JPEG cut short and given an end marker: libjpeg warns where a Huffman-coded scan ends
+    early, but decodes a cut arithmetic-coded scan, and a progressive JPEG cut between two scans,
+    without a word (up to 255 levels off). One rule skips them all, in conversion and in copies."""
+    import os
+
+    if name == "huffman-progressive":
+        data = enc(draw(np.random.default_rng(5), 83, 121), ".jpg", [cv2.IMWRITE_JPEG_PROGRESSIVE, 1])
+    else:
+        with open(os.path.join(os.path.dirname(__file__), "data", name), "rb") as f:
+            data = f.read()
+    assert jpeg_truncation(data) is None
+    assert process_image(data, opts(encode="raw")).height == 83
+    check_encoded(data)
+    starts = _scan_starts(data)
+    # within scans: not within an arithmetic-coded refinement scan, which cannot be told from a
+    # complete one (docs/reliability.md)
+    refinement = [(at, end) for at, end in zip(starts, starts[1:] + [len(data)])
+                  if "arithmetic" in name and data[at + 7 + 2 * data[at + 4]] >> 4]
+    cuts = [cut for cut in (len(data) * k // 20 for k in range(3, 20))
+            if not any(at < cut < end for at, end in refinement)]
+    cuts += starts[1:]  # between scans
+    skipped = 0
+    for cut in cuts:
+        bad = data[:cut] + b"\xff\xd9"
+        try:
+            process_image(bad, opts(encode="raw"))
+        except ImageError as e:
+            skipped += 1
+            assert "truncated" in str(e) or "damaged" in str(e) or "could not decode" in str(e), (cut, e)
+            continue
+        raise AssertionError(f"{name} cut at {cut} of {len(data)} bytes was packed")
+    assert skipped == len(cuts)
+    for cut in cuts:
+        with pytest.raises(ImageError):
+            check_encoded(data[:cut] + b"\xff\xd9")
+    # --keep-damaged-jpeg keeps what libjpeg decodes
+    assert process_image(data[: len(data) * 3 // 5] + b"\xff\xd9", opts(encode="raw", keep_damaged_jpeg=True))
+
+
+def test_truncation_reasons_say_what_is_missing():
+    with open(__file__.replace("test_imageproc.py", "data/arithmetic-progressive.jpg"), "rb") as f:
+        data = f.read()
+    scans = _scan_starts(data)
+    assert "no end-of-image marker" in jpeg_truncation(data[:-2])
+    assert "cut between two scans: after scan 3, some" in jpeg_truncation(data[: scans[3]] + b"\xff\xd9")
+    with open(__file__.replace("test_imageproc.py", "data/arithmetic.jpg"), "rb") as f:
+        baseline = f.read()
+    assert jpeg_truncation(baseline[: len(baseline) // 2] + b"\xff\xd9") == (
+        "truncated JPEG (arithmetic-coded scan 1 of 1 is at least 256 bytes short)")
+    with pytest.raises(ImageError, match=r"arithmetic-coded scan .* \(--keep-damaged-jpeg keeps such files\)"):
+        process_image(baseline[: len(baseline) * 9 // 10] + b"\xff\xd9", opts())
 
 
 @pytest.mark.parametrize("bad", ["shorter:0", "shorter", "10x", "wide:5", ""])

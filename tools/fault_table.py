@@ -275,6 +275,20 @@ TRUST = {
         "SourceError naming the list file, line and key (JSON kept the last value, CSV the last column)"),
 }
 
+#: JPEGs that decode to wrong pixels without a libjpeg warning (tests/test_imageproc.py, tests/test_crop.py).
+JPEG = {
+    "test_cut_jpegs_with_an_end_marker_are_skipped_as_truncated": (
+        "arithmetic-coded baseline and progressive JPEGs, and a Huffman progressive one, cut within a scan or "
+        "between two scans, an end marker appended (libjpeg decodes them without a warning, up to 255 levels off)",
+        "skipped as truncated in conversion and in copies, with the reason; --keep-damaged-jpeg keeps them"),
+    "test_a_foreign_tfrecord_with_wrong_sizes_gets_the_window_of_its_jpegs": (
+        "crop= over another tool's TFRecord whose image/height and image/width are not its JPEG's",
+        "the window of the whole decode cut the same way (was another window), placed by the JPEG's header"),
+    "test_arithmetic_coded_jpegs_are_decoded_whole_and_cut": (
+        "crop= over arithmetic-coded JPEGs, whole and cut (the window decode's libjpeg-turbo differed by up to 47 levels)",
+        "decoded whole and cut: the same pixels as without crop="),
+}
+
 
 REMOTE = {
     "test_a_second_conversion_to_a_url_being_uploaded_is_refused_and_touches_nothing": (
@@ -343,6 +357,7 @@ def main() -> int:
     hrows = hostile_rows()
     trows = hostile_rows("test_trust.py", TRUST)
     rrows = hostile_rows("test_remote.py", REMOTE, only=True)
+    jrows = hostile_rows("test_imageproc.py", JPEG) + hostile_rows("test_crop.py", JPEG)
     print("\n## SIGKILL during conversion, then --resume\n")
     print(table(["format", "kills", "writing starts / run ends", "DST absent / complete", "resumes that kept samples",
                  "samples lost", "byte-identical after resume", "failures"], krows))
@@ -355,6 +370,8 @@ def main() -> int:
     print(table(["fault", "required", "outcome"], trows))
     print("\n## Object storage (tests/test_remote.py, selected)\n")
     print(table(["fault", "required", "outcome"], rrows))
+    print("\n## JPEGs that decode wrong without a warning (tests/test_imageproc.py, tests/test_crop.py)\n")
+    print(table(["fault", "required", "outcome"], jrows))
     print(f"\n({time.time() - t0:.0f} s, python {sys.version.split()[0]}, {os.cpu_count()} cores)")
     return 0
 
