@@ -25,6 +25,8 @@ except ImportError:  # pragma: no cover - installed with packer; absent only on 
     _simplejpeg = None
 
 try:  # packer's own C module (setup.py): a JPEG's crop window decoded alone; optional
+    if os.environ.get("PACKER_NO_EXTENSION") == "1":  # as at install: run as if it were not built
+        raise ImportError("PACKER_NO_EXTENSION=1")
     from . import _jpegwindow
 except ImportError:  # built without a C compiler or libjpeg-turbo headers: whole decodes, then crop
     _jpegwindow = None
