@@ -153,39 +153,6 @@ def test_merge_damaged_part(items, tmp_path):
     assert not os.path.exists(tmp_path / "m") and not os.path.exists(tmp_path / ".m.packer-tmp")
 
 
-def _swap_with_another_conversion(items, tmp_path, fmt, which):
-    """Part ``a`` (raw: files of equal size) with its sample table, index or payload file replaced
-    by the same file of another conversion of the same items, the first two swapped; its name."""
-    _convert(items, tmp_path / "a", fmt, encode="raw")
-    _convert(items[1::-1] + items[2:], tmp_path / "b", fmt, encode="raw")
-    files = read_manifest(str(tmp_path / "a")).files
-    name = {"table": files[-1].name, "payload": files[0].name,
-            "index": next((f.name for f in files if not f.samples and f.name != files[-1].name), None)}[which]
-    a, b = tmp_path / "a" / name, tmp_path / "b" / name
-    assert a.read_bytes() != b.read_bytes() and a.stat().st_size == b.stat().st_size
-    a.write_bytes(b.read_bytes())
-    return name
-
-
-@pytest.mark.parametrize(("fmt", "which"), [(f, "table") for f in FORMATS] + [(f, "payload") for f in FORMATS]
-                         + [("tar", "index"), ("tfrecord", "index")])
-def test_merge_refuses_a_part_file_from_another_conversion_before_copying(items, tmp_path, capsys, fmt, which):
-    """Each part's sample table and index files are checked by SHA-256, its payload files by size
-    and identity, before anything is copied: another conversion's file of the same size is refused
-    naming the part and the file (before, a swapped table's keys were merged into a dataset that
-    verified)."""
-    from packer.errors import CorruptDataError
-
-    name = _swap_with_another_conversion(items, tmp_path, fmt, which)
-    _convert(items[:2], tmp_path / "c", fmt, encode="raw")
-    with pytest.raises(CorruptDataError, match=rf"part {tmp_path / 'a'}: {name} differs from its manifest entry"):
-        merge([tmp_path / "c", tmp_path / "a"], tmp_path / "m")
-    assert not os.path.exists(tmp_path / "m") and not os.path.exists(tmp_path / ".m.packer-tmp")
-    assert main(["merge", str(tmp_path / "m"), str(tmp_path / "c"), str(tmp_path / "a")]) == 1
-    err = capsys.readouterr().err.strip().splitlines()
-    assert len(err) == 1 and name in err[0] and str(tmp_path / "a") in err[0], err
-
-
 def test_merge_refuses_version_1(items, tmp_path):
     """A packer 0.1 part has no file ids to keep: converting it first is the way."""
     import tarfile

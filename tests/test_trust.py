@@ -511,13 +511,13 @@ def test_lmdb_record_reached_through_a_wrong_pointer_is_refused(tmp_path):
 
 
 def _table_pair(tmp_path, fmt):
-    """Two conversions of one folder shuffled with different seeds: sample tables of equal size
-    holding the same keys and labels in other orders."""
+    """Two conversions of one folder shuffled with different seeds: files of equal size (raw
+    pixels), sample tables holding the same keys and labels in other orders."""
     src = str(tmp_path / "src")
     make_folder(src, {c: [(f"{c}{i}.png", 8, 8) for i in range(8)] for c in "abc"})
     outs = [str(tmp_path / f"o{seed}") for seed in (1, 2)]
     for seed, out in zip((1, 2), outs):
-        pack(src, out, fmt, encode="png", seed=seed)
+        pack(src, out, fmt, encode="raw", seed=seed)
     return outs
 
 
@@ -570,6 +570,34 @@ def test_a_sample_table_that_is_not_the_datasets_own_is_refused(tmp_path, fmt, h
     assert not rep.ok and any(table in p and "not this dataset's" in p for p in rep.problems), rep.problems
     r = subprocess.run([sys.executable, "-m", "packer", "verify", a], cwd=ROOT, capture_output=True, text=True)
     assert r.returncode == 1 and "samples.table" in r.stdout + r.stderr and "Traceback" not in r.stderr
+
+
+@pytest.mark.parametrize(("fmt", "which"), [(f, "table") for f in FORMATS] + [(f, "payload") for f in FORMATS]
+                         + [("tar", "index")])
+def test_merge_refuses_a_part_file_from_another_conversion_before_copying(tmp_path, capsys, fmt, which):
+    """merge checks each part's sample table and index files by SHA-256, its payload files by size
+    and identity, before anything is copied: another conversion's file of the same size is refused
+    naming the part and the file (before, a swapped table's keys were merged into a dataset that
+    verified)."""
+    from packer.errors import CorruptDataError
+    from packer.manifest import read_manifest
+    from packer.ops.merge import merge
+
+    a, b = _table_pair(tmp_path, fmt)
+    files = read_manifest(a).files
+    name = {"table": files[-1].name, "payload": files[0].name, "index": files[1].name}[which]
+    with open(os.path.join(a, name), "rb") as f, open(os.path.join(b, name), "rb") as g:
+        ours, theirs = f.read(), g.read()
+    assert ours != theirs and len(ours) == len(theirs)
+    with open(os.path.join(a, name), "wb") as f:
+        f.write(theirs)
+    m = str(tmp_path / "m")
+    with pytest.raises(CorruptDataError, match=f"part {a}: {name} differs from its manifest entry"):
+        merge([b, a], m)
+    assert not os.path.exists(m) and not os.path.exists(os.path.join(tmp_path, ".m.packer-tmp"))
+    assert main(["merge", m, b, a]) == 1
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and f"part {a}: {name}" in err[0] and "Traceback" not in err[0], err
 
 
 # -- options a format does not take are refused, never silently ignored ------------------------------
