@@ -572,6 +572,30 @@ def test_a_sample_table_that_is_not_the_datasets_own_is_refused(tmp_path, fmt, h
     assert r.returncode == 1 and "samples.table" in r.stdout + r.stderr and "Traceback" not in r.stderr
 
 
+@pytest.mark.parametrize("bad", ["", "XYZ", "0123456789ABCDEF", 7])
+def test_a_sample_table_id_that_is_not_one_is_refused_with_the_manifest(tmp_path, capsys, bad):
+    """The table's id is 16 lowercase hex digits; a manifest holding anything else is one line
+    naming the table or the field. Without one (as written before tables had an id) it opens."""
+    import json
+
+    a, _ = _table_pair(tmp_path, "tar")
+    with open(os.path.join(a, "manifest.json")) as f:
+        m = json.load(f)
+    assert len(m["files"][-1]["id"]) == 16 and m["files"][-1]["name"] == "samples.table"
+    m["files"][-1]["id"] = bad
+    with open(os.path.join(a, "manifest.json"), "w") as f:
+        json.dump(m, f)
+    rc = main(["info", a])
+    err = capsys.readouterr().err.strip().splitlines()
+    if bad == "":  # as written before tables had an id: opens, the table checked by its SHA-256
+        assert rc == 0
+        from packer.datasets import open_dataset
+
+        assert len(open_dataset(a).keys) == 24
+    else:
+        assert rc == 1 and len(err) == 1 and ("'samples.table' has no valid id" in err[0] or "files[2].id" in err[0])
+
+
 @pytest.mark.parametrize(("fmt", "which"), [(f, "table") for f in FORMATS] + [(f, "payload") for f in FORMATS]
                          + [("tar", "index")])
 def test_merge_refuses_a_part_file_from_another_conversion_before_copying(tmp_path, capsys, fmt, which):
