@@ -374,15 +374,19 @@ def write_table(path: str, kind: str, fixed_path: str, keys_path: str, meta_path
         for blob in (keys_path, meta_path):
             for data in copy(blob):
                 put(data)
-        head = _HEAD.pack(_MAGIC, TABLE_VERSION, LABEL_KINDS.index(kind), 0, n, m, totals["keylen"],
-                          totals["metalen"], crc)
-        head += struct.pack("<I", crc32c.crc32c(head))
+        head = _header(kind, n, m, totals["keylen"], totals["metalen"], crc)
         out.seek(0)
         out.write(head)
         out.flush()
         os.fsync(out.fileno())
     os.replace(tmp, path)
     return table_id(head)
+
+
+def _header(kind: str, n: int, m: int, k: int, e: int, body_crc: int) -> bytes:
+    """The table's 48 header bytes: the fields, then the CRC32C of the fields."""
+    head = _HEAD.pack(_MAGIC, TABLE_VERSION, LABEL_KINDS.index(kind), 0, n, m, k, e, body_crc)
+    return head + struct.pack("<I", crc32c.crc32c(head))
 
 
 def build_table(path: str, kind: str, rows: Iterator[tuple[str, int]]) -> str:
