@@ -31,10 +31,18 @@ from ..filesystem import (
 )
 from ..layouts.tar import INDEX_SUFFIXES as TAR_INDEX_SUFFIXES
 from ..layouts.tar import pack_index, unpack_index
-from ..manifest import FileEntry, Manifest, file_sha256, read_manifest, write_manifest
+from ..manifest import (
+    FileEntry,
+    Manifest,
+    file_sha256,
+    item_records,
+    read_manifest,
+    without_item_records,
+    write_manifest,
+)
 from ..registry import writer_class
 from ..samples import TABLE_NAME, build_table, carried_label, is_table_name
-from .engine import ConvertOptions, Item, write_packed
+from .engine import NO_STAMP, ConvertOptions, Item, describe_stamp, write_packed
 from .transcode import COPY, _open_source, _reprocess_one
 
 __all__ = ["MergeReport", "merge", "merged_classes"]
@@ -108,6 +116,32 @@ def _read_parts(parts: Sequence[str]) -> list[Manifest]:
     return manifests
 
 
+def _check_item_records(parts: Sequence[str], manifests: Sequence[Manifest]) -> None:
+    """SourceError when two parts (or one) recorded the same source file, by its key, with another
+    size or modification time (``source.converted``, written by ``convert_items``): they were
+    converted from different copies of it. Items given as bytes have keys by position, not
+    identities, and are not compared; parts without records (older ones) have nothing to compare."""
+    seen: dict[str, tuple[tuple[int, int], str]] = {}
+    for p, m in zip(parts, manifests):
+        for where, records in item_records(m.source):
+            for i, r in enumerate(records if isinstance(records, list) else [None]):
+                if isinstance(r, list) and len(r) == 2 and all(isinstance(x, str) for x in r):
+                    continue  # bytes: [key, sha256]
+                if not (isinstance(r, list) and len(r) == 3 and isinstance(r[0], str)
+                        and all(isinstance(x, int) and not isinstance(x, bool) for x in r[1:])):
+                    raise SourceError(f"part {p}: its manifest's {where}[{i}] is not [key, size, mtime_ns] or "
+                                      f"[key, sha256]")
+                stamp = (r[1], r[2])
+                if stamp == NO_STAMP:
+                    continue  # could not be read: skipped, nothing converted
+                first = seen.setdefault(r[0], (stamp, p))
+                if first[0] != stamp:
+                    raise SourceError(f"parts {first[1]} and {p} disagree about the source file {r[0]}: "
+                                      f"{describe_stamp(first[0])} in {first[1]}, {describe_stamp(stamp)} in {p} "
+                                      f"(converted from different copies of it, or it changed in between); "
+                                      f"convert both from the same source")
+
+
 def _fixed_layout(m: Manifest) -> dict[str, Any]:
     return {k: v for k, v in m.layout.items() if k not in _FREE_LAYOUT}
 
@@ -127,8 +161,8 @@ def _template(manifests: Sequence[Manifest], classes: list[str]) -> Manifest:
         for k, n in m.ignored.items():
             ignored[k] = ignored.get(k, 0) + n
     seeds = {m.shuffle_seed for m in manifests}
-    source = {"kind": "merge", "parts": [{"samples": m.num_samples, "classes": len(m.classes), "source": m.source}
-                                         for m in manifests]}
+    source = {"kind": "merge", "parts": [{"samples": m.num_samples, "classes": len(m.classes),
+                                          "source": without_item_records(m.source)} for m in manifests]}
     return Manifest(format=manifests[0].format, num_samples=0, classes=classes, processing=dict(manifests[0].processing),
                     files=[], shuffle_seed=seeds.pop() if len(seeds) == 1 else None,
                     skipped=[s for m in manifests for s in m.skipped], ignored=ignored, source=source,
@@ -176,6 +210,7 @@ def merge(
         if os.path.lexists(dst) and not overwrite:
             raise FileExistsError(f"destination exists: {dst} (use --overwrite to replace it)")
         manifests = _read_parts(paths)
+        _check_item_records(paths, manifests)
         classes, labels = merged_classes([m.classes for m in manifests])
         template = _template(manifests, classes)
         template = describe(template) if describe is not None else template
