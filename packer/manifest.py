@@ -275,9 +275,8 @@ def _file_entry(f: Any, i: int) -> FileEntry:
     return entry
 
 
-#: The ``source`` key under which a conversion of explicit items (``convert_items``) lists what
-#: each item converted, in item order: ``[key, size, mtime_ns]`` for a file (``-1, -1`` when it
-#: could not be read), ``[key, sha256]`` for bytes given directly.
+#: The ``source`` key under which a conversion of explicit items (``convert_items``) lists the
+#: files it converted, in item order: ``[key, size, mtime_ns]`` (``-1, -1`` when it could not be read).
 ITEM_RECORDS = "converted"
 
 

@@ -146,7 +146,7 @@ class _Rows:
     def fingerprint(self, expected: Sequence[Stamp | None] | None = None) -> tuple[str, list[list[Any]]]:
         """Digest of the items: each key and label, and a file's size and modification time or the
         SHA-256 of bytes given directly (the rows hashed one by one, as ``digest(list)`` would);
-        and what each item is (:data:`~packer.manifest.ITEM_RECORDS`). Each file's stamp is kept
+        and each file's record (:data:`~packer.manifest.ITEM_RECORDS`). Each file's stamp is kept
         for the conversion to check; one that differs from ``expected[i]`` raises SourceError."""
         if expected is not None and len(expected) != len(self):
             raise ValueError(f"expected_stats has {len(expected)} entries for {len(self)} items")
@@ -159,10 +159,8 @@ class _Rows:
             if isinstance(source, bytes):
                 if want is not None:
                     raise ValueError(f"item {i}: expected_stats applies to files, not to bytes (give None)")
-                sha = hashlib.sha256(source).hexdigest()
-                entry: list[Any] = [key, int(label), sha]
-                records.append([key, sha])
-                self.stamps.extend(NO_STAMP)
+                entry: list[Any] = [key, int(label), hashlib.sha256(source).hexdigest()]
+                self.stamps.extend(NO_STAMP)  # bytes are recorded by the digest above alone
             else:
                 try:
                     st = os.stat(source)
@@ -259,11 +257,12 @@ def convert_items(
     ``source`` is recorded in the manifest (its ``fingerprint`` key is set here), and so is
     ``shuffle_seed`` (the seed of a shuffle the caller applied to the items, or None).
 
-    The manifest's ``source.converted`` lists what each item was: ``[key, size, mtime_ns]`` of
-    its file as listed before any image is read, ``[key, sha256]`` of bytes; each file must still
-    be of that size and modification time when it is read (SourceError naming it otherwise: it
-    changed during the conversion), and :func:`~packer.ops.merge.merge` refuses parts that
-    disagree about the same file. ``expected_stats``, one entry per item, pins a file to the
+    The manifest's ``source.converted`` lists what each file item was, ``[key, size, mtime_ns]``
+    as listed before any image is read; each file must still be of that size and modification
+    time when it is read (SourceError naming it otherwise: it changed during the conversion), and
+    :func:`~packer.ops.merge.merge` refuses parts that disagree about the same file. Items given
+    as bytes are bound by their SHA-256 in ``source.fingerprint`` alone (their keys are positions,
+    which parts cannot share). ``expected_stats``, one entry per item, pins a file to the
     ``(size, mtime_ns)`` that the process planning the work saw (None: not pinned, and for
     bytes); a file that differs fails the call before any image is read, naming it (a node with a
     stale copy of the source). FileExistsError
@@ -302,7 +301,8 @@ def convert_items(
     listed, records = rows.fingerprint(expected_stats)
     fingerprint = {"source": listed, "options": options_fingerprint(fmt, template, options)}
     template.source["fingerprint"] = digest(fingerprint)
-    template.source[ITEM_RECORDS] = records
+    if records:
+        template.source[ITEM_RECORDS] = records
     with claim_destination(dst):
         recover_publish(dst)
         kept = _finished(dst, template.source["fingerprint"]) if options.resume else None

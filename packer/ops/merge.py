@@ -119,18 +119,15 @@ def _read_parts(parts: Sequence[str]) -> list[Manifest]:
 def _check_item_records(parts: Sequence[str], manifests: Sequence[Manifest]) -> None:
     """SourceError when two parts (or one) recorded the same source file, by its key, with another
     size or modification time (``source.converted``, written by ``convert_items``): they were
-    converted from different copies of it. Items given as bytes have keys by position, not
-    identities, and are not compared; parts without records (older ones) have nothing to compare."""
+    converted from different copies of it. Parts without records (older ones, items given as
+    bytes) have nothing to compare."""
     seen: dict[str, tuple[tuple[int, int], str]] = {}
     for p, m in zip(parts, manifests):
         for where, records in item_records(m.source):
             for i, r in enumerate(records if isinstance(records, list) else [None]):
-                if isinstance(r, list) and len(r) == 2 and all(isinstance(x, str) for x in r):
-                    continue  # bytes: [key, sha256]
                 if not (isinstance(r, list) and len(r) == 3 and isinstance(r[0], str)
                         and all(isinstance(x, int) and not isinstance(x, bool) for x in r[1:])):
-                    raise SourceError(f"part {p}: its manifest's {where}[{i}] is not [key, size, mtime_ns] or "
-                                      f"[key, sha256]")
+                    raise SourceError(f"part {p}: its manifest's {where}[{i}] is not [key, size, mtime_ns]")
                 stamp = (r[1], r[2])
                 if stamp == NO_STAMP:
                     continue  # could not be read: skipped, nothing converted
