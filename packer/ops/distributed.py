@@ -1,7 +1,10 @@
 """Converting an image folder with the processes torchrun starts: :func:`convert_imagefolder_torchrun`.
 
 Rank 0 scans and shuffles once and sends the ordered list to every rank (JSON bytes in a tensor,
-gloo); each rank converts one contiguous part into a hidden folder beside the destination with its
+gloo): SRC as given, and each file's path, label, size and modification time. Every rank checks
+that it was given the same SRC and that the files of its share are the ones rank 0 listed, and
+any difference fails every rank before an image is converted; each file is checked again as it
+is read. Each rank converts one contiguous part into a hidden folder beside the destination with its
 own worker processes; rank 0 merges the parts (:mod:`packer.ops.merge`; shards taken whole are
 hard-linked, not copied) and publishes. The result
 holds the samples of a one-process conversion with the same seed, in the same order, with the same

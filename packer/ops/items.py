@@ -241,7 +241,8 @@ def convert_items(
     A Sequence (a list, or a lazy sequence that makes item ``i`` when asked) is read by position,
     item by item, and never copied: two or three passes (class names when ``classes`` is None,
     the fingerprint, the conversion), so it must give the same items each time; memory then
-    does not grow with the number of items. Any other iterable is first made a list.
+    grows with the number of items only by the 16 bytes of each item's stamp and the list of
+    file items the manifest keeps (below). Any other iterable is first made a list.
 
     Labels are class names or numbers (see :func:`item_classes` for ``classes=None``); give the
     full ``classes`` list when parts made separately are to be merged without renumbering. Images
