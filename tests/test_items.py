@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import shutil
 from collections.abc import Sequence
 
 import pytest
@@ -131,6 +132,9 @@ def test_files_are_pinned_to_what_was_listed(folder, tmp_path):
     report = convert_items(items, tmp_path / "out", "tar", root=folder, expected_stats=stats)
     assert report.manifest.source["converted"] == [[os.path.relpath(p, folder), *st] for (p, _, _), st in
                                                    zip(items, stats)]
+    end = convert_items(items, tmp_path / "end", "tar", root=folder, expected_stats=stats, record_files=False)
+    assert "converted" not in end.manifest.source
+    shutil.rmtree(tmp_path / "end")
     stats[2] = (stats[2][0], stats[2][1] - 1)
     with pytest.raises(SourceError, match=f"{items[2][0]} is not the file this conversion was planned with: .*"
                                           f"it was {stats[2][0]:,} bytes, modified "):

@@ -239,7 +239,8 @@ def _convert_part(plan: dict[str, Any], src: str, dst: str, fmt: str, options: C
     try:
         if not items:
             return {"error": None, "part": None, "skipped": []}, None
-        report = convert_items(items, path, fmt, opts, plan["classes"], root=src, expected_stats=stats)
+        report = convert_items(items, path, fmt, opts, plan["classes"], root=src, expected_stats=stats,
+                               record_files=False)  # the plan is the record; the merged manifest drops it
         kept = bool(report.notes) and report.notes[0].startswith("kept ")
         return {"error": None, "part": path, "skipped": None, "kept": kept}, None
     except SourceError as e:

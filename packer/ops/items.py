@@ -234,6 +234,7 @@ def convert_items(
     source: dict[str, Any] | None = None,
     shuffle_seed: int | None = None,
     expected_stats: Sequence[Stamp | None] | None = None,
+    record_files: bool = True,
 ) -> ConvertReport:
     """Convert ``items``, each ``(path or bytes, label, metadata)``, into a packed dataset of
     format ``fmt`` at ``dst``, in the order given (``options.shuffle`` and ``seed`` are not used).
@@ -263,10 +264,13 @@ def convert_items(
     time when it is read (SourceError naming it otherwise: it changed during the conversion), and
     :func:`~packer.ops.merge.merge` refuses parts that disagree about the same file. Items given
     as bytes are bound by their SHA-256 in ``source.fingerprint`` alone (their keys are positions,
-    which parts cannot share). ``expected_stats``, one entry per item, pins a file to the
-    ``(size, mtime_ns)`` that the process planning the work saw (None: not pinned, and for
-    bytes); a file that differs fails the call before any image is read, naming it (a node with a
-    stale copy of the source). FileExistsError
+    which parts cannot share). ``record_files=False`` leaves the list out, for a dataset that is
+    an end product rather than a part to merge (the list takes a few tens of bytes and the key per
+    file in the manifest, which every reader reads); the files are still checked as they are
+    read. ``expected_stats``, one entry per item, pins a file to the ``(size, mtime_ns)`` that
+    the process planning the work saw (None: not pinned; always None for bytes); a file that
+    differs fails the call before any image is read, naming it (a node with a stale copy of the
+    source). FileExistsError
     when ``dst`` exists without ``overwrite``; SourceError when no image could be converted;
     ValueError naming the item for a label or metadata that cannot be stored.
     """
@@ -302,7 +306,7 @@ def convert_items(
     listed, records = rows.fingerprint(expected_stats)
     fingerprint = {"source": listed, "options": options_fingerprint(fmt, template, options)}
     template.source["fingerprint"] = digest(fingerprint)
-    if records:
+    if records and record_files:
         template.source[ITEM_RECORDS] = records
     with claim_destination(dst):
         recover_publish(dst)
