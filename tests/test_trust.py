@@ -1225,7 +1225,7 @@ def test_merge_refuses_parts_that_disagree_about_a_source_file(tmp_path, capsys)
     of exact copies (times kept) merge; items given as bytes (keys by position) are not compared."""
     import json
 
-    from packer.manifest import read_manifest
+    from packer.manifest import read_manifest, write_manifest
     from packer.ops.items import convert_items
     from packer.ops.merge import merge
 
@@ -1253,3 +1253,8 @@ def test_merge_refuses_parts_that_disagree_about_a_source_file(tmp_path, capsys)
     err = capsys.readouterr().err
     assert f"parts {p2} and {p3} disagree about the source file b/b1.png" in err and len(err.splitlines()) == 1
     assert not os.path.exists(tmp_path / "bad")
+    m = read_manifest(p3)
+    m.source["converted"][1][2] = str(st.st_mtime_ns)  # forged: a string where the time goes
+    write_manifest(p3, m)
+    with pytest.raises(SourceError, match=f"part {p3}: its manifest's source.converted.1. is not .key, size, "):
+        merge([p1, p3], tmp_path / "bad")

@@ -31,18 +31,10 @@ from ..filesystem import (
 )
 from ..layouts.tar import INDEX_SUFFIXES as TAR_INDEX_SUFFIXES
 from ..layouts.tar import pack_index, unpack_index
-from ..manifest import (
-    FileEntry,
-    Manifest,
-    file_sha256,
-    item_records,
-    read_manifest,
-    without_item_records,
-    write_manifest,
-)
+from ..manifest import FileEntry, Manifest, file_sha256, read_manifest, write_manifest
 from ..registry import writer_class
 from ..samples import TABLE_NAME, build_table, carried_label, is_table_name
-from .engine import NO_STAMP, ConvertOptions, Item, describe_stamp, write_packed
+from .engine import ConvertOptions, Item, write_packed
 from .transcode import COPY, _open_source, _reprocess_one
 
 __all__ = ["MergeReport", "merge", "merged_classes"]
@@ -116,11 +108,15 @@ def _read_parts(parts: Sequence[str]) -> list[Manifest]:
     return manifests
 
 
-def _check_item_records(parts: Sequence[str], manifests: Sequence[Manifest]) -> None:
+def _check_and_drop_item_records(parts: Sequence[str], manifests: Sequence[Manifest]) -> None:
     """SourceError when two parts (or one) recorded the same source file, by its key, with another
     size or modification time (``source.converted``, written by ``convert_items``): they were
     converted from different copies of it. Parts without records (older ones, items given as
-    bytes) have nothing to compare."""
+    bytes) have nothing to compare. Then the lists are left out of the parts' facts that the
+    merged manifest copies: they grow with every file, and every reader reads that manifest."""
+    from ..manifest import item_records, without_item_records
+    from .engine import NO_STAMP, describe_stamp
+
     seen: dict[str, tuple[tuple[int, int], str]] = {}
     for p, m in zip(parts, manifests):
         for where, records in item_records(m.source):
@@ -137,6 +133,8 @@ def _check_item_records(parts: Sequence[str], manifests: Sequence[Manifest]) -> 
                                       f"{describe_stamp(first[0])} in {first[1]}, {describe_stamp(stamp)} in {p} "
                                       f"(converted from different copies of it, or it changed in between); "
                                       f"convert both from the same source")
+    for m in manifests:
+        m.source = without_item_records(m.source)
 
 
 def _fixed_layout(m: Manifest) -> dict[str, Any]:
@@ -158,8 +156,8 @@ def _template(manifests: Sequence[Manifest], classes: list[str]) -> Manifest:
         for k, n in m.ignored.items():
             ignored[k] = ignored.get(k, 0) + n
     seeds = {m.shuffle_seed for m in manifests}
-    source = {"kind": "merge", "parts": [{"samples": m.num_samples, "classes": len(m.classes),
-                                          "source": without_item_records(m.source)} for m in manifests]}
+    source = {"kind": "merge", "parts": [{"samples": m.num_samples, "classes": len(m.classes), "source": m.source}
+                                         for m in manifests]}
     return Manifest(format=manifests[0].format, num_samples=0, classes=classes, processing=dict(manifests[0].processing),
                     files=[], shuffle_seed=seeds.pop() if len(seeds) == 1 else None,
                     skipped=[s for m in manifests for s in m.skipped], ignored=ignored, source=source,
@@ -207,7 +205,7 @@ def merge(
         if os.path.lexists(dst) and not overwrite:
             raise FileExistsError(f"destination exists: {dst} (use --overwrite to replace it)")
         manifests = _read_parts(paths)
-        _check_item_records(paths, manifests)
+        _check_and_drop_item_records(paths, manifests)
         classes, labels = merged_classes([m.classes for m in manifests])
         template = _template(manifests, classes)
         template = describe(template) if describe is not None else template
