@@ -30,6 +30,9 @@ __all__ = [
     "atomic_write_bytes",
     "fsync_dir",
     "file_sha256",
+    "ITEM_RECORDS",
+    "item_records",
+    "without_item_records",
 ]
 
 MANIFEST_NAME = "manifest.json"
@@ -273,6 +276,58 @@ def _file_entry(f: Any, i: int) -> FileEntry:
         raise ValueError(f"{at} ({name!r}) claims {entry.samples} samples in {entry.bytes} bytes; every sample "
                          f"takes at least one byte")
     return entry
+
+
+#: The ``source`` key under which a conversion of explicit items (``convert_items``) lists the
+#: files it converted, in item order: ``[key, size, mtime_ns]`` (``-1, -1`` when it could not be read).
+ITEM_RECORDS = "converted"
+
+
+def _nested_sources(source: dict[str, Any]) -> list[tuple[str, dict[str, Any]]]:
+    """``source`` and the sources it holds (a converted dataset's ``source``, a merge's
+    ``parts[i].source``), each with where it is (``source``, ``source.parts[1].source``)."""
+    out, stack = [], [("source", source)]
+    while stack:
+        at, s = stack.pop()
+        out.append((at, s))
+        inner = s.get("source")
+        if isinstance(inner, dict):
+            stack.append((f"{at}.source", inner))
+        parts = s.get("parts")
+        for i, p in enumerate(parts if isinstance(parts, list) else []):
+            if isinstance(p, dict) and isinstance(p.get("source"), dict):
+                stack.append((f"{at}.parts[{i}].source", p["source"]))
+    return out
+
+
+def item_records(source: dict[str, Any]) -> list[tuple[str, Any]]:
+    """Every per-item record list (:data:`ITEM_RECORDS`) in a manifest's ``source``, nested ones
+    included, each with where it is (``source.converted``); not checked here."""
+    return [(f"{at}.{ITEM_RECORDS}", s[ITEM_RECORDS]) for at, s in _nested_sources(source) if ITEM_RECORDS in s]
+
+
+def without_item_records(source: dict[str, Any]) -> dict[str, Any]:
+    """A copy of a manifest's ``source`` without per-item record lists, nested ones included (what
+    goes where a manifest's facts are copied: HDF5's ``manifest`` attribute, a merge's parts)."""
+    if not item_records(source):
+        return source
+    root = dict(source)
+    stack = [root]
+    while stack:  # copies along the nesting, no recursion (a manifest may nest deeply)
+        s = stack.pop()
+        s.pop(ITEM_RECORDS, None)
+        if isinstance(s.get("source"), dict):
+            s["source"] = dict(s["source"])
+            stack.append(s["source"])
+        if isinstance(s.get("parts"), list):
+            parts = []
+            for p in s["parts"]:
+                if isinstance(p, dict) and isinstance(p.get("source"), dict):
+                    p = {**p, "source": dict(p["source"])}
+                    stack.append(p["source"])
+                parts.append(p)
+            s["parts"] = parts
+    return root
 
 
 def write_manifest(directory: str, manifest: Manifest) -> None:

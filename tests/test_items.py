@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import shutil
 from collections.abc import Sequence
 
 import pytest
@@ -119,3 +120,56 @@ def test_a_sequence_is_read_by_position_not_copied(folder, tmp_path):
     assert report.manifest.classes == ["c0", "c1", "c2"] and report.manifest.num_samples == 7
     assert _records(tmp_path / "lazy") == _records(tmp_path / "list")
     assert report.manifest.source["fingerprint"] == read_manifest(str(tmp_path / "list")).source["fingerprint"]
+
+
+def test_files_are_pinned_to_what_was_listed(folder, tmp_path):
+    """``source.converted`` records each item; ``expected_stats`` that a file no longer matches
+    fails the call before any image is read, naming the file; nothing is left at or beside DST."""
+    from packer.errors import SourceError
+
+    items = _folder_items(folder)
+    stats = [(os.stat(p).st_size, os.stat(p).st_mtime_ns) for p, _, _ in items]
+    report = convert_items(items, tmp_path / "out", "tar", root=folder, expected_stats=stats)
+    assert report.manifest.source["converted"] == [[os.path.relpath(p, folder), *st] for (p, _, _), st in
+                                                   zip(items, stats)]
+    end = convert_items(items, tmp_path / "end", "tar", root=folder, expected_stats=stats, record_files=False)
+    assert "converted" not in end.manifest.source
+    shutil.rmtree(tmp_path / "end")
+    stats[2] = (stats[2][0], stats[2][1] - 1)
+    with pytest.raises(SourceError, match=f"{items[2][0]} is not the file this conversion was planned with: .*"
+                                          f"it was {stats[2][0]:,} bytes, modified "):
+        convert_items(items, tmp_path / "pinned", "tar", root=folder, expected_stats=stats)
+    with pytest.raises(ValueError, match="expected_stats has 1 entries for 4 items"):
+        convert_items(items, tmp_path / "pinned", "tar", expected_stats=stats[:1])
+    assert sorted(os.listdir(tmp_path)) == ["out", "src"]
+
+
+class _RewritesFirstFile(Sequence):
+    """Items whose first file is rewritten (other bytes, other time) when the last item is first
+    asked for: after convert_items listed the first file, before it reads it."""
+
+    def __init__(self, items):
+        self.items, self.done = items, False
+
+    def __len__(self):
+        return len(self.items)
+
+    def __getitem__(self, i):
+        if i == len(self.items) - 1 and not self.done:
+            self.done = True
+            with open(self.items[0][0], "ab") as f:
+                f.write(b"\0" * 7)
+        return self.items[i]
+
+
+@pytest.mark.parametrize("workers", [1, 2])
+def test_a_file_changed_after_it_was_listed_fails_the_conversion(folder, tmp_path, workers):
+    """The bytes read must come from the file as listed (checked on the open file, in the worker
+    process that reads it): a change fails the conversion naming the file, never stored as good."""
+    from packer.errors import SourceError
+
+    items = _RewritesFirstFile(_folder_items(folder))
+    with pytest.raises(SourceError, match=f"{items.items[0][0]} is not the file this conversion was planned with"):
+        convert_items(items, tmp_path / "out", "lmdb", ConvertOptions(workers=workers), classes=["cat", "dog"],
+                      root=folder)
+    assert sorted(os.listdir(tmp_path)) == ["src"]

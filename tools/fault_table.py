@@ -272,6 +272,13 @@ TRUST = {
     "test_hdf5_disk_filled_after_the_space_check_is_one_line_not_a_crash": (
         "DST on a 2 MB tmpfs filled after HDF5's free-space check passed; 1 and 2 workers",
         "exit 1, one line 'disk full', nothing left (was h5py tracebacks and a SIGSEGV at exit)"),
+    "test_torchrun_ranks_that_see_other_files_fail_the_job": (
+        "torchrun on two nodes: rank 1's copy of SRC stale (one file with other bytes and time, same SRC argument), "
+        "or rank 1 given another SRC", "every rank exits non-zero naming rank 1 and the file (or both SRCs) before "
+        "converting; nothing published (was exit 0 with rank 1's images under rank 0's labels)"),
+    "test_merge_refuses_parts_that_disagree_about_a_source_file": (
+        "convert_items parts of the same file key made from different copies of it",
+        "merge refuses naming the file and both parts, writes nothing (was merged silently)"),
     "test_list_rows_outside_the_root_are_refused_naming_them": (
         "list rows '../secret.png' and an absolute path outside --root (and outside the list's folder when no "
         "--root is given); --allow-outside-root", "exit 1, one line naming the rows and their lines, nothing written "

@@ -1,7 +1,10 @@
 """Converting an image folder with the processes torchrun starts: :func:`convert_imagefolder_torchrun`.
 
 Rank 0 scans and shuffles once and sends the ordered list to every rank (JSON bytes in a tensor,
-gloo); each rank converts one contiguous part into a hidden folder beside the destination with its
+gloo): SRC as given, and each file's path, label, size and modification time. Every rank checks
+that it was given the same SRC and that the files of its share are the ones rank 0 listed, and
+any difference fails every rank before an image is converted; each file is checked again as it
+is read. Each rank converts one contiguous part into a hidden folder beside the destination with its
 own worker processes; rank 0 merges the parts (:mod:`packer.ops.merge`; shards taken whole are
 hard-linked, not copied) and publishes. The result
 holds the samples of a one-process conversion with the same seed, in the same order, with the same
@@ -23,7 +26,7 @@ from typing import Any
 from ..errors import PackerError, SourceError
 from ..filesystem import check_destination, claim_destination, sibling_path
 from ..manifest import Manifest, Skipped, read_manifest
-from .engine import ConvertOptions, ConvertReport, scan_ordered
+from .engine import ConvertOptions, ConvertReport, describe_stamp, file_stamp, scan_ordered
 from .items import convert_items
 from .merge import merge
 
@@ -147,8 +150,10 @@ def _run_rank0(src: str, dst: str, fmt: str, options: ConvertOptions, launch: La
     except BaseException as e:
         _broadcast_json({"error": f"{type(e).__name__}: {e}"})
         raise
-    plan = {"classes": template.classes, "items": [[s.relpath.replace(os.sep, "/"), s.label] for s in samples]}
+    plan = {"src": src, "classes": template.classes,
+            "items": [[s.relpath.replace(os.sep, "/"), s.label, *file_stamp(s.path)] for s in samples]}
     _broadcast_json(plan)
+    _agree_on_sources(plan, src, launch)
     outcome, own_error = _convert_part(plan, src, dst, fmt, options, launch)
     outcomes = _gather_json(outcome)
     failed = None
@@ -180,6 +185,7 @@ def _run_rank(src: str, dst: str, fmt: str, options: ConvertOptions, launch: Lau
     plan = _broadcast_json(None)
     if plan.get("error"):
         raise DistributedError(f"rank 0 of {launch.world_size} failed: {plan['error']}")
+    _agree_on_sources(plan, src, launch)
     outcome, own_error = _convert_part(plan, src, dst, fmt, options, launch)
     _gather_json(outcome)
     final = _broadcast_json(None)
@@ -191,6 +197,35 @@ def _run_rank(src: str, dst: str, fmt: str, options: ConvertOptions, launch: Lau
     return ConvertReport(dst, manifest, time.perf_counter() - t0, list(manifest.skipped))
 
 
+def _agree_on_sources(plan: dict[str, Any], src: str, launch: Launch) -> None:
+    """Before any image is converted: every rank checks that it was given rank 0's SRC and that
+    each file of its share is the one rank 0 listed (size and modification time, one ``os.stat``
+    each); when any rank sees other files, every rank raises DistributedError naming that rank
+    and the file. The conversion then checks each file again as it reads it."""
+    problems = _gather_json(_source_problem(plan, src, launch))
+    bad = next((r for r, p in enumerate(problems) if p), None)
+    if bad is not None:
+        raise DistributedError(f"rank {bad} of {launch.world_size} sees other source files than rank 0: "
+                               f"{problems[bad]}; every rank must see the same source (one shared folder, or "
+                               f"identical copies with the same modification times)")
+
+
+def _source_problem(plan: dict[str, Any], src: str, launch: Launch) -> str | None:
+    """How this rank's view of the source differs from rank 0's plan, or None."""
+    if os.path.normpath(plan["src"]) != os.path.normpath(src):
+        return f"it was given SRC {src}, rank 0 {plan['src']}"
+    start, stop = part_range(len(plan["items"]), launch.world_size, launch.rank)
+    first, differ = "", 0
+    for rel, _, size, mtime in plan["items"][start:stop]:
+        path = os.path.join(src, *rel.split("/"))
+        found = file_stamp(path)
+        if found != (size, mtime):
+            differ += 1
+            first = first or f"{path} is {describe_stamp(found)} there, {describe_stamp((size, mtime))} on rank 0"
+    more = f" (and {differ - 1} more of the {stop - start} files of its share)" if differ > 1 else ""
+    return first + more if differ else None
+
+
 def _convert_part(plan: dict[str, Any], src: str, dst: str, fmt: str, options: ConvertOptions,
                   launch: Launch) -> tuple[dict[str, Any], BaseException | None]:
     """Convert this rank's share of the plan into its part folder: the outcome every rank is told
@@ -198,12 +233,14 @@ def _convert_part(plan: dict[str, Any], src: str, dst: str, fmt: str, options: C
     start, stop = part_range(len(plan["items"]), launch.world_size, launch.rank)
     share = plan["items"][start:stop]
     path = part_path(dst, launch.rank, launch.world_size)
-    items = [(os.path.join(src, *rel.split("/")), label, None) for rel, label in share]
+    items = [(os.path.join(src, *rel.split("/")), label, None) for rel, label, _, _ in share]
+    stats = [(size, mtime) for _, _, size, mtime in share]
     opts = replace(options, overwrite=True, progress=options.progress and launch.rank == 0)
     try:
         if not items:
             return {"error": None, "part": None, "skipped": []}, None
-        report = convert_items(items, path, fmt, opts, plan["classes"], root=src)
+        report = convert_items(items, path, fmt, opts, plan["classes"], root=src, expected_stats=stats,
+                               record_files=False)  # the plan is the record; the merged manifest drops it
         kept = bool(report.notes) and report.notes[0].startswith("kept ")
         return {"error": None, "part": path, "skipped": None, "kept": kept}, None
     except SourceError as e:

@@ -48,7 +48,15 @@ from ..filesystem import (
 )
 from ..imageproc import ProcessedImage, ProcessOptions, Resize, process_image
 from ..journal import JOURNAL_NAME, Journal, digest, read_journal, remove_journal, write_journal
-from ..manifest import MANIFEST_NAME, Manifest, Skipped, file_sha256, read_manifest, write_manifest
+from ..manifest import (
+    MANIFEST_NAME,
+    Manifest,
+    Skipped,
+    file_sha256,
+    read_manifest,
+    without_item_records,
+    write_manifest,
+)
 from ..progress import LOG_INTERVAL, Progress
 from ..registry import formats_taking, get_format, writer_class
 from ..samples import SampleTableWriter
@@ -71,6 +79,11 @@ __all__ = [
     "left_small",
     "interrupted_samples",
     "differences",
+    "Stamp",
+    "NO_STAMP",
+    "file_stamp",
+    "describe_stamp",
+    "stamp_mismatch",
 ]
 
 
@@ -126,12 +139,48 @@ class ConvertReport:
 Result = tuple[ProcessedImage | None, str | None]  # (image, None) or (None, reason)
 
 
-def _process_file(path: str, opts: ProcessOptions) -> Result:
+#: What a conversion knows of a source file before reading it: ``(size, mtime_ns)``, or
+#: :data:`NO_STAMP` when it could not be looked up (a missing or unreadable file).
+Stamp = tuple[int, int]
+NO_STAMP: Stamp = (-1, -1)
+
+
+def file_stamp(path: str) -> Stamp:
+    """The size and modification time (ns) of the file at ``path``, or :data:`NO_STAMP`."""
+    try:
+        st = os.stat(path)
+    except OSError:
+        return NO_STAMP
+    return st.st_size, st.st_mtime_ns
+
+
+def describe_stamp(stamp: Stamp) -> str:
+    """A stamp for the user: ``1,234 bytes, modified 2026-12-01 15:51:03.123456789 UTC``."""
+    if tuple(stamp) == NO_STAMP:
+        return "missing or unreadable"
+    size, ns = stamp
+    when = time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(ns // 10**9))
+    return f"{size:,} bytes, modified {when}.{ns % 10**9:09d} UTC"
+
+
+def stamp_mismatch(path: str, found: Stamp, expected: Stamp) -> SourceError:
+    """The error for a source file that is not the one the conversion was planned with."""
+    return SourceError(f"{path} is not the file this conversion was planned with: it is {describe_stamp(found)}, "
+                       f"it was {describe_stamp(expected)} when listed (it changed, or this process sees "
+                       f"another copy of the source)")
+
+
+def _process_file(path: str, opts: ProcessOptions, stamp: Stamp | None = None) -> Result:
+    """One image file processed. With ``stamp``, the bytes read must come from a file of that size
+    and modification time, else SourceError (never a skip: the file is not the planned one)."""
     try:
         with open(path, "rb") as f:
             data = f.read()
+            seen = os.fstat(f.fileno()) if stamp is not None else None
     except OSError as e:
         return None, f"cannot read: {e.strerror or e}"
+    if seen is not None and stamp is not None and (seen.st_size, seen.st_mtime_ns) != tuple(stamp):
+        raise stamp_mismatch(path, (seen.st_size, seen.st_mtime_ns), stamp)
     return process_data(data, opts)
 
 
@@ -319,6 +368,7 @@ class _Run:
         info = self.template.to_json()
         for k in ("num_samples", "files", "layout", "skipped", "ignored"):
             del info[k]
+        info["source"] = without_item_records(info["source"])  # per-item lists stay in the manifest alone
         self.writer.begin({**info, "format": self.fmt})
         j = self.journal
         if j is None:

@@ -10,6 +10,7 @@ import math
 import numbers
 import os
 import time
+from array import array
 from collections.abc import Iterable, Iterator, Sequence
 from typing import Any, Union
 
@@ -18,17 +19,20 @@ from ..errors import ImageError, PackerError
 from ..filesystem import claim_destination, recover_publish
 from ..imageproc import ProcessOptions
 from ..journal import digest
-from ..manifest import Manifest, read_manifest
+from ..manifest import ITEM_RECORDS, Manifest, read_manifest
 from ..registry import writer_class
 from ..samples import LABEL_KINDS, Label, encode_meta, sample_fields
 from .engine import (
+    NO_STAMP,
     ConvertOptions,
     ConvertReport,
     Item,
+    Stamp,
     _process_file,
     options_fingerprint,
     ordered_map,
     process_data,
+    stamp_mismatch,
     write_packed_result,
 )
 
@@ -85,12 +89,13 @@ def _key(i: int, source: str | os.PathLike[str] | bytes, root: str | None) -> st
     return path.replace(os.sep, "/")
 
 
-def _process_source(source: str | bytes, opts: ProcessOptions) -> tuple[Any, str | None]:
-    return process_data(source, opts) if isinstance(source, bytes) else _process_file(source, opts)
+def _process_source(source: str | bytes, stamp: Stamp | None, opts: ProcessOptions) -> tuple[Any, str | None]:
+    return process_data(source, opts) if isinstance(source, bytes) else _process_file(source, opts, stamp)
 
 
-def _process_sources(sources: Sequence[str | bytes], opts: ProcessOptions) -> list[tuple[Any, str | None]]:
-    return [_process_source(s, opts) for s in sources]
+def _process_sources(sources: Sequence[tuple[str | bytes, Stamp | None]],
+                     opts: ProcessOptions) -> list[tuple[Any, str | None]]:
+    return [_process_source(s, stamp, opts) for s, stamp in sources]
 
 
 class _Rows:
@@ -101,6 +106,7 @@ class _Rows:
         self.items, self.root, self.kind = items, root, kind
         self.to_label = {c: i for i, c in enumerate(names)}
         self.count = len(names)
+        self.stamps = array("q")  # (size, mtime_ns) of each item's file as listed; NO_STAMP for bytes
 
     def __len__(self) -> int:
         return len(self.items)
@@ -133,27 +139,47 @@ class _Rows:
         """The sources from position ``start`` on, as a lazy sequence for :func:`ordered_map`."""
         return _Sources(self, start)
 
-    def fingerprint(self) -> str:
+    def stamp(self, i: int) -> Stamp:
+        """Item ``i``'s file as :meth:`fingerprint` listed it."""
+        return self.stamps[2 * i], self.stamps[2 * i + 1]
+
+    def fingerprint(self, expected: Sequence[Stamp | None] | None = None) -> tuple[str, list[list[Any]]]:
         """Digest of the items: each key and label, and a file's size and modification time or the
-        SHA-256 of bytes given directly (the rows hashed one by one, as ``digest(list)`` would)."""
+        SHA-256 of bytes given directly (the rows hashed one by one, as ``digest(list)`` would);
+        and each file's record (:data:`~packer.manifest.ITEM_RECORDS`). Each file's stamp is kept
+        for the conversion to check; one that differs from ``expected[i]`` raises SourceError."""
+        if expected is not None and len(expected) != len(self):
+            raise ValueError(f"expected_stats has {len(expected)} entries for {len(self)} items")
         h = hashlib.sha256(b"[")
+        records: list[list[Any]] = []
+        del self.stamps[:]
         for i in range(len(self)):
             source, key, label = self.row(i)
+            want = expected[i] if expected is not None else None
             if isinstance(source, bytes):
+                if want is not None:
+                    raise ValueError(f"item {i}: expected_stats applies to files, not to bytes (give None)")
                 entry: list[Any] = [key, int(label), hashlib.sha256(source).hexdigest()]
+                self.stamps.extend(NO_STAMP)  # bytes are recorded by the digest above alone
             else:
                 try:
                     st = os.stat(source)
                     entry = [key, int(label), st.st_size, st.st_mtime_ns]
+                    stamp = (st.st_size, st.st_mtime_ns)
                 except OSError as e:
                     entry = [key, int(label), -1, str(e.strerror)]
+                    stamp = NO_STAMP
+                if want is not None and tuple(want) != stamp:
+                    raise stamp_mismatch(source, stamp, tuple(want))
+                records.append([key, *stamp])
+                self.stamps.extend(stamp)
             fields = sample_fields(label)
             if fields:  # labels of other kinds and metadata (absent for plain items: same digest as before)
                 entry.append(fields)
             h.update((b"," if i else b"") + json.dumps(entry, sort_keys=True, separators=(",", ":"),
                                                          ensure_ascii=False, default=str).encode("utf-8"))
         h.update(b"]")
-        return h.hexdigest()
+        return h.hexdigest(), records
 
 
 class _Sources(Sequence[str | bytes]):
@@ -167,8 +193,13 @@ class _Sources(Sequence[str | bytes]):
 
     def __getitem__(self, i: Any) -> Any:
         if isinstance(i, slice):
-            return [self.rows.row(self.start + k)[0] for k in range(*i.indices(len(self)))]
-        return self.rows.row(self.start + i)[0]
+            return [self._one(self.start + k) for k in range(*i.indices(len(self)))]
+        return self._one(self.start + i)
+
+    def _one(self, i: int) -> tuple[str | bytes, Stamp | None]:
+        """Item ``i``'s source, with the stamp its file must still have when it is read."""
+        source = self.rows.row(i)[0]
+        return source, None if isinstance(source, bytes) else self.rows.stamp(i)
 
 
 def _checked(i: int, row: Any) -> tuple[Any, Any, Any]:
@@ -202,6 +233,8 @@ def convert_items(
     label_kind: str = "class",
     source: dict[str, Any] | None = None,
     shuffle_seed: int | None = None,
+    expected_stats: Sequence[Stamp | None] | None = None,
+    record_files: bool = True,
 ) -> ConvertReport:
     """Convert ``items``, each ``(path or bytes, label, metadata)``, into a packed dataset of
     format ``fmt`` at ``dst``, in the order given (``options.shuffle`` and ``seed`` are not used).
@@ -209,7 +242,8 @@ def convert_items(
     A Sequence (a list, or a lazy sequence that makes item ``i`` when asked) is read by position,
     item by item, and never copied: two or three passes (class names when ``classes`` is None,
     the fingerprint, the conversion), so it must give the same items each time; memory then
-    does not grow with the number of items. Any other iterable is first made a list.
+    grows with the number of items only by the 16 bytes of each item's stamp and the list of
+    file items the manifest keeps (below). Any other iterable is first made a list.
 
     Labels are class names or numbers (see :func:`item_classes` for ``classes=None``); give the
     full ``classes`` list when parts made separately are to be merged without renumbering. Images
@@ -223,7 +257,20 @@ def convert_items(
     ``label_kind``: ``"class"`` (a class name or number per item), ``"multi"`` (a list of them per
     item; classes are the names found in all lists) or ``"number"`` (a float per item; no classes).
     ``source`` is recorded in the manifest (its ``fingerprint`` key is set here), and so is
-    ``shuffle_seed`` (the seed of a shuffle the caller applied to the items, or None). FileExistsError
+    ``shuffle_seed`` (the seed of a shuffle the caller applied to the items, or None).
+
+    The manifest's ``source.converted`` lists what each file item was, ``[key, size, mtime_ns]``
+    as listed before any image is read; each file must still be of that size and modification
+    time when it is read (SourceError naming it otherwise: it changed during the conversion), and
+    :func:`~packer.ops.merge.merge` refuses parts that disagree about the same file. Items given
+    as bytes are bound by their SHA-256 in ``source.fingerprint`` alone (their keys are positions,
+    which parts cannot share). ``record_files=False`` leaves the list out, for a dataset that is
+    an end product rather than a part to merge (the list takes a few tens of bytes and the key per
+    file in the manifest, which every reader reads); the files are still checked as they are
+    read. ``expected_stats``, one entry per item, pins a file to the ``(size, mtime_ns)`` that
+    the process planning the work saw (None: not pinned; always None for bytes); a file that
+    differs fails the call before any image is read, naming it (a node with a stale copy of the
+    source). FileExistsError
     when ``dst`` exists without ``overwrite``; SourceError when no image could be converted;
     ValueError naming the item for a label or metadata that cannot be stored.
     """
@@ -256,8 +303,11 @@ def convert_items(
                 raise ImageError(f"{key}: {reason}")
             yield key, label, image, reason
 
-    fingerprint = {"source": rows.fingerprint(), "options": options_fingerprint(fmt, template, options)}
+    listed, records = rows.fingerprint(expected_stats)
+    fingerprint = {"source": listed, "options": options_fingerprint(fmt, template, options)}
     template.source["fingerprint"] = digest(fingerprint)
+    if records and record_files:
+        template.source[ITEM_RECORDS] = records
     with claim_destination(dst):
         recover_publish(dst)
         kept = _finished(dst, template.source["fingerprint"]) if options.resume else None

@@ -276,4 +276,4 @@ def convert_list(
         items = [items[i] for i in perm]
     return convert_items(items, dst, fmt, options, classes, root=source.root, label_kind=source.label_kind,
                          source={"kind": "list", "path": os.path.abspath(os.fspath(listfile))},
-                         shuffle_seed=options.seed if options.shuffle else None)
+                         shuffle_seed=options.seed if options.shuffle else None, record_files=False)

@@ -133,6 +133,35 @@ def _check_part_files(paths: Sequence[str], manifests: Sequence[Manifest]) -> No
             ds.close()
 
 
+def _check_and_drop_item_records(parts: Sequence[str], manifests: Sequence[Manifest]) -> None:
+    """SourceError when two parts (or one) recorded the same source file, by its key, with another
+    size or modification time (``source.converted``, written by ``convert_items``): they were
+    converted from different copies of it. Parts without records (older ones, items given as
+    bytes) have nothing to compare. Then the lists are left out of the parts' facts that the
+    merged manifest copies: they grow with every file, and every reader reads that manifest."""
+    from ..manifest import item_records, without_item_records
+    from .engine import NO_STAMP, describe_stamp
+
+    seen: dict[str, tuple[tuple[int, int], str]] = {}
+    for p, m in zip(parts, manifests):
+        for where, records in item_records(m.source):
+            for i, r in enumerate(records if isinstance(records, list) else [None]):
+                if not (isinstance(r, list) and len(r) == 3 and isinstance(r[0], str)
+                        and all(isinstance(x, int) and not isinstance(x, bool) for x in r[1:])):
+                    raise SourceError(f"part {p}: its manifest's {where}[{i}] is not [key, size, mtime_ns]")
+                stamp = (r[1], r[2])
+                if stamp == NO_STAMP:
+                    continue  # could not be read: skipped, nothing converted
+                first = seen.setdefault(r[0], (stamp, p))
+                if first[0] != stamp:
+                    raise SourceError(f"parts {first[1]} and {p} disagree about the source file {r[0]}: "
+                                      f"{describe_stamp(first[0])} in {first[1]}, {describe_stamp(stamp)} in {p} "
+                                      f"(converted from different copies of it, or it changed in between); "
+                                      f"convert both from the same source")
+    for m in manifests:
+        m.source = without_item_records(m.source)
+
+
 def _fixed_layout(m: Manifest) -> dict[str, Any]:
     return {k: v for k, v in m.layout.items() if k not in _FREE_LAYOUT}
 
@@ -202,6 +231,7 @@ def merge(
             raise FileExistsError(f"destination exists: {dst} (use --overwrite to replace it)")
         manifests = _read_parts(paths)
         _check_part_files(paths, manifests)
+        _check_and_drop_item_records(paths, manifests)
         classes, labels = merged_classes([m.classes for m in manifests])
         template = _template(manifests, classes)
         template = describe(template) if describe is not None else template
