@@ -9,7 +9,7 @@ in reused shared memory), so the table shows what the latter buys on this machin
 collate is torch's own (:func:`collate_slots`), the two are one configuration.
 
 Every configuration runs several rounds, interleaved, and :func:`decide` names a winner only when
-its lead over the next is larger than the spread of the rounds.
+its lead over the next is larger than the spread of the rounds (their interquartile range).
 """
 
 from __future__ import annotations
@@ -84,9 +84,20 @@ class BenchRow:
         return self.images_per_s_rounds or [self.images_per_s]
 
     @property
+    def quartiles(self) -> tuple[float, float]:
+        """The lower and upper quartile of the rounds' images/s (inclusive method: with three rounds,
+        the midpoints between the median and the slowest and the fastest round)."""
+        if len(self.samples) == 1:
+            return self.samples[0], self.samples[0]
+        q1, _, q3 = statistics.quantiles(self.samples, n=4, method="inclusive")
+        return q1, q3
+
+    @property
     def spread(self) -> float:
-        """The spread of the rounds: the fastest round's images/s minus the slowest's."""
-        return max(self.samples) - min(self.samples)
+        """The spread of the rounds: their interquartile range (upper minus lower quartile), which
+        one stray round moves less than the range and which more rounds narrow."""
+        q1, q3 = self.quartiles
+        return q3 - q1
 
 
 def collate_slots() -> tuple[bool, str]:
@@ -245,17 +256,19 @@ def _label(r: BenchRow, rows: list[BenchRow]) -> str:
     return " ".join(f"{name}={getattr(r, f)}" for f, name in varying) or "the only setting"
 
 
-def _range(r: BenchRow) -> str:
-    return f"{min(r.samples):.0f}-{max(r.samples):.0f} img/s"
+def _iqr(r: BenchRow) -> str:
+    q1, q3 = r.quartiles
+    return f"{q1:.0f}-{q3:.0f}"
 
 
 def decide(rows: list[BenchRow]) -> Decision:
-    """Recommend a setting only when measurements can tell it from the rest.
+    """Recommend a setting only when the measurements tell it from the rest.
 
-    The fastest setting (highest median) wins when its median leads the next one's by more than
-    the spread (fastest minus slowest round) of either. Otherwise every setting whose median is
-    within that reach of the fastest is tied with it, and the cheapest of the tied is recommended
-    (no cache, fewest workers, pin_memory off, torch's collate, the crop in the transform). With
+    Spread is the interquartile range of a setting's rounds. The fastest setting (highest median)
+    wins when its lower quartile is above the upper quartile of every other setting: its lead is
+    then larger than the spread of either. Otherwise the settings whose upper quartile reaches the
+    fastest's lower quartile are tied with it, and the cheapest of the tied is recommended (no
+    cache, fewest workers, pin_memory off, torch's collate, the crop in the transform). With
     fewer than :data:`MIN_ROUNDS` rounds the spread is unknown: no winner is named, and the
     cheapest setting within 5% of the fastest is recommended.
     """
@@ -273,28 +286,30 @@ def decide(rows: list[BenchRow]) -> Decision:
         return Decision(pick, False, tied, best, nxt, reason)
     if nxt is None:
         return Decision(best, False, [best], best, None, "one setting measured: nothing to compare it with")
-    tied = [r for r in ranked if best.images_per_s - r.images_per_s <= max(best.spread, r.spread)]
+    floor = best.quartiles[0]
+    tied = [r for r in ranked if r is best or r.quartiles[1] >= floor]
     if len(tied) == 1:
         reason = (f"{_label(best, rows)} is the fastest, {best.images_per_s / nxt.images_per_s:.2f}x the next "
-                  f"({_label(nxt, rows)}): its median leads by {best.images_per_s - nxt.images_per_s:.0f} img/s, "
-                  f"more than the spread of either ({_range(best)}, {_range(nxt)} over {rounds} rounds)")
+                  f"({_label(nxt, rows)}): its median leads by {best.images_per_s - nxt.images_per_s:.0f} img/s and "
+                  f"the two spreads do not overlap (interquartile ranges {_iqr(best)} and {_iqr(nxt)} img/s "
+                  f"over {rounds} rounds)")
         return Decision(best, True, tied, best, nxt, reason)
     pick = min(tied, key=_cost)
-    reason = (f"{len(tied)} settings are indistinguishable on this machine: their medians are within the spread "
-              f"of the fastest ({_label(best, rows)}, {_range(best)} over {rounds} rounds), so this is the cheapest "
-              f"of them (no cache, fewest workers, pin_memory off, torch's collate, crop in the transform come first)")
+    reason = (f"{len(tied)} settings are indistinguishable on this machine: the spread of each reaches that of "
+              f"the fastest ({_label(best, rows)}, interquartile range {_iqr(best)} img/s over {rounds} rounds), "
+              f"so this is the cheapest of them (no cache, fewest workers, pin_memory off, torch's collate and "
+              f"the crop in the transform come first); more --repeats narrow the spreads")
     return Decision(pick, False, tied, best, nxt, reason)
 
 
 def format_table(rows: list[BenchRow], decision: Decision | None = None) -> str:
-    """A markdown table of the rows: median images/s and the spread (slowest-fastest round), and
-    with ``decision`` a column that marks the recommended and the tied settings."""
+    """A markdown table of the rows: median images/s and the spread (the interquartile range of the
+    rounds), and with ``decision`` a column that marks the recommended and the tied settings."""
     out = ["| cache | crop in | num_workers | pin_memory | batch_size | collate_fn | images/s (median) "
-           "| spread (min-max) | MB/s | first batch s |" + (" decision |" if decision else ""),
+           "| spread (IQR) | MB/s | first batch s |" + (" decision |" if decision else ""),
            "|---|---|---|---|---|---|---|---|---|---|" + ("---|" if decision else "")]
     for r in rows:
-        spread = f"{min(r.samples):.0f}-{max(r.samples):.0f} ({r.spread / r.images_per_s:.0%})" \
-            if r.images_per_s else "-"
+        spread = f"{_iqr(r)} ({r.spread / r.images_per_s:.0%})" if r.images_per_s else "-"
         line = (f"| {r.cache} | {r.crop_in} | {r.num_workers} | {r.pin_memory} | {r.batch_size} | {r.collate} | "
                 f"{r.images_per_s:.0f} | {spread} | {r.mb_per_s:.0f} | {r.first_batch_s:.2f} |")
         if decision:
@@ -322,8 +337,8 @@ def format_report(rows: list[BenchRow], decision: Decision, *, crop: int, slots:
     rounds = min(len(r.samples) for r in rows)
     return "\n".join(
         ([note, ""] if note else [])
-        + [f"{rounds} round(s) per setting, interleaved; images/s is the median of the rounds, spread the "
-           f"slowest and the fastest round", "", format_table(rows, decision), "",
+        + [f"{rounds} round(s) per setting, interleaved; images/s is the median of the rounds, spread their "
+           f"interquartile range (IQR)", "", format_table(rows, decision), "",
            f"recommended: DataLoader(num_workers={best.num_workers}, pin_memory={best.pin_memory}, "
            f"batch_size={best.batch_size}{collate_arg})"
            + (f" with open_dataset(..., {', '.join(reader)})" if reader else "")
@@ -332,16 +347,16 @@ def format_report(rows: list[BenchRow], decision: Decision, *, crop: int, slots:
 
 
 def to_json(rows: list[BenchRow], decision: Decision, slots: tuple[bool, str] = (True, "")) -> str:
-    """Rows (median, min, max and every round), the decision (rows named by their index in
+    """Rows (median, quartiles, spread, min, max and every round), the decision (rows named by their index in
     ``rows``), the recommended row itself and the collate's shared-memory state as JSON."""
     def at(r: BenchRow | None) -> int | None:
         return None if r is None else next(i for i, x in enumerate(rows) if x is r)
 
-    out = [{**asdict(r), "images_per_s_min": min(r.samples), "images_per_s_max": max(r.samples), "spread": r.spread}
-           for r in rows]
+    out = [{**asdict(r), "images_per_s_q1": r.quartiles[0], "images_per_s_q3": r.quartiles[1],
+            "images_per_s_min": min(r.samples), "images_per_s_max": max(r.samples), "spread": r.spread} for r in rows]
     return json.dumps({
         "rounds": min(len(r.samples) for r in rows),
-        "spread": "min-max of the rounds",
+        "spread": "interquartile range of the rounds (inclusive quartiles)",
         "collate_slots": {"on": slots[0], "reason": slots[1]},
         "rows": out,
         "recommended": out[at(decision.recommended)],
