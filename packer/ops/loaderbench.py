@@ -9,7 +9,7 @@ in reused shared memory), so the table shows what the latter buys on this machin
 collate is torch's own (:func:`collate_slots`), the two are one configuration.
 
 Every configuration runs several rounds, interleaved, and :func:`decide` names a winner only when
-its lead over the next is larger than the spread of the rounds (their interquartile range).
+its lead over the others is larger than the spread of the rounds (their interquartile range).
 """
 
 from __future__ import annotations
@@ -230,7 +230,7 @@ class Decision:
 
     #: the setting to use
     recommended: BenchRow
-    #: True when the fastest setting's lead over the next is larger than the spread of either
+    #: True when the fastest setting's median leads every other's by more than their two spreads added
     clear: bool
     #: the settings that cannot be told from the fastest on this machine, fastest first ([fastest] when clear)
     tied: list[BenchRow]
@@ -257,6 +257,7 @@ def _label(r: BenchRow, rows: list[BenchRow]) -> str:
 
 
 def _iqr(r: BenchRow) -> str:
+    """The interquartile range of the rounds, as text."""
     q1, q3 = r.quartiles
     return f"{q1:.0f}-{q3:.0f}"
 
@@ -264,11 +265,11 @@ def _iqr(r: BenchRow) -> str:
 def decide(rows: list[BenchRow]) -> Decision:
     """Recommend a setting only when the measurements tell it from the rest.
 
-    Spread is the interquartile range of a setting's rounds. The fastest setting (highest median)
-    wins when its lower quartile is above the upper quartile of every other setting: its lead is
-    then larger than the spread of either. Otherwise the settings whose upper quartile reaches the
-    fastest's lower quartile are tied with it, and the cheapest of the tied is recommended (no
-    cache, fewest workers, pin_memory off, torch's collate, the crop in the transform). With
+    A setting's spread is the interquartile range (IQR) of its rounds. The fastest setting (highest
+    median) leads another clearly when the difference of their medians is larger than their two
+    spreads added, and it wins when it leads every other setting clearly. Otherwise the settings it
+    does not lead clearly are tied with it, and the cheapest of the tied is recommended (no cache,
+    fewest workers, pin_memory off, torch's collate, the crop in the transform). With
     fewer than :data:`MIN_ROUNDS` rounds the spread is unknown: no winner is named, and the
     cheapest setting within 5% of the fastest is recommended.
     """
@@ -286,19 +287,19 @@ def decide(rows: list[BenchRow]) -> Decision:
         return Decision(pick, False, tied, best, nxt, reason)
     if nxt is None:
         return Decision(best, False, [best], best, None, "one setting measured: nothing to compare it with")
-    floor = best.quartiles[0]
-    tied = [r for r in ranked if r is best or r.quartiles[1] >= floor]
+    tied = [r for r in ranked if best.images_per_s - r.images_per_s <= best.spread + r.spread]
     if len(tied) == 1:
         reason = (f"{_label(best, rows)} is the fastest, {best.images_per_s / nxt.images_per_s:.2f}x the next "
-                  f"({_label(nxt, rows)}): its median leads by {best.images_per_s - nxt.images_per_s:.0f} img/s and "
-                  f"the two spreads do not overlap (interquartile ranges {_iqr(best)} and {_iqr(nxt)} img/s "
-                  f"over {rounds} rounds)")
+                  f"({_label(nxt, rows)}): its median leads by {best.images_per_s - nxt.images_per_s:.0f} img/s, "
+                  f"more than their two spreads added ({best.spread:.0f} + {nxt.spread:.0f} img/s, interquartile "
+                  f"ranges over {rounds} rounds)")
         return Decision(best, True, tied, best, nxt, reason)
     pick = min(tied, key=_cost)
-    reason = (f"{len(tied)} settings are indistinguishable on this machine: the spread of each reaches that of "
-              f"the fastest ({_label(best, rows)}, interquartile range {_iqr(best)} img/s over {rounds} rounds), "
-              f"so this is the cheapest of them (no cache, fewest workers, pin_memory off, torch's collate and "
-              f"the crop in the transform come first); more --repeats narrow the spreads")
+    reason = (f"{len(tied)} settings are indistinguishable on this machine: the fastest ({_label(best, rows)}, "
+              f"median {best.images_per_s:.0f} img/s, interquartile range {_iqr(best)} over {rounds} rounds) does "
+              f"not lead any of them by more than their two spreads added, so this is the cheapest of them (no "
+              f"cache, fewest workers, pin_memory off, torch's collate and the crop in the transform come first); "
+              f"more --repeats or an idle machine narrow the spreads")
     return Decision(pick, False, tied, best, nxt, reason)
 
 
@@ -313,8 +314,8 @@ def format_table(rows: list[BenchRow], decision: Decision | None = None) -> str:
         line = (f"| {r.cache} | {r.crop_in} | {r.num_workers} | {r.pin_memory} | {r.batch_size} | {r.collate} | "
                 f"{r.images_per_s:.0f} | {spread} | {r.mb_per_s:.0f} | {r.first_batch_s:.2f} |")
         if decision:
-            marks = (["recommended"] if r is decision.recommended else []) + \
-                    (["tied"] if not decision.clear and len(decision.tied) > 1 and r in decision.tied else [])
+            tied = len(decision.tied) > 1 and any(r is t for t in decision.tied)
+            marks = (["recommended"] if r is decision.recommended else []) + (["tied"] if tied else [])
             line += f" {', '.join(marks)} |"
         out.append(line)
     return "\n".join(out)
