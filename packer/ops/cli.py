@@ -518,7 +518,7 @@ def _add_bench(p: argparse.ArgumentParser) -> None:
     p.add_argument("--cache", default="none,decoded", help="cache modes: none, encoded, decoded (default: none,decoded)")
     p.add_argument("--collate", default="packer,default",
                    help="collate_fn: packer (packer.datasets.collate), default (torch's) (default: both)")
-    p.add_argument("--samples", type=int, default=2000, help="samples read per configuration (default: 2000)")
+    p.add_argument("--samples", type=int, default=2000, help="samples read per configuration in each round (default: 2000)")
     p.add_argument("--crop", type=int, default=224, help="center crop so batches collate (default: 224)")
     p.add_argument("--crop-in", default="transform",
                    help="where the crop is made: transform (a center crop that pads small images), reader "

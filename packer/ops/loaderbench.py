@@ -94,8 +94,9 @@ class BenchRow:
 
     @property
     def spread(self) -> float:
-        """The spread of the rounds: their interquartile range (upper minus lower quartile), which
-        one stray round moves less than the range and which more rounds narrow."""
+        """The spread of the rounds: their interquartile range (upper minus lower quartile). With
+        three rounds it is half the range; with more, one stray round moves it little, and it
+        narrows where the range only widens."""
         q1, q3 = self.quartiles
         return q3 - q1
 
