@@ -541,12 +541,15 @@ def _add_bench(p: argparse.ArgumentParser) -> None:
     p.add_argument("--cache", default="none,decoded", help="cache modes: none, encoded, decoded (default: none,decoded)")
     p.add_argument("--collate", default="packer,default",
                    help="collate_fn: packer (packer.datasets.collate), default (torch's) (default: both)")
-    p.add_argument("--samples", type=int, default=2000, help="samples read per configuration (default: 2000)")
+    p.add_argument("--samples", type=int, default=2000, help="samples read per configuration in each round (default: 2000)")
     p.add_argument("--crop", type=int, default=224, help="center crop so batches collate (default: 224)")
     p.add_argument("--crop-in", default="transform",
                    help="where the crop is made: transform (a center crop that pads small images), reader "
                         "(open_dataset(..., crop=N): JPEGs decoded only in the crop's window; every image must be "
                         "at least N a side), or both as transform,reader (default: transform)")
+    p.add_argument("--repeats", type=int, default=3,
+                   help="rounds per setting, interleaved across the settings; a winner is named only when its lead "
+                        "is larger than the spread of the rounds, which takes at least 3 (default: 3)")
     p.add_argument("--json", action="store_true", help="print JSON instead of a table")
     p.add_argument("--plot", metavar="OUT.png", default=None,
                    help="also draw images/s against num_workers, a line per configuration, into a PNG (drawn with "
@@ -555,7 +558,7 @@ def _add_bench(p: argparse.ArgumentParser) -> None:
 
 def _run_bench(a: argparse.Namespace) -> int:
     from ..manifest import read_manifest
-    from .loaderbench import format_table, recommend, run_bench, to_json
+    from .loaderbench import collate_slots, decide, format_report, run_bench, to_json
 
     caches = [c for c in a.cache.split(",") if c]
     if any(c not in ("none", "encoded", "decoded") for c in caches):
@@ -566,29 +569,21 @@ def _run_bench(a: argparse.Namespace) -> int:
     crop_in = [c for c in a.crop_in.split(",") if c]
     if not crop_in or any(c not in ("transform", "reader") for c in crop_in):
         raise UsageError(f"packer bench: --crop-in takes transform, reader; got {a.crop_in!r}")
+    if a.repeats < 1:
+        raise UsageError(f"packer bench: --repeats takes a whole number of at least 1, got {a.repeats}")
     read_manifest(a.path)  # a clear error before any worker starts
     pin = {"on": [True], "off": [False], "both": [False, True], None: None}[a.pin_memory]
     rows = run_bench(a.path, workers=_int_list(a.workers) if a.workers else None, pin=pin,
                      batch_sizes=_int_list(a.batch_sizes), caches=caches, collates=collates,
-                     samples=a.samples, crop=a.crop, crop_in=crop_in,
+                     samples=a.samples, crop=a.crop, crop_in=crop_in, repeats=a.repeats,
                      progress=not a.json and sys.stderr.isatty())
-    best = recommend(rows)
+    decision, slots = decide(rows), collate_slots()
     if a.plot:
         from .loaderbench import plot_bench
 
         drawn_by = plot_bench(rows, a.plot, title=f"packer bench {os.path.basename(os.path.abspath(a.path))}")
         _say(f"plot: {a.plot} (drawn with {drawn_by})")
-    if a.json:
-        print(to_json(rows, best))
-        return EXIT_OK
-    print(format_table(rows))
-    collate_arg = ", collate_fn=packer.datasets.collate" if best.collate == "packer" else ""
-    reader = [f"cache={best.cache!r}"] if best.cache != "none" else []
-    reader += [f"crop={a.crop}"] if best.crop_in == "reader" else []
-    print(f"\nrecommended: DataLoader(num_workers={best.num_workers}, pin_memory={best.pin_memory}, "
-          f"batch_size={best.batch_size}{collate_arg})"
-          + (f" with open_dataset(..., {', '.join(reader)})" if reader else "")
-          + f": {best.images_per_s:.0f} images/s (fewest workers within 5% of the fastest)")
+    print(to_json(rows, decision, slots) if a.json else format_report(rows, decision, crop=a.crop, slots=slots))
     return EXIT_OK
 
 
