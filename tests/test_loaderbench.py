@@ -66,14 +66,15 @@ def test_bench_table_shows_median_and_spread_and_says_why(tiny_folder, tmp_path,
     assert "| images/s (median) | spread (IQR) |" in out
     table = [line for line in out.splitlines() if line.startswith("| none |")]
     assert len(table) == 2 and all(line.count("|") == 12 for line in table)
-    assert "recommended: DataLoader(num_workers=" in out and "\nwhy: " in out
+    assert ("recommended: DataLoader(num_workers=" in out or "the cheapest of the tied: DataLoader(num_workers=" in out)
+    assert "\nwhy: " in out
 
 
 def test_bench_with_packers_collate_off_shows_the_two_collates_as_one(tiny_folder, tmp_path, capsys, monkeypatch):
     # a process where packer's collate is torch's default_collate (no memfd_create, or torch internals it
     # cannot use): what bench then measures and says
     monkeypatch.setattr(collation, "_AVAILABLE", False)
-    monkeypatch.setattr(collation, "slots_available", lambda: (False, "no memfd_create here"), raising=False)
+    monkeypatch.setattr(collation, "slots_available", lambda: (False, "no memfd_create here"))
     src, _ = tiny_folder
     pack(src, tmp_path / "out", "lmdb")
     args = ["bench", str(tmp_path / "out"), "--workers", "0,1", "--batch-sizes", "4", "--cache", "none",
@@ -156,7 +157,7 @@ def test_format_table_shows_the_median_the_spread_and_the_decision():
     rows = [row(2, [90, 100, 130]), row(0, [95, 96, 97])]
     text = format_table(rows, decide(rows))
     assert "| 2 | False | 64 | default | 100 | 95-115 (20%) |" in text
-    assert text.splitlines()[2].endswith("| tied |") and text.splitlines()[3].endswith("| recommended, tied |")
+    assert text.splitlines()[2].endswith("| tied |") and text.splitlines()[3].endswith("| cheapest of the tied |")
 
 
 def test_center_crop_pad():
@@ -174,7 +175,7 @@ def test_bench_compares_the_crop_in_the_transform_and_in_the_reader(tiny_folder,
     assert rc == 0
     out = capsys.readouterr().out
     assert "| crop in |" in out and "| none | reader | 0 |" in out and "| none | transform | 0 |" in out
-    assert "recommended: DataLoader(num_workers=0" in out
+    assert "DataLoader(num_workers=0" in out
     assert main(["bench", str(tmp_path / "out"), "--crop-in", "model"]) in (1, 2)
     assert "--crop-in takes transform, reader" in capsys.readouterr().err
 

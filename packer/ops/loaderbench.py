@@ -103,17 +103,11 @@ class BenchRow:
 
 def collate_slots() -> tuple[bool, str]:
     """Whether ``packer.datasets.collate`` builds batches in shared memory in this process
-    (``(True, "")``), or is torch's ``default_collate`` here, and why (``(False, reason)``)."""
-    from packer.datasets import collation
+    (``(True, "")``), or is torch's ``default_collate`` here, and why (``(False, reason)``): the
+    result of its import-time self-test."""
+    from packer.datasets.collation import slots_available
 
-    probe = getattr(collation, "slots_available", None)
-    if probe is not None:
-        return probe()
-    if collation._AVAILABLE:
-        return True, ""
-    if not hasattr(os, "memfd_create"):
-        return False, "os.memfd_create is missing on this system"
-    return False, f"the torch internals they rely on are not known to work in torch {torch.__version__}"
+    return slots_available()
 
 
 def _measure(ds: Any, indices: list[int], workers: int, pin: bool, batch: int,
@@ -316,7 +310,8 @@ def format_table(rows: list[BenchRow], decision: Decision | None = None) -> str:
                 f"{r.images_per_s:.0f} | {spread} | {r.mb_per_s:.0f} | {r.first_batch_s:.2f} |")
         if decision:
             tied = len(decision.tied) > 1 and any(r is t for t in decision.tied)
-            marks = (["recommended"] if r is decision.recommended else []) + (["tied"] if tied else [])
+            pick = "recommended" if decision.clear else "cheapest of the tied"
+            marks = ([pick] if r is decision.recommended else []) + (["tied"] if tied and r is not decision.recommended else [])
             line += f" {', '.join(marks)} |"
         out.append(line)
     return "\n".join(out)
@@ -341,7 +336,8 @@ def format_report(rows: list[BenchRow], decision: Decision, *, crop: int, slots:
         ([note, ""] if note else [])
         + [f"{rounds} round(s) per setting, interleaved; images/s is the median of the rounds, spread their "
            f"interquartile range (IQR)", "", format_table(rows, decision), "",
-           f"recommended: DataLoader(num_workers={best.num_workers}, pin_memory={best.pin_memory}, "
+           ("recommended" if decision.clear else "no setting is shown faster; the cheapest of the tied")
+           + f": DataLoader(num_workers={best.num_workers}, pin_memory={best.pin_memory}, "
            f"batch_size={best.batch_size}{collate_arg})"
            + (f" with open_dataset(..., {', '.join(reader)})" if reader else "")
            + f": {best.images_per_s:.0f} images/s (median)",
