@@ -27,7 +27,7 @@ from packer.imageproc import crop_window, decode_payload, decode_payload_window
 from packer.manifest import Manifest, read_manifest
 from packer.placeholder import placeholder_reason
 from packer.record import Record, pack_record, unpack_record
-from packer.samples import SampleTable, table_file
+from packer.samples import SampleTable, table_entry
 from packer.sizes import parse_size
 
 from .cache import SharedCache
@@ -244,14 +244,14 @@ class PackedDataset(Dataset):
         pid = os.getpid()
         if self._table is not None and self._table_pid == pid:
             return self._table
-        name = table_file(self.manifest)
-        if name is None:
+        entry = table_entry(self.manifest)
+        if entry is None:
             return None
         self._ensure_open()
         assert self._dir is not None
-        fd = self._dir.open(name)
-        try:
-            table = SampleTable(fd, os.path.join(self.root, name), self.manifest.num_samples)
+        fd = self._dir.open(entry.name)
+        try:  # checked, and bound to the manifest's entry: another conversion's table is refused
+            table = SampleTable(fd, os.path.join(self.root, entry.name), self.manifest.num_samples, entry)
         finally:
             os.close(fd)
         if table.kind != self.label_kind:

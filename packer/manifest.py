@@ -48,7 +48,9 @@ class FileEntry:
     bytes: int
     sha256: str
     first: int = 0  # global index of its first sample
-    id: str = ""  # version 2: the file's identity (packer.placement); "" for index files and version 1
+    #: version 2: the file's identity (packer.placement), or the sample table's (packer.samples.table_id;
+    #: "" in tables written before tables had one); "" for index files and version 1
+    id: str = ""
 
     def to_json(self) -> dict[str, Any]:
         """The JSON form written in the manifest (no ``id`` key where there is none)."""
@@ -149,8 +151,9 @@ class Manifest:
         except (TypeError, ValueError) as e:
             raise ManifestError(f"{path}: malformed manifest ({e})") from None
         for f in files:
-            if version >= 2 and f.samples and not is_file_id(f.id):
-                raise ManifestError(f"{path}: payload file {f.name!r} has no valid id (16 hex digits)")
+            if version >= 2 and (f.samples or f.id) and not is_file_id(f.id):
+                what = "payload file" if f.samples else "file"
+                raise ManifestError(f"{path}: {what} {f.name!r} has no valid id (16 hex digits)")
             if version < 2 and f.id:
                 raise ManifestError(f"{path}: version {version} manifests have no file ids ({f.name!r} has one)")
         names = [f.name for f in files]

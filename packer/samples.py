@@ -20,6 +20,7 @@ image. Its byte layout is in docs/FORMATS.md ("The sample table").
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import json
 import math
 import mmap
@@ -37,7 +38,8 @@ from .manifest import FileEntry, file_sha256
 
 __all__ = [
     "LABEL_KINDS", "MAX_META_BYTES", "TABLE_NAME", "Label", "SampleTable", "SampleTableWriter", "encode_meta",
-    "decode_meta", "sample_fields", "carried_label", "build_table", "is_table_name", "table_file",
+    "decode_meta", "sample_fields", "carried_label", "build_table", "is_table_name", "table_entry", "table_id",
+    "table_file_entry",
 ]
 
 LABEL_KINDS = ("class", "multi", "number")
@@ -105,9 +107,17 @@ def is_table_name(name: str) -> bool:
     return name == TABLE_NAME or (name.startswith("samples.") and name.endswith(".table"))
 
 
-def table_file(manifest: Any) -> str | None:
-    """The name of ``manifest``'s sample table, or None when it lists none."""
-    return next((f.name for f in manifest.files if not f.samples and is_table_name(f.name)), None)
+def table_entry(manifest: Any) -> FileEntry | None:
+    """``manifest``'s entry for its sample table, or None when it lists none."""
+    return next((f for f in manifest.files if not f.samples and is_table_name(f.name)), None)
+
+
+def table_id(header: bytes | memoryview) -> str:
+    """The identity of the sample table whose first 48 bytes are ``header``: the first 16 hex
+    digits of SHA-256(b"packer table" + header). The header holds the CRC32C of the rest of the
+    table (checked at open), so the id names the whole table for the cost of reading its header;
+    the manifest records it in the table's ``files[].id`` and readers compare the two at open."""
+    return hashlib.sha256(b"packer table" + bytes(header[:_HEADER_BYTES])).hexdigest()[:16]
 
 
 def sample_fields(label: int) -> dict[str, Any]:
@@ -278,9 +288,8 @@ class SampleTableWriter:
         for f in self._files.values():
             f.close()
         path = self.writer.path(TABLE_NAME)
-        write_table(path, self.kind, *(self._spill(p) for p in self._PARTS))
-        files = [*files, FileEntry(TABLE_NAME, 0, os.path.getsize(path), file_sha256(path), 0)]
-        return files, layout
+        tid = write_table(path, self.kind, *(self._spill(p) for p in self._PARTS))
+        return [*files, table_file_entry(path, tid)], layout
 
     def forget_checkpoints(self) -> None:
         """After the final journal: delete the spill files, then the writer's resume-only files."""
@@ -304,9 +313,15 @@ class SampleTableWriter:
         self.writer.discard()
 
 
-def write_table(path: str, kind: str, fixed_path: str, keys_path: str, meta_path: str, multi_path: str) -> None:
+def table_file_entry(path: str, tid: str) -> FileEntry:
+    """The manifest entry of the sample table just written at ``path`` with id ``tid``."""
+    return FileEntry(os.path.basename(path), 0, os.path.getsize(path), file_sha256(path), 0, tid)
+
+
+def write_table(path: str, kind: str, fixed_path: str, keys_path: str, meta_path: str, multi_path: str) -> str:
     """Write a sample table at ``path`` (via a temporary name) from the four spill files, a
-    chunk of rows at a time, so memory does not grow with the number of samples."""
+    chunk of rows at a time, so memory does not grow with the number of samples; return its id
+    (:func:`table_id`)."""
     n = os.path.getsize(fixed_path) // _FIXED.itemsize
     fixed = np.memmap(fixed_path, _FIXED, mode="r", shape=(n,)) if n else np.zeros(0, _FIXED)
     chunk = 1 << 20
@@ -359,18 +374,25 @@ def write_table(path: str, kind: str, fixed_path: str, keys_path: str, meta_path
         for blob in (keys_path, meta_path):
             for data in copy(blob):
                 put(data)
-        head = _HEAD.pack(_MAGIC, TABLE_VERSION, LABEL_KINDS.index(kind), 0, n, m, totals["keylen"],
-                          totals["metalen"], crc)
+        head = _header(kind, n, m, totals["keylen"], totals["metalen"], crc)
         out.seek(0)
-        out.write(head + struct.pack("<I", crc32c.crc32c(head)))
+        out.write(head)
         out.flush()
         os.fsync(out.fileno())
     os.replace(tmp, path)
+    return table_id(head)
 
 
-def build_table(path: str, kind: str, rows: Iterator[tuple[str, int]]) -> None:
+def _header(kind: str, n: int, m: int, k: int, e: int, body_crc: int) -> bytes:
+    """The table's 48 header bytes: the fields, then the CRC32C of the fields."""
+    head = _HEAD.pack(_MAGIC, TABLE_VERSION, LABEL_KINDS.index(kind), 0, n, m, k, e, body_crc)
+    return head + struct.pack("<I", crc32c.crc32c(head))
+
+
+def build_table(path: str, kind: str, rows: Iterator[tuple[str, int]]) -> str:
     """Write a sample table at ``path`` from ``(key, label)`` rows (labels as :class:`Label` for the
-    ``multi`` and ``number`` kinds or with metadata): for tools that assemble datasets from parts."""
+    ``multi`` and ``number`` kinds or with metadata), for tools that assemble datasets from parts;
+    return its id (:func:`table_id`)."""
     directory = os.path.dirname(path)
 
     class _Dir:
@@ -386,7 +408,7 @@ def build_table(path: str, kind: str, rows: Iterator[tuple[str, int]]) -> None:
         spill._drop()
     parts = [spill._spill(p) for p in SampleTableWriter._PARTS]
     try:
-        write_table(path, kind, *parts)
+        return write_table(path, kind, *parts)
     finally:
         for p in parts:
             os.remove(p)
@@ -421,9 +443,11 @@ class _Strings(Sequence[str]):
 class SampleTable:
     """A sample table opened from a descriptor (memory-mapped: DataLoader workers share its pages).
     Every section is checked against the header's CRC32C once, at open; CorruptDataError names the
-    file and what is wrong."""
+    file and what is wrong. With ``entry`` (the table's manifest entry) the table must also be the
+    one the manifest lists: its id (:func:`table_id`) equal to the entry's, or, for tables listed
+    without an id (written before tables had one), its SHA-256 equal to the entry's."""
 
-    def __init__(self, fd: int, path: str, num_samples: int | None = None) -> None:
+    def __init__(self, fd: int, path: str, num_samples: int | None = None, entry: FileEntry | None = None) -> None:
         self.path = path
         size = os.fstat(fd).st_size
         if size < _HEADER_BYTES:
@@ -434,6 +458,9 @@ class SampleTable:
         (head_crc,) = struct.unpack_from("<I", buf, _HEAD.size)
         if magic != _MAGIC or crc32c.crc32c(buf[:_HEAD.size]) != head_crc:
             raise CorruptDataError("sample table header is damaged", path=path, offset=0)
+        self.id = table_id(buf)
+        if entry is not None and entry.id and entry.id != self.id:
+            raise _not_this_datasets(path, f"its id is {self.id}, the manifest's {entry.id}")
         if version != TABLE_VERSION or kind >= len(LABEL_KINDS):
             raise CorruptDataError(f"sample table version {version} / label kind {kind} is not one this packer reads",
                                    path=path, offset=4)
@@ -461,6 +488,8 @@ class SampleTable:
                 raise CorruptDataError(f"sample table's {what} offsets are inconsistent", path=path)
         if multi and n and (int(first[-1]) != m or bool(np.any(np.diff(first.astype(np.int64)) < 0))):
             raise CorruptDataError("sample table's label offsets are inconsistent", path=path)
+        if entry is not None and not entry.id and entry.sha256 and hashlib.sha256(buf).hexdigest() != entry.sha256:
+            raise _not_this_datasets(path, "its SHA-256 differs from the manifest's")
         self.keys = _Strings(buf[off:off + k], key_ends)
         self._meta = _Strings(buf[off + k:off + k + e], meta_ends)
         self.num_samples = n
@@ -502,16 +531,26 @@ class SampleTable:
             pass
 
 
-def table_fields(root: str, num_samples: int) -> Any:
+def _not_this_datasets(path: str, why: str) -> CorruptDataError:
+    return CorruptDataError(f"sample table is not this dataset's ({why}): copied from another conversion or "
+                            f"altered; put back the dataset's own table or convert again", path=path)
+
+
+def table_fields(root: str, manifest: Any) -> Any:
     """A function of a global sample index giving :func:`sample_fields`'s dict from the sample
-    table in ``root`` (for tools that rebuild a sample's bytes); ``{}`` for every sample when the
-    dataset has no table or the table cannot be read (the caller's own check then reports it)."""
+    table of the dataset in ``root`` whose manifest is ``manifest`` (for tools that rebuild a
+    sample's bytes); ``{}`` for every sample when the dataset has no table or the table cannot be
+    read or is not the manifest's (the caller's own check then reports it)."""
+    entry = table_entry(manifest)
+    if entry is None:
+        return lambda i: {}
+    path = os.path.join(root, entry.name)
     try:
-        fd = os.open(os.path.join(root, TABLE_NAME), os.O_RDONLY)
+        fd = os.open(path, os.O_RDONLY)
     except OSError:
         return lambda i: {}
     try:
-        table = SampleTable(fd, os.path.join(root, TABLE_NAME), num_samples)
+        table = SampleTable(fd, path, manifest.num_samples, entry)
     except CorruptDataError:
         return lambda i: {}
     finally:

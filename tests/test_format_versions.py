@@ -24,15 +24,18 @@ EXPECTED = [
     ("cat/b.jpg", 0, (9, 14, 3), "e19a827d69701050"),
     ("dog/c.png", 1, (8, 8, 3), "a42f13a66d648f41"),
 ]
-#: Archive folder -> (its archive, the on-disk version). ``v2-early``: version 2 as first written,
-#: before the sample table (``samples.table``) and the ``.pkidx`` tar index name.
-VERSIONS = {"v1": ("v1-datasets.tar.gz", 1), "v2-early": ("v2-early-datasets.tar.gz", 2)}
+#: Archive folder -> (its archive, the on-disk version, whether it has a sample table). ``v2-early``:
+#: version 2 as first written, before the sample table (``samples.table``) and the ``.pkidx`` tar
+#: index name; ``v2-no-table-id``: version 2 with the sample table, before the manifest recorded
+#: the table's id.
+VERSIONS = {"v1": ("v1-datasets.tar.gz", 1, False), "v2-early": ("v2-early-datasets.tar.gz", 2, False),
+            "v2-no-table-id": ("v2-no-table-id-datasets.tar.gz", 2, True)}
 
 
 @pytest.fixture(scope="module")
 def archived(tmp_path_factory):
     root = tmp_path_factory.mktemp("versions")
-    for archive, _ in VERSIONS.values():
+    for archive, _, _ in VERSIONS.values():
         with tarfile.open(os.path.join(DATA, archive)) as tf:
             tf.extractall(root, filter="data")
     return root
@@ -44,7 +47,8 @@ def test_old_versions_read_pixel_for_pixel(archived, name, fmt):
     path = str(archived / name / fmt)
     ds = open_dataset(path, output="numpy")
     assert ds.manifest.version == VERSIONS[name][1] and len(ds) == len(EXPECTED)
-    assert ds.sample_table() is None  # written before there was one: labels and keys come from the files
+    # written before there was one, labels and keys come from the files; else from the table
+    assert (ds.sample_table() is not None) == VERSIONS[name][2]
     assert list(ds.targets) == [lab for _, lab, _, _ in EXPECTED] and list(ds.keys) == [k for k, _, _, _ in EXPECTED]
     assert open_dataset(path, fields=("key", "meta", "label"))[2] == ("dog/c.png", {}, 1)
     got = []
@@ -67,6 +71,24 @@ def test_old_versions_convert_to_the_current_one(archived, tmp_path, fmt, name):
     ds = open_dataset(str(tmp_path / "new"), output="numpy")
     assert rep.manifest.version == MANIFEST_VERSION == ds.manifest.version
     assert [(ds.read_record(i).key, ds[i][1]) for i in range(len(ds))] == [(k, lab) for k, lab, _, _ in EXPECTED]
+
+
+@pytest.mark.parametrize("fmt", format_names())
+def test_a_foreign_table_in_a_dataset_written_before_table_ids_is_refused(archived, tmp_path, fmt):
+    """A version 2 manifest without the table's id binds the table by its SHA-256 instead: a table
+    of equal size holding other labels is refused, naming it (before, its labels were read)."""
+    import shutil
+
+    from packer.errors import CorruptDataError
+    from packer.samples import TABLE_NAME, build_table
+
+    path = str(tmp_path / fmt)
+    shutil.copytree(archived / "v2-no-table-id" / fmt, path)
+    build_table(os.path.join(path, TABLE_NAME), "class", iter([(k, 1 - lab) for k, lab, _, _ in EXPECTED]))
+    with pytest.raises(CorruptDataError, match="not this dataset's.*SHA-256") as e:
+        _ = open_dataset(path).targets
+    assert os.path.join(path, TABLE_NAME) in str(e.value)
+    assert [open_dataset(path)[i][1] for i in range(3)] == [lab for _, lab, _, _ in EXPECTED]
 
 
 def test_codec_ids_on_disk_never_change():

@@ -4,6 +4,7 @@ list files store, what ``fields=``, ``ds.targets`` and ``ds.keys`` give back, an
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import struct
@@ -173,14 +174,16 @@ def test_interrupted_conversion_resumes_to_the_same_table(fmt, photos, tmp_path,
 
 
 def test_sample_table_bytes(tmp_path):
-    """The table's layout, pinned: header, labels, key and metadata offsets, then the blobs."""
+    """The table's layout, pinned: header, labels, key and metadata offsets, then the blobs; and
+    its id as docs/FORMATS.md specifies it."""
     path = str(tmp_path / TABLE_NAME)
-    build_table(path, "class", iter([("a.jpg", 1), ("bb.png", Label(0, meta={"x": 1}))]))
+    tid = build_table(path, "class", iter([("a.jpg", 1), ("bb.png", Label(0, meta={"x": 1}))]))
     data = open(path, "rb").read()
     body = (struct.pack("<2q", 1, 0) + struct.pack("<2Q", 5, 11) + struct.pack("<2Q", 0, 7)
             + b"a.jpgbb.png" + b'{"x":1}')
     head = struct.pack("<4sHBBQQQQI", b"PKST", 1, 0, 0, 2, 0, 11, 7, crc32c.crc32c(body))
     assert data == head + struct.pack("<I", crc32c.crc32c(head)) + body
+    assert tid == hashlib.sha256(b"packer table" + data[:48]).hexdigest()[:16]
 
 
 @pytest.mark.parametrize("fmt", FORMATS)

@@ -164,6 +164,15 @@ TRUST = {
     "test_lmdb_record_reached_through_a_wrong_pointer_is_refused": (
         "an LMDB key leading to another sample's intact record (what a flipped page number does)",
         "CorruptDataError naming the sample"),
+    "test_a_sample_table_that_is_not_the_datasets_own_is_refused": (
+        "samples.table from another conversion (same size), or written again with two labels changed and its "
+        "checksums recomputed; 4 formats",
+        "ds.targets, ds.keys, fields=('key',) and StreamingDataset raise one line naming the table (were wrong "
+        "for 138 and 200 of 201 samples); verify exits 1 naming it"),
+    "test_merge_refuses_a_part_file_from_another_conversion_before_copying": (
+        "a merge part holding another conversion's sample table or payload file of equal size (4 formats), or "
+        "tar index", "refused before anything is copied, one line naming the part and the file (the table's "
+        "keys were merged into a dataset that verified)"),
     "test_manifest_file_names_outside_the_dataset_are_refused": (
         "files[].name of '../x', an absolute path, '', '..', a backslash; 4 formats", "verify exits 1, one line"),
     "test_symlinked_payload_is_refused": ("a payload file that is a symlink; 4 formats",

@@ -336,7 +336,7 @@ def locate_damage(root: str, m: Manifest, f: FileEntry, intact: set[str], report
         idx_name = index_name(f.name, {e.name for e in m.files})
         if idx_name in intact:
             _locate_in_shard(os.path.join(root, f.name), root, idx_name, f.id, report,
-                             table_fields(root, m.num_samples))
+                             table_fields(root, m))
     elif f.name.endswith(INDEX_SUFFIXES):
         tar_name = f.name[: f.name.rindex(".")] + TAR_SUFFIX
         if tar_name in intact:

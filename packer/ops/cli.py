@@ -84,6 +84,16 @@ def _add_convert(p: argparse.ArgumentParser) -> None:
     g.add_argument("--no-torchrun", action="store_true",
                    help="convert in this process alone even where torchrun's environment is set (e.g. when started "
                         "by a training script that torchrun runs)")
+    _add_list_options(p)
+    g = p.add_argument_group("shards (tar, tfrecord)")
+    g.add_argument("--shard-size", default=None, help="max bytes per shard, e.g. 256MB, 1GiB")
+    g.add_argument("--shard-samples", type=int, default=None, help="max samples per shard")
+    g.add_argument("--gzip", action="store_true", help="gzip-compress TFRecord files")
+    g.add_argument("--prefix", default=None, help="shard file names PREFIX-000000.tar, ... (default: shard)")
+    _add_storage(p)
+
+
+def _add_list_options(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("labels and list sources")
     g.add_argument("--classes-from", metavar="DATASET_OR_FILE",
                    help="use this class list (a packed dataset's, e.g. the training set's, or a text file with one "
@@ -100,12 +110,6 @@ def _add_convert(p: argparse.ArgumentParser) -> None:
                         "lists, number for JSON numbers with a fraction, else class")
     g.add_argument("--label-sep", default="|", help="list source: separator of multi-label classes in CSV/TSV "
                                                     "(default: |)")
-    g = p.add_argument_group("shards (tar, tfrecord)")
-    g.add_argument("--shard-size", default=None, help="max bytes per shard, e.g. 256MB, 1GiB")
-    g.add_argument("--shard-samples", type=int, default=None, help="max samples per shard")
-    g.add_argument("--gzip", action="store_true", help="gzip-compress TFRecord files")
-    g.add_argument("--prefix", default=None, help="shard file names PREFIX-000000.tar, ... (default: shard)")
-    _add_storage(p)
 
 
 #: WriterOptions field -> its flag, and what to say when a format does not take it.

@@ -33,9 +33,10 @@ from ..layouts.tar import INDEX_SUFFIXES as TAR_INDEX_SUFFIXES
 from ..layouts.tar import pack_index, unpack_index
 from ..manifest import FileEntry, Manifest, file_sha256, read_manifest, write_manifest
 from ..registry import writer_class
-from ..samples import TABLE_NAME, build_table, carried_label, is_table_name
+from ..samples import TABLE_NAME, build_table, carried_label, is_table_name, table_file_entry
 from .engine import ConvertOptions, Item, write_packed
 from .transcode import COPY, _open_source, _reprocess_one
+from .verify import file_problem
 
 __all__ = ["MergeReport", "merge", "merged_classes"]
 
@@ -108,6 +109,30 @@ def _read_parts(parts: Sequence[str]) -> list[Manifest]:
     return manifests
 
 
+def _check_part_files(paths: Sequence[str], manifests: Sequence[Manifest]) -> None:
+    """Every part's files against its manifest, before anything is copied: the sample table and the
+    index files (small) by size and SHA-256, payload files by size and identity (the part's reader
+    opens them, and reads each one's first sample against its place). CorruptDataError names the
+    part and the file."""
+    for p, m in zip(paths, manifests):
+        for f in m.files:
+            problem = file_problem(os.path.join(p, f.name), f, sha256=not f.samples)
+            if problem is not None:
+                raise CorruptDataError(f"part {p}: {f.name} differs from its manifest entry ({problem}); "
+                                       f"nothing was merged", path=os.path.join(p, f.name))
+        ds = _open_source(p, m.format)
+        try:
+            for f in m.files:
+                if f.samples:
+                    try:
+                        ds.read_record(f.first)
+                    except CorruptDataError as e:
+                        raise CorruptDataError(f"part {p}: {f.name} differs from its manifest entry ({e}); "
+                                               f"nothing was merged", path=os.path.join(p, f.name)) from None
+        finally:
+            ds.close()
+
+
 def _fixed_layout(m: Manifest) -> dict[str, Any]:
     return {k: v for k, v in m.layout.items() if k not in _FREE_LAYOUT}
 
@@ -176,6 +201,7 @@ def merge(
         if os.path.lexists(dst) and not overwrite:
             raise FileExistsError(f"destination exists: {dst} (use --overwrite to replace it)")
         manifests = _read_parts(paths)
+        _check_part_files(paths, manifests)
         classes, labels = merged_classes([m.classes for m in manifests])
         template = _template(manifests, classes)
         template = describe(template) if describe is not None else template
@@ -265,8 +291,7 @@ def _merged_table(paths: Sequence[str], manifests: Sequence[Manifest], tmp: str,
                 ds.close()
 
     path = os.path.join(tmp, TABLE_NAME)
-    build_table(path, kind, rows())
-    return FileEntry(TABLE_NAME, 0, os.path.getsize(path), file_sha256(path), 0)
+    return table_file_entry(path, build_table(path, kind, rows()))
 
 
 def _shard_groups(part: str, m: Manifest) -> Iterator[tuple[FileEntry, list[FileEntry]]]:
