@@ -221,13 +221,6 @@ def test_streaming_dataset_with_collate(tiny_folder, tmp_path):
     assert all(torch.equal(a, b) for (a, _), (b, _) in zip(plain, ours))
 
 
-def test_old_module_name_is_the_same_module():
-    import packer.datasets.batching as old
-
-    assert old is collation
-    assert old.collate is collate
-
-
 def test_the_self_test_passes_where_the_slot_path_works():
     """The import-time self-test agrees with a fresh run of it, and a run leaves no slot behind."""
     before = set(collation._rx)

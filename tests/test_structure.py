@@ -16,7 +16,10 @@ from collections.abc import Iterator
 import pytest
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-TREES = ("packer", "converters", "datasets", "tests")
+TREES = ("packer", "converters", "datasets", "tests", "tools")
+#: Files the rules leave out for now: tools/bench_peers.py is being rewritten, and the engineer
+#: editing it makes it pass and removes it from here.
+NOT_YET = {"tools/bench_peers.py"}
 MAX_FUNCTION_LINES = 60
 MAX_MODULE_DOCSTRING_LINES = 20
 FORMAT_NAMES = {"lmdb", "hdf5", "tar", "tfrecord"}
@@ -30,8 +33,8 @@ def _modules(trees: tuple[str, ...] = TREES) -> Iterator[tuple[str, ast.Module]]
         for folder, dirs, files in os.walk(os.path.join(ROOT, tree)):
             dirs[:] = sorted(d for d in dirs if d not in ("__pycache__", "data"))
             for name in sorted(files):
-                if name.endswith(".py"):
-                    path = os.path.join(folder, name)
+                path = os.path.join(folder, name)
+                if name.endswith(".py") and os.path.relpath(path, ROOT) not in NOT_YET:
                     with open(path, encoding="utf-8") as f:
                         yield os.path.relpath(path, ROOT), ast.parse(f.read(), path)
 

@@ -4,23 +4,8 @@
     python ../shared/tools/make_imagefolder.py /tmp/bench/src --classes 20 --per-class 500
     python tools/bench_packer.py --src /tmp/bench/src --work /tmp/bench/work --out /tmp/bench/packer.md
 
-Every figure is a ratio against a baseline measured in the same run on the same machine (these
-machines are noisy; absolute img/s are printed for context only):
-
-* conversion (resize shorter:256, jpeg:90): ``--workers 2`` vs ``--workers 1``, and vs the machine
-  limit = (bare decode+resize+encode loop on one core) x cores. The bare loop is measured twice:
-  with a plain full-size ``cv2.imdecode`` (what a hand-written converter does) and with packer's own
-  ``process_image`` (which lets libjpeg decode at reduced size when the target allows);
-* reads: ``ds[i]`` in a loop in one process, random order, vs a bare ``cv2.imdecode`` loop over
-  the same payload bytes held in memory; and ``raw`` vs ``jpeg:90``;
-* memory: peak RSS (whole process tree) of a conversion of 2k vs 10k images;
-* loader: a DataLoader (2 workers, batch 64, 224 center crop) over each format, map-style
-  (shuffled) and streaming (``StreamingDataset``), next to a bare decode loop on one core;
-* cache: epoch 1 vs epoch 2 with ``cache="decoded"`` (jpeg:90), next to the uncached ``raw`` rate;
-* scaling: conversion time, open time and per-sample read cost for 2k, 10k and 50k images
-  (small 96 px images for the 50k folder), and whether opening reads payload files.
-
-Sections run by default: all; ``--sections`` picks some.
+Every figure is a ratio against a baseline measured in the same run on the same machine (absolute
+img/s are printed for context only); ``--help`` lists what each section compares.
 """
 
 from __future__ import annotations
@@ -41,6 +26,20 @@ from packer.registry import format_names
 from packer.scan import scan_imagefolder
 
 RESIZE, JPEG = "shorter:256", "jpeg:90"
+SECTIONS = """sections (all by default; --sections picks some):
+  convert  resize shorter:256, jpeg:90: --workers 2 vs --workers 1, and vs the machine limit = (bare
+           decode+resize+encode loop on one core) x cores; the bare loop with a plain full-size
+           cv2.imdecode (what a hand-written converter does) and with packer's own process_image
+           (which lets libjpeg decode at reduced size when the target allows)
+  read     ds[i] in a loop in one process, random order, vs a bare cv2.imdecode loop over the same
+           payload bytes held in memory; and raw vs jpeg:90
+  memory   peak RSS (whole process tree) of a conversion of 2k vs all images
+  loader   a DataLoader (2 workers, batch 64, 224 center crop) over each format, map-style
+           (shuffled) and streaming (StreamingDataset), next to a bare decode loop on one core
+  cache    epoch 1 vs epoch 2 with cache="decoded" (jpeg:90), next to the uncached raw rate
+  scaling  conversion time, open time and per-sample read cost for 2k, 10k and 50k images
+           (small 96 px images for the 50k folder), and whether opening reads payload files
+"""
 
 
 def open_dataset(*args, **kwargs):  # noqa: ANN002, ANN003, ANN201
@@ -290,8 +289,59 @@ def subset_folder(src: str, dst: str, n: int) -> str:
     return dst
 
 
+def section_convert(a, formats: list[str], paths: list[str], lines: list[str]) -> None:  # noqa: ANN001
+    """The bare conversion loop on one core (always: the machine limit) and, with the convert
+    section, each format's conversion with 1 and 2 workers against it."""
+    cores = os.cpu_count() or 1
+    bare_exact = bare_convert_rate(paths, exact=True)
+    bare_ours = bare_convert_rate(paths, exact=False)
+    lines += ["### Conversion (jpeg:90)", "",
+              f"Bare loop, one core: full decode {bare_exact:.0f} img/s, packer's process_image {bare_ours:.0f} img/s; "
+              f"machine limit = x{cores} cores: {bare_exact * cores:.0f} / {bare_ours * cores:.0f} img/s", "",
+              "| format | workers 1 img/s | workers 2 img/s | w2 / w1 | w2 / limit (full decode) | w2 / limit (process_image) |",
+              "|---|---|---|---|---|---|"]
+    for fmt in formats:
+        r1 = timed_convert(a.src, os.path.join(a.work, f"{fmt}-w1"), fmt, JPEG, 1)
+        r2 = timed_convert(a.src, os.path.join(a.work, f"{fmt}-jpeg"), fmt, JPEG, 2)
+        lines.append(f"| {fmt} | {r1:.0f} | {r2:.0f} | {r2 / r1:.2f} | {r2 / (bare_exact * cores):.2f} | "
+                     f"{r2 / (bare_ours * cores):.2f} |")
+        shutil.rmtree(os.path.join(a.work, f"{fmt}-w1"))
+        print(lines[-1], flush=True)
+
+
+def section_read(a, formats: list[str], n: int, lines: list[str]) -> None:  # noqa: ANN001
+    """``ds[i]`` in random order, JPEG and raw, against a bare decode of the same payloads."""
+    lines += ["", "### Random-access reads, one process (`ds[i]`, uint8 CHW tensor)", "",
+              "| format | bare imdecode img/s | jpeg:90 ds[i] img/s | jpeg / bare | raw ds[i] img/s | raw / jpeg |",
+              "|---|---|---|---|---|---|"]
+    order = np.random.default_rng(0).permutation(n)[: a.reads]
+    for fmt in formats:
+        jpeg_dir, raw_dir = os.path.join(a.work, f"{fmt}-jpeg"), os.path.join(a.work, f"{fmt}-raw")
+        timed_convert(a.src, raw_dir, fmt, "raw", 2)
+        bare = bare_decode_rate(jpeg_dir, order)
+        jr = read_rate(jpeg_dir, order)
+        rr = read_rate(raw_dir, order)
+        lines.append(f"| {fmt} | {bare:.0f} | {jr:.0f} | {jr / bare:.2f} | {rr:.0f} | {rr / jr:.1f} |")
+        print(lines[-1], flush=True)
+
+
+def section_memory(a, n: int, lines: list[str]) -> None:  # noqa: ANN001
+    """Peak RSS of the whole process tree of an lmdb conversion of 2,000 and of all images."""
+    lines += ["", "### Peak memory of a conversion (lmdb, 2 workers, whole process tree)", "",
+              "| images | peak RSS MB | seconds |", "|---|---|---|"]
+    for count in (2000, n):
+        sub = subset_folder(a.src, os.path.join(a.work, f"sub{count}"), count) if count < n else a.src
+        peak, secs = peak_rss_of([sys.executable, "-m", "packer", "convert", "imagefolder", "lmdb", sub,
+                                  os.path.join(a.work, f"mem{count}"), "--resize", RESIZE, "--workers", "2",
+                                  "--overwrite", "-q"])
+        lines.append(f"| {count} | {peak / 1e6:.0f} | {secs:.1f} |")
+        print(lines[-1], flush=True)
+
+
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    """Run the chosen sections; print the Markdown tables (and write them to ``--out``)."""
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0], epilog=SECTIONS,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--src", required=True, help="ImageFolder (make_imagefolder.py --classes 20 --per-class 500)")
     ap.add_argument("--work", required=True, help="scratch directory")
     ap.add_argument("--formats", default=",".join(format_names()))
@@ -302,43 +352,14 @@ def main() -> None:
     ap.add_argument("--out", default=None, help="write the markdown tables here")
     a = ap.parse_args()
     os.makedirs(a.work, exist_ok=True)
-    cores = os.cpu_count() or 1
     formats = [f for f in a.formats.split(",") if f]
     scan = scan_imagefolder(a.src)
     n = len(scan.samples)
-    lines = [f"Source: {a.src}, {n} images, {len(scan.classes)} classes; {cores} cores; "
+    lines = [f"Source: {a.src}, {n} images, {len(scan.classes)} classes; {os.cpu_count() or 1} cores; "
              f"resize {RESIZE}; python {sys.version.split()[0]}, OpenCV {cv2.__version__}", ""]
-
     sections = set(a.sections.split(","))
-    paths = [s.path for s in scan.samples[: a.bare]]
-    bare_exact = bare_convert_rate(paths, exact=True)
-    bare_ours = bare_convert_rate(paths, exact=False)
-    lines += ["### Conversion (jpeg:90)", "",
-              f"Bare loop, one core: full decode {bare_exact:.0f} img/s, packer's process_image {bare_ours:.0f} img/s; "
-              f"machine limit = x{cores} cores: {bare_exact * cores:.0f} / {bare_ours * cores:.0f} img/s", "",
-              "| format | workers 1 img/s | workers 2 img/s | w2 / w1 | w2 / limit (full decode) | w2 / limit (process_image) |",
-              "|---|---|---|---|---|---|"]
-    for fmt in formats if "convert" in sections else []:
-        r1 = timed_convert(a.src, os.path.join(a.work, f"{fmt}-w1"), fmt, JPEG, 1)
-        r2 = timed_convert(a.src, os.path.join(a.work, f"{fmt}-jpeg"), fmt, JPEG, 2)
-        lines.append(f"| {fmt} | {r1:.0f} | {r2:.0f} | {r2 / r1:.2f} | {r2 / (bare_exact * cores):.2f} | "
-                     f"{r2 / (bare_ours * cores):.2f} |")
-        shutil.rmtree(os.path.join(a.work, f"{fmt}-w1"))
-        print(lines[-1], flush=True)
-
-    lines += ["", "### Random-access reads, one process (`ds[i]`, uint8 CHW tensor)", "",
-              "| format | bare imdecode img/s | jpeg:90 ds[i] img/s | jpeg / bare | raw ds[i] img/s | raw / jpeg |",
-              "|---|---|---|---|---|---|"]
-    order = np.random.default_rng(0).permutation(n)[: a.reads]
-    for fmt in formats if "read" in sections else []:
-        jpeg_dir, raw_dir = os.path.join(a.work, f"{fmt}-jpeg"), os.path.join(a.work, f"{fmt}-raw")
-        timed_convert(a.src, raw_dir, fmt, "raw", 2)
-        bare = bare_decode_rate(jpeg_dir, order)
-        jr = read_rate(jpeg_dir, order)
-        rr = read_rate(raw_dir, order)
-        lines.append(f"| {fmt} | {bare:.0f} | {jr:.0f} | {jr / bare:.2f} | {rr:.0f} | {rr / jr:.1f} |")
-        print(lines[-1], flush=True)
-
+    section_convert(a, formats if "convert" in sections else [], [s.path for s in scan.samples[: a.bare]], lines)
+    section_read(a, formats if "read" in sections else [], n, lines)
     if "loader" in sections:
         section_loader(a, formats, lines)
     if "cache" in sections:
@@ -346,22 +367,12 @@ def main() -> None:
     if "scaling" in sections:
         section_scaling(a, lines)
     if "memory" in sections:
-        lines += ["", "### Peak memory of a conversion (lmdb, 2 workers, whole process tree)", "",
-                  "| images | peak RSS MB | seconds |", "|---|---|---|"]
-        for count in (2000, n):
-            sub = subset_folder(a.src, os.path.join(a.work, f"sub{count}"), count) if count < n else a.src
-            peak, secs = peak_rss_of([sys.executable, "-m", "packer", "convert", "imagefolder", "lmdb", sub,
-                                      os.path.join(a.work, f"mem{count}"), "--resize", RESIZE, "--workers", "2",
-                                      "--overwrite", "-q"])
-            lines.append(f"| {count} | {peak / 1e6:.0f} | {secs:.1f} |")
-            print(lines[-1], flush=True)
-
+        section_memory(a, n, lines)
     text = "\n".join(lines) + "\n"
     print(text)
     if a.out:
         with open(a.out, "w") as f:
             f.write(text)
-
 
 if __name__ == "__main__":
     main()

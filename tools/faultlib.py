@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from packer.errors import CorruptDataError
-from packer.manifest import MANIFEST_NAME, read_manifest
+from packer.manifest import MANIFEST_NAME, Manifest, read_manifest
 from packer.ops.cli import main as cli_main
 from packer.registry import format_names, get_format
 
@@ -117,14 +117,79 @@ def _killpg(proc: subprocess.Popen, delay: float) -> None:
     proc.wait()
 
 
+def _check_published(t: KillTrial, dst: str, ref: str, ref_snapshot: list, old: str | None) -> None:
+    """After the kill: DST is absent, or complete and equal to the reference (or to ``old``)."""
+    if not os.path.exists(dst):
+        t.outcome = "absent"
+        t.dst_ok = True
+        return
+    t.outcome = "complete"
+    try:
+        got = snapshot(dst)
+        rc, _ = verify_cli(dst)
+        same_as_ref = got == ref_snapshot and identical_dirs(dst, ref)
+        same_as_old = bool(old) and identical_dirs(dst, old)
+        t.dst_ok = rc == 0 and (same_as_ref or same_as_old)
+        if old and same_as_old:
+            t.outcome = "old"
+    except Exception as e:  # noqa: BLE001 - any failure to read a published dataset is a finding
+        t.errors.append(f"published dataset unreadable: {type(e).__name__}: {e}")
+
+
+def _check_tmp_refused(t: KillTrial, dst: str, ref_snapshot: list) -> None:
+    """After the kill: a reader refuses the conversion's temporary folder (or it is complete)."""
+    from packer.datasets import open_dataset
+
+    tmp = tmp_of(dst)
+    if not os.path.isdir(tmp):
+        return
+    try:
+        with open_dataset(tmp) as ds:
+            t.tmp_refused = os.path.exists(os.path.join(tmp, MANIFEST_NAME)) and len(ds) == len(ref_snapshot)
+    except (FileNotFoundError, CorruptDataError):
+        t.tmp_refused = True
+    except Exception as e:  # noqa: BLE001
+        t.tmp_refused = False
+        t.errors.append(f"temp folder: {type(e).__name__}: {e}")
+
+
+def _resume(t: KillTrial, argv: list[str], ref_snapshot: list) -> bool:
+    """Run the ``--resume`` conversion ``argv``; record what it kept. False where it failed."""
+    r = subprocess.run(argv, capture_output=True, text=True)
+    if r.returncode != 0:
+        t.errors.append(f"--resume failed: {r.stderr.strip()}")
+        t.lost = len(ref_snapshot)
+        return False
+    t.resumed = 0
+    for line in r.stderr.splitlines():
+        if line.startswith("packer: resumed: kept "):
+            t.resumed = int(line.split()[3])
+    return True
+
+
+def _check_result(t: KillTrial, dst: str, ref: str, ref_snapshot: list) -> bool:
+    """The end result against the reference: samples lost, manifest, verify, bytes. False where
+    it cannot be read."""
+    try:
+        got = snapshot(dst)
+    except Exception as e:  # noqa: BLE001
+        t.errors.append(f"result unreadable: {type(e).__name__}: {e}")
+        t.lost = len(ref_snapshot)
+        return False
+    t.lost = sum(1 for a, b in zip(got, ref_snapshot) if a != b) + abs(len(got) - len(ref_snapshot))
+    with open(os.path.join(dst, MANIFEST_NAME), "rb") as a, open(os.path.join(ref, MANIFEST_NAME), "rb") as b:
+        same_manifest = a.read() == b.read()
+    t.resume_ok = t.lost == 0 and same_manifest and verify_cli(dst)[0] == 0
+    t.identical = identical_dirs(dst, ref)
+    return True
+
+
 def kill_trial(fmt: str, src: str, ref: str, ref_snapshot: list, work: str, delay: float,
                workers: int = 1, old: str | None = None) -> KillTrial:
     """Convert ``src`` to ``work/out``, SIGKILL the process group after ``delay`` seconds, check
     the destination, then ``--resume`` and compare with the reference ``ref``. With ``old`` (a
     finished dataset), the destination starts as a copy of it and the run uses ``--overwrite``:
     then DST must be the old dataset or the new one at every moment."""
-    from packer.datasets import open_dataset
-
     t = KillTrial(fmt, delay)
     dst = os.path.join(work, "out")
     shutil.rmtree(work, ignore_errors=True)
@@ -135,53 +200,13 @@ def kill_trial(fmt: str, src: str, ref: str, ref_snapshot: list, work: str, dela
     proc = subprocess.Popen(convert_argv(fmt, src, dst, *extra, workers=workers), stdout=subprocess.DEVNULL,
                             stderr=subprocess.DEVNULL, start_new_session=True)
     _killpg(proc, delay)
-    if os.path.exists(dst):
-        t.outcome = "complete"
-        try:
-            got = snapshot(dst)
-            rc, _ = verify_cli(dst)
-            same_as_ref = got == ref_snapshot and identical_dirs(dst, ref)
-            same_as_old = bool(old) and identical_dirs(dst, old)
-            t.dst_ok = rc == 0 and (same_as_ref or same_as_old)
-            if old and same_as_old:
-                t.outcome = "old"
-        except Exception as e:  # noqa: BLE001 - any failure to read a published dataset is a finding
-            t.errors.append(f"published dataset unreadable: {type(e).__name__}: {e}")
-    else:
-        t.outcome = "absent"
-        t.dst_ok = True
-    tmp = tmp_of(dst)
-    if os.path.isdir(tmp):
-        try:
-            with open_dataset(tmp) as ds:
-                t.tmp_refused = os.path.exists(os.path.join(tmp, MANIFEST_NAME)) and len(ds) == len(ref_snapshot)
-        except (FileNotFoundError, CorruptDataError):
-            t.tmp_refused = True
-        except Exception as e:  # noqa: BLE001
-            t.tmp_refused = False
-            t.errors.append(f"temp folder: {type(e).__name__}: {e}")
-    if t.outcome != "complete":
-        r = subprocess.run(convert_argv(fmt, src, dst, "--resume", *extra, workers=workers),
-                           capture_output=True, text=True)
-        if r.returncode != 0:
-            t.errors.append(f"--resume failed: {r.stderr.strip()}")
-            t.lost = len(ref_snapshot)
-            return t
-        t.resumed = 0
-        for line in r.stderr.splitlines():
-            if line.startswith("packer: resumed: kept "):
-                t.resumed = int(line.split()[3])
-    try:
-        got = snapshot(dst)
-    except Exception as e:  # noqa: BLE001
-        t.errors.append(f"result unreadable: {type(e).__name__}: {e}")
-        t.lost = len(ref_snapshot)
+    _check_published(t, dst, ref, ref_snapshot, old)
+    _check_tmp_refused(t, dst, ref_snapshot)
+    if t.outcome != "complete" and \
+            not _resume(t, convert_argv(fmt, src, dst, "--resume", *extra, workers=workers), ref_snapshot):
         return t
-    t.lost = sum(1 for a, b in zip(got, ref_snapshot) if a != b) + abs(len(got) - len(ref_snapshot))
-    with open(os.path.join(dst, MANIFEST_NAME), "rb") as a, open(os.path.join(ref, MANIFEST_NAME), "rb") as b:
-        same_manifest = a.read() == b.read()
-    t.resume_ok = t.lost == 0 and same_manifest and verify_cli(dst)[0] == 0
-    t.identical = identical_dirs(dst, ref)
+    if not _check_result(t, dst, ref, ref_snapshot):
+        return t
     # A kill while the replaced dataset was being deleted leaves .out.packer-trash; the next
     # conversion to DST deletes it first (recover_publish), as it does here.
     from packer.ops.engine import recover_publish
@@ -247,96 +272,116 @@ class ByteTrial:
         return self.reader in ("refused", "raised", "correct")
 
 
+def _tar_regions(path: str, m: Manifest) -> dict[str, list[tuple[int, int, int]]]:
+    """Each sample's members in its shard, and its entry and key in the shard's index."""
+    from packer.layouts.tar import INDEX_ENTRY, INDEX_HEADER, INDEX_SUFFIXES, unpack_index
+
+    out = {}
+    for f in m.files:
+        if not f.name.endswith(INDEX_SUFFIXES):
+            continue
+        with open(os.path.join(path, f.name), "rb") as fh:
+            first, e, keys = unpack_index(fh.read(), f.name)
+        shard = f.name[: f.name.rindex(".")] + ".tar"
+        starts = [int(o) - 512 for o in e["offset"]]
+        ends = starts[1:] + [_tar_members_end(os.path.join(path, shard), starts[-1])]
+        out[shard] = [(a, b, first + j) for j, (a, b) in enumerate(zip(starts, ends))]
+        n = len(e)
+        idx = [(INDEX_HEADER.size + j * INDEX_ENTRY.itemsize, INDEX_HEADER.size + (j + 1) * INDEX_ENTRY.itemsize,
+                first + j) for j in range(n)]
+        base, prev = INDEX_HEADER.size + n * INDEX_ENTRY.itemsize, 0
+        for j, ke in enumerate(e["key_end"]):
+            idx.append((base + prev, base + int(ke), first + j))
+            prev = int(ke)
+        out[f.name] = idx
+    return out
+
+
+def _tfrecord_regions(path: str, m: Manifest) -> dict[str, list[tuple[int, int, int]]]:
+    """Each sample's index line, and its record where the file is not compressed."""
+    out = {}
+    for f in m.files:
+        if not f.name.endswith(".idx"):
+            continue
+        with open(os.path.join(path, f.name), "rb") as fh:
+            lines = fh.read().splitlines(keepends=True)
+        pos, idx, rec = 0, [], []
+        for j, line in enumerate(lines):
+            idx.append((pos, pos + len(line), f.first + j))
+            pos += len(line)
+            off, length = map(int, line.split())
+            rec.append((off, off + length, f.first + j))
+        out[f.name] = idx
+        if not m.layout.get("gzip"):
+            out[f.name[:-4] + ".tfrecord"] = rec
+    return out
+
+
+def _lmdb_regions(path: str, m: Manifest) -> dict[str, list[tuple[int, int, int]]]:
+    """Each record whose first 64 bytes occur once in the environment."""
+    from packer.datasets import open_dataset
+    from packer.placement import place_seed
+    from packer.record import pack_record
+
+    with open(os.path.join(path, "data.mdb"), "rb") as fh:
+        data = fh.read()
+    regions = []
+    with open_dataset(path) as ds:
+        for i in range(len(ds)):
+            r = ds.read_record(i)
+            value = pack_record(r.key, r.label, r.codec, r.height, r.width, bytes(r.payload),
+                                place_seed(m.files[0].id, i))
+            at = data.find(value[:64])
+            if at >= 0 and data.count(value[:64]) == 1:
+                regions.append((at, at + len(value), i))
+    return {"data.mdb": regions}
+
+
+def _hdf5_regions(path: str, m: Manifest) -> dict[str, list[tuple[int, int, int]]]:
+    """Each payload's bytes in its chunks, and each key that occurs once in the file."""
+    import h5py
+
+    fp = os.path.join(path, "data.h5")
+    with open(fp, "rb") as fh:
+        data = fh.read()
+    regions = []
+    with h5py.File(fp, "r") as f:
+        images = f["images"]
+        per = images.chunks[0] * int(np.prod(images.chunks[1:]))
+        table = {}
+        images.id.chunk_iter(lambda info: table.__setitem__(info.chunk_offset[0] // images.chunks[0],
+                                                            info.byte_offset))
+        if f.attrs["storage"] == "flat":
+            offs = f["offsets"][:].astype(np.int64)
+        else:
+            row = int(np.prod(images.shape[1:]))
+            offs = np.arange(images.shape[0] + 1, dtype=np.int64) * row
+        for i in range(len(offs) - 1):
+            a = int(offs[i])
+            while a < offs[i + 1]:
+                c, r = divmod(a, per)
+                b = min(int(offs[i + 1]), (c + 1) * per)
+                regions.append((table[c] + r, table[c] + r + (b - a), i))
+                a = b
+        for i, k in enumerate(f["keys"].asstr()[:].tolist()):
+            raw = k.encode("utf-8")
+            if data.count(raw) == 1:
+                at = data.find(raw)
+                regions.append((at, at + len(raw), i))
+    return {"data.h5": regions}
+
+
+#: format -> the byte ranges of its files that belong to one sample.
+_REGIONS = {"tar": _tar_regions, "tfrecord": _tfrecord_regions, "lmdb": _lmdb_regions, "hdf5": _hdf5_regions}
+
+
 def sample_regions(path: str) -> dict[str, list[tuple[int, int, int]]]:
     """file name -> [(start, end, sample)] byte ranges that belong to one sample, where the test
     can tell from the layout (tar and TFRecord: all of a sample's bytes, index lines and entries;
     LMDB: each record; HDF5: each payload and each key that occurs once in the file)."""
     m = read_manifest(path)
-    out: dict[str, list[tuple[int, int, int]]] = {}
-    if m.format == "tar":
-        from packer.layouts.tar import INDEX_ENTRY, INDEX_HEADER, INDEX_SUFFIXES, unpack_index
-
-        for f in m.files:
-            if not f.name.endswith(INDEX_SUFFIXES):
-                continue
-            with open(os.path.join(path, f.name), "rb") as fh:
-                first, e, keys = unpack_index(fh.read(), f.name)
-            shard = f.name[: f.name.rindex(".")] + ".tar"
-            starts = [int(o) - 512 for o in e["offset"]]
-            ends = starts[1:] + [_tar_members_end(os.path.join(path, shard), starts[-1])]
-            out[shard] = [(a, b, first + j) for j, (a, b) in enumerate(zip(starts, ends))]
-            n = len(e)
-            idx = [(INDEX_HEADER.size + j * INDEX_ENTRY.itemsize, INDEX_HEADER.size + (j + 1) * INDEX_ENTRY.itemsize,
-                    first + j) for j in range(n)]
-            base, prev = INDEX_HEADER.size + n * INDEX_ENTRY.itemsize, 0
-            for j, ke in enumerate(e["key_end"]):
-                idx.append((base + prev, base + int(ke), first + j))
-                prev = int(ke)
-            out[f.name] = idx
-    elif m.format == "tfrecord":
-        for f in m.files:
-            if not f.name.endswith(".idx"):
-                continue
-            with open(os.path.join(path, f.name), "rb") as fh:
-                lines = fh.read().splitlines(keepends=True)
-            pos, idx, rec = 0, [], []
-            for j, line in enumerate(lines):
-                idx.append((pos, pos + len(line), f.first + j))
-                pos += len(line)
-                off, length = map(int, line.split())
-                rec.append((off, off + length, f.first + j))
-            out[f.name] = idx
-            if not m.layout.get("gzip"):
-                out[f.name[:-4] + ".tfrecord"] = rec
-    elif m.format == "lmdb":
-        from packer.datasets import open_dataset
-        from packer.placement import place_seed
-        from packer.record import pack_record
-
-        with open(os.path.join(path, "data.mdb"), "rb") as fh:
-            data = fh.read()
-        regions = []
-        with open_dataset(path) as ds:
-            for i in range(len(ds)):
-                r = ds.read_record(i)
-                value = pack_record(r.key, r.label, r.codec, r.height, r.width, bytes(r.payload),
-                                    place_seed(m.files[0].id, i))
-                at = data.find(value[:64])
-                if at >= 0 and data.count(value[:64]) == 1:
-                    regions.append((at, at + len(value), i))
-        out["data.mdb"] = regions
-    elif m.format == "hdf5":
-        import h5py
-
-        fp = os.path.join(path, "data.h5")
-        with open(fp, "rb") as fh:
-            data = fh.read()
-        regions = []
-        with h5py.File(fp, "r") as f:
-            images = f["images"]
-            per = images.chunks[0] * int(np.prod(images.chunks[1:]))
-            table = {}
-            images.id.chunk_iter(lambda info: table.__setitem__(info.chunk_offset[0] // images.chunks[0],
-                                                                info.byte_offset))
-            if f.attrs["storage"] == "flat":
-                offs = f["offsets"][:].astype(np.int64)
-            else:
-                row = int(np.prod(images.shape[1:]))
-                offs = np.arange(images.shape[0] + 1, dtype=np.int64) * row
-            for i in range(len(offs) - 1):
-                a = int(offs[i])
-                while a < offs[i + 1]:
-                    c, r = divmod(a, per)
-                    b = min(int(offs[i + 1]), (c + 1) * per)
-                    regions.append((table[c] + r, table[c] + r + (b - a), i))
-                    a = b
-            for i, k in enumerate(f["keys"].asstr()[:].tolist()):
-                raw = k.encode("utf-8")
-                if data.count(raw) == 1:
-                    at = data.find(raw)
-                    regions.append((at, at + len(raw), i))
-        out["data.h5"] = regions
-    return out
+    regions = _REGIONS.get(m.format)
+    return regions(path, m) if regions else {}
 
 
 def _tar_members_end(path: str, start: int) -> int:

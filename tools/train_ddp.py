@@ -6,29 +6,8 @@
     python tools/train_ddp.py --data PACKED --epochs 1      # one process, no torchrun needed
     python tools/train_ddp.py --data PACKED --checkpoint ck.pt --resume   # continue a run
 
-It applies the whole performance guide with packer data; each lesson is marked ``# [n]`` where
-it is applied:
-
-[1] Processes: one process per GPU under torchrun (NCCL), or per CPU "device" (gloo).
-[2] Sharding: map-style ``open_dataset`` + ``DistributedSampler``, or ``StreamingDataset``, which
-    partitions itself over ranks and workers; both give every rank the same number of samples
-    (``--partition pad|drop``) and need ``set_epoch(epoch)`` every epoch for a new order.
-[3] Seeding: ``seed_everything(seed)`` first; ``worker_init_fn=seed_worker`` (folds the rank in,
-    re-seeds generators the dataset owns) and a seeded ``generator`` for the DataLoader; the
-    augmentation draws from ``worker_rng()``, never from a Generator made in ``__init__``.
-[4] Workers: ``num_workers`` (measure it: ``python -m packer bench PACKED``),
-    ``persistent_workers``, ``pin_memory`` on CUDA, and ``collate_fn=packer.datasets.collate``,
-    which builds each batch in shared memory the worker reuses instead of a fresh segment.
-[5] uint8 until the device: the dataset returns uint8 CHW tensors, the augmentation (random
-    crop + flip) runs on uint8 in the workers, and ``prefetch_to_device`` copies the next batch
-    with ``non_blocking=True`` on a side stream and normalises it there, ``channels_last``.
-[6] The step: channels_last model, autocast (bf16, or fp16 + GradScaler, on CUDA),
-    ``cudnn.benchmark`` (the crop makes every batch the same shape),
-    ``zero_grad(set_to_none=True)``, and no ``loss.item()`` per step (that waits for the GPU).
-[7] Caching: ``--cache decoded`` keeps decoded pixels in RAM shared by the workers of a rank.
-[8] Resume: the checkpoint holds the model, the optimizer and the data position (the streaming
-    dataset's ``state_dict(samples_consumed)``, or epoch + samples for the sampler); a restart
-    with ``--resume`` continues mid-epoch without reading the skipped samples.
+It applies every point of README.md's "Using packed data in your DataLoader", each marked
+``# [n]`` where it is applied (the numbers are the list's there).
 
 Every rank prints its steps, mean loss, samples, throughput and the share of time it waited for
 data, per epoch; every rank runs the same number of steps.
@@ -339,7 +318,22 @@ def say(line: str) -> None:
     os.write(sys.stdout.fileno(), (line + "\n").encode())
 
 
+def resume_point(args, bare: nn.Module, optimizer, scaler, dataset, sampler, device: torch.device,
+                 rank: int, world: int) -> tuple[int, int]:
+    """(epoch, samples of it already trained) to start from: the checkpoint's with ``--resume``
+    where it exists [8], else (0, 0)."""
+    if not (args.resume and os.path.exists(args.checkpoint)):
+        return 0, 0
+    start_epoch, skip = load_checkpoint(args.checkpoint, bare, optimizer, scaler, args,
+                                        dataset, sampler, device)
+    per_rank = len(dataset) if args.streaming else sampler.num_samples
+    say(f"rank {rank}/{world}: resumed from {args.checkpoint} at epoch {start_epoch}, "
+        f"sample {skip} of {per_rank}")
+    return start_epoch, skip
+
+
 def main(argv: list[str] | None = None) -> int:
+    """Train ``--epochs`` epochs on this rank; 0."""
     args = parse_args(argv)
     rank, world, device = setup_distributed()
     try:
@@ -360,13 +354,7 @@ def main(argv: list[str] | None = None) -> int:
         amp = autocast_dtype(args.amp, device)
         scaler = torch.amp.GradScaler(device.type, enabled=amp == torch.float16)
 
-        start_epoch, skip = 0, 0
-        if args.resume and os.path.exists(args.checkpoint):
-            start_epoch, skip = load_checkpoint(args.checkpoint, bare, optimizer, scaler, args,
-                                                dataset, sampler, device)
-            per_rank = len(dataset) if args.streaming else sampler.num_samples
-            say(f"rank {rank}/{world}: resumed from {args.checkpoint} at epoch {start_epoch}, "
-                f"sample {skip} of {per_rank}")
+        start_epoch, skip = resume_point(args, bare, optimizer, scaler, dataset, sampler, device, rank, world)
         total_steps = 0
         for epoch in range(start_epoch, args.epochs):
             # [2] A new order every epoch, the same on every rank. The streaming dataset keeps a
