@@ -111,6 +111,13 @@ class ProcessOptions:
     #: repeated blocks). Off by default: such files are skipped with the warning as the reason.
     keep_damaged_jpeg: bool = False
 
+    @property
+    def max_source_bytes(self) -> int:
+        """The most bytes read from one source file: what an uncompressed image of ``max_pixels``
+        can take (16 bytes a pixel: four 32-bit channels) plus 64 MiB of metadata. Larger files
+        are skipped unread, so a huge or endless file cannot exhaust memory."""
+        return self.max_pixels * 16 + (64 << 20)
+
     def to_json(self) -> dict:
         """The manifest's ``processing`` entry."""
         return {

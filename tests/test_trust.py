@@ -1175,7 +1175,7 @@ def _list_outside_root(tmp_path):
     root = _src(tmp_path, "root")
     secret = str(tmp_path / "secret.png")
     shutil.copy(os.path.join(root, "b", "b0.png"), secret)
-    rows = ["a/a0.jpg,a", "b/b1.png,b", "../secret.png,a", f"{secret},b", "a/../b/b0.png,b"]
+    rows = ["a/a0.jpg,a", "b/b1.png,b", "../secret.png,a", f"{secret},a", "a/../b/b0.png,b"]
     lst = tmp_path / "root" / "train.csv"
     lst.write_text("path,label\n" + "\n".join(rows) + "\n")
     return root, secret, str(lst)
@@ -1233,3 +1233,84 @@ def test_a_list_key_or_column_named_twice_is_an_error(tmp_path, text, name, why)
         f.write(text)
     with pytest.raises(SourceError, match=why):
         read_list(lst)
+
+
+# -- list rows and lists that are not regular files, endless, or nested without bound ---------------
+def test_list_rows_that_are_fifos_devices_or_huge_are_skipped_unread(tmp_path):
+    """A FIFO row blocked for ever, /dev/zero was read whole into a MemoryError: each is skipped with
+    the reason, checked on the opened descriptor; a file larger than any image within --max-pixels
+    is skipped unread."""
+    root = _src(tmp_path, "root")
+    os.mkfifo(os.path.join(root, "pipe.jpg"))
+    os.symlink("/dev/zero", os.path.join(root, "zero.jpg"))
+    with open(os.path.join(root, "huge.png"), "wb") as f:
+        f.truncate(65 << 20)  # sparse: above 1,000 pixels x 16 bytes + 64 MiB
+    lst = os.path.join(root, "l.csv")
+    with open(lst, "w") as f:
+        f.write("path,label\na/a0.jpg,a\npipe.jpg,a\nzero.jpg,b\nhuge.png,b\nb/b0.png,b\n")
+    dst = str(tmp_path / "d")
+    r = subprocess.run([sys.executable, "-m", "packer", "convert", "list", "tar", lst, dst, "--workers", "1",
+                        "--max-pixels", "1000", "-q"], capture_output=True, text=True, timeout=120, cwd=ROOT)
+    assert r.returncode == 3 and "Traceback" not in r.stderr, r.stderr
+    from packer.manifest import read_manifest
+
+    m = read_manifest(dst)
+    reasons = {s.path: s.reason for s in m.skipped}
+    assert m.num_samples == 2 and sorted(reasons) == ["huge.png", "pipe.jpg", "zero.jpg"], reasons
+    assert reasons["pipe.jpg"] == "not a regular file (a FIFO); not read"
+    assert reasons["zero.jpg"] == "not a regular file (a character device); not read"
+    assert reasons["huge.png"].startswith(f"{65 << 20} bytes, more than the {1000 * 16 + (64 << 20)} read")
+
+
+@pytest.mark.parametrize("case", ["fifo", "device", "endless-line", "deep-json", "deep-meta"])
+def test_lists_that_are_not_files_endless_or_deeply_nested_are_one_line(tmp_path, case):
+    from packer.ops.listsource import read_list
+
+    root = _src(tmp_path, "root")
+    lst = os.path.join(root, "l.jsonl" if case.startswith("deep") else "l.csv")
+    if case == "fifo":
+        os.mkfifo(lst)
+        why = r"l\.csv: not a regular file \(a FIFO\); not read$"
+    elif case == "device":
+        os.symlink("/dev/zero", lst)
+        why = r"l\.csv: not a regular file \(a character device\); not read$"
+    elif case == "endless-line":
+        with open(lst, "w") as f:
+            f.write("path,label\n" + "x" * (4 << 20))
+        why = r"l\.csv:2: line longer than \d+ characters; not a list row$"
+    else:
+        depth = 100_000 if case == "deep-json" else 100
+        with open(lst, "w") as f:
+            f.write('{"path": "a/a0.jpg", "label": "a"}\n{"path": "a/a1.jpg", "label": "a", "x": '
+                    + "[" * depth + "]" * depth + "}\n")
+        why = (r"l\.jsonl:2: JSON nested too deeply to read" if case == "deep-json"
+               else r"l\.jsonl:2: metadata\.x(\[0\]){63}: nested more than 64 deep$")
+    with pytest.raises(SourceError, match=why):
+        read_list(lst)
+
+
+def test_a_list_with_a_byte_order_mark_is_read(tmp_path):
+    from packer.ops.listsource import read_list
+
+    root = _src(tmp_path, "root")
+    for name, text in (("l.csv", "path,label\na/a0.jpg,a\n"), ("l.tsv", "path\tlabel\na/a0.jpg\ta\n"),
+                       ("l.jsonl", '{"path": "a/a0.jpg", "label": "a"}\n')):
+        lst = os.path.join(root, name)
+        with open(lst, "w", encoding="utf-8-sig") as f:  # what Excel's "CSV UTF-8" writes
+            f.write(text)
+        src = read_list(lst)
+        assert src.path_column == "path" and src.items == [(os.path.join(root, "a", "a0.jpg"), "a", None)]
+
+
+def test_list_rows_naming_one_file_with_conflicting_labels_are_refused(tmp_path):
+    from packer.ops.listsource import read_list
+
+    root = _src(tmp_path, "root")
+    lst = os.path.join(root, "l.csv")
+    with open(lst, "w") as f:
+        f.write("path,label\na/a0.jpg,a\nb/b0.png,b\n./a/a0.jpg,b\n")
+    with pytest.raises(SourceError, match=r"l\.csv:4: './a/a0.jpg' is also on line 2 with label 'a', here 'b'"):
+        read_list(lst)
+    with open(lst, "w") as f:  # the same label twice is not a conflict
+        f.write("path,labels\na/a0.jpg,a|b\nb/b0.png,b\na/a0.jpg,b|a\n")
+    assert len(read_list(lst, label_kind="multi").items) == 3

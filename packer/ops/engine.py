@@ -35,6 +35,7 @@ import numpy as np
 from .. import __version__
 from ..converters.base import WriterOptions
 from ..errors import ImageError, PackerError, ResumeError, SourceError
+from ..fileio import NotReadableError, read_source_file
 from ..filesystem import (
     check_destination,
     claim_destination,
@@ -128,10 +129,11 @@ Result = tuple[ProcessedImage | None, str | None]  # (image, None) or (None, rea
 
 def _process_file(path: str, opts: ProcessOptions) -> Result:
     try:
-        with open(path, "rb") as f:
-            data = f.read()
+        data = read_source_file(path, opts.max_source_bytes)
     except OSError as e:
         return None, f"cannot read: {e.strerror or e}"
+    except NotReadableError as e:
+        return None, str(e)
     return process_data(data, opts)
 
 
