@@ -1314,3 +1314,84 @@ def test_list_rows_naming_one_file_with_conflicting_labels_are_refused(tmp_path)
     with open(lst, "w") as f:  # the same label twice is not a conflict
         f.write("path,labels\na/a0.jpg,a|b\nb/b0.png,b\na/a0.jpg,b|a\n")
     assert len(read_list(lst, label_kind="multi").items) == 3
+
+
+# -- TFRecord labels other tools read, and other tools' TFRecord conventions ------------------------
+def _jpgs(tmp_path, n=3):
+    root = _src(tmp_path, "jpgs", n)
+    return [open(os.path.join(root, "a", f"a{i}.jpg"), "rb").read() for i in range(n)]
+
+
+def test_an_unlabelled_multi_label_sample_is_an_empty_int64_list(tmp_path):
+    """TensorFlow's parse_single_example stopped at an empty *bytes* list under an int64 key; the
+    ``tfrecord`` package's typed loader refuses it the same way."""
+    from tfrecord.reader import tfrecord_loader
+
+    from packer.datasets import open_dataset
+    from packer.layouts.tfrecord import image_record
+    from packer.ops.engine import ConvertOptions
+    from packer.ops.items import convert_items
+    from packer.tfexample import example_class
+
+    root = _src(tmp_path, "root")
+    items = [(os.path.join(root, "a", "a0.jpg"), [], None), (os.path.join(root, "a", "a1.jpg"), ["a", "b"], None),
+             (os.path.join(root, "b", "b0.png"), [], None)]
+    dst = str(tmp_path / "d")
+    convert_items(items, dst, "tfrecord", ConvertOptions(workers=1, shuffle=False), root=root, label_kind="multi")
+    rows = list(tfrecord_loader(os.path.join(dst, "shard-000000.tfrecord"), None, {"image/class/label": "int"}))
+    assert [r["image/class/label"].tolist() for r in rows] == [[], [0, 1], []]
+    assert open_dataset(dst).targets == [[], [0, 1], []]
+    old = example_class()()  # what earlier versions wrote: an empty bytes list, still read as no class
+    old.features.feature["image/encoded"].bytes_list.value.append(b"x")
+    old.features.feature["image/class/label"].bytes_list.SetInParent()
+    assert image_record(example_class(), memoryview(old.SerializeToString()), "f", 0, 0).label == -1
+
+
+def _foreign(tmp_path, records):
+    from tfrecord.writer import TFRecordWriter
+
+    where = tmp_path / "foreign"
+    where.mkdir()
+    w = TFRecordWriter(str(where / "part-00000.tfrecord"))
+    for r in records:
+        w.write(r)
+    w.close()
+    return str(where)
+
+
+@pytest.mark.parametrize("label, why", [
+    (([1, 2], "int"), r"image/class/label holds 2 values \(1, 2\); packer reads one class per record"),
+    ((b"cat", "byte"), r"image/class/label holds bytes \(b'cat'\), not int64 class numbers"),
+    (([0.5], "float"), r"image/class/label holds floats \(0.5\), not int64 class numbers"),
+    (([], "int"), r"image/class/label holds no value"),
+])
+def test_foreign_tfrecord_labels_that_are_not_one_class_number_are_refused_naming_the_record(tmp_path, label,
+                                                                                              why):
+    """A multi-valued label was read as its first value, a bytes label said '-1 is negative'."""
+    from packer.datasets import open_dataset
+    from packer.errors import CorruptDataError
+
+    jpgs = _jpgs(tmp_path)
+    where = _foreign(tmp_path, [{"image/encoded": (jpgs[0], "byte"), "image/class/label": (0, "int")},
+                                {"image/encoded": (jpgs[1], "byte"), "image/class/label": label}])
+    with pytest.raises(CorruptDataError, match=why) as e:
+        open_dataset(where, format="tfrecord")
+    assert e.value.path.endswith("part-00000.tfrecord") and e.value.sample == 1
+    assert main(["info", where]) == 1
+
+
+def test_foreign_tfrecords_in_tensorflows_image_raw_and_label_convention_are_read(tmp_path):
+    import cv2
+    import numpy as np
+
+    from packer.datasets import open_dataset
+
+    jpgs = _jpgs(tmp_path)
+    where = _foreign(tmp_path, [{"image_raw": (data, "byte"), "label": (i % 2, "int"), "height": (24, "int"),
+                                 "width": (24, "int"), "depth": (3, "int")} for i, data in enumerate(jpgs)])
+    ds = open_dataset(where, format="tfrecord", output="numpy", fields=("image", "label", "meta"))
+    assert [ds[i][1] for i in range(3)] == [0, 1, 0] and ds.classes == ["0", "1"]
+    want = cv2.cvtColor(cv2.imdecode(np.frombuffer(jpgs[2], np.uint8), cv2.IMREAD_COLOR), cv2.COLOR_BGR2RGB)
+    np.testing.assert_array_equal(ds[2][0], want)
+    assert ds[2][2] == {"depth": 3} and ds.read_record(2).height == 24
+    assert main(["convert", "tfrecord", "lmdb", where, str(tmp_path / "l"), "-q"]) == 0
