@@ -1395,3 +1395,43 @@ def test_foreign_tfrecords_in_tensorflows_image_raw_and_label_convention_are_rea
     np.testing.assert_array_equal(ds[2][0], want)
     assert ds[2][2] == {"depth": 3} and ds.read_record(2).height == 24
     assert main(["convert", "tfrecord", "lmdb", where, str(tmp_path / "l"), "-q"]) == 0
+
+
+# -- manifests whose file list or class list cannot describe the data ------------------------------
+def _forge(d, case):
+    payload = [f for f in d["files"] if f["samples"]]
+    if case == "first":
+        payload[0]["first"] = 2
+    elif case == "classes":
+        d["classes"] = []
+    else:
+        d["files"], d["num_samples"] = [], 0
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_manifests_with_a_wrong_first_no_classes_or_no_files_are_one_line(tmp_path, fmt, capsys):
+    """files[].first off was struct.error (TFRecord) naming no file; classes: [] and files: [] were
+    accepted, files: [] read as empty and verify died with StopIteration."""
+    import json
+
+    from packer.datasets import open_dataset
+    from packer.errors import ManifestError
+
+    src = _src(tmp_path)
+    for case, why in (("first", r"files\[0\] \('\S+'\) says its first sample is 2, but the files listed before it "
+                                r"hold 0"),
+                      ("classes", r"classes is empty, but the 6 samples have class labels"),
+                      ("files", r"files\[\] lists no file holding samples")):
+        dst = str(tmp_path / f"{fmt}-{case}")
+        pack(src, dst, fmt)
+        path = os.path.join(dst, "manifest.json")
+        d = json.load(open(path))
+        _forge(d, case)
+        json.dump(d, open(path, "w"))
+        with pytest.raises(ManifestError, match=why):
+            open_dataset(dst)
+        capsys.readouterr()
+        for cmd in ("verify", "info"):
+            assert main([cmd, dst]) == 1, (case, cmd)
+            err = capsys.readouterr().err.strip().splitlines()
+            assert len(err) == 1 and path in err[0], (case, cmd, err)
