@@ -1435,3 +1435,35 @@ def test_manifests_with_a_wrong_first_no_classes_or_no_files_are_one_line(tmp_pa
             assert main([cmd, dst]) == 1, (case, cmd)
             err = capsys.readouterr().err.strip().splitlines()
             assert len(err) == 1 and path in err[0], (case, cmd, err)
+
+
+# -- the node cache's own failures name the file and the URL --------------------------------------
+def test_node_cache_disk_full_read_only_and_symlinks_are_one_line_naming_file_and_url(tmp_path, small_fs):  # noqa: F811
+    """Were raw OSErrors naming neither the cache file nor the URL (and the ENOSPC download file
+    stayed open, keeping the file system busy)."""
+    import errno
+    import hashlib
+
+    from packer.nodecache import NodeCache, NodeCacheError
+
+    data = os.urandom(3 << 20)
+    src = str(tmp_path / "shard.bin")
+    with open(src, "wb") as f:
+        f.write(data)
+    sha, url = hashlib.sha256(data).hexdigest(), "s3://bucket/ds/shard-000000.tar"
+    cache = NodeCache(small_fs)
+    view = cache.view("s3://bucket/ds", b"{}")
+    with pytest.raises(NodeCacheError, match=r"^node cache: disk full \(no space left on device\): "
+                       rf"{view}/shard-000000\.tar while caching {url}; free space there or lower cache_limit$") as e:
+        cache.fetch(os.path.join(view, "shard-000000.tar"), len(data), sha, lambda: open(src, "rb"), url)
+    assert e.value.errno == errno.ENOSPC and not [n for n in os.listdir(view) if n.endswith(".partial")]
+    subprocess.run(["mount", "-o", "remount,ro", small_fs], check=True)
+    with pytest.raises(NodeCacheError, match=r"^node cache: read-only file system: .* while caching s3://bucket/b; "
+                                             r"set cache_dir \(or PACKER_CACHE_DIR\) to a writable folder$"):
+        NodeCache(small_fs).view("s3://bucket/b", b"{}")
+    cache = NodeCache(str(tmp_path / "cache"))
+    view = cache.view("s3://bucket/ds", b"{}")
+    os.symlink(src, os.path.join(view, "shard-000000.tar"))  # planted where a cached file belongs
+    with pytest.raises(NodeCacheError, match=r"too many levels of symbolic links: .*shard-000000\.tar while caching "
+                                             r"s3://bucket/ds/shard-000000\.tar; a symlink stands where"):
+        cache.fetch(os.path.join(view, "shard-000000.tar"), len(data), sha, lambda: open(src, "rb"), url)
