@@ -17,7 +17,7 @@ import fcntl
 import hashlib
 import os
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from typing import IO
 
 from .errors import CorruptDataError, PackerError
@@ -140,6 +140,13 @@ class NodeCache:
                 part.close()
                 with contextlib.suppress(FileNotFoundError):
                     os.remove(path + _PARTIAL)
+
+    def disk_bytes(self, sizes: Iterable[int]) -> int:
+        """What files of these ``sizes`` take on the cache's disk, as :meth:`usage` counts them
+        (each rounded up to the file system's block)."""
+        with _named(self.root, self.root):
+            block = max(os.statvfs(self.root).f_frsize, 512)
+        return sum(-(-int(n) // block) * block for n in sizes)
 
     def usage(self) -> int:
         """Bytes the cache's files take on disk now (downloads in progress at their full size)."""
