@@ -139,26 +139,6 @@ def test_garbage_and_bad_windows_raise_with_the_sample():
         crop_window(np.zeros((4, 4, 3), np.uint8), fixed(0, 0, 5, 1))
 
 
-class _NumpyWindow(CenterCrop):
-    """A custom crop whose window is NumPy uint8 scalars (a sum of two wraps at 256)."""
-
-    def window(self, height: int, width: int):
-        return tuple(np.uint8(v) for v in (200, 3, 100, 50))
-
-
-def test_numpy_integer_windows_are_ints_and_other_types_are_refused():
-    rgb = draw(np.random.default_rng(3), 320, 90)
-    want = rgb[200:300, 3:53]
-    np.testing.assert_array_equal(crop_window(rgb, _NumpyWindow(1).window), want)  # was an empty 0 x 50 image
-    payload = jpeg(cv2.cvtColor(rgb, cv2.COLOR_RGB2BGR))
-    np.testing.assert_array_equal(decode_payload_window(payload, "jpeg", 320, 90, _NumpyWindow(1).window),
-                                  decode_payload(payload, "jpeg")[200:300, 3:53])
-    for bad in ((0.0, 0, 5, 5), (0, 0, True, 5), (0, 0, 5), None):
-        with pytest.raises(TypeError, match=r"sample 2 of /d: a crop window must be four integers"):
-            crop_window(rgb, lambda h, w, bad=bad: bad, path="/d", sample=2)
-    assert as_crop(np.uint8(20)).window(64, 64) == (22, 22, 20, 20)
-
-
 def test_crop_windows_follow_torchvision():
     assert CenterCrop(224).window(256, 341) == (16, 58, 224, 224)
     assert CenterCrop((3, 4)).window(6, 9) == (2, 2, 3, 4)  # round((6-3)/2) = 2, round(2.5) = 2
