@@ -250,8 +250,10 @@ def read_list(
     out). ``label_kind``: ``auto`` (a list is multi-label, a number with a fraction in JSON Lines
     is ``number``, else ``class``), or ``class``, ``multi``, ``number``. SourceError names the file
     and line of anything it cannot use, and every row whose path leads outside ``root`` (default:
-    the list's folder) unless ``allow_outside_root``; a JSON key or CSV/TSV column named twice is
-    an error too."""
+    the list's folder) unless ``allow_outside_root``; a JSON key or CSV/TSV column named twice, a
+    file on two rows with different labels, a line over :data:`MAX_LINE_CHARS` characters and JSON
+    nested too deeply are errors too. The list must be a regular file (a FIFO or device is refused
+    without blocking); a UTF-8 byte-order mark is skipped."""
     path = os.fspath(path)
     if label_kind != "auto" and label_kind not in LABEL_KINDS:
         raise ValueError(f"label kind must be auto or one of {LABEL_KINDS}, not {label_kind!r}")
