@@ -49,7 +49,8 @@ class Crop:
     of a given size, :meth:`finish` turns the rectangle's pixels into the output."""
 
     def window(self, height: int, width: int) -> Window:
-        """(top, left, height, width) of the crop in a ``height`` x ``width`` image."""
+        """(top, left, height, width) of the crop in a ``height`` x ``width`` image: integers
+        (NumPy integers are taken as Python ints; anything else is a TypeError naming the sample)."""
         raise NotImplementedError
 
     def finish(self, pixels: np.ndarray) -> np.ndarray:

@@ -209,7 +209,7 @@ class TFRecordDataset(ShardedDataset):
                                        sample=index, offset=offset + 12)
         place = self._seed(shard, index) if self._fids[shard] and self.verify else None
         return image_record(example_class(), mv[12 : n - 4], self._shard_paths[shard], index, offset + 12, place,
-                            want_meta)
+                            want_meta, foreign=bool(self.manifest.layout.get("foreign")))
 
 
 def _empty_columns(n: int) -> dict[str, np.ndarray]:

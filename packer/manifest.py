@@ -167,6 +167,16 @@ class Manifest:
             raise ManifestError(
                 f"{path}: files hold {sum(f.samples for f in files)} samples but num_samples is {m.num_samples}"
             )
+        if not m.num_samples:  # every conversion refuses to publish an empty dataset
+            raise ManifestError(f"{path}: files[] lists no file holding samples; a packed dataset holds at least one")
+        held = 0
+        for i, f in enumerate(files):  # payload files hold consecutive samples, in the order listed
+            if f.samples and f.first != held:
+                raise ManifestError(f"{path}: files[{i}] ({f.name!r}) says its first sample is {f.first}, but the "
+                                    f"files listed before it hold {held}")
+            held += f.samples
+        if m.label_kind == "class" and not m.classes:
+            raise ManifestError(f"{path}: classes is empty, but the {m.num_samples} samples have class labels")
         return m
 
 

@@ -293,8 +293,19 @@ def local_copy(url: str, storage_options: dict[str, Any] | None = None, cache_di
                cache_limit: int | str | None = None) -> tuple[str, list[str]]:
     """Every file of the dataset at ``url`` in the node cache: the local folder (a packed dataset
     with its manifest) and the problems met, one line each (a file that cannot be fetched, or
-    whose download does not match the manifest's SHA-256, is left out of the folder)."""
+    whose download does not match the manifest's SHA-256, is left out of the folder). The whole
+    dataset must fit in ``cache_limit`` at once: CacheFullError saying the limit it needs when not."""
+    from .nodecache import CacheFullError
+
     manifest, files = open_remote(url, storage_options, cache_dir, cache_limit)
+    limit = files.cache.limit
+    if limit is not None:
+        need = files.cache.disk_bytes([f.bytes for f in manifest.files]
+                                      + [os.path.getsize(os.path.join(files.view, MANIFEST_NAME))])
+        if need > limit:
+            raise CacheFullError(f"{url}: a local copy (to verify, inspect or convert it) needs every file in the node "
+                                 f"cache at once, {need:,} bytes on disk, more than cache_limit ({limit:,} bytes); "
+                                 f"raise --cache-limit to at least {need:,} bytes")
     problems = []
     for f in manifest.files:
         try:

@@ -658,3 +658,18 @@ def _counting_server(root):
     server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), functools.partial(Handler, directory=root))
     threading.Thread(target=server.serve_forever, daemon=True).start()
     return server, gets
+
+
+def test_verify_of_a_url_with_a_cache_limit_below_the_dataset_says_the_limit_it_needs(s3, local_sets, tmp_path):
+    """verify fetched every file through a cache that evicted the first ones before it read them,
+    and failed a healthy dataset with 'tar index file is missing'."""
+    url = _upload(s3, local_sets["tar"], "verify-small-cache")
+    cache = str(tmp_path / "c")
+    largest = max(f.bytes for f in read_manifest(local_sets["tar"]).files)
+    r = _cli("verify", url, *_cli_opts(s3, cache), "--cache-limit", str(4 * largest))
+    err = r.stderr.strip().splitlines()
+    assert r.returncode == 1 and len(err) == 1 and "Traceback" not in r.stderr, r.stderr
+    assert "missing" not in err[0] and f"{url}: a local copy" in err[0] and "raise --cache-limit to at least" in err[0]
+    need = int(err[0].rsplit("at least ", 1)[1].split()[0].replace(",", ""))
+    r = _cli("verify", url, *_cli_opts(s3, cache), "--cache-limit", str(need))
+    assert r.returncode == 0 and "24/24 samples decoded" in r.stdout and "CORRUPT" not in r.stdout, (r.stdout, r.stderr)

@@ -35,6 +35,7 @@ import numpy as np
 from .. import __version__
 from ..converters.base import WriterOptions
 from ..errors import ImageError, PackerError, ResumeError, SourceError
+from ..fileio import NotReadableError, read_source_file
 from ..filesystem import (
     check_destination,
     claim_destination,
@@ -174,12 +175,12 @@ def _process_file(path: str, opts: ProcessOptions, stamp: Stamp | None = None) -
     """One image file processed. With ``stamp``, the bytes read must come from a file of that size
     and modification time, else SourceError (never a skip: the file is not the planned one)."""
     try:
-        with open(path, "rb") as f:
-            data = f.read()
-            seen = os.fstat(f.fileno()) if stamp is not None else None
+        data, seen = read_source_file(path, opts.max_source_bytes)
     except OSError as e:
         return None, f"cannot read: {e.strerror or e}"
-    if seen is not None and stamp is not None and (seen.st_size, seen.st_mtime_ns) != tuple(stamp):
+    except NotReadableError as e:
+        return None, str(e)
+    if stamp is not None and (seen.st_size, seen.st_mtime_ns) != tuple(stamp):
         raise stamp_mismatch(path, (seen.st_size, seen.st_mtime_ns), stamp)
     return process_data(data, opts)
 
