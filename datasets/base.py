@@ -20,15 +20,15 @@ import numpy as np
 import torch
 from torch.utils.data import Dataset
 
-from packer.datasetdir import DatasetDir
+from packer.description.manifest import Manifest, read_manifest
+from packer.description.record import Record, pack_record, unpack_record
+from packer.description.samples import SampleTable, table_entry
 from packer.errors import CorruptDataError
-from packer.fileio import open_regular
-from packer.imageproc import crop_window, decode_payload, decode_payload_window
-from packer.manifest import Manifest, read_manifest
-from packer.placeholder import placeholder_reason
-from packer.record import Record, pack_record, unpack_record
-from packer.samples import SampleTable, table_entry
+from packer.files.fileio import open_regular
+from packer.images.imageproc import crop_window, decode_payload, decode_payload_window
+from packer.images.placeholder import placeholder_reason
 from packer.sizes import parse_size
+from packer.storage.datasetdir import DatasetDir
 
 from .cache import SharedCache
 from .crops import Crop, as_crop
@@ -221,7 +221,7 @@ class PackedDataset(Dataset):
     @property
     def data_file(self) -> str:
         """The name of the dataset's first payload file (LMDB's and HDF5's only one): ``data.mdb``
-        or ``data.h5``, or the name an upload over a live dataset gave it (packer.storage)."""
+        or ``data.h5``, or the name an upload over a live dataset gave it (packer.storage.remote)."""
         return next(f.name for f in self.manifest.files if f.samples)
 
     @property

@@ -34,7 +34,7 @@ import numpy as np
 from torch.utils.data import IterableDataset, get_worker_info
 
 from packer.checks import check_int
-from packer.storage import is_url
+from packer.storage.remote import is_url
 
 from .mixture import MixOptions, Mixture
 from .partition import (

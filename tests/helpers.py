@@ -46,7 +46,7 @@ def pack(src, dst, fmt, encode="jpeg:90", resize="none", writer=None, **options)
     """Convert ``src`` to ``fmt`` at ``dst``: image options as CLI strings, ``writer`` as a dict of
     WriterOptions fields, anything else as ConvertOptions fields (workers, seed, shuffle, ...)."""
     from packer.converters.base import WriterOptions
-    from packer.imageproc import ProcessOptions, parse_encoding, parse_resize
+    from packer.images.imageproc import ProcessOptions, parse_encoding, parse_resize
     from packer.ops.engine import ConvertOptions, convert_imagefolder
 
     opts = ConvertOptions(processing=ProcessOptions(resize=parse_resize(resize), encoding=parse_encoding(encode)),
@@ -58,7 +58,7 @@ def forge_manifest_sizes(path) -> None:
     """Record the files' current sizes and checksums in the manifest of the dataset at ``path``:
     a tampered file with a manifest forged to match, so a test reaches the checks behind the
     reader's size check at open."""
-    from packer.manifest import file_sha256, read_manifest, write_manifest
+    from packer.description.manifest import file_sha256, read_manifest, write_manifest
 
     m = read_manifest(path)
     for f in m.files:

@@ -13,10 +13,10 @@ import pytest
 import torch
 
 from packer.datasets import open_dataset
+from packer.description.manifest import read_manifest
 from packer.errors import CorruptDataError, DatasetChangedError, UnfinishedDatasetError
-from packer.manifest import read_manifest
-from packer.nodecache import CacheFullError, NodeCache
-from packer.storage import (
+from packer.storage.nodecache import CacheFullError, NodeCache
+from packer.storage.remote import (
     Remote,
     RemoteError,
     is_url,
@@ -71,7 +71,7 @@ def _upload(s3, local, name):
 
 
 def _remote(url, s3):
-    from packer.storage import Remote
+    from packer.storage.remote import Remote
 
     return Remote(url, s3)
 
@@ -242,7 +242,7 @@ def test_a_server_that_stops_gives_a_clear_error_in_bounded_time(local_sets, tmp
     opts = {"key": "testing", "secret": "testing", "client_kwargs": {"endpoint_url": endpoint,
                                                                       "region_name": "us-east-1"},
             "config_kwargs": {"retries": {"max_attempts": 2, "mode": "standard"}}}  # the defaults: 5
-    from packer.storage import Remote
+    from packer.storage.remote import Remote
 
     upload_dataset(local_sets["tar"], Remote("s3://gone/tar", opts), read_manifest(local_sets["tar"]))
     ds = open_dataset("s3://gone/tar", storage_options=opts, cache_dir=str(tmp_path / "c"))

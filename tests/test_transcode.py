@@ -10,13 +10,13 @@ import numpy as np
 import pytest
 
 from packer.datasets import open_dataset
+from packer.description.manifest import MANIFEST_NAME, Manifest, read_manifest
+from packer.description.registry import format_names
 from packer.errors import ImageError, SourceError, UnfinishedDatasetError
-from packer.imageproc import ProcessedImage, ProcessOptions, parse_encoding, parse_resize
-from packer.manifest import MANIFEST_NAME, Manifest, read_manifest
+from packer.images.imageproc import ProcessedImage, ProcessOptions, parse_encoding, parse_resize
 from packer.ops.engine import ConvertOptions, temp_dir_for, write_packed
+from packer.ops.scan import scan_imagefolder
 from packer.ops.transcode import COPY, convert_dataset, processing_for, safe_relpath
-from packer.registry import format_names
-from packer.scan import scan_imagefolder
 from tests.helpers import draw, make_folder
 from tests.helpers import pack as _pack
 

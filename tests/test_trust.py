@@ -13,10 +13,10 @@ import time
 
 import pytest
 
+from packer.description.registry import format_names
 from packer.errors import DestinationBusyError, SourceError
-from packer.filesystem import check_destination, claim_destination, sibling_path
+from packer.files.filesystem import check_destination, claim_destination, sibling_path
 from packer.ops.cli import main
-from packer.registry import format_names
 from tests.helpers import make_folder, pack
 from tests.test_hostile import big_source, small_fs  # noqa: F401  (fixtures: a 24-image source, a 2 MB tmpfs)
 
@@ -80,7 +80,7 @@ def test_check_destination_by_identity_bind_or_hardlinked_path(tmp_path):
 # -- one conversion owns a destination ---------------------------------------------------------
 _HOLDER = textwrap.dedent("""
     import sys, time
-    from packer.filesystem import claim_destination
+    from packer.files.filesystem import claim_destination
     with claim_destination(sys.argv[1]):
         print("claimed", flush=True)
         time.sleep(60)
@@ -116,7 +116,7 @@ def test_second_conversion_to_a_claimed_destination_fails_at_once(tmp_path, caps
 
 def test_stale_claim_of_a_killed_conversion_does_not_block_resume(tmp_path):
     from packer.datasets import open_dataset
-    from packer.journal import JOURNAL_NAME
+    from packer.files.journal import JOURNAL_NAME
     from tools.faultlib import make_source
 
     src = make_source(str(tmp_path / "src"), n=160)
@@ -144,7 +144,7 @@ def test_claim_is_exclusive_between_processes_and_reentrant_within_one(tmp_path)
         with claim_destination(dst):  # the same process: fine
             pass
         assert os.path.exists(sibling_path(dst, "lock"))
-        code = f"from packer.filesystem import claim_destination\nwith claim_destination({dst!r}): pass"
+        code = f"from packer.files.filesystem import claim_destination\nwith claim_destination({dst!r}): pass"
         r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT)
         assert r.returncode == 1 and "DestinationBusyError" in r.stderr and f"pid {os.getpid()}" in r.stderr
     assert not os.path.exists(sibling_path(dst, "lock"))
@@ -245,7 +245,7 @@ def test_payload_file_from_another_conversion_is_refused_at_open(tmp_path, fmt):
 # -- only regular files inside the dataset are read -----------------------------------------------
 @pytest.mark.parametrize("fmt", FORMATS)
 def test_manifest_file_names_outside_the_dataset_are_refused(tmp_path, fmt):
-    from packer.manifest import read_manifest, write_manifest
+    from packer.description.manifest import read_manifest, write_manifest
 
     dst, _ = _two_datasets(tmp_path, fmt)
     m = read_manifest(dst)
@@ -293,8 +293,8 @@ def test_fifo_in_place_of_a_packed_file_does_not_hang(tmp_path, what):
 def test_malformed_class_lists_are_refused(tmp_path, classes):
     import json
 
+    from packer.description.manifest import read_manifest
     from packer.errors import ManifestError
-    from packer.manifest import read_manifest
 
     dst, _ = _two_datasets(tmp_path, "tar")
     path = os.path.join(dst, "manifest.json")
@@ -409,10 +409,10 @@ def test_empty_payload_in_a_packed_dataset_is_an_error_at_read_and_in_verify(tmp
     """A forged record with a 0-byte payload (its CRC32C is 0, so the checksum agrees)."""
     from packer.converters.base import WriterOptions
     from packer.datasets import open_dataset
+    from packer.description.manifest import Manifest, file_sha256, write_manifest
+    from packer.description.registry import writer_class
     from packer.errors import CorruptDataError
-    from packer.imageproc import ProcessedImage
-    from packer.manifest import Manifest, file_sha256, write_manifest
-    from packer.registry import writer_class
+    from packer.images.imageproc import ProcessedImage
 
     dst = str(tmp_path / "forged")
     os.makedirs(dst)
@@ -454,8 +454,8 @@ def _read_all(path):
 
 @pytest.mark.parametrize("fmt", FORMATS)
 def test_payload_file_of_equal_size_from_another_conversion_is_refused(tmp_path, fmt):
+    from packer.description.manifest import read_manifest
     from packer.errors import CorruptDataError
-    from packer.manifest import read_manifest
 
     a, b = _raw_pair(tmp_path, fmt)
     for f in read_manifest(a).files:  # every file of b, under a's names: sizes all agree
@@ -467,8 +467,8 @@ def test_payload_file_of_equal_size_from_another_conversion_is_refused(tmp_path,
 
 @pytest.mark.parametrize("fmt", ["tfrecord", "tar"])
 def test_shards_of_equal_size_swapped_on_disk_are_refused(tmp_path, fmt):
+    from packer.description.manifest import read_manifest
     from packer.errors import CorruptDataError
-    from packer.manifest import read_manifest
 
     a, _ = _raw_pair(tmp_path, fmt, writer={"shard_samples": 6})
     m = read_manifest(a)
@@ -526,7 +526,7 @@ def _swap_table(tmp_path, fmt, how):
     labels and keys: ``foreign`` copies another conversion's table in; ``altered`` writes the
     table again with two labels changed and every checksum recomputed."""
     from packer.datasets import open_dataset
-    from packer.samples import TABLE_NAME, build_table
+    from packer.description.samples import TABLE_NAME, build_table
 
     a, b = _table_pair(tmp_path, fmt)
     with open_dataset(a) as ds:
@@ -603,8 +603,8 @@ def test_merge_refuses_a_part_file_from_another_conversion_before_copying(tmp_pa
     and identity, before anything is copied: another conversion's file of the same size is refused
     naming the part and the file (before, a swapped table's keys were merged into a dataset that
     verified)."""
+    from packer.description.manifest import read_manifest
     from packer.errors import CorruptDataError
-    from packer.manifest import read_manifest
     from packer.ops.merge import merge
 
     a, b = _table_pair(tmp_path, fmt)
@@ -627,7 +627,7 @@ def test_merge_refuses_a_part_file_from_another_conversion_before_copying(tmp_pa
 # -- options a format does not take are refused, never silently ignored ------------------------------
 @pytest.mark.parametrize("fmt", FORMATS)
 def test_writer_options_a_format_does_not_take_are_refused(tmp_path, capsys, fmt):
-    from packer.registry import get_format
+    from packer.description.registry import get_format
 
     src = _src(tmp_path)
     takes = get_format(fmt).options
@@ -753,7 +753,7 @@ def test_upscale_output_is_bounded_by_max_pixels_before_decoding(tmp_path):
     make_folder(src, {"a": [("ok.png", 20, 20)]})
     ok, buf = cv2.imencode(".png", np.zeros((1, 3000, 3), np.uint8))
     open(os.path.join(src, "a", "thin.png"), "wb").write(buf.tobytes())
-    from packer.imageproc import ProcessOptions, parse_encoding, parse_resize
+    from packer.images.imageproc import ProcessOptions, parse_encoding, parse_resize
     from packer.ops.engine import ConvertOptions, convert_imagefolder
 
     opts = ConvertOptions(processing=ProcessOptions(resize=parse_resize("shorter:256"), upscale=True,
@@ -1307,7 +1307,7 @@ def test_list_rows_outside_the_root_are_refused_naming_them(tmp_path, capsys):
         assert err[0].count(lst) == 1 and "line 4: '../secret.png'" in err[0] and f"line 5: '{secret}'" in err[0] and "line 6" not in err[0]
         assert "--allow-outside-root" in err[0] and not os.path.exists(dst)
     assert main(["convert", "list", "tar", lst, dst, "--workers", "1", "-q", "--allow-outside-root"]) == 0
-    from packer.manifest import read_manifest
+    from packer.description.manifest import read_manifest
 
     assert read_manifest(dst).num_samples == 5
     src = read_list(lst, allow_outside_root=True)
@@ -1406,7 +1406,7 @@ def test_merge_refuses_parts_that_disagree_about_a_source_file(tmp_path, capsys)
     of exact copies (times kept) merge; items given as bytes (keys by position) are not compared."""
     import json
 
-    from packer.manifest import read_manifest, write_manifest
+    from packer.description.manifest import read_manifest, write_manifest
     from packer.ops.items import convert_items
     from packer.ops.merge import merge
 
@@ -1458,7 +1458,7 @@ def test_list_rows_that_are_fifos_devices_or_huge_are_skipped_unread(tmp_path):
     r = subprocess.run([sys.executable, "-m", "packer", "convert", "list", "tar", lst, dst, "--workers", "1",
                         "--max-pixels", "1000", "-q"], capture_output=True, text=True, timeout=120, cwd=ROOT)
     assert r.returncode == 3 and "Traceback" not in r.stderr, r.stderr
-    from packer.manifest import read_manifest
+    from packer.description.manifest import read_manifest
 
     m = read_manifest(dst)
     reasons = {s.path: s.reason for s in m.skipped}
@@ -1534,10 +1534,10 @@ def test_an_unlabelled_multi_label_sample_is_an_empty_int64_list(tmp_path):
     from tfrecord.reader import tfrecord_loader
 
     from packer.datasets import open_dataset
+    from packer.layouts.tfexample import example_class
     from packer.layouts.tfrecord import image_record
     from packer.ops.engine import ConvertOptions
     from packer.ops.items import convert_items
-    from packer.tfexample import example_class
 
     root = _src(tmp_path, "root")
     items = [(os.path.join(root, "a", "a0.jpg"), [], None), (os.path.join(root, "a", "a1.jpg"), ["a", "b"], None),
@@ -1650,7 +1650,7 @@ def test_node_cache_disk_full_read_only_and_symlinks_are_one_line_naming_file_an
     import errno
     import hashlib
 
-    from packer.nodecache import NodeCache, NodeCacheError
+    from packer.storage.nodecache import NodeCache, NodeCacheError
 
     data = os.urandom(3 << 20)
     src = str(tmp_path / "shard.bin")
@@ -1690,7 +1690,7 @@ def test_numpy_integer_windows_are_ints_and_other_types_are_refused():
     import numpy as np
 
     from packer.datasets.crops import as_crop
-    from packer.imageproc import crop_window, decode_payload, decode_payload_window
+    from packer.images.imageproc import crop_window, decode_payload, decode_payload_window
     from tests.helpers import draw
 
     rgb = draw(np.random.default_rng(3), 320, 90)

@@ -18,15 +18,15 @@ from typing import Any
 import crc32c
 import numpy as np
 
-from packer.codecs import TF_FORMAT_CODECS
-from packer.damage import Report, byte_diff, read_all
+from packer.description.damage import Report, byte_diff, read_all
+from packer.description.manifest import FileEntry, Manifest
+from packer.description.record import Record
+from packer.description.samples import decode_meta, encode_meta, sample_fields
 from packer.errors import CorruptDataError
-from packer.imageproc import ProcessedImage
-from packer.manifest import FileEntry, Manifest
-from packer.placeholder import file_placeholder_reason, placeholder_reason
-from packer.record import Record
-from packer.samples import decode_meta, encode_meta, sample_fields
-from packer.tfexample import encode_example
+from packer.images.codecs import TF_FORMAT_CODECS
+from packer.images.imageproc import ProcessedImage
+from packer.images.placeholder import file_placeholder_reason, placeholder_reason
+from packer.layouts.tfexample import encode_example
 
 __all__ = [
     "identify",

@@ -18,8 +18,8 @@ import threading
 from collections.abc import Callable, Iterator, Sequence
 
 from .. import __version__
+from ..description.registry import format_names, formats_taking, get_format
 from ..errors import PackerError, UnfinishedDatasetError
-from ..registry import format_names, formats_taking, get_format
 
 __all__ = ["main", "EXIT_OK", "EXIT_ERROR", "EXIT_USAGE", "EXIT_SKIPPED", "EXIT_INTERRUPTED", "EXIT_TERMINATED",
            "Terminated"]
@@ -120,7 +120,7 @@ _OPTION_HINTS = {"checkpoint_samples": " (shard formats checkpoint at every shar
 
 def _convert_options(a: argparse.Namespace):  # noqa: ANN202 - ConvertOptions, imported lazily
     from ..converters.base import WriterOptions
-    from ..imageproc import DEFAULT_MAX_PIXELS, ProcessOptions, parse_encoding, parse_resize
+    from ..images.imageproc import DEFAULT_MAX_PIXELS, ProcessOptions, parse_encoding, parse_resize
     from ..sizes import parse_size
     from .engine import ConvertOptions
 
@@ -179,7 +179,7 @@ def _default_encoding(resize: str | None) -> str:
 
 
 def _run_convert(a: argparse.Namespace) -> int:
-    from ..storage import is_url
+    from ..storage.remote import is_url
     from .distributed import torchrun_launch
 
     launch = None if a.no_torchrun else torchrun_launch()
@@ -207,8 +207,8 @@ _LIST_ONLY = ("root", "path_column", "label_column", "allow_outside_root")
 def pinned_classes(spec: str) -> list[str]:
     """The class list of ``--classes-from``: a packed dataset's (its manifest) or a text file's
     (one name per line; blank lines ignored). UsageError saying what is wrong."""
+    from ..description.manifest import MANIFEST_NAME, read_manifest
     from ..errors import PackerError
-    from ..manifest import MANIFEST_NAME, read_manifest
 
     try:
         if os.path.isdir(spec):
@@ -235,9 +235,9 @@ def _convert_to_url(a: argparse.Namespace) -> int:
     conversion to the URL on this node is refused and removes nothing."""
     import shutil
 
-    from ..filesystem import claim_destination
-    from ..nodecache import NodeCache
-    from ..storage import Uploader, check_remote_destination, upload_folder, watch_uploads
+    from ..files.filesystem import claim_destination
+    from ..storage.nodecache import NodeCache
+    from ..storage.remote import Uploader, check_remote_destination, upload_folder, watch_uploads
 
     url = a.dst
     work = upload_folder(NodeCache(a.cache_dir).root, url)
@@ -250,7 +250,7 @@ def _convert_to_url(a: argparse.Namespace) -> int:
         try:
             with watch_uploads(uploader, a.dst):
                 status = _convert_local(a)
-            from ..manifest import read_manifest
+            from ..description.manifest import read_manifest
 
             uploader.finish(a.dst, read_manifest(a.dst))
             print(f"uploaded to {url}")
@@ -293,7 +293,7 @@ def _convert_local(a: argparse.Namespace) -> int:
     elif a.src_format == "imagefolder":
         report = convert_imagefolder(a.src, a.dst, a.dst_format, options)
     else:  # packed -> packed or imagefolder: copy stored bytes unless --resize/--encode ask otherwise
-        from ..manifest import MANIFEST_NAME, read_manifest
+        from ..description.manifest import MANIFEST_NAME, read_manifest
         from .transcode import convert_dataset, processing_for
 
         src_manifest = read_manifest(a.src) if os.path.exists(os.path.join(a.src, MANIFEST_NAME)) else None
@@ -309,7 +309,7 @@ def _convert_local(a: argparse.Namespace) -> int:
 
 def _warn_partial_output(a: argparse.Namespace) -> None:
     """Say, before it happens, that a run without --resume deletes an interrupted run's partial output."""
-    from ..filesystem import temp_dir_for
+    from ..files.filesystem import temp_dir_for
     from .engine import interrupted_samples
 
     if a.resume or a.dst_format == "imagefolder" or (os.path.lexists(a.dst) and not a.overwrite):
@@ -367,7 +367,7 @@ def _convert_torchrun(a: argparse.Namespace, launch) -> int:  # noqa: ANN001 - a
     """One rank of ``torchrun ... -m packer convert imagefolder FMT SRC DST``: a part per rank,
     merged by rank 0 (packer.ops.distributed). Done with skipped files is status 0 here: torchrun
     reports any other status as a failed job (the skips are printed and listed in the manifest)."""
-    from ..storage import is_url
+    from ..storage.remote import is_url
     from .distributed import convert_imagefolder_torchrun
 
     print(f"packer: torchrun detected: {launch.describe()}; converting one part per rank, rank 0 merges",
@@ -394,7 +394,7 @@ def _add_storage(p: argparse.ArgumentParser) -> None:
 
 
 def _storage(a: argparse.Namespace) -> dict:
-    from ..storage import parse_storage_options
+    from ..storage.remote import parse_storage_options
 
     try:
         return parse_storage_options(a.storage_option)
@@ -404,7 +404,7 @@ def _storage(a: argparse.Namespace) -> dict:
 
 def _fetched(a: argparse.Namespace, url: str) -> str:
     """The node cache's complete copy of the dataset at ``url`` (an error if a file is bad)."""
-    from ..storage import local_copy
+    from ..storage.remote import local_copy
 
     view, problems = local_copy(url, _storage(a), a.cache_dir, a.cache_limit)
     if problems:
@@ -438,9 +438,9 @@ def brace_pattern(names: Sequence[str]) -> str | None:
 
 
 def _run_info(a: argparse.Namespace) -> int:
-    from ..manifest import read_manifest
+    from ..description.manifest import read_manifest
     from ..sizes import format_size
-    from ..storage import Remote, is_url, read_remote_manifest
+    from ..storage.remote import Remote, is_url, read_remote_manifest
 
     m = read_remote_manifest(Remote(a.path, _storage(a)))[0] if is_url(a.path) else read_manifest(a.path)
     if a.shards:
@@ -480,7 +480,7 @@ def _add_verify(p: argparse.ArgumentParser) -> None:
 
 
 def _run_verify(a: argparse.Namespace) -> int:
-    from ..storage import is_url, local_copy
+    from ..storage.remote import is_url, local_copy
     from .verify import verify_dataset
 
     fetch_problems: list[str] = []
@@ -557,7 +557,7 @@ def _add_bench(p: argparse.ArgumentParser) -> None:
 
 
 def _run_bench(a: argparse.Namespace) -> int:
-    from ..manifest import read_manifest
+    from ..description.manifest import read_manifest
     from .loaderbench import collate_slots, decide, format_report, run_bench, to_json
 
     caches = [c for c in a.cache.split(",") if c]
@@ -600,7 +600,7 @@ def _add_preview(p: argparse.ArgumentParser) -> None:
 def _run_preview(a: argparse.Namespace) -> int:
     from packer.datasets import open_dataset
 
-    from ..storage import is_url
+    from ..storage.remote import is_url
     from .preview import contact_sheet, write_png
 
     if a.n < 1 or a.tile < 16:

@@ -15,13 +15,13 @@ from collections.abc import Iterable, Iterator, Sequence
 from typing import Any, Union
 
 from .. import __version__
+from ..description.manifest import ITEM_RECORDS, Manifest, read_manifest
+from ..description.registry import writer_class
+from ..description.samples import LABEL_KINDS, Label, encode_meta, sample_fields
 from ..errors import ImageError, PackerError
-from ..filesystem import claim_destination, recover_publish
-from ..imageproc import ProcessOptions
-from ..journal import digest
-from ..manifest import ITEM_RECORDS, Manifest, read_manifest
-from ..registry import writer_class
-from ..samples import LABEL_KINDS, Label, encode_meta, sample_fields
+from ..files.filesystem import claim_destination, recover_publish
+from ..files.journal import digest
+from ..images.imageproc import ProcessOptions
 from .engine import (
     NO_STAMP,
     ConvertOptions,
@@ -146,7 +146,7 @@ class _Rows:
     def fingerprint(self, expected: Sequence[Stamp | None] | None = None) -> tuple[str, list[list[Any]]]:
         """Digest of the items: each key and label, and a file's size and modification time or the
         SHA-256 of bytes given directly (the rows hashed one by one, as ``digest(list)`` would);
-        and each file's record (:data:`~packer.manifest.ITEM_RECORDS`). Each file's stamp is kept
+        and each file's record (:data:`~packer.description.manifest.ITEM_RECORDS`). Each file's stamp is kept
         for the conversion to check; one that differs from ``expected[i]`` raises SourceError."""
         if expected is not None and len(expected) != len(self):
             raise ValueError(f"expected_stats has {len(expected)} entries for {len(self)} items")
@@ -252,7 +252,7 @@ def convert_items(
     interrupted call with the same items, and keeps a dataset at ``dst`` that such a call finished
     (its manifest's ``source.fingerprint``: a retried task does no work twice). A path's key is the path (relative to ``root``), an
     image given as bytes is ``item-N``. ``metadata`` (a JSON-able dict or None, see
-    :mod:`packer.samples`) is stored with the sample and returned by ``fields=("meta", ...)``.
+    :mod:`packer.description.samples`) is stored with the sample and returned by ``fields=("meta", ...)``.
 
     ``label_kind``: ``"class"`` (a class name or number per item), ``"multi"`` (a list of them per
     item; classes are the names found in all lists) or ``"number"`` (a float per item; no classes).

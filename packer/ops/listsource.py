@@ -27,9 +27,9 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from ..description.samples import LABEL_KINDS, MAX_META_BYTES, MAX_META_DEPTH, encode_meta
 from ..errors import SourceError
-from ..fileio import NotReadableError, open_source_file
-from ..samples import LABEL_KINDS, MAX_META_BYTES, MAX_META_DEPTH, encode_meta
+from ..files.fileio import NotReadableError, open_source_file
 
 __all__ = ["ListSource", "read_list", "convert_list", "LIST_FORMATS"]
 

@@ -18,14 +18,14 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from .errors import (
+from ..description.manifest import MANIFEST_NAME, MAX_MANIFEST_BYTES, Manifest
+from ..errors import (
     CorruptDataError,
     DatasetChangedError,
     ManifestError,
     PackerError,
     UnfinishedDatasetError,
 )
-from .manifest import MANIFEST_NAME, MAX_MANIFEST_BYTES, Manifest
 
 __all__ = [
     "RemoteError",
@@ -280,7 +280,7 @@ class RemoteFiles:
 def open_remote(url: str, storage_options: dict[str, Any] | None = None, cache_dir: str | None = None,
                 cache_limit: int | str | None = None) -> tuple[Manifest, RemoteFiles]:
     """The manifest of the dataset at ``url`` and the opener of its files through the node cache
-    (see :class:`packer.nodecache.NodeCache` for ``cache_dir`` and ``cache_limit``)."""
+    (see :class:`packer.storage.nodecache.NodeCache` for ``cache_dir`` and ``cache_limit``)."""
     from .nodecache import NodeCache
 
     remote = Remote(url, dict(storage_options or {}))
@@ -318,7 +318,7 @@ def local_copy(url: str, storage_options: dict[str, Any] | None = None, cache_di
 def upload_converted(local: str, url: str, storage_options: dict[str, Any] | None, overwrite: bool) -> None:
     """Publish the packed dataset in ``local`` at ``url`` (files first, manifest last); refused
     when ``url`` already holds a dataset and ``overwrite`` is false."""
-    from .manifest import read_manifest
+    from ..description.manifest import read_manifest
 
     uploader = Uploader(check_remote_destination(url, storage_options, overwrite))
     uploader.finish(local, read_manifest(local))
@@ -410,7 +410,7 @@ def generation_name(name: str, generation: str) -> str:
 def upload_folder(cache_root: str, url: str) -> str:
     """The folder of the node cache at ``cache_root`` that a conversion to ``url`` is built in
     (the same for every run to ``url``, so ``--resume`` finds it). Claim it
-    (:func:`packer.filesystem.claim_destination`) before touching anything inside it."""
+    (:func:`packer.files.filesystem.claim_destination`) before touching anything inside it."""
     return os.path.join(cache_root, "uploads", hashlib.sha256(Remote(url).url.encode()).hexdigest()[:16])
 
 
@@ -429,8 +429,8 @@ def watch_uploads(uploader: Uploader, dst: str, every: float = 0.5) -> Iterator[
     """While the body converts into the local ``dst``, upload every file its journal lists as
     finished (the journal is written at each checkpoint: a finished shard). An upload error is
     raised when the body ends."""
-    from .filesystem import temp_dir_for
-    from .journal import read_journal
+    from ..files.filesystem import temp_dir_for
+    from ..files.journal import read_journal
 
     tmp = temp_dir_for(dst)
     stop = threading.Event()

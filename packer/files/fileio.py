@@ -18,7 +18,7 @@ import tempfile
 
 import numpy as np
 
-from .errors import CorruptDataError
+from ..errors import CorruptDataError
 
 __all__ = ["pread_buffer", "open_regular", "read_source_file", "open_source_file", "NotReadableError", "anonymous_file"]
 

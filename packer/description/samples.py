@@ -34,7 +34,7 @@ from typing import Any
 import crc32c
 import numpy as np
 
-from .errors import CorruptDataError
+from ..errors import CorruptDataError
 from .manifest import FileEntry, file_sha256
 
 __all__ = [
@@ -106,7 +106,7 @@ def carried_label(ds: Any, index: int, label: int, remap: Sequence[int] | None =
 def is_table_name(name: str) -> bool:
     """Whether a manifest's file ``name`` is the sample table: ``samples.table``, or
     ``samples.<generation>.table`` where an upload over a live dataset renamed it
-    (packer.storage)."""
+    (packer.storage.remote)."""
     return name == TABLE_NAME or (name.startswith("samples.") and name.endswith(".table"))
 
 

@@ -20,10 +20,10 @@ import time
 from collections.abc import Callable, Iterable, Iterator
 from typing import IO
 
-from .errors import CorruptDataError, PackerError
-from .filesystem import atomic_write_bytes
-from .manifest import MANIFEST_NAME
-from .sizes import parse_size
+from ..description.manifest import MANIFEST_NAME
+from ..errors import CorruptDataError, PackerError
+from ..files.filesystem import atomic_write_bytes
+from ..sizes import parse_size
 
 __all__ = ["NodeCache", "CacheFullError", "NodeCacheError", "default_cache_dir"]
 

@@ -14,9 +14,9 @@ import re
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from .errors import CorruptDataError, ManifestError, UnfinishedDatasetError
-from .fileio import open_regular
-from .filesystem import atomic_write_bytes, fsync_dir
+from ..errors import CorruptDataError, ManifestError, UnfinishedDatasetError
+from ..files.fileio import open_regular
+from ..files.filesystem import atomic_write_bytes, fsync_dir
 from .placement import is_file_id
 
 __all__ = [
@@ -51,7 +51,7 @@ class FileEntry:
     bytes: int
     sha256: str
     first: int = 0  # global index of its first sample
-    #: version 2: the file's identity (packer.placement), or the sample table's (packer.samples.table_id;
+    #: version 2: the file's identity (packer.description.placement), or the sample table's (packer.description.samples.table_id;
     #: "" in tables written before tables had one); "" for index files and version 1
     id: str = ""
 
@@ -88,7 +88,7 @@ class Manifest:
     created_by: str = ""
     version: int = MANIFEST_VERSION
     #: ``class`` (one class index per sample), ``multi`` (a list of them) or ``number``
-    #: (packer.samples); written as ``"labels": {"kind": ...}`` when not ``class``.
+    #: (packer.description.samples); written as ``"labels": {"kind": ...}`` when not ``class``.
     label_kind: str = "class"
 
     @property

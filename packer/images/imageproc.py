@@ -32,9 +32,9 @@ try:  # packer's own C module (setup.py): a JPEG's crop window decoded alone; op
 except ImportError:  # built without a C compiler or libjpeg-turbo headers: whole decodes, then crop
     _jpegwindow = None
 
+from ..errors import CorruptDataError, ImageError
+from ..files.fileio import anonymous_file
 from .codecs import TAR_EXTENSIONS
-from .errors import CorruptDataError, ImageError
-from .fileio import anonymous_file
 from .imageheader import ImageInfo, describe_non_image, sniff, tiff_tags
 
 __all__ = [
