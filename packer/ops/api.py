@@ -90,7 +90,7 @@ def pack(inputs: Iterable[Any], dst: str | os.PathLike[str], format: str, fn: Ca
     except UsageError as e:
         raise ValueError(str(e).replace("packer convert", "packer.pack")) from None
     values = list(inputs)
-    dst = os.path.abspath(os.fspath(dst))
+    dst = os.path.abspath(a.dst)
     parent = os.path.dirname(dst)
     os.makedirs(parent, exist_ok=True)
     spool = tempfile.mkdtemp(prefix=f".{os.path.basename(dst)}.pack-", dir=parent)

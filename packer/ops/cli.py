@@ -180,7 +180,8 @@ def convert_arguments(src_format: str, dst_format: str, src: str | os.PathLike[s
                       accepted: Sequence[str] | None = None) -> argparse.Namespace:
     """The arguments of ``packer convert SRC_FORMAT DST_FORMAT SRC DST`` with ``options`` given as
     keyword arguments named like the flags (``resize="shorter:256"``, ``shard_size="256MB"``,
-    ``workers=8``, ``no_shuffle=True``): what the command line parses, for :func:`packer.convert`
+    ``workers=8``, ``no_shuffle=True``; ``~`` in SRC and DST expanded, as a shell would): what the
+    command line parses, for :func:`packer.convert`
     and :func:`packer.pack`. ``accepted`` limits the options taken (default: every flag).
     TypeError for an unknown keyword (naming the accepted ones) or a value of the wrong type;
     ValueError for a value the flag refuses."""
@@ -194,7 +195,8 @@ def convert_arguments(src_format: str, dst_format: str, src: str | os.PathLike[s
             raise TypeError(f"{caller}() got an unexpected keyword argument {key!r}; it takes "
                             f"{', '.join(sorted(flags))}")
     try:
-        a = parser.parse_args(["--", src_format, dst_format, os.fspath(src), os.fspath(dst)])
+        a = parser.parse_args(["--", src_format, dst_format, os.path.expanduser(os.fspath(src)),
+                               os.path.expanduser(os.fspath(dst))])
     except UsageError as e:
         raise ValueError(str(e).replace("packer convert", caller)) from None
     for key, value in options.items():
