@@ -99,6 +99,14 @@ def test_pack_arrays_with_a_function_in_two_workers(tmp_path):
     assert [ds.keys[i] for i in range(20)] != sorted(ds.keys)  # shuffled at write time, as convert does
 
 
+def test_a_finished_pack_is_kept_by_resume(tmp_path):
+    first = packer.pack(range(8), tmp_path / "out", "tar", fn=make_sample, workers=1, quiet=True)
+    again = packer.pack(range(8), tmp_path / "out", "tar", fn=make_sample, workers=1, quiet=True, resume=True)
+    assert again.already_complete and again.manifest.to_json() == first.manifest.to_json()
+    with pytest.raises(FileExistsError):  # other samples are not the finished dataset
+        packer.pack(range(1, 9), tmp_path / "out", "tar", fn=make_sample, workers=1, quiet=True, resume=True)
+
+
 def _with_mask(i: int) -> dict:
     return {"image": np.zeros((4, 4, 3), np.uint8), "label": 0, "mask": np.zeros((4, 4), np.uint8)}
 
@@ -191,3 +199,15 @@ def test_a_mixture_yields_dicts_with_the_source(packed_all):
     assert sorted(s["source"] for s in samples) == [0] * 10 + [1] * 10
     picked = packer.StreamingDataset([packed_all / "hdf5"], fields=("source", "key"), as_dict=True, shuffle=False)
     assert all(list(s) == ["source", "key"] and s["source"] == 0 for s in picked)
+
+
+def test_prefetch_converts_the_image_of_dict_batches(packed_all):
+    tuples = DataLoader(packer.open_dataset(packed_all / "lmdb"), batch_size=4)
+    dicts = DataLoader(packer.open_dataset(packed_all / "lmdb", as_dict=True), batch_size=4, collate_fn=packer.collate)
+    norm = dict(mean=(0.5, 0.4, 0.3), std=(0.2, 0.25, 0.3))
+    got = list(packer.datasets.prefetch_to_device(dicts, "cpu", **norm))
+    want = list(packer.datasets.prefetch_to_device(tuples, "cpu", **norm))
+    assert len(got) == len(want) == 3
+    for g, (images, labels) in zip(got, want):
+        assert g["image"].dtype == torch.float32 and torch.equal(g["image"], images)
+        assert torch.equal(g["label"], labels)

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import functools
+import hashlib
 import os
 import shutil
 import tempfile
@@ -72,7 +73,8 @@ def pack(inputs: Iterable[Any], dst: str | os.PathLike[str], format: str, fn: Ca
     ``resize``, ``encode``, ``workers``, ``shard_size``, ``no_shuffle``, ``seed``, ``strict``,
     ...); bad images are skipped and listed in the report. Bytes and arrays go through a
     temporary folder beside ``dst`` (arrays as lossless PNG), so memory does not grow with the
-    dataset. ``classes`` pins the class list (label ``i`` is ``classes[i]``).
+    dataset. ``resume=True`` runs ``fn`` again and continues an interrupted pack of the same
+    samples (or keeps a finished one). ``classes`` pins the class list (label ``i`` is ``classes[i]``).
 
     TypeError for an unknown option; ValueError or TypeError naming the input for a sample
     ``fn`` made wrong; an exception ``fn`` raises comes back naming the input.
@@ -173,8 +175,13 @@ def _sample_item(i: int, sample: Any, spool: str) -> tuple[str, str, Any, dict[s
         key = key if key is not None else os.fspath(image).replace(os.sep, "/")
     else:
         path = os.path.join(spool, f"{i:010d}")
+        data = _image_bytes(i, image)
         with open(path, "wb") as f:
-            f.write(_image_bytes(i, image))
+            f.write(data)
+        # A conversion knows a file by its size and modification time: set the time from the
+        # content, so the same sample made again (a resumed pack) is the same file to it.
+        stamp = int.from_bytes(hashlib.sha256(data).digest()[:7], "little")
+        os.utime(path, ns=(stamp, stamp))
         key = key if key is not None else f"item-{i:010d}"
     meta = {k: v for k, v in sample.items() if k not in ("image", "label", "key")}
     return key, path, sample["label"], meta or None
