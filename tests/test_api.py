@@ -14,7 +14,8 @@ import torch
 from torch.utils.data import DataLoader, default_collate
 
 import packer
-from packer.ops.cli import main
+from packer.ops.cli import convert_arguments, main
+from packer.storage.remote import parse_storage_options
 
 from .helpers import tree
 
@@ -69,6 +70,11 @@ def test_convert_options_are_checked_as_the_command_line_checks_them(tiny_folder
     with pytest.raises(ValueError, match="invalid choice: 'zip'"):
         packer.convert("imagefolder", "zip", src, tmp_path / "a")
     assert not os.path.exists(tmp_path / "a")
+    args = convert_arguments("lmdb", "tar", "s3://bucket/data", "~/out", {"storage_option": {
+        "client_kwargs": {"endpoint_url": "http://127.0.0.1:9000"}, "anon": True}}, caller="packer.convert")
+    assert parse_storage_options(args.storage_option) == {"client_kwargs": {"endpoint_url": "http://127.0.0.1:9000"},
+                                                          "anon": True}
+    assert args.dst == os.path.expanduser("~/out")
     report = packer.convert("imagefolder", "tar", src, tmp_path / "a", workers="1", shard_size="1MB", quiet=True,
                             no_shuffle=True)
     assert report.manifest.num_samples == 14 and report.manifest.shuffle_seed is None
