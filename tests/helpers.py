@@ -8,7 +8,8 @@ import numpy as np
 
 from tools.sample_images import draw, make_folder, write_image
 
-__all__ = ["draw", "write_image", "make_folder", "need_optional", "import_optional", "psnr", "pack", "forge_manifest_sizes", "records_by_key", "place_seed_by_spec", "fixed_image"]
+__all__ = ["draw", "write_image", "make_folder", "need_optional", "import_optional", "psnr", "pack", "forge_manifest_sizes", "records_by_key", "place_seed_by_spec", "fixed_image",
+           "tree"]
 
 
 def need_optional(available: bool, reason: str) -> None:
@@ -91,3 +92,14 @@ def place_seed_by_spec(ordinal: int, first_key: str, first_payload: bytes, posit
 def fixed_image() -> np.ndarray:
     """A fixed 8x8 RGB array, for exact-bytes tests of the on-disk layouts."""
     return (np.arange(8 * 8 * 3, dtype=np.uint16).reshape(8, 8, 3) * 5 % 256).astype(np.uint8)
+
+
+def tree(root) -> dict[str, bytes]:
+    """relpath -> bytes of every file under root."""
+    out = {}
+    for folder, _, files in os.walk(root):
+        for name in files:
+            p = os.path.join(folder, name)
+            with open(p, "rb") as f:
+                out[os.path.relpath(p, root)] = f.read()
+    return out
