@@ -60,7 +60,7 @@ def test_destination_inside_source_is_refused(tiny_folder):
 
 def test_a_dying_worker_raises_instead_of_hanging(tmp_path):
     root = tmp_path / "src"
-    make_folder(str(root), {"a": [(f"{i}.png", 16, 16) for i in range(200)]})
+    make_folder(str(root), {"a": [(f"{i}.png", 16, 16) for i in range(1000)]})
     samples = scan_imagefolder(str(root)).samples
     results = _results(samples, ConvertOptions().processing, 2)
     assert next(results)[0] is not None  # the pool is running
