@@ -1282,6 +1282,67 @@ def test_hdf5_disk_filled_after_the_space_check_is_one_line_not_a_crash(big_sour
     assert os.listdir(small_fs) == []
 
 
+# -- a torchrun rank that stops answering ------------------------------------------------------------
+
+def _children(pid: int) -> set[int]:
+    """The live child processes of ``pid`` (from /proc; zombies excluded)."""
+    found = set()
+    for task in os.listdir(f"/proc/{pid}/task"):
+        with open(f"/proc/{pid}/task/{task}/children") as f:
+            found.update(int(c) for c in f.read().split())
+    return {c for c in found if _alive(c)}
+
+
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+@pytest.mark.slow
+def test_torchrun_stopped_rank_fails_the_job_after_the_timeout(tmp_path):
+    """SIGSTOP of rank 1 while it converts: with --rank-timeout 3, rank 0 gives up on it after the
+    timeout, naming it, instead of waiting for the collective's own timeout; nothing appears at DST."""
+    import json
+
+    from packer.ops.distributed import part_path
+    from tests.test_distributed_convert import torchrun_command
+
+    root = str(tmp_path / "src")
+    make_folder(root, {c: [(f"{c}{i}.png", 96, 128) for i in range(150)] for c in ("a", "b")})
+    dst = str(tmp_path / "dst")
+    lock = sibling_path(part_path(dst, 1, 2), "lock")
+    cmd, env = torchrun_command(2, "tar", root, dst, "--workers", "1", "--encode", "png", "-q", "--rank-timeout", "3")
+    proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    stopped = None
+    try:
+        deadline = time.monotonic() + 120
+        while proc.poll() is None and stopped is None and time.monotonic() < deadline:
+            try:
+                with open(lock) as f:
+                    stopped = json.load(f)["pid"]
+                os.kill(stopped, signal.SIGSTOP)
+            except (OSError, ValueError, KeyError):
+                stopped = None
+                time.sleep(0.01)
+        assert stopped is not None, "rank 1 never started its part"
+        others = _children(proc.pid) - {stopped}
+        assert others, "rank 0 is not running"
+        deadline = time.monotonic() + 60  # the collective's own timeout would be far longer
+        while any(map(_alive, others)) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert not any(map(_alive, others)), "rank 0 still waits for the stopped rank"
+    finally:
+        if stopped is not None:
+            os.kill(stopped, signal.SIGKILL)
+        _, err = proc.communicate(timeout=120)
+    assert proc.returncode != 0, err
+    assert "rank 1 of 2 has not answered for 3 s (stopped or hung" in err
+    assert not os.path.exists(dst)
+
+
 # -- list rows that lead out of the folder they are relative to ------------------------------------
 def _list_outside_root(tmp_path):
     """A list whose rows 4 and 5 lead out of --root, to a real image beside it; row 6 goes out and

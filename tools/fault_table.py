@@ -276,6 +276,9 @@ TRUST = {
         "torchrun on two nodes: rank 1's copy of SRC stale (one file with other bytes and time, same SRC argument), "
         "or rank 1 given another SRC", "every rank exits non-zero naming rank 1 and the file (or both SRCs) before "
         "converting; nothing published (was exit 0 with rank 1's images under rank 0's labels)"),
+    "test_torchrun_stopped_rank_fails_the_job_after_the_timeout": (
+        "torchrun, 2 ranks, `--rank-timeout 3`: rank 1 SIGSTOPped while it converts", "rank 0 exits non-zero within "
+        "60 s naming rank 1 as silent for 3 s; nothing published (was a wait for the collective's 24-hour timeout)"),
     "test_merge_refuses_parts_that_disagree_about_a_source_file": (
         "convert_items parts of the same file key made from different copies of it",
         "merge refuses naming the file and both parts, writes nothing (was merged silently)"),

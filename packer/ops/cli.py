@@ -84,6 +84,10 @@ def _add_convert(p: argparse.ArgumentParser) -> None:
     g.add_argument("--no-torchrun", action="store_true",
                    help="convert in this process alone even where torchrun's environment is set (e.g. when started "
                         "by a training script that torchrun runs)")
+    g.add_argument("--rank-timeout", type=float, default=None, metavar="SECONDS",
+                   help="under torchrun: how long a rank may stay silent (stopped, hung) before the job fails naming "
+                        "it (default: PACKER_TORCHRUN_TIMEOUT, else 1800); a live rank is waited for however long "
+                        "its part takes")
     _add_list_options(p)
     g = p.add_argument_group("shards (tar, tfrecord)")
     g.add_argument("--shard-size", default=None, help="max bytes per shard, e.g. 256MB, 1GiB")
@@ -367,15 +371,20 @@ def _convert_torchrun(a: argparse.Namespace, launch) -> int:  # noqa: ANN001 - a
     """One rank of ``torchrun ... -m packer convert imagefolder FMT SRC DST``: a part per rank,
     merged by rank 0 (packer.ops.distributed). Done with skipped files is status 0 here: torchrun
     reports any other status as a failed job (the skips are printed and listed in the manifest)."""
+    from datetime import timedelta
+
     from ..storage import is_url
-    from .distributed import convert_imagefolder_torchrun
+    from .distributed import convert_imagefolder_torchrun, rank_timeout
 
     print(f"packer: torchrun detected: {launch.describe()}; converting one part per rank, rank 0 merges",
           flush=True)
     if a.src_format != "imagefolder" or a.dst_format == "imagefolder" or is_url(a.dst):
         raise UsageError("packer convert: under torchrun only an image folder converts in parts, to a local packed "
                          "destination; run other conversions without torchrun")
-    report = convert_imagefolder_torchrun(a.src, a.dst, a.dst_format, _convert_options(a), launch)
+    if a.rank_timeout is not None and not a.rank_timeout > 0:
+        raise UsageError(f"packer convert: --rank-timeout {a.rank_timeout:g} is not a positive number of seconds")
+    timeout = rank_timeout() if a.rank_timeout is None else timedelta(seconds=a.rank_timeout)
+    report = convert_imagefolder_torchrun(a.src, a.dst, a.dst_format, _convert_options(a), launch, timeout)
     if launch.rank != 0:
         print(f"rank {launch.rank}: part converted; rank 0 merged the parts into {a.dst}")
         return EXIT_OK
