@@ -706,6 +706,37 @@ def test_a_thousand_consecutive_bad_samples_are_skipped_without_recursion(tmp_pa
         ds[2]
 
 
+
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_a_dataset_file_that_fails_its_open_check_is_opened_once_per_process(tmp_path, fmt, monkeypatch):
+    """on_error="skip" over a dataset whose payload file was replaced by another conversion's: the
+    open check fails, and later samples raise the same error without opening the file again (it
+    was opened and its index read once per sample: O(n^2) per epoch)."""
+    import warnings
+
+    from packer import datasetdir
+    from packer.datasets import open_dataset
+    from packer.errors import CorruptDataError
+    from packer.manifest import read_manifest
+
+    dst, _ = _two_datasets(tmp_path, fmt)
+    _two_datasets(tmp_path / "b", fmt)[1]()  # another conversion, its files in tmp_path/b/out
+    data = [e.name for e in read_manifest(dst).files if e.name.endswith((".h5", ".mdb", ".tar", ".tfrecord"))]
+    for name in data:
+        shutil.copyfile(os.path.join(tmp_path, "b", "out", name), os.path.join(dst, name))
+    opened = []  # every open of a dataset file, through the reader's one checked path
+    real_open = datasetdir.open_regular
+    monkeypatch.setattr(datasetdir, "open_regular", lambda name, *a, **k: opened.append(name) or real_open(name, *a, **k))
+    ds = open_dataset(dst, on_error="skip", output="numpy")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        for _ in range(2):  # two epochs
+            for i in range(len(ds)):
+                with pytest.raises(CorruptDataError, match="every sample"):
+                    ds[i]
+    assert len(ds) == 12 and ds.errors == 2 * 12 * 12
+    assert len([n for n in opened if n in data]) <= len(data), opened
+
 def test_corrupt_data_error_keeps_its_fields_across_a_dataloader_worker(tmp_path):
     import torch
 
@@ -1281,6 +1312,22 @@ def test_hdf5_disk_filled_after_the_space_check_is_one_line_not_a_crash(big_sour
     assert len(err) == 1 and err[0].startswith("packer: error: disk full: no space left on device while writing ")
     assert os.listdir(small_fs) == []
 
+
+
+@pytest.mark.parametrize("workers", [2, 3])
+def test_hdf5_disk_full_with_busy_workers_exits(small_fs, tmp_path, workers):  # noqa: F811
+    """The disk fills while workers still hold answers bigger than a pipe's buffer (chunks of raw
+    images): the conversion prints its one line, removes the partial output and exits (the workers
+    blocked in their send, and the exit waited on them forever)."""
+    src = str(tmp_path / "many")
+    make_folder(src, {c: [(f"{i}.png", 256, 256) for i in range(100)] for c in ("a", "b")})
+    dst = os.path.join(small_fs, "out")
+    r = subprocess.run([sys.executable, "-m", "packer", "convert", "imagefolder", "hdf5", src, dst, "--workers",
+                        str(workers), "--encode", "raw", "-q"], cwd=ROOT, capture_output=True, text=True, timeout=60)
+    err = r.stderr.strip().splitlines()
+    assert r.returncode == 1, r.stderr
+    assert len(err) == 1 and err[0].startswith("packer: error: disk full: no space left on device while writing ")
+    assert os.listdir(small_fs) == []
 
 # -- a torchrun rank that stops answering ------------------------------------------------------------
 

@@ -272,6 +272,14 @@ TRUST = {
     "test_hdf5_disk_filled_after_the_space_check_is_one_line_not_a_crash": (
         "DST on a 2 MB tmpfs filled after HDF5's free-space check passed; 1 and 2 workers",
         "exit 1, one line 'disk full', nothing left (was h5py tracebacks and a SIGSEGV at exit)"),
+    "test_hdf5_disk_full_with_busy_workers_exits": (
+        "HDF5 conversion of 200 raw 256x256 images onto a 2 MB tmpfs, 2 and 3 workers holding answers larger than a "
+        "pipe", "exit 1 within 60 s, one line 'disk full', nothing left (was: the line printed, then a wait on the "
+        "blocked workers forever)"),
+    "test_a_dataset_file_that_fails_its_open_check_is_opened_once_per_process": (
+        "on_error='skip' over a dataset whose payload file is another conversion's; 12 samples, 2 epochs; 4 formats",
+        "every sample refused with CorruptDataError; the payload file opened at most once in the process (HDF5 and "
+        "TFRecord opened it 288 times)"),
     "test_torchrun_ranks_that_see_other_files_fail_the_job": (
         "torchrun on two nodes: rank 1's copy of SRC stale (one file with other bytes and time, same SRC argument), "
         "or rank 1 given another SRC", "every rank exits non-zero naming rank 1 and the file (or both SRCs) before "
