@@ -323,6 +323,11 @@ REMOTE = {
         "the first then finishes, or is SIGKILLed and resumed",
         "exit 1, one line naming the first's pid; no file of the node-cache upload folder touched; the first (or "
         "its --resume) publishes the dataset (was: the second deleted the first's copy)"),
+    "test_a_stalled_server_fails_each_file_within_the_deadline": (
+        "a server that stops answering (a proxy holds every request) under a 2 s deadline: a shard read, "
+        "open_dataset, packer info --remote-deadline 2", "RemoteError naming the shard's or manifest's URL, 'no answer "
+        "within 2 s'; info exits 1 with that one line; all three within 30 s (was minutes of botocore and s3fs "
+        "retries)"),
 }
 
 

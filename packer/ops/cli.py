@@ -84,7 +84,7 @@ def _add_convert(p: argparse.ArgumentParser) -> None:
     g.add_argument("--no-torchrun", action="store_true",
                    help="convert in this process alone even where torchrun's environment is set (e.g. when started "
                         "by a training script that torchrun runs)")
-    g.add_argument("--rank-timeout", type=float, default=None, metavar="SECONDS",
+    g.add_argument("--rank-timeout", type=_seconds, default=None, metavar="SECONDS",
                    help="under torchrun: how long a rank may stay silent (stopped, hung) before the job fails naming "
                         "it (default: PACKER_TORCHRUN_TIMEOUT, else 1800); a live rank is waited for however long "
                         "its part takes")
@@ -381,8 +381,6 @@ def _convert_torchrun(a: argparse.Namespace, launch) -> int:  # noqa: ANN001 - a
     if a.src_format != "imagefolder" or a.dst_format == "imagefolder" or is_url(a.dst):
         raise UsageError("packer convert: under torchrun only an image folder converts in parts, to a local packed "
                          "destination; run other conversions without torchrun")
-    if a.rank_timeout is not None and not a.rank_timeout > 0:
-        raise UsageError(f"packer convert: --rank-timeout {a.rank_timeout:g} is not a positive number of seconds")
     timeout = rank_timeout() if a.rank_timeout is None else timedelta(seconds=a.rank_timeout)
     report = convert_imagefolder_torchrun(a.src, a.dst, a.dst_format, _convert_options(a), launch, timeout)
     if launch.rank != 0:
@@ -400,11 +398,28 @@ def _add_storage(p: argparse.ArgumentParser) -> None:
     g.add_argument("--cache-dir", metavar="DIR", help="node-local download cache (default: PACKER_CACHE_DIR, "
                                                       "else ~/.cache/packer)")
     g.add_argument("--cache-limit", metavar="SIZE", help="most bytes the download cache keeps, e.g. 20GB")
+    g.add_argument("--remote-deadline", type=_seconds, metavar="SECONDS",
+                   help="how long one request for a remote file may take before it fails naming the URL, whatever "
+                        "the storage library's retries do (default: PACKER_REMOTE_DEADLINE, else 120)")
+
+
+def _seconds(text: str) -> float:
+    """An argparse type: a positive, finite number of seconds."""
+    try:
+        seconds = float(text)
+    except ValueError:
+        seconds = -1.0
+    if not 0 < seconds < float("inf"):
+        raise argparse.ArgumentTypeError(f"{text!r} is not a positive number of seconds")
+    return seconds
 
 
 def _storage(a: argparse.Namespace) -> dict:
     from ..storage import parse_storage_options
 
+    deadline = getattr(a, "remote_deadline", None)
+    if deadline is not None:
+        os.environ["PACKER_REMOTE_DEADLINE"] = repr(deadline)  # for every Remote of this run, workers too
     try:
         return parse_storage_options(a.storage_option)
     except ValueError as e:

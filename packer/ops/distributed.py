@@ -27,6 +27,7 @@ from typing import Any
 from ..errors import PackerError, SourceError
 from ..filesystem import check_destination, claim_destination, sibling_path
 from ..manifest import Manifest, Skipped, read_manifest
+from ..sizes import seconds_from_env
 from .engine import ConvertOptions, ConvertReport, describe_stamp, file_stamp, scan_ordered
 from .items import convert_items
 from .merge import merge
@@ -87,16 +88,7 @@ def part_path(dst: str, rank: int, world_size: int) -> str:
 
 def rank_timeout(environ: Mapping[str, str] = os.environ) -> timedelta:
     """How long a rank may stay silent: ``PACKER_TORCHRUN_TIMEOUT`` (seconds) or :data:`DEFAULT_TIMEOUT`."""
-    value = environ.get("PACKER_TORCHRUN_TIMEOUT", "").strip()
-    if not value:
-        return DEFAULT_TIMEOUT
-    try:
-        seconds = float(value)
-    except ValueError:
-        seconds = -1.0
-    if not seconds > 0:
-        raise ValueError(f"PACKER_TORCHRUN_TIMEOUT={value!r} is not a positive number of seconds")
-    return timedelta(seconds=seconds)
+    return timedelta(seconds=seconds_from_env("PACKER_TORCHRUN_TIMEOUT", DEFAULT_TIMEOUT.total_seconds(), environ))
 
 
 # -- talking between ranks: JSON bytes in tensors (gloo) ------------------------------------------
@@ -131,7 +123,7 @@ class _Peers:
 
     def close(self) -> None:
         self._stop.set()
-        self._thread.join()
+        self._thread.join(self.interval + 1)  # a beat blocked on a stopped store host is left to die
 
     def arrive(self) -> None:
         """Wait until every rank reaches its next collective; DistributedError naming a rank that
