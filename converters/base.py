@@ -2,7 +2,7 @@
 journal and the manifest; a writer only lays processed samples into files, in the order it is given
 them, and says when what it has written is a safe point to resume from.
 
-Resume protocol (used by ``--resume``, see :mod:`packer.journal`): after each ``add`` the engine
+Resume protocol (used by ``--resume``, see :mod:`packer.files.journal`): after each ``add`` the engine
 asks :meth:`Writer.checkpoint_due`; when true it calls :meth:`Writer.checkpoint`, which makes every
 byte written so far durable (fsync) and returns a JSON-able state whose ``"samples"`` says how many
 samples, from index 0, the durable files hold; the engine then writes the journal. A later run
@@ -21,9 +21,9 @@ import re
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
-from packer.filesystem import free_bytes, no_room
-from packer.imageproc import ProcessedImage
-from packer.manifest import FileEntry
+from packer.description.manifest import FileEntry
+from packer.files.filesystem import free_bytes, no_room
+from packer.images.imageproc import ProcessedImage
 
 __all__ = ["WriterOptions", "Writer", "free_bytes", "no_room"]
 

@@ -33,13 +33,13 @@ import crc32c
 import h5py
 import numpy as np
 
-from packer.codecs import CODEC_IDS, CODEC_NAMES
+from packer.description.manifest import FileEntry, file_sha256
+from packer.description.placement import file_id, place_seed
 from packer.errors import ResumeError
-from packer.filesystem import fsync_dir
-from packer.imageproc import ProcessedImage
+from packer.files.filesystem import fsync_dir
+from packer.images.codecs import CODEC_IDS, CODEC_NAMES
+from packer.images.imageproc import ProcessedImage
 from packer.layouts.hdf5 import CHUNK_BYTES, DATA_FILE, LAYOUT_VERSION, LIBVER
-from packer.manifest import FileEntry, file_sha256
-from packer.placement import file_id, place_seed
 
 from .base import Writer, WriterOptions, no_room
 
@@ -144,7 +144,7 @@ class HDF5Writer(Writer):
         self._shape: tuple[int, int] = (0, 0)  # (H, W) of "array" storage
         self._codec_ids = bytearray()  # one per sample; written only when codecs are mixed
         self._count = 0  # samples added
-        self._fid = ""  # the file's identity, from its first sample (packer.placement)
+        self._fid = ""  # the file's identity, from its first sample (packer.description.placement)
         self._written = 0  # samples whose metadata is in the file
         self._payload_written = 0  # bytes ("flat") or rows ("array") in /images
         self._payload_end = 0  # offset after the last payload added ("flat")

@@ -20,13 +20,13 @@ from typing import Any
 
 import lmdb
 
+from packer.description.manifest import FileEntry, file_sha256
+from packer.description.placement import file_id, place_seed
+from packer.description.record import pack_record, unpack_record
 from packer.errors import CorruptDataError, ResumeError
-from packer.filesystem import fsync_dir
-from packer.imageproc import ProcessedImage
+from packer.files.filesystem import fsync_dir
+from packer.images.imageproc import ProcessedImage
 from packer.layouts.lmdb import DATA_FILE, lmdb_key
-from packer.manifest import FileEntry, file_sha256
-from packer.placement import file_id, place_seed
-from packer.record import pack_record, unpack_record
 
 from .base import Writer, WriterOptions, no_room
 
@@ -56,7 +56,7 @@ class LMDBWriter(Writer):
         self._batch_bytes = 0
         self._count = 0
         self._committed = 0
-        self._fid = ""  # the file's identity, from its first sample (packer.placement)
+        self._fid = ""  # the file's identity, from its first sample (packer.description.placement)
         self._due = False
 
     def _open(self) -> lmdb.Environment:

@@ -14,10 +14,10 @@ import os
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
+from packer.description.manifest import FileEntry, file_sha256
+from packer.description.placement import file_id
 from packer.errors import ResumeError
-from packer.filesystem import fsync_dir
-from packer.manifest import FileEntry, file_sha256
-from packer.placement import file_id
+from packer.files.filesystem import fsync_dir
 
 from .base import Writer, WriterOptions
 
@@ -101,7 +101,7 @@ class ShardFile:
 
     def finish(self, samples: int, first: int, fid: str = "") -> FileEntry:
         """Flush, fsync, close and rename to the final name; return its manifest entry (with the
-        file's identity ``fid``, packer.placement)."""
+        file's identity ``fid``, packer.description.placement)."""
         self._f.flush()
         os.fsync(self._f.fileno())
         self._f.close()
@@ -181,7 +181,7 @@ class ShardedWriter(Writer):
         self.number = 0  # of the open (or next) shard
         self.first = 0  # sample index of the open shard's first sample
         self.count = 0  # samples in the open shard
-        self.fid = ""  # the open shard's identity (packer.placement)
+        self.fid = ""  # the open shard's identity (packer.description.placement)
         self.prefix = options.prefix or SHARD_NAME
         self._due = False
 

@@ -8,8 +8,11 @@ from typing import Any
 import crc32c
 import numpy as np
 
-from packer.codecs import CODEC_IDS
-from packer.imageproc import ProcessedImage
+from packer.description.manifest import FileEntry
+from packer.description.placement import place_seed
+from packer.description.samples import sample_fields
+from packer.images.codecs import CODEC_IDS
+from packer.images.imageproc import ProcessedImage
 from packer.layouts.tar import (
     BLOCK,
     INDEX_ENTRY,
@@ -21,9 +24,6 @@ from packer.layouts.tar import (
     pack_index,
     sample_members,
 )
-from packer.manifest import FileEntry
-from packer.placement import place_seed
-from packer.samples import sample_fields
 
 from .base import WriterOptions
 from .shards import ShardedWriter, ShardFile, write_small_file

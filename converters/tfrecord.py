@@ -7,7 +7,9 @@ import zlib
 from array import array
 from typing import Any
 
-from packer.imageproc import ProcessedImage
+from packer.description.manifest import FileEntry
+from packer.description.placement import place_seed
+from packer.images.imageproc import ProcessedImage
 from packer.layouts.tfrecord import (
     GZIP_HEADER,
     GZIP_LEVEL,
@@ -20,8 +22,6 @@ from packer.layouts.tfrecord import (
     image_example,
     pack_zindex,
 )
-from packer.manifest import FileEntry
-from packer.placement import place_seed
 
 from .base import WriterOptions
 from .shards import ShardedWriter, ShardFile, write_small_file

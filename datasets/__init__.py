@@ -8,11 +8,11 @@ from __future__ import annotations
 import os
 from typing import Any
 
+from packer.description.manifest import MANIFEST_NAME, read_manifest
+from packer.description.registry import reader_class
 from packer.errors import UnfinishedDatasetError
 from packer.layouts import explain_missing_manifest
-from packer.manifest import MANIFEST_NAME, read_manifest
-from packer.registry import reader_class
-from packer.storage import is_url
+from packer.storage.remote import is_url
 
 from .base import OUTPUTS, PackedDataset
 from .cache import SharedCache
@@ -72,7 +72,7 @@ def open_dataset(path: str | os.PathLike[str], *, format: str | None = None, **k
 def _open_url(url: str, format: str | None, *, storage_options: dict[str, Any] | None = None,
               cache_dir: str | None = None, cache_limit: int | str | None = None, **kwargs: Any) -> PackedDataset:
     """open_dataset for a packed dataset at a URL: its files are read through the node cache."""
-    from packer.storage import open_remote
+    from packer.storage.remote import open_remote
 
     manifest, files = open_remote(url, storage_options, cache_dir, cache_limit)
     if format is not None and manifest.format != format:
@@ -86,7 +86,7 @@ def _open_url(url: str, format: str | None, *, storage_options: dict[str, Any] |
 def __getattr__(name: str) -> Any:
     # The format readers are imported on first use, so importing packer.datasets stays light.
     if name.endswith("Dataset"):
-        from packer.registry import FORMATS
+        from packer.description.registry import FORMATS
 
         for fmt in FORMATS.values():  # each reader is named <Format>Dataset
             if name.lower() == f"{fmt.name}dataset" and fmt.reader.__name__ == name:

@@ -21,15 +21,15 @@ import numpy as np
 import torch
 from torch.utils.data import Dataset
 
-from packer.datasetdir import DatasetDir
+from packer.description.manifest import Manifest, read_manifest
+from packer.description.record import Record, pack_record, unpack_record
+from packer.description.samples import SampleTable, table_entry
 from packer.errors import CorruptDataError
-from packer.fileio import open_regular
-from packer.imageproc import crop_window, decode_payload, decode_payload_window
-from packer.manifest import Manifest, read_manifest
-from packer.placeholder import placeholder_reason
-from packer.record import Record, pack_record, unpack_record
-from packer.samples import SampleTable, table_entry
+from packer.files.fileio import open_regular
+from packer.images.imageproc import crop_window, decode_payload, decode_payload_window
+from packer.images.placeholder import placeholder_reason
 from packer.sizes import parse_size
+from packer.storage.datasetdir import DatasetDir
 
 from .cache import SharedCache
 from .crops import Crop, as_crop
@@ -114,6 +114,7 @@ class PackedDataset(Dataset):
         remote_files: Callable[[str], int] | None = None,
         fields: Sequence[str] | None = None,
         crop: Crop | int | Sequence[int] | None = None,
+        as_dict: bool = False,
     ) -> None:
         if fields is None:
             fields = ENCODED_FIELDS if output == "encoded" else DEFAULT_FIELDS
@@ -141,6 +142,9 @@ class PackedDataset(Dataset):
         self.crop = as_crop(crop)
         self.output = output
         self.fields = tuple(fields)
+        if as_dict and len(set(self.fields)) != len(self.fields):
+            raise ValueError(f"as_dict=True: fields must not repeat a name, not {fields!r}")
+        self.as_dict = bool(as_dict)
         self.verify = verify
         self.on_error = on_error
         self._skips = SkipCounter() if on_error == "skip" else None
@@ -223,7 +227,7 @@ class PackedDataset(Dataset):
     @property
     def data_file(self) -> str:
         """The name of the dataset's first payload file (LMDB's and HDF5's only one): ``data.mdb``
-        or ``data.h5``, or the name an upload over a live dataset gave it (packer.storage)."""
+        or ``data.h5``, or the name an upload over a live dataset gave it (packer.storage.remote)."""
         return next(f.name for f in self.manifest.files if f.samples)
 
     @property
@@ -498,7 +502,12 @@ class PackedDataset(Dataset):
         payload = torch.from_numpy(np.frombuffer(rec.payload, np.uint8).copy())
         return self._fields_item(i, payload, rec.label, rec)
 
-    def __getitem__(self, index: int) -> tuple[Any, ...]:
+    def __getitem__(self, index: int) -> tuple[Any, ...] | dict[str, Any]:
+        item = self._sample(index)
+        return dict(zip(self.fields, item)) if self.as_dict else item
+
+    def _sample(self, index: int) -> tuple[Any, ...]:
+        """Sample ``index`` as the tuple of ``fields`` (what ``__getitem__`` returns, or puts in a dict)."""
         if self.output == "encoded":
             return self._encoded_item(self._index(index))
         if self.fields == DEFAULT_FIELDS and self.manifest.label_kind == "class":
@@ -556,7 +565,7 @@ class PackedDataset(Dataset):
                 out.append(e)
         return out
 
-    def __getitems__(self, indices: Sequence[int]) -> list[tuple[Any, ...]]:
+    def __getitems__(self, indices: Sequence[int]) -> list[tuple[Any, ...]] | list[dict[str, Any]]:
         """``[self[i] for i in indices]`` (the DataLoader calls this with each batch's indices):
         the same items, order, errors, skips and transforms, with the per-sample lookups done once
         per batch (with a cache: one lookup and one store for the batch, each one hold of the
@@ -597,14 +606,14 @@ class PackedDataset(Dataset):
             except CorruptDataError:
                 if self._skips is None:
                     raise
-                out.append(self[i])  # skips, warns and counts as ds[i] does
+                out.append(self._sample(i))  # skips, warns and counts as ds[i] does
                 continue
             out.append(self._item(rgb, label))
         if store:
             cache.put_many(store)  # type: ignore[union-attr]
         if len(valid) < len(indices):
             self._index(indices[len(valid)])
-        return out
+        return [dict(zip(self.fields, item)) for item in out] if self.as_dict else out
 
     def close(self) -> None:
         """Close handles in this process (they reopen on the next access) and release the cache."""

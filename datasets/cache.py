@@ -23,7 +23,7 @@ import numpy as np
 import torch
 
 from packer.checks import check_int
-from packer.fileio import anonymous_file
+from packer.files.fileio import anonymous_file
 
 from .shm import (
     FileLock,

@@ -1,7 +1,7 @@
 """Crops that a reader applies as it decodes (``open_dataset(path, crop=...)``).
 
 A crop given to the reader instead of in ``transform`` lets it decode only the crop's window of
-each JPEG (:func:`packer.imageproc.decode_payload_window`): libjpeg-turbo then skips the inverse
+each JPEG (:func:`packer.images.imageproc.decode_payload_window`): libjpeg-turbo then skips the inverse
 DCT, upsampling and colour conversion of what lies outside the window, and stops after its last
 row. The pixels are those of a whole decode cut to the window. What it saves depends on the share
 of the image the window leaves out (docs/benchmarks.md, section 7).
@@ -27,7 +27,7 @@ from collections.abc import Sequence
 import cv2
 import numpy as np
 
-from packer.imageproc import Window
+from packer.images.imageproc import Window
 
 __all__ = ["Crop", "CenterCrop", "RandomCrop", "RandomResizedCrop", "as_crop"]
 
@@ -49,7 +49,8 @@ class Crop:
     of a given size, :meth:`finish` turns the rectangle's pixels into the output."""
 
     def window(self, height: int, width: int) -> Window:
-        """(top, left, height, width) of the crop in a ``height`` x ``width`` image."""
+        """(top, left, height, width) of the crop in a ``height`` x ``width`` image: integers
+        (NumPy integers are taken as Python ints; anything else is a TypeError naming the sample)."""
         raise NotImplementedError
 
     def finish(self, pixels: np.ndarray) -> np.ndarray:

@@ -14,7 +14,7 @@ import numpy as np
 import torch
 from torch.utils.data import default_collate
 
-from packer.imageproc import decode_payload
+from packer.images.imageproc import decode_payload
 
 __all__ = ["EncodedBatch", "collate_encoded", "decode_batch", "center_crop"]
 

@@ -14,12 +14,12 @@ import crc32c
 import h5py
 import numpy as np
 
-from packer.codecs import CODEC_IDS, CODEC_NAMES
+from packer.description.placement import place_seed
+from packer.description.record import Record
 from packer.errors import CorruptDataError
+from packer.images.codecs import CODEC_IDS, CODEC_NAMES
+from packer.images.placeholder import file_placeholder_reason
 from packer.layouts.hdf5 import LAYOUT_VERSIONS
-from packer.placeholder import file_placeholder_reason
-from packer.placement import place_seed
-from packer.record import Record
 
 from .base import PackedDataset
 from .shm import SharedRegion, region_views

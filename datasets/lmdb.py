@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import os
 
+from packer.description.placement import place_seed
+from packer.description.record import Record, unpack_record
 from packer.layouts.lmdb import LMDBFile
-from packer.placement import place_seed
-from packer.record import Record, unpack_record
 
 from .base import PackedDataset
 

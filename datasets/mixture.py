@@ -82,9 +82,11 @@ class Mixture:
     """
 
     def __init__(self, readers: list[Any], options: MixOptions,
-                 target_transform: Callable[[int], Any] | None, fields: Sequence[str] | None = None) -> None:
+                 target_transform: Callable[[int], Any] | None, fields: Sequence[str] | None = None, *,
+                 as_dict: bool = False) -> None:
         """``fields``: what a sample returns (as the readers' ``fields=``, plus ``"source"``, the
-        source's index in the list); None: ``(image, label[, ...], source if return_source)``."""
+        source's index in the list); None: ``(image, label[, ...], source if return_source)``.
+        ``as_dict``: each sample a dict keyed by those names instead of a tuple."""
         sizes = [len(r) for r in readers]
         weights = options.weights if options.weights is not None else sizes
         if len(weights) != len(readers):
@@ -102,6 +104,12 @@ class Mixture:
         self.union: list[str] | None = None
         self.label_maps: list[list[int]] | None = None
         self.fields = tuple(fields) if fields is not None else None
+        self.names: tuple[str, ...] | None = None
+        if as_dict:
+            self.names = self.fields if self.fields is not None else (
+                *readers[0].fields, *(("source",) if options.return_source else ()))
+            if len(set(self.names)) != len(self.names):
+                raise ValueError(f"as_dict=True: fields must not repeat a name, not {self.names!r}")
         if options.classes == "union":
             kinds = {getattr(r, "label_kind", "class") for r in readers}
             if kinds != {"class"}:
@@ -148,7 +156,11 @@ class Mixture:
         blob = "+".join(one(r) for r in self.readers).encode()
         return hashlib.sha256(blob).hexdigest()[:16]
 
-    def __getitem__(self, index: int) -> tuple[Any, ...]:
+    def __getitem__(self, index: int) -> tuple[Any, ...] | dict[str, Any]:
+        item = self._sample(index)
+        return dict(zip(self.names, item)) if self.names is not None else item
+
+    def _sample(self, index: int) -> tuple[Any, ...]:
         s = bisect.bisect_right(self.firsts, index) - 1
         if self.fields is not None:
             return self._fields_item(s, self.readers[s][index - self.firsts[s]])

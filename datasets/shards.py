@@ -21,10 +21,10 @@ from typing import Any
 
 import numpy as np
 
+from packer.description.manifest import FileEntry, Manifest
+from packer.description.placement import place_seed
 from packer.errors import CorruptDataError, ManifestError
-from packer.fileio import pread_buffer
-from packer.manifest import FileEntry, Manifest
-from packer.placement import place_seed
+from packer.files.fileio import pread_buffer
 
 from .base import PackedDataset
 from .shm import SharedBytes, SharedRegion, region_views
@@ -61,7 +61,7 @@ class ShardedDataset(PackedDataset):
         self._shard_paths = [os.path.join(self.root, f.name) for f in entries]
         self._sizes = [f.samples for f in entries]
         self._bytes = [f.bytes for f in entries]
-        self._fids = [f.id for f in entries]  # version 2: each shard's identity (packer.placement)
+        self._fids = [f.id for f in entries]  # version 2: each shard's identity (packer.description.placement)
         self._firsts = [f.first for f in entries]
 
     def _seed(self, shard: int, index: int) -> int:

@@ -26,7 +26,7 @@ from typing import Any
 
 import numpy as np
 
-from packer.fileio import anonymous_file
+from packer.files.fileio import anonymous_file
 
 __all__ = [
     "SharedRegion", "SharedBytes", "region_views", "ProcessLock", "FileLock", "SlotTable", "int64_rows",

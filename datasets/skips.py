@@ -15,7 +15,7 @@ import warnings
 from multiprocessing import reduction
 from typing import Any
 
-from packer.fileio import anonymous_file
+from packer.files.fileio import anonymous_file
 
 __all__ = ["SkipCounter", "SkippedSampleWarning"]
 

@@ -34,7 +34,7 @@ import numpy as np
 from torch.utils.data import IterableDataset, get_worker_info
 
 from packer.checks import check_int
-from packer.storage import is_url
+from packer.storage.remote import is_url
 
 from .mixture import MixOptions, Mixture
 from .partition import (
@@ -301,6 +301,8 @@ class StreamingDataset(IterableDataset):
             DataLoader's for the DataLoader to yield exactly the rank's sequence (needed by
             :meth:`state_dict`); any batch size still reads each sample once per epoch.
         transform, target_transform, output: as for the map-style readers.
+        as_dict: yield each sample as a dict keyed by the reader's ``fields`` (``{"image": ...,
+            "label": ...}``; a mixture's ``"source"`` included) instead of a tuple.
         world: rank and world size to use instead of detecting them (``torch.distributed`` when
             initialised, else ``RANK``/``WORLD_SIZE``, else a single process). Worker and number
             of workers come from the DataLoader inside a worker, and from ``world`` outside one.
@@ -393,6 +395,7 @@ class StreamingDataset(IterableDataset):
             raise ValueError("subset is for one dataset; a mixture takes weights and "
                              "epoch_samples")
         target_transform = kwargs.pop("target_transform")
+        as_dict = bool(kwargs.pop("as_dict", False))
         fields = kwargs.pop("fields", None)
         if fields is not None:
             if isinstance(fields, str) or mix.return_source:
@@ -401,7 +404,7 @@ class StreamingDataset(IterableDataset):
             kwargs["fields"] = tuple(f for f in fields if f != "source")
         readers = [open_dataset(p, target_transform=None, **kwargs) for p in paths]
         self.reader = readers[0]
-        self._mix = Mixture(readers, mix, target_transform, fields)
+        self._mix = Mixture(readers, mix, target_transform, fields, as_dict=as_dict)
         blocks = [_block_sizes(r.shard_sizes, self.options.block_samples) for r in readers]
         self._sources = [len(b) for b in blocks]
         self._sizes = np.concatenate(blocks)

@@ -22,8 +22,12 @@ from typing import Any
 import crc32c
 import numpy as np
 
-from packer.codecs import CODEC_NAMES
+from packer.description.manifest import FileEntry
+from packer.description.record import Record
+from packer.description.samples import MAX_META_BYTES
 from packer.errors import CorruptDataError, ManifestError
+from packer.images.codecs import CODEC_NAMES
+from packer.images.placeholder import placeholder_reason
 from packer.layouts import compressed_tar_note
 from packer.layouts.tar import (
     IMAGE_EXTENSIONS,
@@ -33,10 +37,6 @@ from packer.layouts.tar import (
     scan_shard,
     unpack_index,
 )
-from packer.manifest import FileEntry
-from packer.placeholder import placeholder_reason
-from packer.record import Record
-from packer.samples import MAX_META_BYTES
 
 from .shards import ShardedDataset, foreign_manifest
 

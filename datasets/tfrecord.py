@@ -26,8 +26,11 @@ from typing import Any
 
 import numpy as np
 
+from packer.description.manifest import FileEntry
+from packer.description.record import Record
 from packer.errors import CorruptDataError, ManifestError
 from packer.layouts import ZLIB_ADVICE, zlib_tfrecord
+from packer.layouts.tfexample import example_class
 from packer.layouts.tfrecord import (
     FOREIGN_SUFFIXES,
     GZIP_SUFFIX,
@@ -41,9 +44,6 @@ from packer.layouts.tfrecord import (
     scan_file,
     unpack_zindex,
 )
-from packer.manifest import FileEntry
-from packer.record import Record
-from packer.tfexample import example_class
 
 from .shards import ShardedDataset, foreign_manifest
 
@@ -209,7 +209,7 @@ class TFRecordDataset(ShardedDataset):
                                        sample=index, offset=offset + 12)
         place = self._seed(shard, index) if self._fids[shard] and self.verify else None
         return image_record(example_class(), mv[12 : n - 4], self._shard_paths[shard], index, offset + 12, place,
-                            want_meta)
+                            want_meta, foreign=bool(self.manifest.layout.get("foreign")))
 
 
 def _empty_columns(n: int) -> dict[str, np.ndarray]:

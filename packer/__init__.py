@@ -1,8 +1,39 @@
-"""packer: pack image folders into LMDB, HDF5, WebDataset tar shards or TFRecord, and read them fast."""
+"""packer: pack image folders into LMDB, HDF5, WebDataset tar shards or TFRecord, and read them fast.
+
+``import packer`` is light: ``packer.convert``, ``packer.pack``, ``packer.open_dataset``,
+``packer.StreamingDataset`` and ``packer.collate`` import what they need when first used.
+"""
+
+from __future__ import annotations
 
 __version__ = "0.2.0.dev0"
+
+import importlib  # noqa: E402
+from typing import Any  # noqa: E402
 
 from .errors import *  # noqa: E402, F403 - after __version__, which setup.cfg reads
 from .errors import __all__ as _error_names  # noqa: E402
 
-__all__ = ["__version__", *_error_names]
+#: Public name -> the module that defines it, imported on first use (PEP 562).
+_LAZY = {
+    "convert": "packer.ops.api",
+    "pack": "packer.ops.api",
+    "open_dataset": "packer.datasets",
+    "StreamingDataset": "packer.datasets",
+    "collate": "packer.datasets",
+}
+
+__all__ = ["__version__", *_LAZY, *_error_names]
+
+
+def __getattr__(name: str) -> Any:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'packer' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *_LAZY})

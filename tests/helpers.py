@@ -8,7 +8,8 @@ import numpy as np
 
 from tools.sample_images import draw, make_folder, write_image
 
-__all__ = ["draw", "write_image", "make_folder", "need_optional", "import_optional", "psnr", "pack", "forge_manifest_sizes", "records_by_key", "place_seed_by_spec", "fixed_image"]
+__all__ = ["draw", "write_image", "make_folder", "need_optional", "import_optional", "psnr", "pack", "forge_manifest_sizes", "records_by_key", "place_seed_by_spec", "fixed_image",
+           "tree"]
 
 
 def need_optional(available: bool, reason: str) -> None:
@@ -46,7 +47,7 @@ def pack(src, dst, fmt, encode="jpeg:90", resize="none", writer=None, **options)
     """Convert ``src`` to ``fmt`` at ``dst``: image options as CLI strings, ``writer`` as a dict of
     WriterOptions fields, anything else as ConvertOptions fields (workers, seed, shuffle, ...)."""
     from packer.converters.base import WriterOptions
-    from packer.imageproc import ProcessOptions, parse_encoding, parse_resize
+    from packer.images.imageproc import ProcessOptions, parse_encoding, parse_resize
     from packer.ops.engine import ConvertOptions, convert_imagefolder
 
     opts = ConvertOptions(processing=ProcessOptions(resize=parse_resize(resize), encoding=parse_encoding(encode)),
@@ -58,7 +59,7 @@ def forge_manifest_sizes(path) -> None:
     """Record the files' current sizes and checksums in the manifest of the dataset at ``path``:
     a tampered file with a manifest forged to match, so a test reaches the checks behind the
     reader's size check at open."""
-    from packer.manifest import file_sha256, read_manifest, write_manifest
+    from packer.description.manifest import file_sha256, read_manifest, write_manifest
 
     m = read_manifest(path)
     for f in m.files:
@@ -91,3 +92,14 @@ def place_seed_by_spec(ordinal: int, first_key: str, first_payload: bytes, posit
 def fixed_image() -> np.ndarray:
     """A fixed 8x8 RGB array, for exact-bytes tests of the on-disk layouts."""
     return (np.arange(8 * 8 * 3, dtype=np.uint16).reshape(8, 8, 3) * 5 % 256).astype(np.uint8)
+
+
+def tree(root) -> dict[str, bytes]:
+    """relpath -> bytes of every file under root."""
+    out = {}
+    for folder, _, files in os.walk(root):
+        for name in files:
+            p = os.path.join(folder, name)
+            with open(p, "rb") as f:
+                out[os.path.relpath(p, root)] = f.read()
+    return out

@@ -12,10 +12,10 @@ import sys
 import pytest
 
 from packer.datasets import open_dataset
-from packer.manifest import MANIFEST_NAME, read_manifest
+from packer.description.manifest import MANIFEST_NAME, read_manifest
+from packer.description.registry import format_names
 from packer.ops.cli import main
 from packer.ops.engine import ConvertOptions, convert_imagefolder, temp_dir_for
-from packer.registry import format_names
 from tests.helpers import make_folder
 
 FMT = "hdf5"

@@ -12,9 +12,9 @@ import torch
 from torch.utils.data import DataLoader
 
 from packer.datasets import open_dataset
+from packer.description.manifest import MANIFEST_NAME, read_manifest
+from packer.description.registry import format_names
 from packer.errors import UnfinishedDatasetError
-from packer.manifest import MANIFEST_NAME, read_manifest
-from packer.registry import format_names
 from tests.helpers import pack as convert
 from tests.helpers import psnr
 from tests.helpers import records_by_key as by_key

@@ -14,12 +14,12 @@ import pytest
 import torch
 from torch.utils.data import DataLoader
 
-import packer.imageproc as imageproc
+import packer.images.imageproc as imageproc
 from packer.datasets import collate, open_dataset
 from packer.datasets.crops import CenterCrop, RandomCrop, RandomResizedCrop, as_crop
 from packer.datasets.encoded import center_crop
 from packer.errors import CorruptDataError
-from packer.imageproc import (
+from packer.images.imageproc import (
     WINDOW_DECODER_MINIMUM,
     crop_window,
     decode_payload,
@@ -36,8 +36,8 @@ DATA = os.path.join(os.path.dirname(__file__), "data")
 def need_module() -> None:
     """Skip (or fail under PACKER_REQUIRE_OPTIONAL=1) where the window decode is not in use here."""
     built = window_decoder_version()
-    need_optional(window_decoding(), "packer._jpegwindow is not built here" if built is None else
-                  f"packer._jpegwindow was built against libjpeg-turbo {built}, older than "
+    need_optional(window_decoding(), "packer.images._jpegwindow is not built here" if built is None else
+                  f"packer.images._jpegwindow was built against libjpeg-turbo {built}, older than "
                   f"{'.'.join(map(str, WINDOW_DECODER_MINIMUM))}")
 
 

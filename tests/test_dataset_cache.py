@@ -10,9 +10,9 @@ import torch
 from torch.utils.data import DataLoader
 
 from packer.datasets import open_dataset
-from packer.manifest import read_manifest
+from packer.description.manifest import read_manifest
+from packer.description.registry import format_names
 from packer.ops.engine import ConvertOptions, convert_imagefolder
-from packer.registry import format_names
 from tests.helpers import pack
 
 

@@ -18,7 +18,7 @@ import pytest
 import torch
 
 from packer.datasets import open_dataset
-from packer.registry import format_names
+from packer.description.registry import format_names
 from tests.test_streaming import SHARD, N, convert, expected
 
 HERE = os.path.dirname(os.path.abspath(__file__))

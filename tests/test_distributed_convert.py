@@ -11,7 +11,7 @@ import sys
 import pytest
 
 from packer.datasets import open_dataset
-from packer.manifest import read_manifest
+from packer.description.manifest import read_manifest
 from packer.ops.distributed import part_range, torchrun_launch
 from tests.helpers import make_folder, pack
 
@@ -106,7 +106,7 @@ def test_torchrun_rank_failure_fails_the_job(folder, tmp_path):
 def test_torchrun_resume_keeps_finished_parts(folder, tmp_path):
     """Rank 1 cannot write its part (its lock path is a folder): the job fails, rank 0's finished
     part stays; --resume with the same world size keeps it and converts only rank 1's share."""
-    from packer.filesystem import sibling_path
+    from packer.files.filesystem import sibling_path
     from packer.ops.distributed import part_path
 
     dst = str(tmp_path / "dst")
@@ -178,7 +178,7 @@ def test_torchrun_rank_killed_fails_the_job(tmp_path):
     import signal
     import time
 
-    from packer.filesystem import sibling_path
+    from packer.files.filesystem import sibling_path
     from packer.ops.distributed import part_path
 
     root = str(tmp_path / "src")

@@ -8,8 +8,8 @@ import sys
 
 import torch
 
-from packer import imageproc
 from packer.datasets import collation
+from packer.images import imageproc
 from packer.ops.cli import main
 from packer.ops.doctor import collect, format_report
 

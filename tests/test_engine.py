@@ -12,11 +12,11 @@ import time
 import pytest
 
 from packer.datasets import open_dataset
+from packer.description.manifest import read_manifest
 from packer.errors import ImageError, PackerError, SourceError
-from packer.manifest import read_manifest
 from packer.ops.engine import ConvertOptions, _results, convert_imagefolder, temp_dir_for
 from packer.ops.pool import ordered_map
-from packer.scan import scan_imagefolder
+from packer.ops.scan import scan_imagefolder
 from tests.helpers import make_folder
 
 

@@ -12,7 +12,7 @@ import tarfile
 import pytest
 
 from packer.datasets import StreamingDataset, open_dataset
-from packer.registry import format_names
+from packer.description.registry import format_names
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 DATA = os.path.join(ROOT, "tests", "data")
@@ -64,7 +64,7 @@ def test_old_versions_read_pixel_for_pixel(archived, name, fmt):
 @pytest.mark.parametrize("name", sorted(VERSIONS))
 @pytest.mark.parametrize("fmt", format_names())
 def test_old_versions_convert_to_the_current_one(archived, tmp_path, fmt, name):
-    from packer.manifest import MANIFEST_VERSION
+    from packer.description.manifest import MANIFEST_VERSION
     from packer.ops.transcode import convert_dataset
 
     rep = convert_dataset(str(archived / name / fmt), str(tmp_path / "new"), fmt, fmt)
@@ -79,8 +79,8 @@ def test_a_foreign_table_in_a_dataset_written_before_table_ids_is_refused(archiv
     of equal size holding other labels is refused, naming it (before, its labels were read)."""
     import shutil
 
+    from packer.description.samples import TABLE_NAME, build_table
     from packer.errors import CorruptDataError
-    from packer.samples import TABLE_NAME, build_table
 
     path = str(tmp_path / fmt)
     shutil.copytree(archived / "v2-no-table-id" / fmt, path)
@@ -93,7 +93,7 @@ def test_a_foreign_table_in_a_dataset_written_before_table_ids_is_refused(archiv
 
 def test_codec_ids_on_disk_never_change():
     """Codec ids are written into LMDB records, HDF5 /codecs and tar indexes: they are forever."""
-    from packer.codecs import CODEC_IDS, CODEC_TABLE
+    from packer.images.codecs import CODEC_IDS, CODEC_TABLE
 
     assert CODEC_IDS == {"raw": 0, "jpeg": 1, "png": 2, "webp": 3, "bmp": 4, "tiff": 5, "pnm": 6, "gif": 7}
     assert len({c.id for c in CODEC_TABLE}) == len(CODEC_TABLE)

@@ -17,9 +17,9 @@ import pytest
 import torch
 
 from packer.datasets import StreamingDataset, open_dataset
+from packer.description.manifest import read_manifest
 from packer.errors import DatasetChangedError
-from packer.manifest import read_manifest
-from packer.storage import Remote, RemoteError, read_remote_manifest
+from packer.storage.remote import Remote, RemoteError, read_remote_manifest
 from tests.helpers import import_optional, make_folder, pack
 from tests.test_ddp import free_port
 
@@ -237,7 +237,7 @@ class _Gate:
 def uploaded(gcs, src, tmp_path_factory):
     """``src`` as LMDB at a gs:// URL, and its local conversion."""
     local = pack(src, str(tmp_path_factory.mktemp("gcs-lmdb") / "lmdb"), "lmdb", encode="png", shuffle=False).output
-    from packer.storage import upload_dataset
+    from packer.storage.remote import upload_dataset
 
     url = f"gs://{BUCKET}/uploaded/lmdb"
     upload_dataset(local, Remote(url, gcs), read_manifest(local))

@@ -19,11 +19,11 @@ import packer.converters.hdf5 as hdf5_writer
 from packer.converters.base import WriterOptions
 from packer.datasets import open_dataset
 from packer.datasets.hdf5 import HDF5Dataset
+from packer.description.manifest import Manifest, read_manifest
+from packer.description.record import CODEC_IDS
 from packer.errors import CorruptDataError
-from packer.imageproc import ProcessedImage
-from packer.manifest import Manifest, read_manifest
+from packer.images.imageproc import ProcessedImage
 from packer.ops.engine import ConvertOptions, write_packed
-from packer.record import CODEC_IDS
 from tests.helpers import draw, forge_manifest_sizes, make_folder, pack, place_seed_by_spec
 
 

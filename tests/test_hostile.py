@@ -25,15 +25,15 @@ import pytest
 
 from packer.converters.base import WriterOptions
 from packer.datasets import open_dataset
+from packer.description.manifest import read_manifest, write_manifest
+from packer.description.registry import format_names
 from packer.errors import CorruptDataError, DiskFullError, SourceError
-from packer.imageproc import ProcessOptions, parse_encoding
+from packer.images.imageproc import ProcessOptions, parse_encoding
 from packer.layouts.tar import INDEX_HEADER, pack_index, unpack_index
 from packer.layouts.tfrecord import masked_crc32c
-from packer.manifest import read_manifest, write_manifest
 from packer.ops.cli import main
 from packer.ops.engine import ConvertOptions, convert_imagefolder, temp_dir_for
 from packer.ops.transcode import convert_dataset
-from packer.registry import format_names
 from tests.helpers import make_folder
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -192,7 +192,7 @@ def peak_mb(fn):
 
 
 def test_crafted_tfrecord_length_is_refused_before_allocating(tmp_path):
-    from packer.tfexample import encode_example
+    from packer.layouts.tfexample import encode_example
 
     good = framed(encode_example({"image/encoded": png_bytes(), "image/class/label": 0}))
     (tmp_path / "a.tfrecord").write_bytes(good + framed(b"x" * 10, length=1 << 40))

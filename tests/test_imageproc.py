@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 
 from packer.errors import ImageError
-from packer.imageheader import sniff
-from packer.imageproc import (
+from packer.images.imageheader import sniff
+from packer.images.imageproc import (
     REDUCED_DECODE_MARGIN,
     ProcessOptions,
     check_encoded,
@@ -338,7 +338,7 @@ def test_read_decode_of_gray_jpeg_is_rgb_like_opencv():
 
 
 def test_read_decode_takes_the_fast_decoder_and_leaves_turns_and_damage_to_opencv(monkeypatch):
-    import packer.imageproc as imageproc
+    import packer.images.imageproc as imageproc
 
     calls = []
     real = imageproc._simplejpeg.decode_jpeg
@@ -378,7 +378,7 @@ def test_read_decode_takes_the_fast_decoder_and_leaves_turns_and_damage_to_openc
 
 
 def test_read_decode_without_the_fast_decoder_is_the_same(monkeypatch):
-    import packer.imageproc as imageproc
+    import packer.images.imageproc as imageproc
 
     data = enc(_PHOTO, ".jpg")
     fast = decode_payload(data, "jpeg")

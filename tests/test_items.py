@@ -9,9 +9,9 @@ from collections.abc import Sequence
 import pytest
 
 from packer.datasets import open_dataset
+from packer.description.manifest import read_manifest
 from packer.errors import ImageError
-from packer.imageproc import ProcessOptions, parse_encoding
-from packer.manifest import read_manifest
+from packer.images.imageproc import ProcessOptions, parse_encoding
 from packer.ops.engine import ConvertOptions
 from packer.ops.items import convert_items, item_classes
 from tests.helpers import make_folder, pack

@@ -8,9 +8,9 @@ import os
 import lmdb
 import pytest
 
+from packer.description.record import pack_record
 from packer.errors import CorruptDataError
 from packer.layouts.lmdb import LMDBFile, lmdb_key
-from packer.record import pack_record
 
 
 def _write(path: str, values: list[bytes], txn_size: int = 50) -> str:

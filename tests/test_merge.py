@@ -7,9 +7,9 @@ import os
 import pytest
 
 from packer.datasets import open_dataset
+from packer.description.manifest import read_manifest
 from packer.errors import SourceError, UnfinishedDatasetError
-from packer.imageproc import ProcessOptions, parse_encoding
-from packer.manifest import read_manifest
+from packer.images.imageproc import ProcessOptions, parse_encoding
 from packer.ops.cli import main
 from packer.ops.engine import ConvertOptions
 from packer.ops.items import convert_items

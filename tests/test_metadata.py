@@ -17,13 +17,13 @@ import torch
 
 from packer.converters.base import WriterOptions
 from packer.datasets import open_dataset
+from packer.description.manifest import read_manifest
+from packer.description.registry import format_names
+from packer.description.samples import MAX_META_BYTES, TABLE_NAME, Label, build_table
 from packer.errors import CorruptDataError, SourceError
-from packer.manifest import read_manifest
 from packer.ops.engine import ConvertOptions
 from packer.ops.items import convert_items
 from packer.ops.listsource import convert_list, read_list
-from packer.registry import format_names
-from packer.samples import MAX_META_BYTES, TABLE_NAME, Label, build_table
 from tests.helpers import make_folder
 
 FORMATS = format_names()
@@ -144,7 +144,7 @@ def test_tfrecord_features_for_other_tools(photos, tmp_path):
 
 @pytest.mark.parametrize("fmt", ["lmdb", "tar"])
 def test_interrupted_conversion_resumes_to_the_same_table(fmt, photos, tmp_path, monkeypatch):
-    from packer.registry import writer_class
+    from packer.description.registry import writer_class
 
     _, paths = photos
     items = [(p, ["cat", "dog"][: i % 2 + 1], {"i": i}) for i, p in enumerate(paths * 3)]

@@ -1,6 +1,6 @@
 """One RAM cache per node: SharedCache(identity=) shared by a job's processes through /dev/shm.
 
-Not to be confused with packer.nodecache, the on-disk cache of files downloaded from object
+Not to be confused with packer.storage.nodecache, the on-disk cache of files downloaded from object
 storage.
 """
 

@@ -11,10 +11,10 @@ import numpy as np
 import pytest
 
 from packer.datasets import open_dataset
+from packer.description.registry import format_names
 from packer.ops.cli import main
 from packer.ops.loaderbench import BenchRow, bench_series
 from packer.ops.preview import caption_text, contact_sheet
-from packer.registry import format_names
 from tests.helpers import import_optional, pack
 
 TILE, CAPTION, GAP = 160, 22, 4

@@ -13,10 +13,10 @@ import pytest
 import torch
 
 from packer.datasets import open_dataset
+from packer.description.manifest import read_manifest
 from packer.errors import CorruptDataError, DatasetChangedError, UnfinishedDatasetError
-from packer.manifest import read_manifest
-from packer.nodecache import CacheFullError, NodeCache
-from packer.storage import (
+from packer.storage.nodecache import CacheFullError, NodeCache
+from packer.storage.remote import (
     Remote,
     RemoteError,
     is_url,
@@ -71,7 +71,7 @@ def _upload(s3, local, name):
 
 
 def _remote(url, s3):
-    from packer.storage import Remote
+    from packer.storage.remote import Remote
 
     return Remote(url, s3)
 
@@ -242,7 +242,7 @@ def test_a_server_that_stops_gives_a_clear_error_in_bounded_time(local_sets, tmp
     opts = {"key": "testing", "secret": "testing", "client_kwargs": {"endpoint_url": endpoint,
                                                                       "region_name": "us-east-1"},
             "config_kwargs": {"retries": {"max_attempts": 2, "mode": "standard"}}}  # the defaults: 5
-    from packer.storage import Remote
+    from packer.storage.remote import Remote
 
     upload_dataset(local_sets["tar"], Remote("s3://gone/tar", opts), read_manifest(local_sets["tar"]))
     ds = open_dataset("s3://gone/tar", storage_options=opts, cache_dir=str(tmp_path / "c"))
@@ -520,10 +520,14 @@ def test_a_killed_upload_resumes_without_uploading_again(s3, tmp_path):
 
 
 def _files_under(top):
-    """{path: (size, mtime_ns)} of every file below ``top``."""
+    """{path: (size, mtime_ns)} of every file below ``top``, but the first run's claim on its local
+    copy (``.dataset.packer-lock``): that run removes it itself once the copy is published, which
+    can fall between two snapshots."""
     out = {}
     for folder, _, names in os.walk(top):
         for n in names:
+            if n == ".dataset.packer-lock":
+                continue
             st = os.stat(os.path.join(folder, n))
             out[os.path.relpath(os.path.join(folder, n), top)] = (st.st_size, st.st_mtime_ns)
     return out
@@ -688,3 +692,18 @@ def _counting_server(root):
     server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), functools.partial(Handler, directory=root))
     threading.Thread(target=server.serve_forever, daemon=True).start()
     return server, gets
+
+
+def test_verify_of_a_url_with_a_cache_limit_below_the_dataset_says_the_limit_it_needs(s3, local_sets, tmp_path):
+    """verify fetched every file through a cache that evicted the first ones before it read them,
+    and failed a healthy dataset with 'tar index file is missing'."""
+    url = _upload(s3, local_sets["tar"], "verify-small-cache")
+    cache = str(tmp_path / "c")
+    largest = max(f.bytes for f in read_manifest(local_sets["tar"]).files)
+    r = _cli("verify", url, *_cli_opts(s3, cache), "--cache-limit", str(4 * largest))
+    err = r.stderr.strip().splitlines()
+    assert r.returncode == 1 and len(err) == 1 and "Traceback" not in r.stderr, r.stderr
+    assert "missing" not in err[0] and f"{url}: a local copy" in err[0] and "raise --cache-limit to at least" in err[0]
+    need = int(err[0].rsplit("at least ", 1)[1].split()[0].replace(",", ""))
+    r = _cli("verify", url, *_cli_opts(s3, cache), "--cache-limit", str(need))
+    assert r.returncode == 0 and "24/24 samples decoded" in r.stdout and "CORRUPT" not in r.stdout, (r.stdout, r.stderr)

@@ -4,7 +4,11 @@
 - module docstrings are at most 20 lines (user guides live in docs/);
 - no module edits ``sys.path`` (packages import as installed, tools and tests as packages);
 - readers (``packer.datasets``) import no writer (``packer.converters``);
-- format names are compared only in the formats' own modules and the registry.
+- format names are compared only in the formats' own modules and the registry;
+- imports point down the layers: the foundation (errors, sizes, progress, checks), files, images,
+  the dataset description, storage, layouts, then writers and readers, then the operations. The
+  one exception is the format registry, the one place that lists each format's writer, reader and
+  layout: it imports them inside its functions, when a format is asked for.
 """
 
 from __future__ import annotations
@@ -24,8 +28,12 @@ MAX_FUNCTION_LINES = 60
 MAX_MODULE_DOCSTRING_LINES = 20
 FORMAT_NAMES = {"lmdb", "hdf5", "tar", "tfrecord"}
 #: Where a format's name may be compared: its layout, writer and reader, and the registry.
+#: The layers, bottom up (a module's layer is its longest matching prefix).
+LAYERS = {"packer": 0, "packer.errors": 0, "packer.sizes": 0, "packer.progress": 0, "packer.checks": 0,
+          "packer.files": 1, "packer.images": 2, "packer.description": 3, "packer.storage": 4, "packer.layouts": 5,
+          "packer.converters": 6, "packer.datasets": 6, "packer.ops": 7, "packer.__main__": 7}
 FORMAT_HOMES = ("packer/layouts/", "converters/", "datasets/lmdb.py", "datasets/hdf5.py", "datasets/tar.py",
-                "datasets/tfrecord.py", "packer/registry.py")
+                "datasets/tfrecord.py", "packer/description/registry.py")
 
 
 def _modules(trees: tuple[str, ...] = TREES) -> Iterator[tuple[str, ast.Module]]:
@@ -100,6 +108,34 @@ def test_readers_import_no_writer():
              for line, name in _imports(module, "packer.datasets")
              if name == "packer.converters" or name.startswith("packer.converters.")]
     assert not found, "readers must not import writers:\n" + "\n".join(found)
+
+
+def _layer(module: str) -> int:
+    return LAYERS[max((k for k in LAYERS if module == k or module.startswith(k + ".")), key=len)]
+
+
+def _package(path: str) -> str:
+    top, *rest = path.split("/")
+    base = {"packer": "packer", "converters": "packer.converters", "datasets": "packer.datasets"}[top]
+    return ".".join([base, *rest[:-1]])
+
+
+def test_imports_point_down_the_layers():
+    up = []
+    for path, module in _modules(("packer", "converters", "datasets")):
+        name = _package(path) + ("" if path.endswith("__init__.py") else "." + os.path.basename(path)[:-3])
+        lazy = {id(n) for f in ast.walk(module) if isinstance(f, (ast.FunctionDef, ast.AsyncFunctionDef))
+                or (isinstance(f, ast.If) and ast.unparse(f.test) == "TYPE_CHECKING") for n in ast.walk(f)}
+        for node in ast.walk(module):
+            if path == "packer/description/registry.py" and id(node) in lazy:
+                continue  # the registry resolves each format's parts when asked for
+            if isinstance(node, ast.ImportFrom) and node.level == 0 and not (node.module or "").startswith("packer"):
+                continue
+            if isinstance(node, ast.ImportFrom):
+                for line, target in _imports(ast.Module(body=[node], type_ignores=[]), _package(path)):
+                    if target.startswith("packer") and _layer(target) > _layer(name):
+                        up.append(f"{path}:{line} {name} imports {target}")
+    assert not up, "an import points up the layers:\n" + "\n".join(up)
 
 
 def _compares_format_name(node: ast.AST) -> bool:

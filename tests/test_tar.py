@@ -18,10 +18,10 @@ from packer.converters.base import WriterOptions
 from packer.converters.shards import DEFAULT_SHARD_BYTES
 from packer.converters.tar import TarWriter
 from packer.datasets import open_dataset
+from packer.description.manifest import file_sha256, read_manifest
 from packer.errors import CorruptDataError
-from packer.imageproc import ProcessedImage
+from packer.images.imageproc import ProcessedImage
 from packer.layouts.tar import npy_header, unpack_index
-from packer.manifest import file_sha256, read_manifest
 from tests.helpers import fixed_image, forge_manifest_sizes, pack, place_seed_by_spec
 
 

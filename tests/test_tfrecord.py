@@ -17,11 +17,11 @@ from tfrecord.writer import TFRecordWriter as PackageWriter
 from packer.converters.base import WriterOptions
 from packer.converters.tfrecord import TFRecordWriter
 from packer.datasets import open_dataset
+from packer.description.manifest import file_sha256, read_manifest
 from packer.errors import CorruptDataError
-from packer.imageproc import ProcessedImage
+from packer.images.imageproc import ProcessedImage
+from packer.layouts.tfexample import encode_example, parse_example
 from packer.layouts.tfrecord import masked_crc32c, unpack_zindex
-from packer.manifest import file_sha256, read_manifest
-from packer.tfexample import encode_example, parse_example
 from tests.helpers import fixed_image, forge_manifest_sizes, pack, place_seed_by_spec
 
 

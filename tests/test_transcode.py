@@ -10,14 +10,14 @@ import numpy as np
 import pytest
 
 from packer.datasets import open_dataset
+from packer.description.manifest import MANIFEST_NAME, Manifest, read_manifest
+from packer.description.registry import format_names
 from packer.errors import ImageError, SourceError, UnfinishedDatasetError
-from packer.imageproc import ProcessedImage, ProcessOptions, parse_encoding, parse_resize
-from packer.manifest import MANIFEST_NAME, Manifest, read_manifest
+from packer.images.imageproc import ProcessedImage, ProcessOptions, parse_encoding, parse_resize
 from packer.ops.engine import ConvertOptions, temp_dir_for, write_packed
+from packer.ops.scan import scan_imagefolder
 from packer.ops.transcode import COPY, convert_dataset, processing_for, safe_relpath
-from packer.registry import format_names
-from packer.scan import scan_imagefolder
-from tests.helpers import draw, make_folder
+from tests.helpers import draw, make_folder, tree
 from tests.helpers import pack as _pack
 
 FORMATS = format_names()
@@ -35,17 +35,6 @@ def reprocessing(encode="keep", resize="none", reduced_decode=True, **kw):
 def records(path):
     ds = open_dataset(path, output="numpy")
     return [(r.key, r.label, r.codec, r.height, r.width, bytes(r.payload)) for r in map(ds.read_record, range(len(ds)))]
-
-
-def tree(root):
-    """relpath -> bytes of every file under root."""
-    out = {}
-    for folder, _, files in os.walk(root):
-        for name in files:
-            p = os.path.join(folder, name)
-            with open(p, "rb") as f:
-                out[os.path.relpath(p, root)] = f.read()
-    return out
 
 
 @pytest.mark.parametrize("fmt", FORMATS)

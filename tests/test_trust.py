@@ -13,10 +13,10 @@ import time
 
 import pytest
 
+from packer.description.registry import format_names
 from packer.errors import DestinationBusyError, SourceError
-from packer.filesystem import check_destination, claim_destination, sibling_path
+from packer.files.filesystem import check_destination, claim_destination, sibling_path
 from packer.ops.cli import main
-from packer.registry import format_names
 from tests.helpers import make_folder, pack
 from tests.test_hostile import big_source, small_fs  # noqa: F401  (fixtures: a 24-image source, a 2 MB tmpfs)
 
@@ -80,7 +80,7 @@ def test_check_destination_by_identity_bind_or_hardlinked_path(tmp_path):
 # -- one conversion owns a destination ---------------------------------------------------------
 _HOLDER = textwrap.dedent("""
     import sys, time
-    from packer.filesystem import claim_destination
+    from packer.files.filesystem import claim_destination
     with claim_destination(sys.argv[1]):
         print("claimed", flush=True)
         time.sleep(60)
@@ -116,7 +116,7 @@ def test_second_conversion_to_a_claimed_destination_fails_at_once(tmp_path, caps
 
 def test_stale_claim_of_a_killed_conversion_does_not_block_resume(tmp_path):
     from packer.datasets import open_dataset
-    from packer.journal import JOURNAL_NAME
+    from packer.files.journal import JOURNAL_NAME
     from tools.faultlib import make_source
 
     src = make_source(str(tmp_path / "src"), n=160)
@@ -144,7 +144,7 @@ def test_claim_is_exclusive_between_processes_and_reentrant_within_one(tmp_path)
         with claim_destination(dst):  # the same process: fine
             pass
         assert os.path.exists(sibling_path(dst, "lock"))
-        code = f"from packer.filesystem import claim_destination\nwith claim_destination({dst!r}): pass"
+        code = f"from packer.files.filesystem import claim_destination\nwith claim_destination({dst!r}): pass"
         r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT)
         assert r.returncode == 1 and "DestinationBusyError" in r.stderr and f"pid {os.getpid()}" in r.stderr
     assert not os.path.exists(sibling_path(dst, "lock"))
@@ -245,7 +245,7 @@ def test_payload_file_from_another_conversion_is_refused_at_open(tmp_path, fmt):
 # -- only regular files inside the dataset are read -----------------------------------------------
 @pytest.mark.parametrize("fmt", FORMATS)
 def test_manifest_file_names_outside_the_dataset_are_refused(tmp_path, fmt):
-    from packer.manifest import read_manifest, write_manifest
+    from packer.description.manifest import read_manifest, write_manifest
 
     dst, _ = _two_datasets(tmp_path, fmt)
     m = read_manifest(dst)
@@ -293,8 +293,8 @@ def test_fifo_in_place_of_a_packed_file_does_not_hang(tmp_path, what):
 def test_malformed_class_lists_are_refused(tmp_path, classes):
     import json
 
+    from packer.description.manifest import read_manifest
     from packer.errors import ManifestError
-    from packer.manifest import read_manifest
 
     dst, _ = _two_datasets(tmp_path, "tar")
     path = os.path.join(dst, "manifest.json")
@@ -409,10 +409,10 @@ def test_empty_payload_in_a_packed_dataset_is_an_error_at_read_and_in_verify(tmp
     """A forged record with a 0-byte payload (its CRC32C is 0, so the checksum agrees)."""
     from packer.converters.base import WriterOptions
     from packer.datasets import open_dataset
+    from packer.description.manifest import Manifest, file_sha256, write_manifest
+    from packer.description.registry import writer_class
     from packer.errors import CorruptDataError
-    from packer.imageproc import ProcessedImage
-    from packer.manifest import Manifest, file_sha256, write_manifest
-    from packer.registry import writer_class
+    from packer.images.imageproc import ProcessedImage
 
     dst = str(tmp_path / "forged")
     os.makedirs(dst)
@@ -454,8 +454,8 @@ def _read_all(path):
 
 @pytest.mark.parametrize("fmt", FORMATS)
 def test_payload_file_of_equal_size_from_another_conversion_is_refused(tmp_path, fmt):
+    from packer.description.manifest import read_manifest
     from packer.errors import CorruptDataError
-    from packer.manifest import read_manifest
 
     a, b = _raw_pair(tmp_path, fmt)
     for f in read_manifest(a).files:  # every file of b, under a's names: sizes all agree
@@ -467,8 +467,8 @@ def test_payload_file_of_equal_size_from_another_conversion_is_refused(tmp_path,
 
 @pytest.mark.parametrize("fmt", ["tfrecord", "tar"])
 def test_shards_of_equal_size_swapped_on_disk_are_refused(tmp_path, fmt):
+    from packer.description.manifest import read_manifest
     from packer.errors import CorruptDataError
-    from packer.manifest import read_manifest
 
     a, _ = _raw_pair(tmp_path, fmt, writer={"shard_samples": 6})
     m = read_manifest(a)
@@ -526,7 +526,7 @@ def _swap_table(tmp_path, fmt, how):
     labels and keys: ``foreign`` copies another conversion's table in; ``altered`` writes the
     table again with two labels changed and every checksum recomputed."""
     from packer.datasets import open_dataset
-    from packer.samples import TABLE_NAME, build_table
+    from packer.description.samples import TABLE_NAME, build_table
 
     a, b = _table_pair(tmp_path, fmt)
     with open_dataset(a) as ds:
@@ -603,8 +603,8 @@ def test_merge_refuses_a_part_file_from_another_conversion_before_copying(tmp_pa
     and identity, before anything is copied: another conversion's file of the same size is refused
     naming the part and the file (before, a swapped table's keys were merged into a dataset that
     verified)."""
+    from packer.description.manifest import read_manifest
     from packer.errors import CorruptDataError
-    from packer.manifest import read_manifest
     from packer.ops.merge import merge
 
     a, b = _table_pair(tmp_path, fmt)
@@ -627,7 +627,7 @@ def test_merge_refuses_a_part_file_from_another_conversion_before_copying(tmp_pa
 # -- options a format does not take are refused, never silently ignored ------------------------------
 @pytest.mark.parametrize("fmt", FORMATS)
 def test_writer_options_a_format_does_not_take_are_refused(tmp_path, capsys, fmt):
-    from packer.registry import get_format
+    from packer.description.registry import get_format
 
     src = _src(tmp_path)
     takes = get_format(fmt).options
@@ -714,10 +714,10 @@ def test_a_dataset_file_that_fails_its_open_check_is_opened_once_per_process(tmp
     was opened and its index read once per sample: O(n^2) per epoch)."""
     import warnings
 
-    from packer import datasetdir
     from packer.datasets import open_dataset
+    from packer.description.manifest import read_manifest
     from packer.errors import CorruptDataError
-    from packer.manifest import read_manifest
+    from packer.storage import datasetdir
 
     dst, _ = _two_datasets(tmp_path, fmt)
     _two_datasets(tmp_path / "b", fmt)[1]()  # another conversion, its files in tmp_path/b/out
@@ -784,7 +784,7 @@ def test_upscale_output_is_bounded_by_max_pixels_before_decoding(tmp_path):
     make_folder(src, {"a": [("ok.png", 20, 20)]})
     ok, buf = cv2.imencode(".png", np.zeros((1, 3000, 3), np.uint8))
     open(os.path.join(src, "a", "thin.png"), "wb").write(buf.tobytes())
-    from packer.imageproc import ProcessOptions, parse_encoding, parse_resize
+    from packer.images.imageproc import ProcessOptions, parse_encoding, parse_resize
     from packer.ops.engine import ConvertOptions, convert_imagefolder
 
     opts = ConvertOptions(processing=ProcessOptions(resize=parse_resize("shorter:256"), upscale=True,
@@ -1397,7 +1397,7 @@ def _list_outside_root(tmp_path):
     root = _src(tmp_path, "root")
     secret = str(tmp_path / "secret.png")
     shutil.copy(os.path.join(root, "b", "b0.png"), secret)
-    rows = ["a/a0.jpg,a", "b/b1.png,b", "../secret.png,a", f"{secret},b", "a/../b/b0.png,b"]
+    rows = ["a/a0.jpg,a", "b/b1.png,b", "../secret.png,a", f"{secret},a", "a/../b/b0.png,b"]
     lst = tmp_path / "root" / "train.csv"
     lst.write_text("path,label\n" + "\n".join(rows) + "\n")
     return root, secret, str(lst)
@@ -1415,7 +1415,7 @@ def test_list_rows_outside_the_root_are_refused_naming_them(tmp_path, capsys):
         assert err[0].count(lst) == 1 and "line 4: '../secret.png'" in err[0] and f"line 5: '{secret}'" in err[0] and "line 6" not in err[0]
         assert "--allow-outside-root" in err[0] and not os.path.exists(dst)
     assert main(["convert", "list", "tar", lst, dst, "--workers", "1", "-q", "--allow-outside-root"]) == 0
-    from packer.manifest import read_manifest
+    from packer.description.manifest import read_manifest
 
     assert read_manifest(dst).num_samples == 5
     src = read_list(lst, allow_outside_root=True)
@@ -1514,7 +1514,7 @@ def test_merge_refuses_parts_that_disagree_about_a_source_file(tmp_path, capsys)
     of exact copies (times kept) merge; items given as bytes (keys by position) are not compared."""
     import json
 
-    from packer.manifest import read_manifest, write_manifest
+    from packer.description.manifest import read_manifest, write_manifest
     from packer.ops.items import convert_items
     from packer.ops.merge import merge
 
@@ -1547,3 +1547,267 @@ def test_merge_refuses_parts_that_disagree_about_a_source_file(tmp_path, capsys)
     write_manifest(p3, m)
     with pytest.raises(SourceError, match=f"part {p3}: its manifest's source.converted.1. is not .key, size, "):
         merge([p1, p3], tmp_path / "bad")
+
+
+# -- list rows and lists that are not regular files, endless, or nested without bound ---------------
+def test_list_rows_that_are_fifos_devices_or_huge_are_skipped_unread(tmp_path):
+    """A FIFO row blocked for ever, /dev/zero was read whole into a MemoryError: each is skipped with
+    the reason, checked on the opened descriptor; a file larger than any image within --max-pixels
+    is skipped unread."""
+    root = _src(tmp_path, "root")
+    os.mkfifo(os.path.join(root, "pipe.jpg"))
+    os.symlink("/dev/zero", os.path.join(root, "zero.jpg"))
+    with open(os.path.join(root, "huge.png"), "wb") as f:
+        f.truncate(65 << 20)  # sparse: above 1,000 pixels x 16 bytes + 64 MiB
+    lst = os.path.join(root, "l.csv")
+    with open(lst, "w") as f:
+        f.write("path,label\na/a0.jpg,a\npipe.jpg,a\nzero.jpg,b\nhuge.png,b\nb/b0.png,b\n")
+    dst = str(tmp_path / "d")
+    r = subprocess.run([sys.executable, "-m", "packer", "convert", "list", "tar", lst, dst, "--workers", "1",
+                        "--max-pixels", "1000", "-q"], capture_output=True, text=True, timeout=120, cwd=ROOT)
+    assert r.returncode == 3 and "Traceback" not in r.stderr, r.stderr
+    from packer.description.manifest import read_manifest
+
+    m = read_manifest(dst)
+    reasons = {s.path: s.reason for s in m.skipped}
+    assert m.num_samples == 2 and sorted(reasons) == ["huge.png", "pipe.jpg", "zero.jpg"], reasons
+    assert reasons["pipe.jpg"] == "not a regular file (a FIFO); not read"
+    assert reasons["zero.jpg"] == "not a regular file (a character device); not read"
+    assert reasons["huge.png"].startswith(f"{65 << 20} bytes, more than the {1000 * 16 + (64 << 20)} read")
+
+
+@pytest.mark.parametrize("case", ["fifo", "device", "endless-line", "deep-json", "deep-meta"])
+def test_lists_that_are_not_files_endless_or_deeply_nested_are_one_line(tmp_path, case):
+    from packer.ops.listsource import read_list
+
+    root = _src(tmp_path, "root")
+    lst = os.path.join(root, "l.jsonl" if case.startswith("deep") else "l.csv")
+    if case == "fifo":
+        os.mkfifo(lst)
+        why = r"l\.csv: not a regular file \(a FIFO\); not read$"
+    elif case == "device":
+        os.symlink("/dev/zero", lst)
+        why = r"l\.csv: not a regular file \(a character device\); not read$"
+    elif case == "endless-line":
+        with open(lst, "w") as f:
+            f.write("path,label\n" + "x" * (4 << 20))
+        why = r"l\.csv:2: line longer than \d+ characters; not a list row$"
+    else:
+        depth = 100_000 if case == "deep-json" else 100
+        with open(lst, "w") as f:
+            f.write('{"path": "a/a0.jpg", "label": "a"}\n{"path": "a/a1.jpg", "label": "a", "x": '
+                    + "[" * depth + "]" * depth + "}\n")
+        why = (r"l\.jsonl:2: JSON nested too deeply to read" if case == "deep-json"
+               else r"l\.jsonl:2: metadata\.x(\[0\]){63}: nested more than 64 deep$")
+    with pytest.raises(SourceError, match=why):
+        read_list(lst)
+
+
+def test_a_list_with_a_byte_order_mark_is_read(tmp_path):
+    from packer.ops.listsource import read_list
+
+    root = _src(tmp_path, "root")
+    for name, text in (("l.csv", "path,label\na/a0.jpg,a\n"), ("l.tsv", "path\tlabel\na/a0.jpg\ta\n"),
+                       ("l.jsonl", '{"path": "a/a0.jpg", "label": "a"}\n')):
+        lst = os.path.join(root, name)
+        with open(lst, "w", encoding="utf-8-sig") as f:  # what Excel's "CSV UTF-8" writes
+            f.write(text)
+        src = read_list(lst)
+        assert src.path_column == "path" and src.items == [(os.path.join(root, "a", "a0.jpg"), "a", None)]
+
+
+def test_list_rows_naming_one_file_with_conflicting_labels_are_refused(tmp_path):
+    from packer.ops.listsource import read_list
+
+    root = _src(tmp_path, "root")
+    lst = os.path.join(root, "l.csv")
+    with open(lst, "w") as f:
+        f.write("path,label\na/a0.jpg,a\nb/b0.png,b\n./a/a0.jpg,b\n")
+    with pytest.raises(SourceError, match=r"l\.csv:4: './a/a0.jpg' is also on line 2 with label 'a', here 'b'"):
+        read_list(lst)
+    with open(lst, "w") as f:  # the same label twice is not a conflict
+        f.write("path,labels\na/a0.jpg,a|b\nb/b0.png,b\na/a0.jpg,b|a\n")
+    assert len(read_list(lst, label_kind="multi").items) == 3
+
+
+# -- TFRecord labels other tools read, and other tools' TFRecord conventions ------------------------
+def _jpgs(tmp_path, n=3):
+    root = _src(tmp_path, "jpgs", n)
+    return [open(os.path.join(root, "a", f"a{i}.jpg"), "rb").read() for i in range(n)]
+
+
+def test_an_unlabelled_multi_label_sample_is_an_empty_int64_list(tmp_path):
+    """TensorFlow's parse_single_example stopped at an empty *bytes* list under an int64 key; the
+    ``tfrecord`` package's typed loader refuses it the same way."""
+    from tfrecord.reader import tfrecord_loader
+
+    from packer.datasets import open_dataset
+    from packer.layouts.tfexample import example_class
+    from packer.layouts.tfrecord import image_record
+    from packer.ops.engine import ConvertOptions
+    from packer.ops.items import convert_items
+
+    root = _src(tmp_path, "root")
+    items = [(os.path.join(root, "a", "a0.jpg"), [], None), (os.path.join(root, "a", "a1.jpg"), ["a", "b"], None),
+             (os.path.join(root, "b", "b0.png"), [], None)]
+    dst = str(tmp_path / "d")
+    convert_items(items, dst, "tfrecord", ConvertOptions(workers=1, shuffle=False), root=root, label_kind="multi")
+    rows = list(tfrecord_loader(os.path.join(dst, "shard-000000.tfrecord"), None, {"image/class/label": "int"}))
+    assert [r["image/class/label"].tolist() for r in rows] == [[], [0, 1], []]
+    assert open_dataset(dst).targets == [[], [0, 1], []]
+    old = example_class()()  # what earlier versions wrote: an empty bytes list, still read as no class
+    old.features.feature["image/encoded"].bytes_list.value.append(b"x")
+    old.features.feature["image/class/label"].bytes_list.SetInParent()
+    assert image_record(example_class(), memoryview(old.SerializeToString()), "f", 0, 0).label == -1
+
+
+def _foreign(tmp_path, records):
+    from tfrecord.writer import TFRecordWriter
+
+    where = tmp_path / "foreign"
+    where.mkdir()
+    w = TFRecordWriter(str(where / "part-00000.tfrecord"))
+    for r in records:
+        w.write(r)
+    w.close()
+    return str(where)
+
+
+@pytest.mark.parametrize("label, why", [
+    (([1, 2], "int"), r"image/class/label holds 2 values \(1, 2\); packer reads one class per record"),
+    ((b"cat", "byte"), r"image/class/label holds bytes \(b'cat'\), not int64 class numbers"),
+    (([0.5], "float"), r"image/class/label holds floats \(0.5\), not int64 class numbers"),
+    (([], "int"), r"image/class/label holds no value"),
+])
+def test_foreign_tfrecord_labels_that_are_not_one_class_number_are_refused_naming_the_record(tmp_path, label,
+                                                                                              why):
+    """A multi-valued label was read as its first value, a bytes label said '-1 is negative'."""
+    from packer.datasets import open_dataset
+    from packer.errors import CorruptDataError
+
+    jpgs = _jpgs(tmp_path)
+    where = _foreign(tmp_path, [{"image/encoded": (jpgs[0], "byte"), "image/class/label": (0, "int")},
+                                {"image/encoded": (jpgs[1], "byte"), "image/class/label": label}])
+    with pytest.raises(CorruptDataError, match=why) as e:
+        open_dataset(where, format="tfrecord")
+    assert e.value.path.endswith("part-00000.tfrecord") and e.value.sample == 1
+    assert main(["info", where]) == 1
+
+
+def test_foreign_tfrecords_in_tensorflows_image_raw_and_label_convention_are_read(tmp_path):
+    import cv2
+    import numpy as np
+
+    from packer.datasets import open_dataset
+
+    jpgs = _jpgs(tmp_path)
+    where = _foreign(tmp_path, [{"image_raw": (data, "byte"), "label": (i % 2, "int"), "height": (24, "int"),
+                                 "width": (24, "int"), "depth": (3, "int")} for i, data in enumerate(jpgs)])
+    ds = open_dataset(where, format="tfrecord", output="numpy", fields=("image", "label", "meta"))
+    assert [ds[i][1] for i in range(3)] == [0, 1, 0] and ds.classes == ["0", "1"]
+    want = cv2.cvtColor(cv2.imdecode(np.frombuffer(jpgs[2], np.uint8), cv2.IMREAD_COLOR), cv2.COLOR_BGR2RGB)
+    np.testing.assert_array_equal(ds[2][0], want)
+    assert ds[2][2] == {"depth": 3} and ds.read_record(2).height == 24
+    assert main(["convert", "tfrecord", "lmdb", where, str(tmp_path / "l"), "-q"]) == 0
+
+
+# -- manifests whose file list or class list cannot describe the data ------------------------------
+def _forge(d, case):
+    payload = [f for f in d["files"] if f["samples"]]
+    if case == "first":
+        payload[0]["first"] = 2
+    elif case == "classes":
+        d["classes"] = []
+    else:
+        d["files"], d["num_samples"] = [], 0
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_manifests_with_a_wrong_first_no_classes_or_no_files_are_one_line(tmp_path, fmt, capsys):
+    """files[].first off was struct.error (TFRecord) naming no file; classes: [] and files: [] were
+    accepted, files: [] read as empty and verify died with StopIteration."""
+    import json
+
+    from packer.datasets import open_dataset
+    from packer.errors import ManifestError
+
+    src = _src(tmp_path)
+    for case, why in (("first", r"files\[0\] \('\S+'\) says its first sample is 2, but the files listed before it "
+                                r"hold 0"),
+                      ("classes", r"classes is empty, but the 6 samples have class labels"),
+                      ("files", r"files\[\] lists no file holding samples")):
+        dst = str(tmp_path / f"{fmt}-{case}")
+        pack(src, dst, fmt)
+        path = os.path.join(dst, "manifest.json")
+        d = json.load(open(path))
+        _forge(d, case)
+        json.dump(d, open(path, "w"))
+        with pytest.raises(ManifestError, match=why):
+            open_dataset(dst)
+        capsys.readouterr()
+        for cmd in ("verify", "info"):
+            assert main([cmd, dst]) == 1, (case, cmd)
+            err = capsys.readouterr().err.strip().splitlines()
+            assert len(err) == 1 and path in err[0], (case, cmd, err)
+
+
+# -- the node cache's own failures name the file and the URL --------------------------------------
+def test_node_cache_disk_full_read_only_and_symlinks_are_one_line_naming_file_and_url(tmp_path, small_fs):  # noqa: F811
+    """Were raw OSErrors naming neither the cache file nor the URL (and the ENOSPC download file
+    stayed open, keeping the file system busy)."""
+    import errno
+    import hashlib
+
+    from packer.storage.nodecache import NodeCache, NodeCacheError
+
+    data = os.urandom(3 << 20)
+    src = str(tmp_path / "shard.bin")
+    with open(src, "wb") as f:
+        f.write(data)
+    sha, url = hashlib.sha256(data).hexdigest(), "s3://bucket/ds/shard-000000.tar"
+    cache = NodeCache(small_fs)
+    view = cache.view("s3://bucket/ds", b"{}")
+    with pytest.raises(NodeCacheError, match=r"^node cache: disk full \(no space left on device\): "
+                       rf"{view}/shard-000000\.tar while caching {url}; free space there or lower cache_limit$") as e:
+        cache.fetch(os.path.join(view, "shard-000000.tar"), len(data), sha, lambda: open(src, "rb"), url)
+    assert e.value.errno == errno.ENOSPC and not [n for n in os.listdir(view) if n.endswith(".partial")]
+    subprocess.run(["mount", "-o", "remount,ro", small_fs], check=True)
+    with pytest.raises(NodeCacheError, match=r"^node cache: read-only file system: .* while caching s3://bucket/b; "
+                                             r"set cache_dir \(or PACKER_CACHE_DIR\) to a writable folder$"):
+        NodeCache(small_fs).view("s3://bucket/b", b"{}")
+    cache = NodeCache(str(tmp_path / "cache"))
+    view = cache.view("s3://bucket/ds", b"{}")
+    os.symlink(src, os.path.join(view, "shard-000000.tar"))  # planted where a cached file belongs
+    with pytest.raises(NodeCacheError, match=r"too many levels of symbolic links: .*shard-000000\.tar while caching "
+                                             r"s3://bucket/ds/shard-000000\.tar; a symlink stands where"):
+        cache.fetch(os.path.join(view, "shard-000000.tar"), len(data), sha, lambda: open(src, "rb"), url)
+
+
+# -- crop windows of NumPy integers ------------------------------------------------------------------
+class _NumpyWindow:
+    """A custom crop whose window is NumPy uint8 scalars (a sum of two wraps at 256)."""
+
+    def window(self, height: int, width: int):
+        import numpy as np
+
+        return tuple(np.uint8(v) for v in (200, 3, 100, 50))
+
+
+def test_numpy_integer_windows_are_ints_and_other_types_are_refused():
+    import cv2
+    import numpy as np
+
+    from packer.datasets.crops import as_crop
+    from packer.images.imageproc import crop_window, decode_payload, decode_payload_window
+    from tests.helpers import draw
+
+    rgb = draw(np.random.default_rng(3), 320, 90)
+    want = rgb[200:300, 3:53]
+    np.testing.assert_array_equal(crop_window(rgb, _NumpyWindow().window), want)  # was an empty 0 x 50 image
+    payload = cv2.imencode(".jpg", cv2.cvtColor(rgb, cv2.COLOR_RGB2BGR))[1].tobytes()
+    np.testing.assert_array_equal(decode_payload_window(payload, "jpeg", 320, 90, _NumpyWindow().window),
+                                  decode_payload(payload, "jpeg")[200:300, 3:53])
+    for bad in ((0.0, 0, 5, 5), (0, 0, True, 5), (0, 0, 5), None):
+        with pytest.raises(TypeError, match=r"sample 2 of /d: a crop window must be four integers"):
+            crop_window(rgb, lambda h, w, bad=bad: bad, path="/d", sample=2)
+    assert as_crop(np.uint8(20)).window(64, 64) == (22, 22, 20, 20)

@@ -20,10 +20,10 @@ import time
 import cv2
 import numpy as np
 
-from packer.imageproc import ProcessOptions, parse_encoding, parse_resize, process_image
+from packer.description.registry import format_names
+from packer.images.imageproc import ProcessOptions, parse_encoding, parse_resize, process_image
 from packer.ops.engine import ConvertOptions, convert_imagefolder
-from packer.registry import format_names
-from packer.scan import scan_imagefolder
+from packer.ops.scan import scan_imagefolder
 
 RESIZE, JPEG = "shorter:256", "jpeg:90"
 SECTIONS = """sections (all by default; --sections picks some):

@@ -228,7 +228,7 @@ def window_timings(lib: ModuleType, data: list[bytes], rounds: int, seed: int = 
     rng = random.Random(seed)
     sizes = [simplejpeg.decode_jpeg_header(p)[:2] for p in data]
     windows = {
-        "full, packer._jpegwindow": [(0, 0, h, w) for h, w in sizes],
+        "full, packer.images._jpegwindow": [(0, 0, h, w) for h, w in sizes],
         "224 center crop window": [center_window(h, w) for h, w in sizes],
         "RandomCrop(224) window": [random_window(h, w, rng) for h, w in sizes],
         "RandomResizedCrop window": [resized_crop_window(h, w, rng) for h, w in sizes],
@@ -250,7 +250,7 @@ def window_decode(a: argparse.Namespace) -> int:
     libjpeg-turbo's libjpeg API can leave out part of a decode: ``jpeg_skip_scanlines`` skips rows
     (still entropy-decoded, but no inverse DCT, upsampling or colour conversion),
     ``jpeg_crop_scanline`` narrows every row to a column range (rounded out to iMCU columns), and
-    a decode can stop after the last row it needs. packer's C module ``packer._jpegwindow`` does
+    a decode can stop after the last row it needs. packer's C module ``packer.images._jpegwindow`` does
     this (built at install where a C compiler and libjpeg-turbo's headers are there), and the
     readers' ``crop=`` uses it. Measured on the stored payloads of a packed JPEG dataset:
 
@@ -264,8 +264,8 @@ def window_decode(a: argparse.Namespace) -> int:
       OpenCV's full decodes for reference.
     """
     cv2.setNumThreads(1)
-    from packer import imageproc
     from packer.datasets import worker_memory
+    from packer.images import imageproc
 
     worker_memory._apply()  # the malloc settings of a DataLoader worker, where readers decode
     data = jpeg_payloads(a.dataset, a.images)
@@ -274,7 +274,7 @@ def window_decode(a: argparse.Namespace) -> int:
         return 2
     lib = imageproc._jpegwindow
     if lib is None:
-        print("error: packer was installed without its C module packer._jpegwindow (no C compiler or no "
+        print("error: packer was installed without its C module packer.images._jpegwindow (no C compiler or no "
               "libjpeg-turbo headers at install; see setup.py)", file=sys.stderr)
         return 2
     counts = window_check(lib, data)
@@ -283,7 +283,7 @@ def window_decode(a: argparse.Namespace) -> int:
     print(f"{len(data)} payloads of {a.dataset}; pixel check: {counts['windows']} random windows, "
           f"{counts['differ_simplejpeg']} differ from simplejpeg's full decode, {counts['differ_opencv']} from "
           f"OpenCV's, {counts['refused']} refused\n")
-    base, readers = times["full, packer._jpegwindow"], times["full, simplejpeg (the readers')"]
+    base, readers = times["full, packer.images._jpegwindow"], times["full, simplejpeg (the readers')"]
     header("decode", "us/image", "/ full, same library", "/ simplejpeg's full decode")
     for name, us in times.items():
         row(name, f"{us:.0f}", f"{us / base:.2f}", f"{us / readers:.2f}")
@@ -828,7 +828,7 @@ try:
     from packer.ops.engine import ConvertOptions, convert_imagefolder
 except ImportError:  # revisions before packer/ops (0.1), where the engine was packer.engine
     from packer.engine import ConvertOptions, convert_imagefolder
-from packer.imageproc import ProcessOptions, parse_resize
+from packer.images.imageproc import ProcessOptions, parse_resize
 src, fmt, dst = sys.argv[1:4]
 t = time.perf_counter()
 rep = convert_imagefolder(src, dst, fmt, ConvertOptions(processing=ProcessOptions(resize=parse_resize("shorter:160")),
@@ -1073,7 +1073,12 @@ class Cell:
 
 def reduced_measure(kind: str, sources: list[bytes], target: str, repeat: int) -> list[str]:
     """The table rows of one source kind and target."""
-    from packer.imageproc import REDUCED_DECODE_MARGIN, parse_resize, reduction_factor, target_size
+    from packer.images.imageproc import (
+        REDUCED_DECODE_MARGIN,
+        parse_resize,
+        reduction_factor,
+        target_size,
+    )
 
     resize = parse_resize(target)
     factors = {f: Cell() for f in FACTORS}
@@ -1249,9 +1254,9 @@ def remote(a: argparse.Namespace) -> int:
     cache) and each of N simulated nodes download per epoch (``--egress-only``: only these).
     """
     from packer.datasets import open_dataset
-    from packer.manifest import read_manifest
+    from packer.description.manifest import read_manifest
     from packer.ops.cli import main as cli
-    from packer.storage import Remote, upload_dataset
+    from packer.storage.remote import Remote, upload_dataset
 
     shutil.rmtree(a.work, ignore_errors=True)
     local = os.path.join(a.work, "local.tar")
@@ -1368,7 +1373,7 @@ class TinyItems(Sequence):
 
 def scale_build(fmt: str, n: int, dst: str, workers: int) -> dict[str, Any]:
     """Child: convert ``n`` tiny items; seconds, size and the process tree's peak memory."""
-    from packer.imageproc import Encoding, ProcessOptions
+    from packer.images.imageproc import Encoding, ProcessOptions
     from packer.ops.engine import ConvertOptions
     from packer.ops.items import convert_items
 
@@ -1694,7 +1699,7 @@ def conversions(srcs: list[str], root: str, fmt: str, repeats: int) -> dict[tupl
 def merge_cost(root: str, fmt: str, parts: int, per_part: int, link: bool = False) -> tuple[float, float]:
     """(stored GB, seconds) of merging ``parts`` parts of ``per_part`` 256 x 256 JPEGs (~70 kB);
     ``link``: shards hard-linked, as a torchrun conversion merges."""
-    from packer.imageproc import Encoding, ProcessOptions
+    from packer.images.imageproc import Encoding, ProcessOptions
     from packer.ops.engine import ConvertOptions
     from packer.ops.items import convert_items
     from packer.ops.merge import merge

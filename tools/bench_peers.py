@@ -581,7 +581,7 @@ def packer_rows(cfg: BenchConfig) -> list[dict[str, Any]]:
     gives an error row. New formats appear here by being registered, with no change to this file.
     """
     try:
-        from packer.registry import format_names
+        from packer.description.registry import format_names
     except ImportError:
         return []
     names = format_names()
@@ -614,7 +614,7 @@ def _packer_raw_row(cfg: BenchConfig) -> dict[str, Any]:
     import torch
 
     from packer.datasets import open_dataset
-    from packer.imageproc import ProcessOptions, parse_encoding, parse_resize
+    from packer.images.imageproc import ProcessOptions, parse_encoding, parse_resize
     from packer.ops.engine import ConvertOptions, convert_imagefolder
 
     one_thread_per_process()
@@ -643,9 +643,9 @@ def _packer_format_rows(cfg: BenchConfig, fmt: str) -> list[dict[str, Any]]:
     import torch
 
     from packer.datasets import StreamingDataset
-    from packer.imageproc import ProcessOptions, parse_encoding, parse_resize
+    from packer.description.registry import reader_class
+    from packer.images.imageproc import ProcessOptions, parse_encoding, parse_resize
     from packer.ops.engine import ConvertOptions, convert_imagefolder
-    from packer.registry import reader_class
 
     one_thread_per_process()
     out = fresh_dir(os.path.join(cfg.work, f"packer_{fmt}"))

@@ -300,6 +300,37 @@ TRUST = {
     "test_a_list_key_or_column_named_twice_is_an_error": (
         "a JSON Lines row with 'path' or 'label' twice; a CSV/TSV header naming a column twice",
         "SourceError naming the list file, line and key (JSON kept the last value, CSV the last column)"),
+    "test_list_rows_that_are_fifos_devices_or_huge_are_skipped_unread": (
+        "list rows naming a FIFO, /dev/zero (through a symlink) and a 65 MiB sparse file under --max-pixels 1000",
+        "each skipped unread with the reason, exit 3 (the FIFO blocked for ever, /dev/zero was a MemoryError)"),
+    "test_lists_that_are_not_files_endless_or_deeply_nested_are_one_line": (
+        "a list that is a FIFO or /dev/zero; a 4 MiB line; JSON nested 100,000 deep; metadata nested 100 deep",
+        "SourceError naming the list (and line) and the reason (were a hang, a MemoryError, a RecursionError)"),
+    "test_a_list_with_a_byte_order_mark_is_read": (
+        "CSV, TSV and JSON Lines lists starting with a UTF-8 byte-order mark", "read (the CSV's path column was not found)"),
+    "test_list_rows_naming_one_file_with_conflicting_labels_are_refused": (
+        "one file on two list rows ('a/a0.jpg' and './a/a0.jpg') with different labels; with the same labels",
+        "SourceError naming both lines (was packed twice, exit 0); the same label twice is accepted"),
+    "test_an_unlabelled_multi_label_sample_is_an_empty_int64_list": (
+        "multi-label samples with no class written to TFRecord; an earlier version's empty bytes list",
+        "an empty int64 list, read by the tfrecord package's typed loader (TensorFlow stopped there); old one read"),
+    "test_foreign_tfrecord_labels_that_are_not_one_class_number_are_refused_naming_the_record": (
+        "another tool's TFRecord whose image/class/label holds [1, 2], b'cat', [0.5] or nothing",
+        "CorruptDataError naming the file and record and what the label holds (was its first value, or "
+        "'-1 is negative')"),
+    "test_foreign_tfrecords_in_tensorflows_image_raw_and_label_convention_are_read": (
+        "another tool's TFRecord with TensorFlow's tutorial names image_raw, label, height, width, depth",
+        "every sample and label read, depth kept as metadata; converts (was refused)"),
+    "test_manifests_with_a_wrong_first_no_classes_or_no_files_are_one_line": (
+        "a manifest's files[].first off by 2, classes [], files [] with num_samples 0; 4 formats",
+        "ManifestError; verify and info exit 1 with one line naming the manifest (were struct.error, accepted, "
+        "StopIteration)"),
+    "test_node_cache_disk_full_read_only_and_symlinks_are_one_line_naming_file_and_url": (
+        "node cache on a 2 MB tmpfs (real ENOSPC), remounted read-only (EROFS), a symlink planted as a cached "
+        "file (ELOOP)", "NodeCacheError naming the cache file, the URL and what to do; no download file left open"),
+    "test_numpy_integer_windows_are_ints_and_other_types_are_refused": (
+        "a crop window of np.uint8 values (top + height wraps at 256); floats, bools, three values",
+        "the window's pixels, window decode included (was an empty image); TypeError naming the sample"),
 }
 
 #: JPEGs that decode to wrong pixels without a libjpeg warning (tests/test_imageproc.py, tests/test_crop.py).
@@ -328,6 +359,9 @@ REMOTE = {
         "open_dataset, packer info --remote-deadline 2", "RemoteError naming the shard's or manifest's URL, 'no answer "
         "within 2 s'; info exits 1 with that one line; all three within 30 s (was minutes of botocore and s3fs "
         "retries)"),
+    "test_verify_of_a_url_with_a_cache_limit_below_the_dataset_says_the_limit_it_needs": (
+        "packer verify s3://... of a healthy 24-sample tar dataset with --cache-limit 4 shards",
+        "exit 1, one line saying the cache limit needed; with that limit verify passes (was 'missing payload file')"),
 }
 
 

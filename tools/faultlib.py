@@ -19,10 +19,10 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from packer.description.manifest import MANIFEST_NAME, Manifest, read_manifest
+from packer.description.registry import format_names, get_format
 from packer.errors import CorruptDataError
-from packer.manifest import MANIFEST_NAME, Manifest, read_manifest
 from packer.ops.cli import main as cli_main
-from packer.registry import format_names, get_format
 
 from .sample_images import make_folder
 
@@ -320,8 +320,8 @@ def _tfrecord_regions(path: str, m: Manifest) -> dict[str, list[tuple[int, int, 
 def _lmdb_regions(path: str, m: Manifest) -> dict[str, list[tuple[int, int, int]]]:
     """Each record whose first 64 bytes occur once in the environment."""
     from packer.datasets import open_dataset
-    from packer.placement import place_seed
-    from packer.record import pack_record
+    from packer.description.placement import place_seed
+    from packer.description.record import pack_record
 
     with open(os.path.join(path, "data.mdb"), "rb") as fh:
         data = fh.read()

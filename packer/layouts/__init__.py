@@ -64,7 +64,7 @@ def describe_directory(directory: str) -> str | None:
     conversion did not finish (None then): an image folder, another tool's files of a format
     (each format's layout module says, through the registry's ``identify``), or nothing packed;
     the text says what to do with it."""
-    from packer.registry import FORMATS
+    from packer.description.registry import FORMATS
 
     try:
         names = [n for n in os.listdir(directory) if not n.startswith(".")]

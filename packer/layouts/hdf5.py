@@ -10,7 +10,7 @@ import os
 __all__ = ["DATA_FILE", "LAYOUT_VERSION", "LAYOUT_VERSIONS", "CHUNK_BYTES", "LIBVER", "identify"]
 
 DATA_FILE = "data.h5"
-LAYOUT_VERSION = 2  # 2: /crc32c seeded with each sample's place (packer.placement); the file_id attribute
+LAYOUT_VERSION = 2  # 2: /crc32c seeded with each sample's place (packer.description.placement); the file_id attribute
 LAYOUT_VERSIONS = (1, 2)  # readable
 CHUNK_BYTES = 1 << 20  # payload chunk size
 LIBVER = ("earliest", "v110")  # pinned file format: identical input gives identical bytes

@@ -1,5 +1,5 @@
 """The LMDB layout: one environment, key ``%010d`` per sample in sample order, value = packer record
-(:mod:`packer.record`), and a read-only parser of the LMDB data file.
+(:mod:`packer.description.record`), and a read-only parser of the LMDB data file.
 
 The one home of the format's on-disk knowledge: the writer (packer.converters.lmdb), the reader
 (packer.datasets.lmdb), ``verify`` and the tests import it. The writer uses LMDB itself
@@ -13,10 +13,10 @@ import struct
 
 import numpy as np
 
+from packer.description.record import MAGICS
 from packer.errors import CorruptDataError
-from packer.fileio import open_regular, pread_buffer
-from packer.placeholder import file_placeholder_reason
-from packer.record import MAGICS
+from packer.files.fileio import open_regular, pread_buffer
+from packer.images.placeholder import file_placeholder_reason
 
 __all__ = ["DATA_FILE", "lmdb_key", "LMDBFile", "identify"]
 

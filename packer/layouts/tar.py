@@ -18,13 +18,13 @@ from typing import Any
 import crc32c
 import numpy as np
 
-from packer.codecs import CODEC_IDS, CODEC_NAMES, MEMBER_CODECS, TAR_EXTENSIONS
-from packer.damage import Report, byte_diff, read_all
+from packer.description.damage import Report, byte_diff, read_all
+from packer.description.manifest import FileEntry, Manifest
+from packer.description.placement import place_seed
+from packer.description.samples import table_fields
 from packer.errors import CorruptDataError
-from packer.manifest import FileEntry, Manifest
-from packer.placeholder import file_placeholder_reason
-from packer.placement import place_seed
-from packer.samples import table_fields
+from packer.images.codecs import CODEC_IDS, CODEC_NAMES, MEMBER_CODECS, TAR_EXTENSIONS
+from packer.images.placeholder import file_placeholder_reason
 
 __all__ = [
     "identify",
@@ -79,7 +79,7 @@ INDEX_HEADER = struct.Struct("<4sHHQQII")
 INDEX_ENTRY = np.dtype([
     ("offset", "<u8"), ("size", "<u8"), ("label", "<i8"), ("height", "<u4"), ("width", "<u4"),
     ("crc", "<u4"), ("key_end", "<u4"), ("codec", "u1"), ("channels", "u1"), ("pad", "V6"),
-])  # 48 bytes; crc: of the image member's data, seeded with the sample's place (packer.placement);
+])  # 48 bytes; crc: of the image member's data, seeded with the sample's place (packer.description.placement);
 # key_end: where the sample's key ends in the key blob (it starts where the previous one ends)
 
 _ZEROS = bytes(RECORD)
@@ -196,7 +196,7 @@ def sample_members(index: int, key: str, label: int, codec: str, height: int, wi
     """The tar members of one sample, padded: ``KEY.<ext>`` holding ``payload`` (for raw, the whole
     ``.npy`` file), ``KEY.cls`` (single-label datasets only: WebDataset reads it with ``int()``)
     and ``KEY.json``, which also holds ``extra`` (``labels``, ``target``, ``meta``: see
-    packer.samples.sample_fields). The image data starts at byte 512. ``packer verify`` rebuilds
+    packer.description.samples.sample_fields). The image data starts at byte 512. ``packer verify`` rebuilds
     these bytes from the index and the sample table to say which sample a bad byte is in."""
     stem = sample_key(index)
     extra = extra or {}

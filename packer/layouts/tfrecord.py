@@ -12,21 +12,21 @@ import gzip
 import os
 import struct
 import zlib
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from typing import Any
 
 import crc32c
 import numpy as np
 
-from packer.codecs import TF_FORMAT_CODECS
-from packer.damage import Report, byte_diff, read_all
+from packer.description.damage import Report, byte_diff, read_all
+from packer.description.manifest import FileEntry, Manifest
+from packer.description.record import Record
+from packer.description.samples import decode_meta, encode_meta, sample_fields
 from packer.errors import CorruptDataError
-from packer.imageproc import ProcessedImage
-from packer.manifest import FileEntry, Manifest
-from packer.placeholder import file_placeholder_reason, placeholder_reason
-from packer.record import Record
-from packer.samples import decode_meta, encode_meta, sample_fields
-from packer.tfexample import encode_example
+from packer.images.codecs import TF_FORMAT_CODECS
+from packer.images.imageproc import ProcessedImage
+from packer.images.placeholder import file_placeholder_reason, placeholder_reason
+from packer.layouts.tfexample import encode_example
 
 __all__ = [
     "identify",
@@ -173,13 +173,13 @@ IMAGE_FEATURES = frozenset({"image/encoded", "image/class/label", "image/format"
                             "image/channels", "image/filename", "image/target", PLACE_FEATURE})
 
 
-def example_meta(msg: Any) -> dict[str, Any]:
+def example_meta(msg: Any, read: Collection[str] = ()) -> dict[str, Any]:
     """The metadata of a parsed Example: ``packer/meta``'s JSON object, and every feature packer
-    does not read otherwise as ``name: value`` (UTF-8 bytes as text, one number as a number, more
-    as a list; bytes that are not UTF-8 are left out)."""
+    does not read otherwise (nor in ``read``) as ``name: value`` (UTF-8 bytes as text, one number
+    as a number, more as a list; bytes that are not UTF-8 are left out)."""
     meta: dict[str, Any] = {}
     for name, feature in msg.features.feature.items():
-        if name in IMAGE_FEATURES:
+        if name in IMAGE_FEATURES or name in read:
             continue
         if name == META_FEATURE:
             raw = feature.bytes_list.value
@@ -202,30 +202,35 @@ def example_meta(msg: Any) -> dict[str, Any]:
 
 def image_record(
     example_cls: Any, data: memoryview, path: str, index: int | str, offset: int, place: int | None = None,
-    want_meta: bool = False,
+    want_meta: bool = False, foreign: bool = False,
 ) -> Record:
     """The sample in a serialised Example (CorruptDataError when it is not an image Example, or,
-    with ``place``, when its ``packer/place`` feature is not that seed: a sample from another place)."""
+    with ``place``, when its ``packer/place`` feature is not that seed: a sample from another place).
+    ``foreign``: a file written by another tool, whose label must be one int64 and whose features
+    may have the names in :data:`FOREIGN_ALIASES`."""
     msg = example_cls()
     try:
         msg.ParseFromString(data)
     except Exception as e:  # noqa: BLE001 - protobuf's DecodeError is not a ValueError
         raise CorruptDataError(f"record is not a valid tf.train.Example ({e})", path=path, sample=index,
                                offset=offset) from None
-    get = msg.features.feature.get
+    features = msg.features.feature
+    get = features.get
+    aliases = _aliases(features) if foreign else {}
     encoded, label, fmt, height, width, name = (
-        get("image/encoded"), get("image/class/label"), get("image/format"),
-        get("image/height"), get("image/width"), get("image/filename"),
+        get(aliases.get(k, k)) for k in ("image/encoded", "image/class/label", "image/format", "image/height",
+                                         "image/width", "image/filename")
     )
     try:
         payload = encoded.bytes_list.value[0]  # type: ignore[union-attr]
-        labels = label.int64_list.value  # type: ignore[union-attr]
-        target = labels[0] if len(labels) else -1  # a multi-label sample may have no class
         if label is None:
             raise AttributeError
     except (AttributeError, IndexError):
-        raise CorruptDataError("record has no image/encoded bytes or no image/class/label",
+        names = ("image/encoded (or image_raw)", "image/class/label (or label)") if foreign else (
+            "image/encoded", "image/class/label")
+        raise CorruptDataError(f"record has no {names[0]} bytes or no {names[1]}",
                                path=path, sample=index, offset=offset) from None
+    target = _class_label(label, aliases.get("image/class/label", "image/class/label"), foreign, path, index, offset)
     if place is not None:
         tag = get(PLACE_FEATURE)
         got = tag.bytes_list.value[0] if tag is not None and tag.bytes_list.value else b""
@@ -241,7 +246,46 @@ def image_record(
     w = v[0] if v else 0
     v = name.bytes_list.value if name is not None else ()
     key = v[0].decode("utf-8", "replace") if v else f"{os.path.basename(path)}:{index}"
-    return Record(codec, target, h, w, key, payload, meta=example_meta(msg) if want_meta else None)
+    return Record(codec, target, h, w, key, payload, meta=example_meta(msg, set(aliases.values())) if want_meta else None)
+
+
+#: Other tools' names for the features packer reads, used in their files where packer's is absent:
+#: TensorFlow's TFRecord tutorial writes ``image_raw`` (the image file's bytes), ``label``,
+#: ``height`` and ``width``.
+FOREIGN_ALIASES = {"image/encoded": "image_raw", "image/class/label": "label", "image/height": "height",
+                   "image/width": "width"}
+
+
+def _aliases(features: Any) -> dict[str, str]:
+    """packer's feature name -> the other name a foreign Example uses for it, where it lacks packer's."""
+    return {ours: theirs for ours, theirs in FOREIGN_ALIASES.items() if ours not in features and theirs in features}
+
+
+def _class_label(label: Any, name: str, foreign: bool, path: str, index: int | str, offset: int) -> int:
+    """A record's class number from its label feature ``name``: its one int64 value; -1 for a
+    packer multi-label sample with no class (the sample table holds every sample's classes; earlier
+    versions wrote that empty list as bytes, still read). CorruptDataError for labels of another type, and
+    in another tool's file for anything but exactly one value (a multi-label foreign file is not
+    read as single-label)."""
+    kind = label.WhichOneof("kind")
+    values = getattr(label, kind).value if kind else ()
+    if kind in ("bytes_list", "float_list") and len(values):
+        what = "bytes" if kind == "bytes_list" else "floats"
+        shown = ", ".join(repr(v[:32] if kind == "bytes_list" else v) for v in values[:3])
+        raise CorruptDataError(f"{name} holds {what} ({shown}{', ...' if len(values) > 3 else ''}), not int64 class "
+                               f"numbers", path=path, sample=index, offset=offset)
+    if kind != "int64_list" or not len(values):
+        if foreign:
+            raise CorruptDataError(f"{name} holds no value; every record needs one int64 class number",
+                                   path=path, sample=index, offset=offset)
+        return -1
+    if foreign and len(values) != 1:
+        shown = ", ".join(str(v) for v in values[:8])
+        raise CorruptDataError(f"{name} holds {len(values)} values ({shown}{', ...' if len(values) > 8 else ''}); "
+                               f"packer reads one class per record from other tools' TFRecord files (multi-label "
+                               f"ones are refused, not read as their first label)", path=path, sample=index,
+                               offset=offset)
+    return int(values[0])
 
 
 def scan_file(path: str, rows: list[tuple[int, int]], example_cls: Any) -> int:
@@ -271,7 +315,7 @@ def scan_file(path: str, rows: list[tuple[int, int]], example_cls: Any) -> int:
                                        path=path, sample=len(rows), offset=pos)
             data = f.read(length)
             f.read(4)
-            record = image_record(example_cls, memoryview(data), path, len(rows), pos + 12)
+            record = image_record(example_cls, memoryview(data), path, len(rows), pos + 12, foreign=True)
             if record.label < 0:
                 raise CorruptDataError(f"image/class/label {record.label} is negative; labels are class numbers",
                                        path=path, sample=len(rows), offset=pos + 12)

@@ -18,10 +18,10 @@ import threading
 from collections.abc import Callable, Iterator, Sequence
 
 from .. import __version__
+from ..description.registry import format_names, formats_taking, get_format
 from ..errors import PackerError, UnfinishedDatasetError
-from ..registry import format_names, formats_taking, get_format
 
-__all__ = ["main", "EXIT_OK", "EXIT_ERROR", "EXIT_USAGE", "EXIT_SKIPPED", "EXIT_INTERRUPTED", "EXIT_TERMINATED",
+__all__ = ["main", "convert_options", "convert_from_args", "convert_arguments", "EXIT_OK", "EXIT_ERROR", "EXIT_USAGE", "EXIT_SKIPPED", "EXIT_INTERRUPTED", "EXIT_TERMINATED",
            "Terminated"]
 
 EXIT_OK, EXIT_ERROR, EXIT_USAGE, EXIT_SKIPPED, EXIT_INTERRUPTED, EXIT_TERMINATED = 0, 1, 2, 3, 130, 143
@@ -122,9 +122,11 @@ _OPTION_FLAGS = {"shard_bytes": "--shard-size", "shard_samples": "--shard-sample
 _OPTION_HINTS = {"checkpoint_samples": " (shard formats checkpoint at every shard)"}
 
 
-def _convert_options(a: argparse.Namespace):  # noqa: ANN202 - ConvertOptions, imported lazily
+def convert_options(a: argparse.Namespace):  # noqa: ANN201 - ConvertOptions, imported lazily
+    """The ConvertOptions (image processing, writer options, workers, ...) that the ``convert``
+    arguments ``a`` ask for; UsageError naming the option that is wrong."""
     from ..converters.base import WriterOptions
-    from ..imageproc import DEFAULT_MAX_PIXELS, ProcessOptions, parse_encoding, parse_resize
+    from ..images.imageproc import DEFAULT_MAX_PIXELS, ProcessOptions, parse_encoding, parse_resize
     from ..sizes import parse_size
     from .engine import ConvertOptions
 
@@ -177,16 +179,94 @@ def _convert_options(a: argparse.Namespace):  # noqa: ANN202 - ConvertOptions, i
     )
 
 
+def convert_arguments(src_format: str, dst_format: str, src: str | os.PathLike[str], dst: str | os.PathLike[str],
+                      options: dict[str, object], *, caller: str = "packer.convert",
+                      accepted: Sequence[str] | None = None) -> argparse.Namespace:
+    """The arguments of ``packer convert SRC_FORMAT DST_FORMAT SRC DST`` with ``options`` given as
+    keyword arguments named like the flags (``resize="shorter:256"``, ``shard_size="256MB"``,
+    ``workers=8``, ``no_shuffle=True``; ``~`` in SRC and DST expanded, as a shell would): what the
+    command line parses, for :func:`packer.convert`
+    and :func:`packer.pack`. ``accepted`` limits the options taken (default: every flag).
+    TypeError for an unknown keyword (naming the accepted ones) or a value of the wrong type;
+    ValueError for a value the flag refuses."""
+    parser = _Parser(prog="packer convert")
+    _add_convert(parser)
+    flags = {x.dest: x for x in parser._actions if x.option_strings and x.dest != "help"}
+    if accepted is not None:
+        flags = {k: x for k, x in flags.items() if k in accepted}
+    for key in options:
+        if key not in flags:
+            raise TypeError(f"{caller}() got an unexpected keyword argument {key!r}; it takes "
+                            f"{', '.join(sorted(flags))}")
+    try:
+        a = parser.parse_args(["--", src_format, dst_format, os.path.expanduser(os.fspath(src)),
+                               os.path.expanduser(os.fspath(dst))])
+    except UsageError as e:
+        raise ValueError(str(e).replace("packer convert", caller)) from None
+    for key, value in options.items():
+        setattr(a, key, _keyword_value(caller, key, value, flags[key]))
+    return a
+
+
+def _keyword_value(caller: str, key: str, value: object, action: argparse.Action) -> object:
+    """A keyword option's value as the flag's parse would give it; TypeError/ValueError naming it."""
+    if isinstance(action, argparse._StoreTrueAction):
+        if not isinstance(value, bool):
+            raise TypeError(f"{caller}(): {key} takes True or False, not {value!r}")
+        return value
+    if isinstance(action, argparse._AppendAction):  # --storage-option: a dict or KEY=VALUE strings
+        if isinstance(value, dict):
+            import json
+
+            return [f"{k}={json.dumps(v)}" for k, v in value.items()]
+        if isinstance(value, str) or not all(isinstance(v, str) for v in value):  # type: ignore[union-attr]
+            raise TypeError(f"{caller}(): {key} takes a dict or a list of 'KEY=VALUE' strings, not {value!r}")
+        return list(value)  # type: ignore[call-overload]
+    if value is None:
+        return None
+    if isinstance(value, os.PathLike):
+        value = os.fspath(value)
+    kind = action.type or str
+    if isinstance(value, str) and kind is not str:
+        try:
+            value = kind(value)  # type: ignore[operator]
+        except ValueError:
+            raise ValueError(f"{caller}(): {key}={value!r} is not a {getattr(kind, '__name__', kind)}") from None
+    if kind is float and isinstance(value, int) and not isinstance(value, bool):
+        value = float(value)
+    if isinstance(value, bool) or not isinstance(value, kind):  # type: ignore[arg-type]
+        raise TypeError(f"{caller}(): {key} takes a {getattr(kind, '__name__', kind)}, not {value!r}")
+    if action.choices is not None and value not in action.choices:
+        raise ValueError(f"{caller}(): {key}={value!r} is not one of {', '.join(map(str, action.choices))}")
+    return value
+
+
 def _default_encoding(resize: str | None) -> str:
     """``keep`` when nothing is resized (no silent lossy re-encode of the originals), else ``jpeg:90``."""
     return "keep" if resize is None or resize.strip().lower() == "none" else "jpeg:90"
 
 
 def _run_convert(a: argparse.Namespace) -> int:
-    from ..storage import is_url
     from .distributed import torchrun_launch
 
     launch = None if a.no_torchrun else torchrun_launch()
+    report = convert_from_args(a, launch)
+    if launch is None:
+        return _summary(a, report)
+    if launch.rank != 0:
+        print(f"rank {launch.rank}: part converted; rank 0 merged the parts into {a.dst}")
+        return EXIT_OK
+    # Done with skipped files is status 0 under torchrun: torchrun reports any other status as a
+    # failed job (the skips are printed and listed in the manifest).
+    return _summary(a, report, skipped_status=EXIT_OK)
+
+
+def convert_from_args(a: argparse.Namespace, launch=None):  # noqa: ANN001, ANN201 - Launch, ConvertReport
+    """Run the conversion that the ``convert`` arguments ``a`` describe and return its
+    ConvertReport (None on a torchrun rank other than 0, whose part rank 0 merged). What
+    ``packer convert`` and :func:`packer.convert` both call. UsageError for bad arguments."""
+    from ..storage.remote import is_url
+
     if launch is not None and a.src_format == "list":
         raise UsageError("packer convert: a list source converts in one process; under torchrun add --no-torchrun "
                          "(or split the list and merge the parts: packer merge)")
@@ -211,8 +291,8 @@ _LIST_ONLY = ("root", "path_column", "label_column", "allow_outside_root")
 def pinned_classes(spec: str) -> list[str]:
     """The class list of ``--classes-from``: a packed dataset's (its manifest) or a text file's
     (one name per line; blank lines ignored). UsageError saying what is wrong."""
+    from ..description.manifest import MANIFEST_NAME, read_manifest
     from ..errors import PackerError
-    from ..manifest import MANIFEST_NAME, read_manifest
 
     try:
         if os.path.isdir(spec):
@@ -232,16 +312,16 @@ def pinned_classes(spec: str) -> list[str]:
     return classes
 
 
-def _convert_to_url(a: argparse.Namespace) -> int:
+def _convert_to_url(a: argparse.Namespace):  # noqa: ANN202 - ConvertReport
     """Convert into a local folder of the node cache, uploading each file as it is finished (the
     manifest last); the folder's name comes from the URL, so --resume finds it again. The folder
     is claimed before anything in it is touched and until the upload has finished, so a second
     conversion to the URL on this node is refused and removes nothing."""
     import shutil
 
-    from ..filesystem import claim_destination
-    from ..nodecache import NodeCache
-    from ..storage import Uploader, check_remote_destination, upload_folder, watch_uploads
+    from ..files.filesystem import claim_destination
+    from ..storage.nodecache import NodeCache
+    from ..storage.remote import Uploader, check_remote_destination, upload_folder, watch_uploads
 
     url = a.dst
     work = upload_folder(NodeCache(a.cache_dir).root, url)
@@ -253,26 +333,28 @@ def _convert_to_url(a: argparse.Namespace) -> int:
         keep = False
         try:
             with watch_uploads(uploader, a.dst):
-                status = _convert_local(a)
-            from ..manifest import read_manifest
+                report = _convert_local(a)
+            from ..description.manifest import read_manifest
 
             uploader.finish(a.dst, read_manifest(a.dst))
             print(f"uploaded to {url}")
-            return status
+            report.output = url
+            return report
         except BaseException as e:
             keep = getattr(e, "partial_output", None) is not None
             raise
         finally:
+            a.dst = url
             if not keep:
                 shutil.rmtree(work, ignore_errors=True)
 
 
-def _convert_local(a: argparse.Namespace) -> int:
+def _convert_local(a: argparse.Namespace):  # noqa: ANN202 - ConvertReport
     from dataclasses import replace
 
     from .engine import convert_imagefolder
 
-    options = _convert_options(a)
+    options = convert_options(a)
     if a.src_format in ("imagefolder", "list") and a.dst_format == "imagefolder":
         raise UsageError(f"packer convert: {a.src_format} -> imagefolder is not a conversion")
     if a.classes_from is not None:
@@ -297,7 +379,7 @@ def _convert_local(a: argparse.Namespace) -> int:
     elif a.src_format == "imagefolder":
         report = convert_imagefolder(a.src, a.dst, a.dst_format, options)
     else:  # packed -> packed or imagefolder: copy stored bytes unless --resize/--encode ask otherwise
-        from ..manifest import MANIFEST_NAME, read_manifest
+        from ..description.manifest import MANIFEST_NAME, read_manifest
         from .transcode import convert_dataset, processing_for
 
         src_manifest = read_manifest(a.src) if os.path.exists(os.path.join(a.src, MANIFEST_NAME)) else None
@@ -308,12 +390,12 @@ def _convert_local(a: argparse.Namespace) -> int:
             _say(f"renamed {key} -> {path}: {why}")
         if len(renamed) > 20:
             _say(f"... and {len(renamed) - 20} more renamed")
-    return _summary(a, report)
+    return report
 
 
 def _warn_partial_output(a: argparse.Namespace) -> None:
     """Say, before it happens, that a run without --resume deletes an interrupted run's partial output."""
-    from ..filesystem import temp_dir_for
+    from ..files.filesystem import temp_dir_for
     from .engine import interrupted_samples
 
     if a.resume or a.dst_format == "imagefolder" or (os.path.lexists(a.dst) and not a.overwrite):
@@ -367,13 +449,12 @@ def _summary(a: argparse.Namespace, report, skipped_status: int = EXIT_SKIPPED) 
     return EXIT_OK
 
 
-def _convert_torchrun(a: argparse.Namespace, launch) -> int:  # noqa: ANN001 - a distributed.Launch
+def _convert_torchrun(a: argparse.Namespace, launch):  # noqa: ANN001, ANN202 - a distributed.Launch
     """One rank of ``torchrun ... -m packer convert imagefolder FMT SRC DST``: a part per rank,
-    merged by rank 0 (packer.ops.distributed). Done with skipped files is status 0 here: torchrun
-    reports any other status as a failed job (the skips are printed and listed in the manifest)."""
+    merged by rank 0 (packer.ops.distributed); the report on rank 0, None on the others."""
     from datetime import timedelta
 
-    from ..storage import is_url
+    from ..storage.remote import is_url
     from .distributed import convert_imagefolder_torchrun, rank_timeout
 
     print(f"packer: torchrun detected: {launch.describe()}; converting one part per rank, rank 0 merges",
@@ -382,11 +463,8 @@ def _convert_torchrun(a: argparse.Namespace, launch) -> int:  # noqa: ANN001 - a
         raise UsageError("packer convert: under torchrun only an image folder converts in parts, to a local packed "
                          "destination; run other conversions without torchrun")
     timeout = rank_timeout() if a.rank_timeout is None else timedelta(seconds=a.rank_timeout)
-    report = convert_imagefolder_torchrun(a.src, a.dst, a.dst_format, _convert_options(a), launch, timeout)
-    if launch.rank != 0:
-        print(f"rank {launch.rank}: part converted; rank 0 merged the parts into {a.dst}")
-        return EXIT_OK
-    return _summary(a, report, skipped_status=EXIT_OK)
+    report = convert_imagefolder_torchrun(a.src, a.dst, a.dst_format, convert_options(a), launch, timeout)
+    return report if launch.rank == 0 else None
 
 
 # -- object storage ------------------------------------------------------------------------------
@@ -415,7 +493,7 @@ def _seconds(text: str) -> float:
 
 
 def _storage(a: argparse.Namespace) -> dict:
-    from ..storage import parse_storage_options
+    from ..storage.remote import parse_storage_options
 
     deadline = getattr(a, "remote_deadline", None)
     if deadline is not None:
@@ -428,7 +506,7 @@ def _storage(a: argparse.Namespace) -> dict:
 
 def _fetched(a: argparse.Namespace, url: str) -> str:
     """The node cache's complete copy of the dataset at ``url`` (an error if a file is bad)."""
-    from ..storage import local_copy
+    from ..storage.remote import local_copy
 
     view, problems = local_copy(url, _storage(a), a.cache_dir, a.cache_limit)
     if problems:
@@ -462,9 +540,9 @@ def brace_pattern(names: Sequence[str]) -> str | None:
 
 
 def _run_info(a: argparse.Namespace) -> int:
-    from ..manifest import read_manifest
+    from ..description.manifest import read_manifest
     from ..sizes import format_size
-    from ..storage import Remote, is_url, read_remote_manifest
+    from ..storage.remote import Remote, is_url, read_remote_manifest
 
     m = read_remote_manifest(Remote(a.path, _storage(a)))[0] if is_url(a.path) else read_manifest(a.path)
     if a.shards:
@@ -504,7 +582,7 @@ def _add_verify(p: argparse.ArgumentParser) -> None:
 
 
 def _run_verify(a: argparse.Namespace) -> int:
-    from ..storage import is_url, local_copy
+    from ..storage.remote import is_url, local_copy
     from .verify import verify_dataset
 
     fetch_problems: list[str] = []
@@ -581,7 +659,7 @@ def _add_bench(p: argparse.ArgumentParser) -> None:
 
 
 def _run_bench(a: argparse.Namespace) -> int:
-    from ..manifest import read_manifest
+    from ..description.manifest import read_manifest
     from .loaderbench import collate_slots, decide, format_report, run_bench, to_json
 
     caches = [c for c in a.cache.split(",") if c]
@@ -624,7 +702,7 @@ def _add_preview(p: argparse.ArgumentParser) -> None:
 def _run_preview(a: argparse.Namespace) -> int:
     from packer.datasets import open_dataset
 
-    from ..storage import is_url
+    from ..storage.remote import is_url
     from .preview import contact_sheet, write_png
 
     if a.n < 1 or a.tile < 16:

@@ -24,9 +24,9 @@ from dataclasses import dataclass, replace
 from datetime import timedelta
 from typing import Any
 
+from ..description.manifest import Manifest, Skipped, read_manifest
 from ..errors import PackerError, SourceError
-from ..filesystem import check_destination, claim_destination, sibling_path
-from ..manifest import Manifest, Skipped, read_manifest
+from ..files.filesystem import check_destination, claim_destination, sibling_path
 from ..sizes import seconds_from_env
 from .engine import ConvertOptions, ConvertReport, describe_stamp, file_stamp, scan_ordered
 from .items import convert_items

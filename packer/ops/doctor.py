@@ -38,7 +38,7 @@ def _torch() -> dict[str, Any]:
 def _decoders() -> dict[str, Any]:
     import cv2
 
-    from packer import imageproc
+    from packer.images import imageproc
 
     turbo = imageproc._simplejpeg is not None
     version_of = getattr(imageproc, "window_decoder_version", lambda: None)
@@ -86,7 +86,7 @@ def _usable_cpus() -> float:
 
 
 def _node_cache() -> dict[str, Any]:
-    from packer.nodecache import default_cache_dir
+    from packer.storage.nodecache import default_cache_dir
 
     root = default_cache_dir()
     total = 0

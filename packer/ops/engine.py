@@ -12,7 +12,7 @@ and the manifest are durable, so a reader never sees half a dataset under the de
 ``--overwrite`` swaps the new folder in with one atomic exchange where the OS has one.
 
 Crashes and resume: at every checkpoint the writer makes its data durable and the engine writes a
-journal (:mod:`packer.journal`); killed at any moment, a conversion leaves no dataset or a complete
+journal (:mod:`packer.files.journal`); killed at any moment, a conversion leaves no dataset or a complete
 one at the destination, and ``resume=True`` continues from the last checkpoint without processing
 again what was written, with the same result as an uninterrupted run. A full disk removes the
 partial output and raises :class:`~packer.errors.DiskFullError`. reliability.md in docs/ has the
@@ -35,8 +35,20 @@ import numpy as np
 
 from .. import __version__
 from ..converters.base import WriterOptions
+from ..description.manifest import (
+    MANIFEST_NAME,
+    Manifest,
+    Skipped,
+    file_sha256,
+    read_manifest,
+    without_item_records,
+    write_manifest,
+)
+from ..description.registry import formats_taking, get_format, writer_class
+from ..description.samples import SampleTableWriter
 from ..errors import ImageError, PackerError, ResumeError, SourceError
-from ..filesystem import (
+from ..files.fileio import NotReadableError, read_source_file
+from ..files.filesystem import (
     check_destination,
     claim_destination,
     disk_full_error,
@@ -47,22 +59,18 @@ from ..filesystem import (
     recover_publish,
     temp_dir_for,
 )
-from ..imageproc import ProcessedImage, ProcessOptions, Resize, process_image
-from ..journal import JOURNAL_NAME, Journal, digest, read_journal, remove_journal, write_journal
-from ..manifest import (
-    MANIFEST_NAME,
-    Manifest,
-    Skipped,
-    file_sha256,
-    read_manifest,
-    without_item_records,
-    write_manifest,
+from ..files.journal import (
+    JOURNAL_NAME,
+    Journal,
+    digest,
+    read_journal,
+    remove_journal,
+    write_journal,
 )
+from ..images.imageproc import ProcessedImage, ProcessOptions, Resize, process_image
 from ..progress import LOG_INTERVAL, Progress
-from ..registry import formats_taking, get_format, writer_class
-from ..samples import SampleTableWriter
-from ..scan import Sample, scan_imagefolder
 from .pool import ordered_map
+from .scan import Sample, scan_imagefolder
 
 __all__ = [
     "ConvertOptions",
@@ -103,7 +111,7 @@ class ConvertOptions:
     #: Show progress on stderr: a bar on a terminal, else a plain line every ``progress_interval`` s.
     progress: bool = False
     progress_interval: float = LOG_INTERVAL
-    #: Continue an interrupted conversion from its temporary folder (see :mod:`packer.journal`);
+    #: Continue an interrupted conversion from its temporary folder (see :mod:`packer.files.journal`);
     #: without it, a leftover temporary folder is removed and the conversion starts over.
     resume: bool = False
     #: Pin the class list (e.g. the training set's, so a validation set's labels line up): label
@@ -175,12 +183,12 @@ def _process_file(path: str, opts: ProcessOptions, stamp: Stamp | None = None) -
     """One image file processed. With ``stamp``, the bytes read must come from a file of that size
     and modification time, else SourceError (never a skip: the file is not the planned one)."""
     try:
-        with open(path, "rb") as f:
-            data = f.read()
-            seen = os.fstat(f.fileno()) if stamp is not None else None
+        data, seen = read_source_file(path, opts.max_source_bytes)
     except OSError as e:
         return None, f"cannot read: {e.strerror or e}"
-    if seen is not None and stamp is not None and (seen.st_size, seen.st_mtime_ns) != tuple(stamp):
+    except NotReadableError as e:
+        return None, str(e)
+    if stamp is not None and (seen.st_size, seen.st_mtime_ns) != tuple(stamp):
         raise stamp_mismatch(path, (seen.st_size, seen.st_mtime_ns), stamp)
     return process_data(data, opts)
 
@@ -364,7 +372,7 @@ class _Run:
 
     def open_writer(self) -> None:
         """Start the writer with the dataset facts; on resume, bring it back to the checkpoint."""
-        # Every format also gets the sample table (labels, keys, metadata: packer.samples).
+        # Every format also gets the sample table (labels, keys, metadata: packer.description.samples).
         self.writer = SampleTableWriter(self.writer_class(self.tmp, self.options.writer), self.template.label_kind)
         info = self.template.to_json()
         for k in ("num_samples", "files", "layout", "skipped", "ignored"):

@@ -15,13 +15,13 @@ from collections.abc import Iterable, Iterator, Sequence
 from typing import Any, Union
 
 from .. import __version__
+from ..description.manifest import ITEM_RECORDS, Manifest, read_manifest
+from ..description.registry import writer_class
+from ..description.samples import LABEL_KINDS, Label, encode_meta, sample_fields
 from ..errors import ImageError, PackerError
-from ..filesystem import claim_destination, recover_publish
-from ..imageproc import ProcessOptions
-from ..journal import digest
-from ..manifest import ITEM_RECORDS, Manifest, read_manifest
-from ..registry import writer_class
-from ..samples import LABEL_KINDS, Label, encode_meta, sample_fields
+from ..files.filesystem import claim_destination, recover_publish
+from ..files.journal import digest
+from ..images.imageproc import ProcessOptions
 from .engine import (
     NO_STAMP,
     ConvertOptions,
@@ -102,8 +102,9 @@ class _Rows:
     """The items read lazily by position: each checked when read, its key, label and source made
     on the fly, so a Sequence of items is never copied (conversion memory does not grow with N)."""
 
-    def __init__(self, items: Sequence[Any], names: list[str], root: str | None, kind: str = "class") -> None:
-        self.items, self.root, self.kind = items, root, kind
+    def __init__(self, items: Sequence[Any], names: list[str], root: str | None, kind: str = "class",
+                 keys: Sequence[str] | None = None) -> None:
+        self.items, self.root, self.kind, self.keys = items, root, kind, keys
         self.to_label = {c: i for i, c in enumerate(names)}
         self.count = len(names)
         self.stamps = array("q")  # (size, mtime_ns) of each item's file as listed; NO_STAMP for bytes
@@ -117,17 +118,18 @@ class _Rows:
         src = bytes(source) if isinstance(source, (bytes, bytearray, memoryview)) else os.fspath(source)
         if meta:
             encode_meta(meta, f"item {i}: metadata")  # ValueError naming the item
+        key = self.keys[i] if self.keys is not None else _key(i, src, self.root)
         if self.kind == "number":
             if isinstance(label, bool) or not isinstance(label, numbers.Real) or not math.isfinite(label):
                 raise ValueError(f"item {i}: label {label!r} is not a finite number")
-            return src, _key(i, src, self.root), Label(-1, target=float(label), meta=meta)
+            return src, key, Label(-1, target=float(label), meta=meta)
         if self.kind == "multi":
             if isinstance(label, (str, bytes)) or not isinstance(label, Iterable):
                 raise ValueError(f"item {i}: label {label!r} is not a list of classes")
             ids = [self._number(i, x) for x in label]
-            return src, _key(i, src, self.root), Label(-1, labels=ids, meta=meta)
+            return src, key, Label(-1, labels=ids, meta=meta)
         number = self._number(i, label)
-        return src, _key(i, src, self.root), Label(number, meta=meta) if meta else number
+        return src, key, Label(number, meta=meta) if meta else number
 
     def _number(self, i: int, label: Any) -> int:
         number = _label_number(label, self.to_label)
@@ -146,7 +148,7 @@ class _Rows:
     def fingerprint(self, expected: Sequence[Stamp | None] | None = None) -> tuple[str, list[list[Any]]]:
         """Digest of the items: each key and label, and a file's size and modification time or the
         SHA-256 of bytes given directly (the rows hashed one by one, as ``digest(list)`` would);
-        and each file's record (:data:`~packer.manifest.ITEM_RECORDS`). Each file's stamp is kept
+        and each file's record (:data:`~packer.description.manifest.ITEM_RECORDS`). Each file's stamp is kept
         for the conversion to check; one that differs from ``expected[i]`` raises SourceError."""
         if expected is not None and len(expected) != len(self):
             raise ValueError(f"expected_stats has {len(expected)} entries for {len(self)} items")
@@ -235,6 +237,7 @@ def convert_items(
     shuffle_seed: int | None = None,
     expected_stats: Sequence[Stamp | None] | None = None,
     record_files: bool = True,
+    keys: Sequence[str] | None = None,
 ) -> ConvertReport:
     """Convert ``items``, each ``(path or bytes, label, metadata)``, into a packed dataset of
     format ``fmt`` at ``dst``, in the order given (``options.shuffle`` and ``seed`` are not used).
@@ -252,7 +255,7 @@ def convert_items(
     interrupted call with the same items, and keeps a dataset at ``dst`` that such a call finished
     (its manifest's ``source.fingerprint``: a retried task does no work twice). A path's key is the path (relative to ``root``), an
     image given as bytes is ``item-N``. ``metadata`` (a JSON-able dict or None, see
-    :mod:`packer.samples`) is stored with the sample and returned by ``fields=("meta", ...)``.
+    :mod:`packer.description.samples`) is stored with the sample and returned by ``fields=("meta", ...)``.
 
     ``label_kind``: ``"class"`` (a class name or number per item), ``"multi"`` (a list of them per
     item; classes are the names found in all lists) or ``"number"`` (a float per item; no classes).
@@ -270,7 +273,8 @@ def convert_items(
     read. ``expected_stats``, one entry per item, pins a file to the ``(size, mtime_ns)`` that
     the process planning the work saw (None: not pinned; always None for bytes); a file that
     differs fails the call before any image is read, naming it (a node with a stale copy of the
-    source). FileExistsError
+    source). ``keys``, one string per item, names the samples instead of the paths and
+    ``item-N``. FileExistsError
     when ``dst`` exists without ``overwrite``; SourceError when no image could be converted;
     ValueError naming the item for a label or metadata that cannot be stored.
     """
@@ -288,7 +292,9 @@ def convert_items(
         names = _class_names(x for i in range(len(seq)) for x in _label_list(i, _checked(i, seq[i])[1]))
     else:
         names = _class_names(_checked(i, seq[i])[1] for i in range(len(seq)))
-    rows = _Rows(seq, names, os.fspath(root) if root is not None else None, label_kind)
+    if keys is not None and len(keys) != len(seq):
+        raise ValueError(f"keys has {len(keys)} entries for {len(seq)} items")
+    rows = _Rows(seq, names, os.fspath(root) if root is not None else None, label_kind, keys)
     writer_class(fmt)  # an unknown format fails before any work
     template = Manifest(format=fmt, num_samples=0, classes=names, processing=options.processing.to_json(), files=[],
                         source=dict(source or {"kind": "items"}), created_by=f"packer {__version__}",

@@ -18,15 +18,18 @@ in JSON Lines, or names separated by ``label_sep`` in CSV/TSV), or a number (``n
 from __future__ import annotations
 
 import csv
+import io
 import json
 import math
 import os
-from collections.abc import Sequence
+import sys
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from ..description.samples import LABEL_KINDS, MAX_META_BYTES, MAX_META_DEPTH, encode_meta
 from ..errors import SourceError
-from ..samples import LABEL_KINDS, encode_meta
+from ..files.fileio import NotReadableError, open_source_file
 
 __all__ = ["ListSource", "read_list", "convert_list", "LIST_FORMATS"]
 
@@ -34,6 +37,8 @@ __all__ = ["ListSource", "read_list", "convert_list", "LIST_FORMATS"]
 LIST_FORMATS = {".csv": "csv", ".tsv": "tsv", ".tab": "tsv", ".jsonl": "jsonl", ".ndjson": "jsonl"}
 PATH_COLUMNS = ("path", "file", "filename", "image")
 LABEL_COLUMNS = ("label", "labels", "class", "target")
+#: The longest line a list may have: a path, a label and the most metadata a sample may carry, with room.
+MAX_LINE_CHARS = 16 * MAX_META_BYTES
 
 
 @dataclass
@@ -66,13 +71,41 @@ def _list_format(path: str) -> str:
     raise SourceError(f"{path}: a list must be .csv, .tsv or .jsonl (JSON Lines); got {os.path.basename(path)!r}")
 
 
+def _open_list(path: str) -> io.TextIOWrapper:
+    """The list opened as UTF-8 text (a leading byte-order mark dropped), only if it is a regular
+    file (checked on the opened descriptor; a FIFO does not block); SourceError naming it if not."""
+    try:
+        fd, _ = open_source_file(path, sys.maxsize)
+    except FileNotFoundError:
+        raise SourceError(f"{path}: no such list file") from None
+    except OSError as e:
+        raise SourceError(f"{path}: cannot read the list ({e.strerror or e})") from None
+    except NotReadableError as e:
+        raise SourceError(f"{path}: {e}") from None
+    return open(fd, encoding="utf-8-sig", newline="")
+
+
+def _lines(f: io.TextIOWrapper, path: str) -> Iterator[str]:
+    """The lines of ``f``, each read with a bound: SourceError naming the line beyond
+    :data:`MAX_LINE_CHARS` characters (a file of one endless line is not read whole)."""
+    n = 0
+    while True:
+        line = f.readline(MAX_LINE_CHARS + 1)
+        n += 1
+        if len(line) > MAX_LINE_CHARS:
+            raise SourceError(f"{path}:{n}: line longer than {MAX_LINE_CHARS} characters; not a list row")
+        if not line:
+            return
+        yield line
+
+
 def _rows(path: str, fmt: str) -> list[tuple[int, dict[str, Any]]]:
     """(line number, row) for every row; SourceError naming the line when one cannot be read."""
     try:
-        with open(path, encoding="utf-8", newline="") as f:
+        with _open_list(path) as f:
             if fmt == "jsonl":
                 out = []
-                for n, line in enumerate(f, 1):
+                for n, line in enumerate(_lines(f, path), 1):
                     if not line.strip():
                         continue
                     try:
@@ -82,11 +115,14 @@ def _rows(path: str, fmt: str) -> list[tuple[int, dict[str, Any]]]:
                                           f"which value is meant is ambiguous") from None
                     except ValueError as e:
                         raise SourceError(f"{path}:{n}: not JSON ({e})") from None
+                    except RecursionError:
+                        raise SourceError(f"{path}:{n}: JSON nested too deeply to read (metadata may nest at "
+                                          f"most {MAX_META_DEPTH} deep)") from None
                     if not isinstance(row, dict):
                         raise SourceError(f"{path}:{n}: each line must be a JSON object")
                     out.append((n, row))
                 return out
-            reader = csv.DictReader(f, delimiter="," if fmt == "csv" else "\t")
+            reader = csv.DictReader(_lines(f, path), delimiter="," if fmt == "csv" else "\t")
             if not reader.fieldnames:
                 raise SourceError(f"{path}: the list is empty (no header row)")
             twice = sorted({c for c in reader.fieldnames if reader.fieldnames.count(c) > 1})
@@ -182,6 +218,13 @@ def _label(value: Any, kind: str, fmt: str, sep: str, where: str) -> Any:
     return _class_value(value, fmt)
 
 
+def _same_label(a: Any, b: Any, kind: str) -> bool:
+    """Whether two rows' labels mean the same (a multi-label set in any order)."""
+    if kind == "multi":
+        return sorted(map(str, a)) == sorted(map(str, b))
+    return a == b
+
+
 def _class_value(value: str | int, fmt: str) -> str | int:
     """A class given as text: a number when it is all digits (CSV/TSV have no types), else a name."""
     if isinstance(value, str) and fmt != "jsonl" and value.strip().isdigit():
@@ -207,14 +250,14 @@ def read_list(
     out). ``label_kind``: ``auto`` (a list is multi-label, a number with a fraction in JSON Lines
     is ``number``, else ``class``), or ``class``, ``multi``, ``number``. SourceError names the file
     and line of anything it cannot use, and every row whose path leads outside ``root`` (default:
-    the list's folder) unless ``allow_outside_root``; a JSON key or CSV/TSV column named twice is
-    an error too."""
+    the list's folder) unless ``allow_outside_root``; a JSON key or CSV/TSV column named twice, a
+    file on two rows with different labels, a line over :data:`MAX_LINE_CHARS` characters and JSON
+    nested too deeply are errors too. The list must be a regular file (a FIFO or device is refused
+    without blocking); a UTF-8 byte-order mark is skipped."""
     path = os.fspath(path)
     if label_kind != "auto" and label_kind not in LABEL_KINDS:
         raise ValueError(f"label kind must be auto or one of {LABEL_KINDS}, not {label_kind!r}")
     fmt = _list_format(path)
-    if not os.path.isfile(path):
-        raise SourceError(f"{path}: no such list file")
     rows = _rows(path, fmt)
     if not rows:
         raise SourceError(f"{path}: the list has no rows")
@@ -225,6 +268,7 @@ def read_list(
     items: list[tuple[str, Any, dict[str, Any] | None]] = []
     lines: list[int] = []
     outside: list[tuple[int, str]] = []
+    seen: dict[str, tuple[int, Any]] = {}  # each file's first line and label
     for n, row in rows:
         where = f"{path}:{n}"
         rel = row.get(pcol)
@@ -239,6 +283,10 @@ def read_list(
         full = os.path.normpath(os.path.join(base, rel))  # what is checked is what is opened
         if not _inside(base, full):
             outside.append((n, rel))
+        first = seen.setdefault(full, (n, label))
+        if first[0] != n and not _same_label(first[1], label, kind):
+            raise SourceError(f"{where}: {rel!r} is also on line {first[0]} with label {first[1]!r}, here {label!r}; "
+                              f"which label is meant is ambiguous")
         items.append((full, label, meta or None))
         lines.append(n)
     if outside and not allow_outside_root:

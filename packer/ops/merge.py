@@ -18,8 +18,17 @@ from typing import Any
 from .. import __version__
 from ..converters.base import WriterOptions
 from ..converters.shards import SHARD_NAME, ShardedWriter, shard_name
+from ..description.manifest import FileEntry, Manifest, file_sha256, read_manifest, write_manifest
+from ..description.registry import writer_class
+from ..description.samples import (
+    TABLE_NAME,
+    build_table,
+    carried_label,
+    is_table_name,
+    table_file_entry,
+)
 from ..errors import CorruptDataError, ImageError, SourceError
-from ..filesystem import (
+from ..files.filesystem import (
     check_destination,
     claim_destination,
     disk_full_error,
@@ -31,9 +40,6 @@ from ..filesystem import (
 )
 from ..layouts.tar import INDEX_SUFFIXES as TAR_INDEX_SUFFIXES
 from ..layouts.tar import pack_index, unpack_index
-from ..manifest import FileEntry, Manifest, file_sha256, read_manifest, write_manifest
-from ..registry import writer_class
-from ..samples import TABLE_NAME, build_table, carried_label, is_table_name, table_file_entry
 from .engine import ConvertOptions, Item, write_packed
 from .transcode import COPY, _open_source, _reprocess_one
 from .verify import file_problem
@@ -139,7 +145,7 @@ def _check_and_drop_item_records(parts: Sequence[str], manifests: Sequence[Manif
     converted from different copies of it. Parts without records (older ones, items given as
     bytes) have nothing to compare. Then the lists are left out of the parts' facts that the
     merged manifest copies: they grow with every file, and every reader reads that manifest."""
-    from ..manifest import item_records, without_item_records
+    from ..description.manifest import item_records, without_item_records
     from .engine import NO_STAMP, describe_stamp
 
     seen: dict[str, tuple[tuple[int, int], str]] = {}

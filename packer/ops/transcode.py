@@ -19,10 +19,15 @@ from typing import Any
 import cv2
 
 from .. import __version__
-from ..codecs import FILE_EXTENSIONS
+from ..description.manifest import MANIFEST_NAME, Manifest, Skipped, read_manifest
+from ..description.record import Record
+from ..description.registry import get_format, writer_class
+from ..description.samples import carried_label
 from ..errors import CorruptDataError, ImageError, ResumeError, SourceError
-from ..filesystem import check_destination, claim_destination
-from ..imageproc import (
+from ..files.filesystem import check_destination, claim_destination
+from ..files.journal import digest
+from ..images.codecs import FILE_EXTENSIONS
+from ..images.imageproc import (
     CODECS,
     Encoding,
     ProcessedImage,
@@ -33,12 +38,6 @@ from ..imageproc import (
     parse_resize,
     process_image,
 )
-from ..journal import digest
-from ..manifest import MANIFEST_NAME, Manifest, Skipped, read_manifest
-from ..record import Record
-from ..registry import get_format, writer_class
-from ..samples import carried_label
-from ..scan import IMG_EXTENSIONS
 from .engine import (
     ConvertOptions,
     ConvertReport,
@@ -51,6 +50,7 @@ from .engine import (
     temp_dir_for,
     write_packed_result,
 )
+from .scan import IMG_EXTENSIONS
 
 __all__ = ["COPY", "TranscodeReport", "convert_dataset", "is_copy", "reprocess", "processing_for", "safe_relpath"]
 

@@ -2,7 +2,7 @@
 read through its format's reader (record, key and index checksums) and decoded.
 
 A damaged byte anywhere fails its file's SHA-256, so ``verify`` never passes a changed dataset;
-the format's damage locator (packer.registry) names the samples wherever the format allows.
+the format's damage locator (packer.description.registry) names the samples wherever the format allows.
 docs/reliability.md ("Damage: detected and named") says, format by format, what gets named.
 """
 
@@ -17,9 +17,9 @@ from dataclasses import dataclass, field
 
 import crc32c
 
+from ..description.manifest import FileEntry, Manifest, file_sha256, read_manifest
+from ..description.registry import get_format
 from ..errors import CorruptDataError
-from ..manifest import FileEntry, Manifest, file_sha256, read_manifest
-from ..registry import get_format
 
 __all__ = ["VerifyReport", "verify_dataset", "file_problem"]
 

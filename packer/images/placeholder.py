@@ -1,7 +1,7 @@
 """Payload files that are not the data: a git-LFS pointer checked out instead of the shard, or an
 HTML error page saved by a failed download. Readers call :func:`placeholder_reason` when a file
 cannot be parsed, so the error says what the file really is, in the wording of
-:func:`packer.imageheader.describe_non_image`."""
+:func:`packer.images.imageheader.describe_non_image`."""
 
 from __future__ import annotations
 

@@ -22,7 +22,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass, field
 
-from .errors import SourceError
+from ..errors import SourceError
 
 __all__ = ["IMG_EXTENSIONS", "Sample", "Scan", "scan_imagefolder"]
 

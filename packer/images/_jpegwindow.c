@@ -1,10 +1,10 @@
-/* packer._jpegwindow: decode one rectangle of a JPEG with the system's libjpeg-turbo, skipping
+/* packer.images._jpegwindow: decode one rectangle of a JPEG with the system's libjpeg-turbo, skipping
  * what the library lets a decoder skip outside it (the readers' ``crop=``). Rows above the
  * window: jpeg_skip_scanlines (entropy-decoded, but no inverse DCT, upsampling or colour
  * conversion); columns outside it: jpeg_crop_scanline (the same, per iMCU column); rows below it:
  * not decoded at all (the decode ends after the window's last row). Builds with libjpeg-turbo >= 1.5;
  * packer uses it only when built against the version its pixels were checked with or newer
- * (packer.imageproc.WINDOW_DECODER_MINIMUM) and only for Huffman-coded frames (SOF0-SOF2); where
+ * (packer.images.imageproc.WINDOW_DECODER_MINIMUM) and only for Huffman-coded frames (SOF0-SOF2); where
  * it is not used, packer decodes whole images and crops them (the same pixels).
  *
  * The columns are widened by one iMCU on each side before cropping, so that the chroma upsampler

@@ -17,10 +17,10 @@ import json
 import os
 from collections.abc import Callable
 
-from .errors import CorruptDataError, DatasetChangedError, ManifestError
-from .fileio import open_regular
-from .manifest import MANIFEST_NAME, MAX_MANIFEST_BYTES, Manifest
-from .placeholder import placeholder_reason
+from ..description.manifest import MANIFEST_NAME, MAX_MANIFEST_BYTES, Manifest
+from ..errors import CorruptDataError, DatasetChangedError, ManifestError
+from ..files.fileio import open_regular
+from ..images.placeholder import placeholder_reason
 
 __all__ = ["DatasetDir"]
 
@@ -30,7 +30,7 @@ class DatasetDir:
 
     ``manifest`` is the reader's manifest; with ``bound`` (a dataset that has a manifest file, as
     every packer dataset has) the manifest on disk must equal it at open. ``fetch`` (a remote
-    dataset's :class:`packer.storage.RemoteFiles`) opens the files instead: ``root`` is then the
+    dataset's :class:`packer.storage.remote.RemoteFiles`) opens the files instead: ``root`` is then the
     node cache's copy, whose files are downloaded on first use and checked by their SHA-256.
     """
 

@@ -8,7 +8,8 @@ Label kinds (the manifest's ``labels.kind``; absent means ``class``):
 - ``number``: one number per sample (regression targets, scores), stored as float64.
 
 Per-sample metadata is a JSON object (str keys; str, number, bool, null, lists and objects as
-values; no NaN or infinity), at most :data:`MAX_META_BYTES` as compact UTF-8 JSON. It is never
+values; no NaN or infinity), at most :data:`MAX_META_BYTES` as compact UTF-8 JSON and nested at most
+:data:`MAX_META_DEPTH` deep. It is never
 pickled. Every format keeps it in the sample table; tar shards and TFRecord files also carry it
 in the sample itself (``KEY.json``, the ``packer/meta`` feature) for other tools.
 
@@ -33,18 +34,20 @@ from typing import Any
 import crc32c
 import numpy as np
 
-from .errors import CorruptDataError
+from ..errors import CorruptDataError
 from .manifest import FileEntry, file_sha256
 
 __all__ = [
-    "LABEL_KINDS", "MAX_META_BYTES", "TABLE_NAME", "Label", "SampleTable", "SampleTableWriter", "encode_meta",
-    "decode_meta", "sample_fields", "carried_label", "build_table", "is_table_name", "table_entry", "table_id",
-    "table_file_entry",
+    "LABEL_KINDS", "MAX_META_BYTES", "MAX_META_DEPTH", "TABLE_NAME", "Label", "SampleTable", "SampleTableWriter",
+    "encode_meta", "decode_meta", "sample_fields", "carried_label", "build_table", "is_table_name", "table_entry",
+    "table_id", "table_file_entry",
 ]
 
 LABEL_KINDS = ("class", "multi", "number")
 #: The largest metadata one sample may carry, as compact UTF-8 JSON.
 MAX_META_BYTES = 64 * 1024
+#: The deepest nesting of lists and objects metadata may have (the object itself is depth 1).
+MAX_META_DEPTH = 64
 TABLE_NAME = "samples.table"
 TABLE_VERSION = 1
 _MAGIC = b"PKST"
@@ -103,7 +106,7 @@ def carried_label(ds: Any, index: int, label: int, remap: Sequence[int] | None =
 def is_table_name(name: str) -> bool:
     """Whether a manifest's file ``name`` is the sample table: ``samples.table``, or
     ``samples.<generation>.table`` where an upload over a live dataset renamed it
-    (packer.storage)."""
+    (packer.storage.remote)."""
     return name == TABLE_NAME or (name.startswith("samples.") and name.endswith(".table"))
 
 
@@ -139,7 +142,7 @@ def sample_fields(label: int) -> dict[str, Any]:
 def encode_meta(meta: Mapping[str, Any] | None, where: str = "metadata") -> bytes:
     """``meta`` as compact UTF-8 JSON (``b""`` for None or empty), or ValueError naming ``where``
     and what is wrong: not an object, a non-string key, NaN or infinity, an unsupported type, or
-    more than :data:`MAX_META_BYTES`."""
+    more than :data:`MAX_META_BYTES` or nesting deeper than :data:`MAX_META_DEPTH`."""
     if meta is None or (isinstance(meta, Mapping) and not meta):
         return b""
     if not isinstance(meta, Mapping):
@@ -151,7 +154,9 @@ def encode_meta(meta: Mapping[str, Any] | None, where: str = "metadata") -> byte
     return data
 
 
-def _check_json(value: Any, where: str) -> None:
+def _check_json(value: Any, where: str, depth: int = 1) -> None:
+    if isinstance(value, (Mapping, list, tuple)) and depth > MAX_META_DEPTH:
+        raise ValueError(f"{where}: nested more than {MAX_META_DEPTH} deep")
     if value is None or isinstance(value, (str, bool, int)):
         return
     if isinstance(value, float):
@@ -162,11 +167,11 @@ def _check_json(value: Any, where: str) -> None:
         for k, v in value.items():
             if not isinstance(k, str):
                 raise ValueError(f"{where}: key {k!r} is not a string")
-            _check_json(v, f"{where}.{k}")
+            _check_json(v, f"{where}.{k}", depth + 1)
         return
     if isinstance(value, (list, tuple)):
         for i, v in enumerate(value):
-            _check_json(v, f"{where}[{i}]")
+            _check_json(v, f"{where}[{i}]", depth + 1)
         return
     raise ValueError(f"{where}: {type(value).__name__} is not JSON (str, number, bool, None, list or dict)")
 
@@ -179,6 +184,8 @@ def decode_meta(data: bytes | memoryview, where: str = "metadata") -> dict[str, 
         value = json.loads(bytes(data).decode("utf-8"))
     except (UnicodeDecodeError, ValueError) as e:
         raise CorruptDataError(f"{where}: stored metadata is not JSON ({e})") from None
+    except RecursionError:
+        raise CorruptDataError(f"{where}: stored metadata is JSON nested too deeply to read") from None
     if not isinstance(value, dict):
         raise CorruptDataError(f"{where}: stored metadata is not a JSON object")
     return value

@@ -12,19 +12,20 @@ process dies, so a crashed job leaves nothing that can break the next one.
 from __future__ import annotations
 
 import contextlib
+import errno
 import fcntl
 import hashlib
 import os
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from typing import IO
 
-from .errors import CorruptDataError, PackerError
-from .filesystem import atomic_write_bytes
-from .manifest import MANIFEST_NAME
-from .sizes import parse_size
+from ..description.manifest import MANIFEST_NAME
+from ..errors import CorruptDataError, PackerError
+from ..files.filesystem import atomic_write_bytes
+from ..sizes import parse_size
 
-__all__ = ["NodeCache", "CacheFullError", "default_cache_dir"]
+__all__ = ["NodeCache", "CacheFullError", "NodeCacheError", "default_cache_dir"]
 
 _LOCK = ".lock"  # the whole cache's lock, beside its datasets/ folder
 _FETCH = ".fetch"  # suffix of a file's download lock
@@ -34,6 +35,40 @@ _CHUNK = 1 << 24  # bytes per read of a download: one request each
 
 class CacheFullError(PackerError):
     """The node cache cannot make room: the files in use fill ``cache_limit``."""
+
+
+class NodeCacheError(PackerError, OSError):
+    """The node cache's own folder failed (disk full, read-only, a symlink where a cache file or
+    folder belongs, no permission): one line naming the cache path, the URL and what to do."""
+
+
+#: What to do about a local error of the node cache, by errno.
+_ADVICE = {
+    errno.ENOSPC: "free space there or lower cache_limit",
+    errno.EDQUOT: "free space there or lower cache_limit",
+    errno.EROFS: "set cache_dir (or PACKER_CACHE_DIR) to a writable folder",
+    errno.EACCES: "set cache_dir (or PACKER_CACHE_DIR) to a writable folder",
+    errno.EPERM: "set cache_dir (or PACKER_CACHE_DIR) to a writable folder",
+    errno.ELOOP: "a symlink stands where the cache keeps a file or folder; remove it",
+}
+
+
+@contextlib.contextmanager
+def _named(root: str, path: str, url: str | None = None) -> Iterator[None]:
+    """Local OSErrors of the cache (not the storage library's RemoteError) as NodeCacheError
+    naming the file, the URL being cached and what to do."""
+    try:
+        yield
+    except PackerError:
+        raise
+    except OSError as e:
+        where = e.filename if isinstance(e.filename, str) else path
+        why = "disk full (no space left on device)" if e.errno == errno.ENOSPC else (e.strerror or str(e)).lower()
+        of = f" while caching {url}" if url else ""
+        advice = _ADVICE.get(e.errno or 0, f"check the node cache folder {root}")
+        err = NodeCacheError(f"node cache: {why}: {where}{of}; {advice}")
+        err.errno = e.errno
+        raise err from None
 
 
 def default_cache_dir() -> str:
@@ -53,24 +88,31 @@ class NodeCache:
         self.root = os.path.abspath(os.path.expanduser(cache_dir or default_cache_dir()))
         self.limit = parse_size(cache_limit) if cache_limit is not None else None
         self.wait_s = wait_s
-        os.makedirs(os.path.join(self.root, "datasets"), exist_ok=True)
+        with _named(self.root, os.path.join(self.root, "datasets")):
+            os.makedirs(os.path.join(self.root, "datasets"), exist_ok=True)
 
     def view(self, url: str, manifest_raw: bytes) -> str:
         """The folder that holds this node's copy of the dataset at ``url`` whose manifest is
         ``manifest_raw`` (a new conversion at the same URL gets a new folder), manifest included."""
         name = hashlib.sha256(url.encode()).hexdigest()[:16] + "-" + hashlib.sha256(manifest_raw).hexdigest()[:16]
         path = os.path.join(self.root, "datasets", name)
-        os.makedirs(path, exist_ok=True)
-        manifest = os.path.join(path, MANIFEST_NAME)
-        if not os.path.exists(manifest):
-            atomic_write_bytes(manifest, manifest_raw)
+        with _named(self.root, path, url):
+            os.makedirs(path, exist_ok=True)
+            manifest = os.path.join(path, MANIFEST_NAME)
+            if not os.path.exists(manifest):
+                atomic_write_bytes(manifest, manifest_raw)
         return path
 
     def fetch(self, path: str, size: int, sha256: str, source: Callable[[], IO[bytes]], url: str) -> int:
         """A read-only descriptor of the cached file ``path``, holding a shared lock that keeps it
         from eviction until closed; downloaded first (from ``source()``, which is ``url``) when
         this node does not have it. A download whose SHA-256 differs from ``sha256`` is fetched
-        once more, then raises CorruptDataError."""
+        once more, then raises CorruptDataError. The cache folder's own failures (disk full,
+        read-only, a planted symlink) raise NodeCacheError naming the file and ``url``."""
+        with _named(self.root, path, url):
+            return self._fetch(path, size, sha256, source, url)
+
+    def _fetch(self, path: str, size: int, sha256: str, source: Callable[[], IO[bytes]], url: str) -> int:
         fd = self._open_cached(path)
         if fd is not None:
             return fd
@@ -98,6 +140,13 @@ class NodeCache:
                 part.close()
                 with contextlib.suppress(FileNotFoundError):
                     os.remove(path + _PARTIAL)
+
+    def disk_bytes(self, sizes: Iterable[int]) -> int:
+        """What files of these ``sizes`` take on the cache's disk, as :meth:`usage` counts them
+        (each rounded up to the file system's block)."""
+        with _named(self.root, self.root):
+            block = max(os.statvfs(self.root).f_frsize, 512)
+        return sum(-(-int(n) // block) * block for n in sizes)
 
     def usage(self) -> int:
         """Bytes the cache's files take on disk now (downloads in progress at their full size)."""
@@ -131,8 +180,13 @@ class NodeCache:
             with self._locked():
                 if self._make_room(size):
                     f = open(path + _PARTIAL, "w+b")  # a stale one of a killed downloader is replaced
-                    if size:
-                        os.posix_fallocate(f.fileno(), 0, size)
+                    try:
+                        if size:
+                            os.posix_fallocate(f.fileno(), 0, size)
+                    except BaseException:
+                        f.close()
+                        os.remove(path + _PARTIAL)
+                        raise
                     return f
             if time.monotonic() > deadline:
                 raise CacheFullError(

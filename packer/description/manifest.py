@@ -14,9 +14,9 @@ import re
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from .errors import CorruptDataError, ManifestError, UnfinishedDatasetError
-from .fileio import open_regular
-from .filesystem import atomic_write_bytes, fsync_dir
+from ..errors import CorruptDataError, ManifestError, UnfinishedDatasetError
+from ..files.fileio import open_regular
+from ..files.filesystem import atomic_write_bytes, fsync_dir
 from .placement import is_file_id
 
 __all__ = [
@@ -51,7 +51,7 @@ class FileEntry:
     bytes: int
     sha256: str
     first: int = 0  # global index of its first sample
-    #: version 2: the file's identity (packer.placement), or the sample table's (packer.samples.table_id;
+    #: version 2: the file's identity (packer.description.placement), or the sample table's (packer.description.samples.table_id;
     #: "" in tables written before tables had one); "" for index files and version 1
     id: str = ""
 
@@ -88,7 +88,7 @@ class Manifest:
     created_by: str = ""
     version: int = MANIFEST_VERSION
     #: ``class`` (one class index per sample), ``multi`` (a list of them) or ``number``
-    #: (packer.samples); written as ``"labels": {"kind": ...}`` when not ``class``.
+    #: (packer.description.samples); written as ``"labels": {"kind": ...}`` when not ``class``.
     label_kind: str = "class"
 
     @property
@@ -167,6 +167,16 @@ class Manifest:
             raise ManifestError(
                 f"{path}: files hold {sum(f.samples for f in files)} samples but num_samples is {m.num_samples}"
             )
+        if not m.num_samples:  # every conversion refuses to publish an empty dataset
+            raise ManifestError(f"{path}: files[] lists no file holding samples; a packed dataset holds at least one")
+        held = 0
+        for i, f in enumerate(files):  # payload files hold consecutive samples, in the order listed
+            if f.samples and f.first != held:
+                raise ManifestError(f"{path}: files[{i}] ({f.name!r}) says its first sample is {f.first}, but the "
+                                    f"files listed before it hold {held}")
+            held += f.samples
+        if m.label_kind == "class" and not m.classes:
+            raise ManifestError(f"{path}: classes is empty, but the {m.num_samples} samples have class labels")
         return m
 
 

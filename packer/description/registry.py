@@ -16,9 +16,9 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from packer.converters.base import Writer
-    from packer.damage import Report
     from packer.datasets.base import PackedDataset
-    from packer.manifest import FileEntry, Manifest
+    from packer.description.damage import Report
+    from packer.description.manifest import FileEntry, Manifest
 
 __all__ = ["Format", "FORMATS", "format_names", "get_format", "writer_class", "reader_class", "formats_taking"]
 

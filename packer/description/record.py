@@ -11,7 +11,7 @@ record is needed). No pickle: fixed little-endian header, then the key, then the
     20     4     width (uint32)
     24     4     payload length P (uint32)
     28     4     CRC32C of bytes [0, 28) + key + payload, seeded with the sample's place
-                 (packer.placement; PKS1: not seeded) (uint32)
+                 (packer.description.placement; PKS1: not seeded) (uint32)
     32     K     key, UTF-8 (the source path relative to the source root, '/'-separated)
     32+K   P     payload: encoded image bytes, or H*W*3 RGB uint8 for raw
 
@@ -25,8 +25,8 @@ from dataclasses import dataclass
 
 import crc32c
 
-from .codecs import CODEC_IDS, CODEC_NAMES
-from .errors import CorruptDataError
+from ..errors import CorruptDataError
+from ..images.codecs import CODEC_IDS, CODEC_NAMES
 
 __all__ = ["MAGIC", "MAGICS", "HEADER", "CODEC_IDS", "Record", "pack_record", "unpack_record"]
 
@@ -57,7 +57,7 @@ def pack_record(
     key: str, label: int, codec: str, height: int, width: int, payload: bytes, seed: int | None = None
 ) -> bytes:
     """Serialise one sample into the record layout above: ``PKS2`` with its place ``seed``
-    (:func:`packer.placement.place_seed`), or ``PKS1`` without one (records that never leave
+    (:func:`packer.description.placement.place_seed`), or ``PKS1`` without one (records that never leave
     memory, such as the RAM cache's)."""
     k = key.encode("utf-8")
     if len(k) > 0xFFFF:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import bisect
 import contextlib
 import functools
+import operator
 import os
 import re
 import sys
@@ -31,9 +32,9 @@ try:  # packer's own C module (setup.py): a JPEG's crop window decoded alone; op
 except ImportError:  # built without a C compiler or libjpeg-turbo headers: whole decodes, then crop
     _jpegwindow = None
 
+from ..errors import CorruptDataError, ImageError
+from ..files.fileio import anonymous_file
 from .codecs import TAR_EXTENSIONS
-from .errors import CorruptDataError, ImageError
-from .fileio import anonymous_file
 from .imageheader import ImageInfo, describe_non_image, sniff, tiff_tags
 
 __all__ = [
@@ -110,6 +111,13 @@ class ProcessOptions:
     #: Keep JPEGs that libjpeg decodes with a warning (damaged data it papers over with grey or
     #: repeated blocks). Off by default: such files are skipped with the warning as the reason.
     keep_damaged_jpeg: bool = False
+
+    @property
+    def max_source_bytes(self) -> int:
+        """The most bytes read from one source file: what an uncompressed image of ``max_pixels``
+        can take (16 bytes a pixel: four 32-bit channels) plus 64 MiB of metadata. Larger files
+        are skipped unread, so a huge or endless file cannot exhaust memory."""
+        return self.max_pixels * 16 + (64 << 20)
 
     def to_json(self) -> dict:
         """The manifest's ``processing`` entry."""
@@ -451,9 +459,16 @@ def crop_window(rgb: np.ndarray, window: Callable[[int, int], Window], *, path: 
 def _checked_window(window: Callable[[int, int], Window], height: int, width: int, path: str | None,
                     sample: int | str | None) -> Window:
     try:
-        top, left, h, w = window(height, width)
+        got = window(height, width)
     except ValueError as e:
         raise ValueError(f"{_where(path, sample)}: {e}") from None
+    try:  # NumPy integers count as ints (as Python ints: np.uint8 sums would wrap); floats and bools do not
+        if len(got) != 4 or any(isinstance(v, (bool, np.bool_)) for v in got):
+            raise TypeError
+        top, left, h, w = (operator.index(v) for v in got)
+    except TypeError:
+        raise TypeError(f"{_where(path, sample)}: a crop window must be four integers (top, left, height, width), "
+                        f"not {got!r}") from None
     if not (h > 0 and w > 0 and top >= 0 and left >= 0 and top + h <= height and left + w <= width):
         raise ValueError(f"{_where(path, sample)}: the {h}x{w} crop window at ({top}, {left}) does not fit the "
                          f"{height}x{width} image")

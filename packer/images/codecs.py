@@ -1,5 +1,5 @@
 """The one table of image codecs a packed sample can have. Adding a codec is one row here plus its
-encoder in packer.imageproc; every other codec lookup in packer is derived from this table."""
+encoder in packer.images.imageproc; every other codec lookup in packer is derived from this table."""
 
 from __future__ import annotations
 

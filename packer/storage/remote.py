@@ -18,15 +18,15 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from .errors import (
+from ..description.manifest import MANIFEST_NAME, MAX_MANIFEST_BYTES, Manifest
+from ..errors import (
     CorruptDataError,
     DatasetChangedError,
     ManifestError,
     PackerError,
     UnfinishedDatasetError,
 )
-from .manifest import MANIFEST_NAME, MAX_MANIFEST_BYTES, Manifest
-from .sizes import seconds_from_env
+from ..sizes import seconds_from_env
 
 __all__ = [
     "RemoteError",
@@ -321,7 +321,7 @@ class RemoteFiles:
 def open_remote(url: str, storage_options: dict[str, Any] | None = None, cache_dir: str | None = None,
                 cache_limit: int | str | None = None) -> tuple[Manifest, RemoteFiles]:
     """The manifest of the dataset at ``url`` and the opener of its files through the node cache
-    (see :class:`packer.nodecache.NodeCache` for ``cache_dir`` and ``cache_limit``)."""
+    (see :class:`packer.storage.nodecache.NodeCache` for ``cache_dir`` and ``cache_limit``)."""
     from .nodecache import NodeCache
 
     remote = Remote(url, dict(storage_options or {}))
@@ -334,8 +334,19 @@ def local_copy(url: str, storage_options: dict[str, Any] | None = None, cache_di
                cache_limit: int | str | None = None) -> tuple[str, list[str]]:
     """Every file of the dataset at ``url`` in the node cache: the local folder (a packed dataset
     with its manifest) and the problems met, one line each (a file that cannot be fetched, or
-    whose download does not match the manifest's SHA-256, is left out of the folder)."""
+    whose download does not match the manifest's SHA-256, is left out of the folder). The whole
+    dataset must fit in ``cache_limit`` at once: CacheFullError saying the limit it needs when not."""
+    from .nodecache import CacheFullError
+
     manifest, files = open_remote(url, storage_options, cache_dir, cache_limit)
+    limit = files.cache.limit
+    if limit is not None:
+        need = files.cache.disk_bytes([f.bytes for f in manifest.files]
+                                      + [os.path.getsize(os.path.join(files.view, MANIFEST_NAME))])
+        if need > limit:
+            raise CacheFullError(f"{url}: a local copy (to verify, inspect or convert it) needs every file in the node "
+                                 f"cache at once, {need:,} bytes on disk, more than cache_limit ({limit:,} bytes); "
+                                 f"raise --cache-limit to at least {need:,} bytes")
     problems = []
     for f in manifest.files:
         try:
@@ -348,7 +359,7 @@ def local_copy(url: str, storage_options: dict[str, Any] | None = None, cache_di
 def upload_converted(local: str, url: str, storage_options: dict[str, Any] | None, overwrite: bool) -> None:
     """Publish the packed dataset in ``local`` at ``url`` (files first, manifest last); refused
     when ``url`` already holds a dataset and ``overwrite`` is false."""
-    from .manifest import read_manifest
+    from ..description.manifest import read_manifest
 
     uploader = Uploader(check_remote_destination(url, storage_options, overwrite))
     uploader.finish(local, read_manifest(local))
@@ -440,7 +451,7 @@ def generation_name(name: str, generation: str) -> str:
 def upload_folder(cache_root: str, url: str) -> str:
     """The folder of the node cache at ``cache_root`` that a conversion to ``url`` is built in
     (the same for every run to ``url``, so ``--resume`` finds it). Claim it
-    (:func:`packer.filesystem.claim_destination`) before touching anything inside it."""
+    (:func:`packer.files.filesystem.claim_destination`) before touching anything inside it."""
     return os.path.join(cache_root, "uploads", hashlib.sha256(Remote(url).url.encode()).hexdigest()[:16])
 
 
@@ -459,8 +470,8 @@ def watch_uploads(uploader: Uploader, dst: str, every: float = 0.5) -> Iterator[
     """While the body converts into the local ``dst``, upload every file its journal lists as
     finished (the journal is written at each checkpoint: a finished shard). An upload error is
     raised when the body ends."""
-    from .filesystem import temp_dir_for
-    from .journal import read_journal
+    from ..files.filesystem import temp_dir_for
+    from ..files.journal import read_journal
 
     tmp = temp_dir_for(dst)
     stop = threading.Event()

@@ -29,8 +29,8 @@ import time
 from collections.abc import Callable, Iterator
 from typing import Any, TypeVar
 
-from .errors import DestinationBusyError, DiskFullError, SourceError
-from .sizes import format_size
+from ..errors import DestinationBusyError, DiskFullError, SourceError
+from ..sizes import format_size
 
 __all__ = ["check_destination", "claim_destination", "holding_claim", "sibling_path", "fsync_dir",
            "atomic_write_bytes", "free_bytes", "no_room", "temp_dir_for", "publish", "recover_publish",

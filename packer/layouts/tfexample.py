@@ -12,7 +12,8 @@ from typing import Any
 
 __all__ = ["FeatureValue", "encode_example", "parse_example", "example_class"]
 
-#: What a feature holds: one bytes value or int, or a list of bytes, ints or floats.
+#: What a feature holds: one bytes value or int, or a list of bytes, ints or floats (an empty list is
+#: written as an empty int64 list).
 FeatureValue = bytes | int | Sequence[bytes] | Sequence[int] | Sequence[float]
 
 _U64 = (1 << 64) - 1
@@ -40,6 +41,8 @@ def _feature(value: FeatureValue) -> bytes:
     if isinstance(value, int):
         return _field(b"\x1a", _field(b"\x0a", _varint(value & _U64)))
     values = list(value)
+    if not values:  # no type to go by: an empty int64 list (the type of every list packer writes empty, labels)
+        return _field(b"\x1a", b"")
     if all(isinstance(v, (bytes, bytearray, memoryview)) for v in values):
         return _field(b"\x0a", b"".join(_field(b"\x0a", bytes(v)) for v in values))  # type: ignore[arg-type]
     if all(isinstance(v, int) for v in values):

@@ -1,0 +1,1 @@
+"""Images: headers, decoding, processing and encoding, the codec table and the crop-window module."""

@@ -1,0 +1,1 @@
+"""Datasets in places: publishing a dataset folder, object storage and the node cache."""
