@@ -438,6 +438,7 @@ def test_a_stalled_server_fails_each_file_within_the_deadline(s3, local_sets, tm
         monkeypatch.setenv("PACKER_REMOTE_DEADLINE", "600")  # the option wins
         cli = _cli_opts(options, str(tmp_path / "c3"))
         assert main(["info", url, *cli, "--remote-deadline", "2"]) == 1
+        assert os.environ["PACKER_REMOTE_DEADLINE"] == "600"  # the option held for that command only
     finally:
         proxy.sock.shutdown(socket.SHUT_RDWR)  # wakes its accept(): the abandoned requests' retries
         proxy.sock.close()  # find no server, not a proxy to a stopped moto

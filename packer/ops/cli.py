@@ -495,9 +495,6 @@ def _seconds(text: str) -> float:
 def _storage(a: argparse.Namespace) -> dict:
     from ..storage.remote import parse_storage_options
 
-    deadline = getattr(a, "remote_deadline", None)
-    if deadline is not None:
-        os.environ["PACKER_REMOTE_DEADLINE"] = repr(deadline)  # for every Remote of this run, workers too
     try:
         return parse_storage_options(a.storage_option)
     except ValueError as e:
@@ -808,7 +805,8 @@ def _main(argv: Sequence[str] | None, terminated: list[bool]) -> int:
         a = build_parser().parse_args(argv)
         if a.command is None:
             raise UsageError("packer: no command given (see packer --help)")
-        return COMMANDS[a.command][2](a)
+        with _remote_deadline(getattr(a, "remote_deadline", None)):
+            return COMMANDS[a.command][2](a)
     except UsageError as e:
         _say(str(e))
         return EXIT_USAGE
@@ -833,6 +831,24 @@ def _main(argv: Sequence[str] | None, terminated: list[bool]) -> int:
             e = explain_missing_manifest(e, e.directory)
         _say(f"packer: error: {e}" + _partial_note(e))
         return EXIT_ERROR
+
+
+@contextlib.contextmanager
+def _remote_deadline(seconds: float | None) -> Iterator[None]:
+    """``--remote-deadline``: PACKER_REMOTE_DEADLINE for the command (every Remote it makes, its
+    worker processes too), as it was before once the command returns."""
+    if seconds is None:
+        yield
+        return
+    before = os.environ.get("PACKER_REMOTE_DEADLINE")
+    os.environ["PACKER_REMOTE_DEADLINE"] = repr(seconds)
+    try:
+        yield
+    finally:
+        if before is None:
+            os.environ.pop("PACKER_REMOTE_DEADLINE", None)
+        else:
+            os.environ["PACKER_REMOTE_DEADLINE"] = before
 
 
 def _partial_note(e: BaseException) -> str:
