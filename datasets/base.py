@@ -10,6 +10,7 @@ never used in the child (the pid is checked).
 
 from __future__ import annotations
 
+import copy
 import os
 import struct
 import threading
@@ -148,6 +149,7 @@ class PackedDataset(Dataset):
         self.on_error = on_error
         self._skips = SkipCounter() if on_error == "skip" else None
         self._pid: int | None = None
+        self._open_failure: tuple[int, CorruptDataError] | None = None  # (pid, error) of a failed open check
         self._dir: DatasetDir | None = None
         self._remote = remote_files  # a dataset at a URL: its files come through the node cache
         self._lock = threading.Lock()
@@ -320,6 +322,11 @@ class PackedDataset(Dataset):
         if self._pid != pid:
             with self._lock:
                 if self._pid != pid:
+                    failed = self._open_failure
+                    if failed is not None and failed[0] == pid:
+                        # A file that failed its open check is not opened again in this process
+                        # (with on_error="skip", each sample would open it and read its index).
+                        raise copy.copy(failed[1])
                     self._pid = None  # a handle inherited across fork is never used
                     settle_worker()  # in DataLoader workers only; see worker_memory
                     if self._dir is not None:
@@ -327,7 +334,11 @@ class PackedDataset(Dataset):
                     # Every file is opened through the directory as it was when bound to our manifest.
                     self._dir = DatasetDir(self.root, self.manifest, bound=not self.manifest.layout.get("foreign"),
                                            fetch=self._remote)
-                    self._open()
+                    try:
+                        self._open()
+                    except CorruptDataError as e:
+                        self._open_failure = (pid, e)
+                        raise
                     self._pid = pid
 
     def _read_small_file(self, name: str, what: str) -> bytes:
@@ -623,6 +634,7 @@ class PackedDataset(Dataset):
         self._ensure_cache()
         state = self.__dict__.copy()
         state["_pid"] = None
+        state["_open_failure"] = None
         state["_lock"] = None
         state["_dir"] = None
         state["_table"] = None

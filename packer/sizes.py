@@ -1,10 +1,13 @@
-"""Byte sizes written the way people write them: ``"256MB"``, ``"1GiB"``, ``"8 GB"``, ``4096``."""
+"""Byte sizes written the way people write them: ``"256MB"``, ``"1GiB"``, ``"8 GB"``, ``4096``; and
+durations in seconds taken from the environment."""
 
 from __future__ import annotations
 
+import os
 import re
+from collections.abc import Mapping
 
-__all__ = ["parse_size", "format_size"]
+__all__ = ["parse_size", "format_size", "seconds_from_env"]
 
 _UNITS = {
     "": 1, "b": 1,
@@ -39,3 +42,18 @@ def format_size(n: float) -> str:
             return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
         n /= 1000
     return f"{n:.1f} TB"  # unreachable, keeps type checkers calm
+
+
+def seconds_from_env(name: str, default: float, environ: Mapping[str, str] = os.environ) -> float:
+    """The positive number of seconds in the environment variable ``name``, else ``default``;
+    ValueError naming the variable and its value when it is not one."""
+    value = environ.get(name, "").strip()
+    if not value:
+        return default
+    try:
+        seconds = float(value)
+    except ValueError:
+        seconds = -1.0
+    if not 0 < seconds < float("inf"):
+        raise ValueError(f"{name}={value!r} is not a positive number of seconds")
+    return seconds

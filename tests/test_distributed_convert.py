@@ -223,3 +223,15 @@ def test_torchrun_two_nodes_match_one_process(folder, tmp_path):
         got.pop(k), want.pop(k)
     assert got == want
     assert leftovers(tmp_path) == []
+
+
+def test_rank_timeout_from_the_environment():
+    from datetime import timedelta
+
+    from packer.ops.distributed import DEFAULT_TIMEOUT, rank_timeout
+
+    assert rank_timeout({}) == DEFAULT_TIMEOUT <= timedelta(hours=1)
+    assert rank_timeout({"PACKER_TORCHRUN_TIMEOUT": "2.5"}) == timedelta(seconds=2.5)
+    for bad in ("0", "-1", "soon", "nan"):
+        with pytest.raises(ValueError, match="PACKER_TORCHRUN_TIMEOUT"):
+            rank_timeout({"PACKER_TORCHRUN_TIMEOUT": bad})

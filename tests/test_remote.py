@@ -415,6 +415,37 @@ def test_access_denied_fails_at_once_naming_the_url(s3, local_sets, tmp_path):
     assert time.monotonic() - start < 10 and proxy.requests <= 2
 
 
+
+def test_a_stalled_server_fails_each_file_within_the_deadline(s3, local_sets, tmp_path, monkeypatch, capsys):
+    """A server that stops answering (the proxy holds every request): with a 2 s deadline, reading
+    a shard, then opening the dataset, then `packer info --remote-deadline 2` each fail naming the
+    file's URL within seconds; botocore's timeouts and retries alone took minutes."""
+    from packer.ops.cli import main
+
+    url = _upload(s3, local_sets["tar"], "stalled/tar")
+    port = int(s3["client_kwargs"]["endpoint_url"].rsplit(":", 1)[1])
+    proxy = _FaultProxy(port, 503, every=10**9)
+    options = proxy.options(s3)
+    monkeypatch.setenv("PACKER_REMOTE_DEADLINE", "2")
+    ds = open_dataset(url, storage_options=options, cache_dir=str(tmp_path / "c"))
+    proxy.delay = 3600  # the server stops answering
+    start = time.monotonic()
+    try:
+        with pytest.raises(RemoteError, match=r"s3://data/stalled/tar/shard-000000\.\w+: no answer within 2 s"):
+            ds[0]
+        with pytest.raises(RemoteError, match=r"s3://data/stalled/tar/manifest\.json: no answer within 2 s"):
+            open_dataset(url, storage_options=options, cache_dir=str(tmp_path / "c2"))
+        monkeypatch.setenv("PACKER_REMOTE_DEADLINE", "600")  # the option wins
+        cli = _cli_opts(options, str(tmp_path / "c3"))
+        assert main(["info", url, *cli, "--remote-deadline", "2"]) == 1
+        assert os.environ["PACKER_REMOTE_DEADLINE"] == "600"  # the option held for that command only
+    finally:
+        proxy.sock.shutdown(socket.SHUT_RDWR)  # wakes its accept(): the abandoned requests' retries
+        proxy.sock.close()  # find no server, not a proxy to a stopped moto
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "s3://data/stalled/tar/manifest.json: no answer within 2 s" in err[0], err
+    assert time.monotonic() - start < 30
+
 def test_two_torchrun_ranks_stream_from_s3_every_sample_once(s3, tmp_path_factory, tmp_path):
     import collections
     import json

@@ -706,6 +706,37 @@ def test_a_thousand_consecutive_bad_samples_are_skipped_without_recursion(tmp_pa
         ds[2]
 
 
+
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_a_dataset_file_that_fails_its_open_check_is_opened_once_per_process(tmp_path, fmt, monkeypatch):
+    """on_error="skip" over a dataset whose payload file was replaced by another conversion's: the
+    open check fails, and later samples raise the same error without opening the file again (it
+    was opened and its index read once per sample: O(n^2) per epoch)."""
+    import warnings
+
+    from packer.datasets import open_dataset
+    from packer.description.manifest import read_manifest
+    from packer.errors import CorruptDataError
+    from packer.storage import datasetdir
+
+    dst, _ = _two_datasets(tmp_path, fmt)
+    _two_datasets(tmp_path / "b", fmt)[1]()  # another conversion, its files in tmp_path/b/out
+    data = [e.name for e in read_manifest(dst).files if e.name.endswith((".h5", ".mdb", ".tar", ".tfrecord"))]
+    for name in data:
+        shutil.copyfile(os.path.join(tmp_path, "b", "out", name), os.path.join(dst, name))
+    opened = []  # every open of a dataset file, through the reader's one checked path
+    real_open = datasetdir.open_regular
+    monkeypatch.setattr(datasetdir, "open_regular", lambda name, *a, **k: opened.append(name) or real_open(name, *a, **k))
+    ds = open_dataset(dst, on_error="skip", output="numpy")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        for _ in range(2):  # two epochs
+            for i in range(len(ds)):
+                with pytest.raises(CorruptDataError, match="every sample"):
+                    ds[i]
+    assert len(ds) == 12 and ds.errors == 2 * 12 * 12
+    assert len([n for n in opened if n in data]) <= len(data), opened
+
 def test_corrupt_data_error_keeps_its_fields_across_a_dataloader_worker(tmp_path):
     import torch
 
@@ -1280,6 +1311,83 @@ def test_hdf5_disk_filled_after_the_space_check_is_one_line_not_a_crash(big_sour
     assert r.returncode == 1, r.stderr
     assert len(err) == 1 and err[0].startswith("packer: error: disk full: no space left on device while writing ")
     assert os.listdir(small_fs) == []
+
+
+
+@pytest.mark.parametrize("workers", [2, 3])
+def test_hdf5_disk_full_with_busy_workers_exits(small_fs, tmp_path, workers):  # noqa: F811
+    """The disk fills while workers still hold answers bigger than a pipe's buffer (chunks of raw
+    images): the conversion prints its one line, removes the partial output and exits (the workers
+    blocked in their send, and the exit waited on them forever)."""
+    src = str(tmp_path / "many")
+    make_folder(src, {c: [(f"{i}.png", 256, 256) for i in range(100)] for c in ("a", "b")})
+    dst = os.path.join(small_fs, "out")
+    r = subprocess.run([sys.executable, "-m", "packer", "convert", "imagefolder", "hdf5", src, dst, "--workers",
+                        str(workers), "--encode", "raw", "-q"], cwd=ROOT, capture_output=True, text=True, timeout=60)
+    err = r.stderr.strip().splitlines()
+    assert r.returncode == 1, r.stderr
+    assert len(err) == 1 and err[0].startswith("packer: error: disk full: no space left on device while writing ")
+    assert os.listdir(small_fs) == []
+
+# -- a torchrun rank that stops answering ------------------------------------------------------------
+
+def _children(pid: int) -> set[int]:
+    """The live child processes of ``pid`` (from /proc; zombies excluded)."""
+    found = set()
+    for task in os.listdir(f"/proc/{pid}/task"):
+        with open(f"/proc/{pid}/task/{task}/children") as f:
+            found.update(int(c) for c in f.read().split())
+    return {c for c in found if _alive(c)}
+
+
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+@pytest.mark.slow
+def test_torchrun_stopped_rank_fails_the_job_after_the_timeout(tmp_path):
+    """SIGSTOP of rank 1 while it converts: with --rank-timeout 3, rank 0 gives up on it after the
+    timeout, naming it, instead of waiting for the collective's own timeout; nothing appears at DST."""
+    import json
+
+    from packer.ops.distributed import part_path
+    from tests.test_distributed_convert import torchrun_command
+
+    root = str(tmp_path / "src")
+    make_folder(root, {c: [(f"{c}{i}.png", 96, 128) for i in range(150)] for c in ("a", "b")})
+    dst = str(tmp_path / "dst")
+    lock = sibling_path(part_path(dst, 1, 2), "lock")
+    cmd, env = torchrun_command(2, "tar", root, dst, "--workers", "1", "--encode", "png", "-q", "--rank-timeout", "3")
+    proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    stopped = None
+    try:
+        deadline = time.monotonic() + 120
+        while proc.poll() is None and stopped is None and time.monotonic() < deadline:
+            try:
+                with open(lock) as f:
+                    stopped = json.load(f)["pid"]
+                os.kill(stopped, signal.SIGSTOP)
+            except (OSError, ValueError, KeyError):
+                stopped = None
+                time.sleep(0.01)
+        assert stopped is not None, "rank 1 never started its part"
+        others = _children(proc.pid) - {stopped}
+        assert others, "rank 0 is not running"
+        deadline = time.monotonic() + 60  # the collective's own timeout would be far longer
+        while any(map(_alive, others)) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert not any(map(_alive, others)), "rank 0 still waits for the stopped rank"
+    finally:
+        if stopped is not None:
+            os.kill(stopped, signal.SIGKILL)
+        _, err = proc.communicate(timeout=120)
+    assert proc.returncode != 0, err
+    assert "rank 1 of 2 has not answered for 3 s (stopped or hung" in err
+    assert not os.path.exists(dst)
 
 
 # -- list rows that lead out of the folder they are relative to ------------------------------------

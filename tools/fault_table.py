@@ -272,10 +272,21 @@ TRUST = {
     "test_hdf5_disk_filled_after_the_space_check_is_one_line_not_a_crash": (
         "DST on a 2 MB tmpfs filled after HDF5's free-space check passed; 1 and 2 workers",
         "exit 1, one line 'disk full', nothing left (was h5py tracebacks and a SIGSEGV at exit)"),
+    "test_hdf5_disk_full_with_busy_workers_exits": (
+        "HDF5 conversion of 200 raw 256x256 images onto a 2 MB tmpfs, 2 and 3 workers holding answers larger than a "
+        "pipe", "exit 1 within 60 s, one line 'disk full', nothing left (was: the line printed, then a wait on the "
+        "blocked workers forever)"),
+    "test_a_dataset_file_that_fails_its_open_check_is_opened_once_per_process": (
+        "on_error='skip' over a dataset whose payload file is another conversion's; 12 samples, 2 epochs; 4 formats",
+        "every sample refused with CorruptDataError; the payload file opened at most once in the process (HDF5 and "
+        "TFRecord opened it 288 times)"),
     "test_torchrun_ranks_that_see_other_files_fail_the_job": (
         "torchrun on two nodes: rank 1's copy of SRC stale (one file with other bytes and time, same SRC argument), "
         "or rank 1 given another SRC", "every rank exits non-zero naming rank 1 and the file (or both SRCs) before "
         "converting; nothing published (was exit 0 with rank 1's images under rank 0's labels)"),
+    "test_torchrun_stopped_rank_fails_the_job_after_the_timeout": (
+        "torchrun, 2 ranks, `--rank-timeout 3`: rank 1 SIGSTOPped while it converts", "rank 0 exits non-zero within "
+        "60 s naming rank 1 as silent for 3 s; nothing published (was a wait for the collective's 24-hour timeout)"),
     "test_merge_refuses_parts_that_disagree_about_a_source_file": (
         "convert_items parts of the same file key made from different copies of it",
         "merge refuses naming the file and both parts, writes nothing (was merged silently)"),
@@ -343,6 +354,11 @@ REMOTE = {
         "the first then finishes, or is SIGKILLed and resumed",
         "exit 1, one line naming the first's pid; no file of the node-cache upload folder touched; the first (or "
         "its --resume) publishes the dataset (was: the second deleted the first's copy)"),
+    "test_a_stalled_server_fails_each_file_within_the_deadline": (
+        "a server that stops answering (a proxy holds every request) under a 2 s deadline: a shard read, "
+        "open_dataset, packer info --remote-deadline 2", "RemoteError naming the shard's or manifest's URL, 'no answer "
+        "within 2 s'; info exits 1 with that one line; all three within 30 s (was minutes of botocore and s3fs "
+        "retries)"),
     "test_verify_of_a_url_with_a_cache_limit_below_the_dataset_says_the_limit_it_needs": (
         "packer verify s3://... of a healthy 24-sample tar dataset with --cache-limit 4 shards",
         "exit 1, one line saying the cache limit needed; with that limit verify passes (was 'missing payload file')"),

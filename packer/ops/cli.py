@@ -84,6 +84,10 @@ def _add_convert(p: argparse.ArgumentParser) -> None:
     g.add_argument("--no-torchrun", action="store_true",
                    help="convert in this process alone even where torchrun's environment is set (e.g. when started "
                         "by a training script that torchrun runs)")
+    g.add_argument("--rank-timeout", type=_seconds, default=None, metavar="SECONDS",
+                   help="under torchrun: how long a rank may stay silent (stopped, hung) before the job fails naming "
+                        "it (default: PACKER_TORCHRUN_TIMEOUT, else 1800); a live rank is waited for however long "
+                        "its part takes")
     _add_list_options(p)
     g = p.add_argument_group("shards (tar, tfrecord)")
     g.add_argument("--shard-size", default=None, help="max bytes per shard, e.g. 256MB, 1GiB")
@@ -448,15 +452,18 @@ def _summary(a: argparse.Namespace, report, skipped_status: int = EXIT_SKIPPED) 
 def _convert_torchrun(a: argparse.Namespace, launch):  # noqa: ANN001, ANN202 - a distributed.Launch
     """One rank of ``torchrun ... -m packer convert imagefolder FMT SRC DST``: a part per rank,
     merged by rank 0 (packer.ops.distributed); the report on rank 0, None on the others."""
+    from datetime import timedelta
+
     from ..storage.remote import is_url
-    from .distributed import convert_imagefolder_torchrun
+    from .distributed import convert_imagefolder_torchrun, rank_timeout
 
     print(f"packer: torchrun detected: {launch.describe()}; converting one part per rank, rank 0 merges",
           flush=True)
     if a.src_format != "imagefolder" or a.dst_format == "imagefolder" or is_url(a.dst):
         raise UsageError("packer convert: under torchrun only an image folder converts in parts, to a local packed "
                          "destination; run other conversions without torchrun")
-    report = convert_imagefolder_torchrun(a.src, a.dst, a.dst_format, convert_options(a), launch)
+    timeout = rank_timeout() if a.rank_timeout is None else timedelta(seconds=a.rank_timeout)
+    report = convert_imagefolder_torchrun(a.src, a.dst, a.dst_format, convert_options(a), launch, timeout)
     return report if launch.rank == 0 else None
 
 
@@ -469,6 +476,20 @@ def _add_storage(p: argparse.ArgumentParser) -> None:
     g.add_argument("--cache-dir", metavar="DIR", help="node-local download cache (default: PACKER_CACHE_DIR, "
                                                       "else ~/.cache/packer)")
     g.add_argument("--cache-limit", metavar="SIZE", help="most bytes the download cache keeps, e.g. 20GB")
+    g.add_argument("--remote-deadline", type=_seconds, metavar="SECONDS",
+                   help="how long one request for a remote file may take before it fails naming the URL, whatever "
+                        "the storage library's retries do (default: PACKER_REMOTE_DEADLINE, else 120)")
+
+
+def _seconds(text: str) -> float:
+    """An argparse type: a positive, finite number of seconds."""
+    try:
+        seconds = float(text)
+    except ValueError:
+        seconds = -1.0
+    if not 0 < seconds < float("inf"):
+        raise argparse.ArgumentTypeError(f"{text!r} is not a positive number of seconds")
+    return seconds
 
 
 def _storage(a: argparse.Namespace) -> dict:
@@ -784,7 +805,8 @@ def _main(argv: Sequence[str] | None, terminated: list[bool]) -> int:
         a = build_parser().parse_args(argv)
         if a.command is None:
             raise UsageError("packer: no command given (see packer --help)")
-        return COMMANDS[a.command][2](a)
+        with _remote_deadline(getattr(a, "remote_deadline", None)):
+            return COMMANDS[a.command][2](a)
     except UsageError as e:
         _say(str(e))
         return EXIT_USAGE
@@ -809,6 +831,24 @@ def _main(argv: Sequence[str] | None, terminated: list[bool]) -> int:
             e = explain_missing_manifest(e, e.directory)
         _say(f"packer: error: {e}" + _partial_note(e))
         return EXIT_ERROR
+
+
+@contextlib.contextmanager
+def _remote_deadline(seconds: float | None) -> Iterator[None]:
+    """``--remote-deadline``: PACKER_REMOTE_DEADLINE for the command (every Remote it makes, its
+    worker processes too), as it was before once the command returns."""
+    if seconds is None:
+        yield
+        return
+    before = os.environ.get("PACKER_REMOTE_DEADLINE")
+    os.environ["PACKER_REMOTE_DEADLINE"] = repr(seconds)
+    try:
+        yield
+    finally:
+        if before is None:
+            os.environ.pop("PACKER_REMOTE_DEADLINE", None)
+        else:
+            os.environ["PACKER_REMOTE_DEADLINE"] = before
 
 
 def _partial_note(e: BaseException) -> str:

@@ -17,6 +17,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import threading
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
@@ -26,14 +27,18 @@ from typing import Any
 from ..description.manifest import Manifest, Skipped, read_manifest
 from ..errors import PackerError, SourceError
 from ..files.filesystem import check_destination, claim_destination, sibling_path
+from ..sizes import seconds_from_env
 from .engine import ConvertOptions, ConvertReport, describe_stamp, file_stamp, scan_ordered
 from .items import convert_items
 from .merge import merge
 
-__all__ = ["DistributedError", "Launch", "torchrun_launch", "part_range", "part_path", "convert_imagefolder_torchrun"]
+__all__ = ["DistributedError", "Launch", "torchrun_launch", "part_range", "part_path", "rank_timeout",
+           "convert_imagefolder_torchrun"]
 
-#: How long a rank waits for the others at a collective (the slowest part's conversion included).
-DEFAULT_TIMEOUT = timedelta(hours=24)
+#: How long a rank may stay silent (stopped, hung) before the others give up on it; a slow rank
+#: that is alive is waited for however long its part takes. ``PACKER_TORCHRUN_TIMEOUT`` (seconds)
+#: or ``packer convert --rank-timeout`` change it.
+DEFAULT_TIMEOUT = timedelta(minutes=30)
 
 
 class DistributedError(PackerError, RuntimeError):
@@ -81,11 +86,86 @@ def part_path(dst: str, rank: int, world_size: int) -> str:
     return sibling_path(dst, f"part-{rank}-of-{world_size}")
 
 
+def rank_timeout(environ: Mapping[str, str] = os.environ) -> timedelta:
+    """How long a rank may stay silent: ``PACKER_TORCHRUN_TIMEOUT`` (seconds) or :data:`DEFAULT_TIMEOUT`."""
+    return timedelta(seconds=seconds_from_env("PACKER_TORCHRUN_TIMEOUT", DEFAULT_TIMEOUT.total_seconds(), environ))
+
+
 # -- talking between ranks: JSON bytes in tensors (gloo) ------------------------------------------
-def _broadcast_json(obj: Any, src: int = 0) -> Any:
+class _Peers:
+    """Liveness of the other ranks, through the process group's store: each rank beats (a counter
+    in the store, from a thread) while it works, and before each collective every rank waits in the
+    store until all have arrived, failing if another rank's beat has not moved for ``timeout``.
+    The collective itself then runs with every rank present, so a long part on a live rank is
+    waited for and a stopped or hung one is named after ``timeout``."""
+
+    def __init__(self, store: Any, launch: Launch, timeout: timedelta) -> None:
+        call = (int(store.add("packer/calls", 1)) - 1) // launch.world_size  # the same on every rank
+        self.store, self.prefix, self.launch = store, f"packer/{call}/", launch
+        self.timeout = timeout.total_seconds()
+        self.interval = min(5.0, max(0.05, self.timeout / 20))
+        self.step = 0
+        self.silent: str | None = None  # the error once a rank is known to be silent
+        self._stop = threading.Event()
+        self._beat()
+        self._thread = threading.Thread(target=self._beats, name="packer-rank-beat", daemon=True)
+        self._thread.start()
+
+    def _beat(self) -> None:
+        self.store.add(f"{self.prefix}beat/{self.launch.rank}", 1)
+
+    def _beats(self) -> None:
+        while not self._stop.wait(self.interval):
+            try:
+                self._beat()
+            except Exception:  # noqa: BLE001 - the store is gone: the job is ending; the waits say why
+                return
+
+    def close(self) -> None:
+        self._stop.set()
+        self._thread.join(self.interval + 1)  # a beat blocked on a stopped store host is left to die
+
+    def arrive(self) -> None:
+        """Wait until every rank reaches its next collective; DistributedError naming a rank that
+        has been silent for ``timeout``."""
+        if self.silent:
+            raise DistributedError(self.silent)
+        self.step += 1
+        key, n = f"{self.prefix}at/{self.step}", self.launch.world_size
+        self.store.add(key, 1)
+        now = time.monotonic()
+        seen = {r: (-1, now) for r in range(n) if r != self.launch.rank}
+        while int(self.store.add(key, 0)) < n:
+            now = time.monotonic()
+            for r, (beats, since) in seen.items():
+                current = int(self.store.add(f"{self.prefix}beat/{r}", 0))
+                if current != beats:
+                    seen[r] = (current, now)
+                elif now - since > self.timeout:
+                    self.silent = (f"rank {r} of {n} has not answered for {self.timeout:g} s (stopped or hung; "
+                                   f"--rank-timeout or PACKER_TORCHRUN_TIMEOUT sets how long a rank may stay silent)")
+                    raise DistributedError(self.silent)
+            time.sleep(self.interval)
+
+
+def _start_peers(launch: Launch, timeout: timedelta) -> _Peers | None:
+    """The liveness watch of this job, or None where torch offers no store to keep it in (then the
+    process group's own timeout bounds each wait)."""
+    from torch.distributed import distributed_c10d
+
+    get_store = getattr(distributed_c10d, "_get_default_store", None)
+    if get_store is None or launch.world_size < 2:
+        return None
+    return _Peers(get_store(), launch, timeout)
+
+
+def _broadcast_json(obj: Any, peers: _Peers | None, src: int = 0) -> Any:
     """``obj`` of rank ``src``, on every rank."""
     import torch
     import torch.distributed as dist
+
+    if peers is not None:
+        peers.arrive()
 
     data = json.dumps(obj).encode() if dist.get_rank() == src else b""
     size = torch.tensor([len(data)], dtype=torch.int64)
@@ -95,10 +175,13 @@ def _broadcast_json(obj: Any, src: int = 0) -> Any:
     return json.loads(buf.numpy().tobytes())
 
 
-def _gather_json(obj: Any) -> list[Any]:
+def _gather_json(obj: Any, peers: _Peers | None) -> list[Any]:
     """Every rank's ``obj``, in rank order, on every rank."""
     import torch
     import torch.distributed as dist
+
+    if peers is not None:
+        peers.arrive()
 
     data = json.dumps(obj).encode()
     sizes = [torch.zeros(1, dtype=torch.int64) for _ in range(dist.get_world_size())]
@@ -114,48 +197,56 @@ def _gather_json(obj: Any) -> list[Any]:
 # -- the conversion ---------------------------------------------------------------------------------
 def convert_imagefolder_torchrun(
     src: str | os.PathLike[str], dst: str | os.PathLike[str], fmt: str, options: ConvertOptions, launch: Launch,
-    timeout: timedelta = DEFAULT_TIMEOUT,
+    timeout: timedelta | None = None,
 ) -> ConvertReport:
     """Convert the image folder ``src`` to ``fmt`` at ``dst`` as rank ``launch.rank`` of a torchrun
     job (every rank calls it with the same arguments; a gloo process group is started unless one is
     already). Rank 0 holds the destination's claim from the scan to the publish; each rank uses
     ``options.workers`` processes. Every rank returns the report of the merged dataset, or raises:
-    its own error, or DistributedError naming the rank that failed."""
+    its own error, or DistributedError naming the rank that failed, or the rank that stayed silent
+    (stopped, hung) for ``timeout`` (default: :func:`rank_timeout`); a live rank is waited for
+    however long its part takes."""
     import torch.distributed as dist
 
     t0 = time.perf_counter()
     src, dst = os.fspath(src), os.fspath(dst)
+    timeout = rank_timeout() if timeout is None else timeout
     own = not dist.is_initialized()
     if own:
         dist.init_process_group("gloo", timeout=timeout)
+    peers = None
     try:
+        peers = _start_peers(launch, timeout)
         if launch.rank == 0:
             check_destination(src, dst)
             with claim_destination(dst):
-                return _run_rank0(src, dst, fmt, options, launch, t0)
-        return _run_rank(src, dst, fmt, options, launch, t0)
+                return _run_rank0(src, dst, fmt, options, launch, t0, peers)
+        return _run_rank(src, dst, fmt, options, launch, t0, peers)
     except RuntimeError as e:
         if isinstance(e, PackerError):
             raise
         raise DistributedError(f"rank {launch.rank} of {launch.world_size}: {e}") from e
     finally:
+        if peers is not None:
+            peers.close()
         if own:
             dist.destroy_process_group()
 
 
-def _run_rank0(src: str, dst: str, fmt: str, options: ConvertOptions, launch: Launch, t0: float) -> ConvertReport:
+def _run_rank0(src: str, dst: str, fmt: str, options: ConvertOptions, launch: Launch, t0: float,
+               peers: _Peers | None) -> ConvertReport:
     """Scan, share the plan, convert part 0, merge every part and publish, share the outcome."""
     try:
         samples, template, errors = scan_ordered(src, dst, fmt, options)
     except BaseException as e:
-        _broadcast_json({"error": f"{type(e).__name__}: {e}"})
+        _broadcast_json({"error": f"{type(e).__name__}: {e}"}, peers)
         raise
     plan = {"src": src, "classes": template.classes,
             "items": [[s.relpath.replace(os.sep, "/"), s.label, *file_stamp(s.path)] for s in samples]}
-    _broadcast_json(plan)
-    _agree_on_sources(plan, src, launch)
+    _broadcast_json(plan, peers)
+    _agree_on_sources(plan, src, launch, peers)
     outcome, own_error = _convert_part(plan, src, dst, fmt, options, launch)
-    outcomes = _gather_json(outcome)
+    outcomes = _gather_json(outcome, peers)
     failed = None
     try:
         if own_error is not None:
@@ -165,30 +256,32 @@ def _run_rank0(src: str, dst: str, fmt: str, options: ConvertOptions, launch: La
             raise DistributedError(f"rank {failed} of {launch.world_size} failed: {outcomes[failed]['error']}")
         report = _merge_parts(outcomes, src, dst, options, template)
     except BaseException as e:
-        _broadcast_json({"error": outcomes[failed]["error"] if failed is not None else f"{type(e).__name__}: {e}",
-                         "rank": failed if failed is not None else 0})
+        if peers is None or not peers.silent:  # a silent rank would not take the news
+            _broadcast_json({"error": outcomes[failed]["error"] if failed is not None else f"{type(e).__name__}: {e}",
+                             "rank": failed if failed is not None else 0}, peers)
         finished = [o["part"] for o in outcomes if o.get("part")]
         if finished and not getattr(e, "partial_output", None):
             e.partial_output = ", ".join(finished)  # type: ignore[attr-defined]  # the CLI's --resume hint
         raise
     for r in range(launch.world_size):
         shutil.rmtree(part_path(dst, r, launch.world_size), ignore_errors=True)
-    _broadcast_json({"error": None})
+    _broadcast_json({"error": None}, peers)
     kept = [str(r) for r, o in enumerate(outcomes) if o.get("kept")]
     notes = [f"kept the parts of rank(s) {', '.join(kept)}, finished by an earlier run"] if kept else []
     return ConvertReport(dst, report.manifest, time.perf_counter() - t0, list(report.manifest.skipped), errors,
                          notes=notes)
 
 
-def _run_rank(src: str, dst: str, fmt: str, options: ConvertOptions, launch: Launch, t0: float) -> ConvertReport:
+def _run_rank(src: str, dst: str, fmt: str, options: ConvertOptions, launch: Launch, t0: float,
+              peers: _Peers | None) -> ConvertReport:
     """Any rank but 0: take the plan, convert this rank's part, wait for rank 0's merge."""
-    plan = _broadcast_json(None)
+    plan = _broadcast_json(None, peers)
     if plan.get("error"):
         raise DistributedError(f"rank 0 of {launch.world_size} failed: {plan['error']}")
-    _agree_on_sources(plan, src, launch)
+    _agree_on_sources(plan, src, launch, peers)
     outcome, own_error = _convert_part(plan, src, dst, fmt, options, launch)
-    _gather_json(outcome)
-    final = _broadcast_json(None)
+    _gather_json(outcome, peers)
+    final = _broadcast_json(None, peers)
     if own_error is not None:
         raise own_error
     if final["error"]:
@@ -197,12 +290,12 @@ def _run_rank(src: str, dst: str, fmt: str, options: ConvertOptions, launch: Lau
     return ConvertReport(dst, manifest, time.perf_counter() - t0, list(manifest.skipped))
 
 
-def _agree_on_sources(plan: dict[str, Any], src: str, launch: Launch) -> None:
+def _agree_on_sources(plan: dict[str, Any], src: str, launch: Launch, peers: _Peers | None) -> None:
     """Before any image is converted: every rank checks that it was given rank 0's SRC and that
     each file of its share is the one rank 0 listed (size and modification time, one ``os.stat``
     each); when any rank sees other files, every rank raises DistributedError naming that rank
     and the file. The conversion then checks each file again as it reads it."""
-    problems = _gather_json(_source_problem(plan, src, launch))
+    problems = _gather_json(_source_problem(plan, src, launch), peers)
     bad = next((r for r, p in enumerate(problems) if p), None)
     if bad is not None:
         raise DistributedError(f"rank {bad} of {launch.world_size} sees other source files than rank 0: "

@@ -21,6 +21,7 @@ fault-injection figures.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import os
 import shutil
@@ -398,7 +399,8 @@ class _Run:
                        mode="auto" if self.options.progress else "off", interval=self.options.progress_interval)
         resize, upscale = self.options.processing.resize, self.options.processing.upscale
         self.pos = self.consumed
-        with bar:
+        close = getattr(stream, "close", None)  # a generator: stop its worker processes on any error
+        with bar, contextlib.closing(stream) if close else contextlib.nullcontext():
             for key, label, image, reason in stream:
                 if image is None or not image.payload:  # a 0-byte image is never stored
                     self.skipped.append((self.pos, Skipped(key, reason or "empty image payload (0 bytes)")))

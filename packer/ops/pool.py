@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import collections
 import multiprocessing
+import multiprocessing.util
 import os
 import signal
 import threading
@@ -94,6 +95,11 @@ class _Pool:
         ctx = multiprocessing.get_context("spawn")
         self.workers: list[_Worker] = []
         self.done: dict[int, Any] = {}
+        # A map its consumer abandoned (an error while writing, the generator kept alive by a
+        # traceback) still stops its workers when it is collected or the interpreter exits, before
+        # multiprocessing's exit handler: that one SIGTERMs them (which they ignore) and joins them
+        # forever while they block sending answers nobody reads.
+        self._stop = multiprocessing.util.Finalize(self, _stop_workers, args=(self.workers, False), exitpriority=100)
         try:
             for _ in range(workers):
                 self.workers.append(_Worker(ctx, fn))
@@ -133,19 +139,28 @@ class _Pool:
 
     def close(self, graceful: bool) -> None:
         """Stop every worker: let idle ones exit after their last task, kill the rest."""
-        for w in self.workers:
-            try:
-                w.tasks.send(None)
-            except OSError:
-                pass
-            w.tasks.close()
-        deadline = time.monotonic() + (10.0 if graceful else 0.0)
-        for w in self.workers:
-            w.proc.join(max(0.0, deadline - time.monotonic()))
-            if w.proc.is_alive():
-                w.proc.kill()
-                w.proc.join()
-            w.results.close()
+        if graceful:
+            self._stop.cancel()
+            _stop_workers(self.workers, True)
+        else:
+            self._stop()
+
+
+def _stop_workers(workers: list[_Worker], graceful: bool) -> None:
+    """Tell each worker to stop; wait up to 10 s for them when ``graceful``, then kill the rest."""
+    for w in workers:
+        try:
+            w.tasks.send(None)
+        except OSError:
+            pass
+        w.tasks.close()
+    deadline = time.monotonic() + (10.0 if graceful else 0.0)
+    for w in workers:
+        w.proc.join(max(0.0, deadline - time.monotonic()))
+        if w.proc.is_alive():
+            w.proc.kill()
+            w.proc.join()
+        w.results.close()
 
 
 def _how(exitcode: int | None) -> str:

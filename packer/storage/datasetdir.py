@@ -12,6 +12,7 @@ devices, no ``..``), and checks each one's size against the manifest before anyt
 from __future__ import annotations
 
 import contextlib
+import copy
 import json
 import os
 from collections.abc import Callable
@@ -39,6 +40,7 @@ class DatasetDir:
         self._fetch = fetch
         self.manifest = manifest
         self._sizes = {f.name: f.bytes for f in manifest.files}
+        self._failed: dict[str, CorruptDataError] = {}  # files that failed their check: not opened again
         try:
             self.fd = os.open(root, os.O_RDONLY | os.O_DIRECTORY | getattr(os, "O_CLOEXEC", 0))
         except FileNotFoundError:
@@ -78,9 +80,21 @@ class DatasetDir:
             raise self._changed("holds another dataset")
 
     def open(self, name: str) -> int:
-        """A read-only descriptor of the payload or index file ``name``, checked as the module says."""
+        """A read-only descriptor of the payload or index file ``name``, checked as the module says.
+        A local file that failed its check raises the same error again without being opened (a
+        reader skipping bad samples would otherwise open it once per sample)."""
         if self._fetch is not None:
             return self._fetch(name)
+        failed = self._failed.get(name)
+        if failed is not None:
+            raise copy.copy(failed)
+        try:
+            return self._open_local(name)
+        except CorruptDataError as e:
+            self._failed[name] = e
+            raise
+
+    def _open_local(self, name: str) -> int:
         where = os.path.join(self.root, name)
         try:
             fd = open_regular(name, self.fd, where=where)

@@ -26,6 +26,7 @@ from ..errors import (
     PackerError,
     UnfinishedDatasetError,
 )
+from ..sizes import seconds_from_env
 
 __all__ = [
     "RemoteError",
@@ -50,6 +51,17 @@ _EXTRAS = {"s3": "s3", "s3a": "s3", "gs": "gcs", "gcs": "gcs", "http": "http", "
 #: Bounded waits and retries for S3 unless the caller's storage_options say otherwise: a server
 #: that stops answering fails a job after about a minute instead of hanging it forever.
 _S3_DEFAULTS = {"connect_timeout": 10, "read_timeout": 30, "retries": {"max_attempts": 5, "mode": "standard"}}
+
+
+#: Seconds one request for a remote file (opening it, each read of a download, the manifest) may
+#: take, whatever the storage library's own timeouts and retries do; PACKER_REMOTE_DEADLINE
+#: (seconds) or ``--remote-deadline`` changes it.
+DEFAULT_DEADLINE = 120.0
+
+
+def remote_deadline(environ: Any = os.environ) -> float:
+    """The request deadline in seconds: ``PACKER_REMOTE_DEADLINE``, else :data:`DEFAULT_DEADLINE`."""
+    return seconds_from_env("PACKER_REMOTE_DEADLINE", DEFAULT_DEADLINE, environ)
 
 
 #: Protocols whose fsspec file takes a known ``size`` instead of asking the server.
@@ -93,10 +105,12 @@ def parse_storage_options(pairs: Iterable[str]) -> dict[str, Any]:
 @dataclass(frozen=True)
 class Remote:
     """A dataset at ``url`` with the fsspec ``storage_options`` to reach it (picklable: sent to
-    DataLoader workers, which open their own connections)."""
+    DataLoader workers, which open their own connections). Each request for one of its files
+    fails, naming the file's URL, after ``deadline`` seconds (default :func:`remote_deadline`)."""
 
     url: str
     storage_options: dict[str, Any] = field(default_factory=dict)
+    deadline: float = field(default_factory=remote_deadline)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "url", self.url.rstrip("/"))
@@ -137,7 +151,8 @@ class Remote:
         if size is not None and self.url.partition("://")[0] in _SIZED:
             extra["size"] = size
         url = self.join(name)
-        return _Stream(call(url, fs.open, posixpath.join(path, name), "rb", **extra), url)
+        return _Stream(bounded_call(self.deadline, url, fs.open, posixpath.join(path, name), "rb", **extra), url,
+                       self.deadline)
 
 
 def _gcs_filesystem(url: str, options: dict[str, Any]) -> tuple[Any, str]:
@@ -165,12 +180,14 @@ class _Stream:
     """A remote file being read: the storage library's errors as RemoteError naming the URL, and
     a read past the object's real end (it is shorter than the manifest says) as end of data."""
 
-    def __init__(self, f: Any, url: str) -> None:
-        self._f, self._url = f, url
+    def __init__(self, f: Any, url: str, deadline: float | None = None) -> None:
+        self._f, self._url, self._deadline = f, url, deadline
 
     def read(self, n: int = -1) -> bytes:
         try:
-            return call(self._url, self._f.read, n)
+            if self._deadline is None:
+                return call(self._url, self._f.read, n)
+            return bounded_call(self._deadline, self._url, self._f.read, n)
         except RemoteError as e:
             if "range is not satisfiable" in str(e).lower() or "invalidrange" in str(e).lower():
                 return b""  # the object ended before the size the manifest gives: a short download
@@ -201,6 +218,30 @@ def call(url: str, fn: Any, *args: Any, **kwargs: Any) -> Any:
         raise RemoteError(f"{url}: {type(e).__name__}: {text}") from None
 
 
+def bounded_call(deadline: float, url: str, fn: Any, *args: Any, **kwargs: Any) -> Any:
+    """:func:`call` that raises RemoteError naming ``url`` once ``deadline`` seconds have passed,
+    however the storage library's timeouts and retries multiply (the call is left to finish in
+    a daemon thread, its result unused)."""
+    done = threading.Event()
+    box: dict[str, Any] = {}
+
+    def run() -> None:
+        try:
+            box["value"] = call(url, fn, *args, **kwargs)
+        except BaseException as e:  # noqa: BLE001 - raised again in the caller's thread
+            box["error"] = e
+        finally:
+            done.set()
+
+    threading.Thread(target=run, name="packer-remote-request", daemon=True).start()
+    if not done.wait(deadline):
+        raise RemoteError(f"{url}: no answer within {deadline:g} s (the server is stopped, unreachable or too "
+                          f"slow; PACKER_REMOTE_DEADLINE or --remote-deadline sets how long a request may take)")
+    if "error" in box:
+        raise box["error"]
+    return box["value"]
+
+
 def _denied(e: Exception) -> bool:
     """True for a refusal of the credentials: PermissionError (s3fs), an HTTP 401/403 from
     gcsfs (an OSError starting ``Forbidden:`` for 403, an HttpError with ``code`` 401)."""
@@ -214,14 +255,14 @@ def read_remote_manifest(remote: Remote) -> tuple[Manifest, bytes]:
     where = remote.join(MANIFEST_NAME)
     fs, path = remote.filesystem()
     try:
-        f = call(where, fs.open, posixpath.join(path, MANIFEST_NAME), "rb")
+        f = bounded_call(remote.deadline, where, fs.open, posixpath.join(path, MANIFEST_NAME), "rb")
     except RemoteError as e:
         if "does not exist" in str(e):
             raise UnfinishedDatasetError(f"{where} does not exist: {remote.url} is not a packed dataset, "
                                          f"or its conversion has not finished") from None
         raise
     with f:
-        raw = call(where, f.read, MAX_MANIFEST_BYTES + 1)
+        raw = bounded_call(remote.deadline, where, f.read, MAX_MANIFEST_BYTES + 1)
     if len(raw) > MAX_MANIFEST_BYTES:
         raise ManifestError(f"{where}: larger than {MAX_MANIFEST_BYTES} bytes")
     try:
