@@ -113,22 +113,40 @@ def _open_listed(listed: ShardList, format: str | None, **kwargs: Any) -> Packed
     return ds
 
 
-def _open_listed_urls(listed: ShardList, folder: str, fmt: str, names: list[str], **kwargs: Any) -> PackedDataset:
-    """Shard URLs: all of a packer dataset's shards open that dataset; other tools' shards at a URL
-    are refused with what to do (their files have no index to read them in place)."""
-    from packer.storage.remote import Remote, read_remote_manifest
+def _open_listed_urls(listed: ShardList, folder: str, fmt: str, names: list[str], *,
+                      storage_options: dict[str, Any] | None = None, cache_dir: str | None = None,
+                      cache_limit: int | str | None = None, **kwargs: Any) -> PackedDataset:
+    """Shard URLs: all of a packer dataset's shards open that dataset; other shards are
+    downloaded into the node cache (all at once: the index is built by one scan at open) and read
+    from there, fetched again if the cache evicts them."""
+    from packer.storage.remote import Remote, read_remote_manifest, remote_shards
 
-    if any(os.path.dirname(f) != folder for f in listed.files):
-        raise ShardSpecError(f"shard URLs under several prefixes ({listed.files[0]}, ...): give one folder's shards")
+    remote = dict(storage_options=storage_options, cache_dir=cache_dir, cache_limit=cache_limit)
     try:
-        manifest = read_remote_manifest(Remote(folder, dict(kwargs.get("storage_options") or {})))[0]
+        manifest = read_remote_manifest(Remote(folder, dict(storage_options or {})))[0]
     except UnfinishedDatasetError:
         manifest = None
     if manifest is not None and manifest.format == fmt and names == [f.name for f in manifest.files if f.samples]:
-        return _open_url(folder, fmt, **kwargs)
-    what = "a subset of the packer dataset there" if manifest is not None else "shards without a packer manifest"
-    raise ShardSpecError(f"{listed.pattern or listed.files[0]}: {what} are read from local files only; copy them "
-                         f"to a folder (e.g. 'aws s3 sync') and open the local pattern, or open {folder} whole")
+        return _open_url(folder, fmt, **remote, **kwargs)
+    if not get_format(fmt).foreign:
+        raise ShardSpecError(f"{fmt} data is one file with its manifest, not shards: open its URL")
+    files = remote_shards(listed.files, storage_options, cache_dir, cache_limit)
+    limit, sizes = files.cache.limit, [f.bytes for f in files.manifest.files]
+    if limit is not None and files.cache.disk_bytes(sizes) > limit:
+        raise ShardSpecError(f"{listed.pattern or folder}: opening other tools' shards scans every one, so all "
+                             f"{len(sizes)} ({sum(sizes):,} bytes) must fit in cache_limit ({limit:,} bytes) at once")
+    held: list[int] = []
+    try:
+        for n in names:
+            held.append(files(n))  # downloaded, and kept from eviction while they are scanned
+        ds = reader_class(fmt).open_foreign([os.path.join(files.view, n) for n in names],  # type: ignore[attr-defined]
+                                            remote_files=files, **kwargs)
+    finally:
+        for fd in held:
+            os.close(fd)
+    ds.url = folder
+    ds._ensure_cache()
+    return ds
 
 
 def listed_format(files: Sequence[str], format: str | None) -> str:
