@@ -24,6 +24,13 @@ def _put(s3, local, prefix):  # noqa: F811 - s3 is the fixture's value
     return f"s3://data/{prefix}"
 
 
+def _cli_options(s3, cache):  # noqa: F811
+    """The command line's way to reach the moto server and use the node cache ``cache``."""
+    return ["--storage-option", "key=testing", "--storage-option", "secret=testing",
+            "--storage-option", f"client_kwargs.endpoint_url={s3['client_kwargs']['endpoint_url']}",
+            "--storage-option", "client_kwargs.region_name=us-east-1", "--cache-dir", cache]
+
+
 def test_webdataset_shards_in_s3_from_a_pattern_and_a_list(s3, tmp_path):  # noqa: F811
     written = _write_wds(str(tmp_path / "wds"))
     url = _put(s3, str(tmp_path / "wds"), "wds")
@@ -47,9 +54,7 @@ def test_packer_shards_in_s3_open_the_dataset_and_info_prints_the_url(s3, tiny_f
     src, _ = tiny_folder
     local = pack(src, str(tmp_path / "tar"), "tar", writer={"shard_samples": 5}).output
     url = _put(s3, local, "ours")
-    opts = ["--storage-option", "key=testing", "--storage-option", "secret=testing",
-            "--storage-option", f"client_kwargs.endpoint_url={s3['client_kwargs']['endpoint_url']}",
-            "--storage-option", "client_kwargs.region_name=us-east-1", "--cache-dir", str(tmp_path / "cache")]
+    opts = _cli_options(s3, str(tmp_path / "cache"))
     assert main(["info", url, *opts]) == 0
     line = next(x for x in capsys.readouterr().out.splitlines() if x.startswith("shards"))
     pattern = f"{url}/shard-{{000000..000002}}.tar"
@@ -58,3 +63,12 @@ def test_packer_shards_in_s3_open_the_dataset_and_info_prints_the_url(s3, tiny_f
     assert ds.manifest == open_dataset(local).manifest  # all of its shards: the dataset, class names and all
     assert main(["info", pattern, *opts]) == 0
     assert "samples     14" in capsys.readouterr().out
+
+
+def test_convert_a_pattern_of_shards_in_s3(s3, tmp_path):  # noqa: F811
+    written = _write_wds(str(tmp_path / "wds"))
+    url = _put(s3, str(tmp_path / "wds"), "conv")
+    dst = str(tmp_path / "lmdb")
+    assert main(["convert", "tar", "lmdb", f"{url}/shard-{{000000..000002}}.tar", dst, "-q", "--workers", "1",
+                 *_cli_options(s3, str(tmp_path / "cache"))]) == 0
+    assert _records(open_dataset(dst)) == written

@@ -194,9 +194,8 @@ def _run_convert(a: argparse.Namespace) -> int:
         flag = "--" + next(k for k in _LIST_ONLY if getattr(a, k) is not None).replace("_", "-")
         raise UsageError(f"packer convert: {flag} applies to a list source only")
     if is_url(a.src) and has_braces(a.src):
-        raise UsageError("packer convert: a brace pattern SRC is read from local shard files; give the dataset's URL, "
-                         "or copy the shards to a folder first")
-    if is_url(a.src):
+        a.src = _fetched_shards(a, a.src)
+    elif is_url(a.src):
         if a.src_format in ("imagefolder", "list"):
             raise UsageError("packer convert: an image folder or list is read from a local path; a URL SRC must be "
                              "packed")
@@ -415,6 +414,18 @@ def _fetched(a: argparse.Namespace, url: str) -> str:
     if problems:
         raise PackerError(problems[0] + (f" (and {len(problems) - 1} more)" if len(problems) > 1 else ""))
     return view
+
+
+def _fetched_shards(a: argparse.Namespace, pattern: str) -> str:
+    """For a brace pattern of shard URLs: the local pattern of their copies in the node cache, or
+    for all of a packer dataset's shards, the node cache's copy of the dataset."""
+    from packer.datasets import open_dataset
+
+    ds = open_dataset(pattern, format=a.src_format, output="numpy", storage_options=_storage(a),
+                      cache_dir=a.cache_dir, cache_limit=a.cache_limit)
+    if not ds.manifest.layout.get("foreign"):
+        return _fetched(a, ds.url)
+    return os.path.join(ds.root, pattern.rsplit("/", 1)[1])  # every shard was downloaded to be scanned
 
 
 # -- info ----------------------------------------------------------------------------------------
