@@ -29,6 +29,7 @@ from .encoded import EncodedBatch, collate_encoded
 from .prefetch import prefetch_to_device
 from .samplers import ExactDistributedSampler
 from .seeding import seed_everything, seed_worker, worker_rng
+from .shards import listed_shards
 from .streaming import StreamingDataset
 
 __all__ = ["open_dataset", "listed_format", "ShardSpecError", "PackedDataset", "OUTPUTS", "StreamingDataset", "ExactDistributedSampler", "SharedCache", "collate",
@@ -92,14 +93,13 @@ def open_dataset(path: str | os.PathLike[str] | Sequence[str | os.PathLike[str]]
 def _open_listed(listed: ShardList, format: str | None, **kwargs: Any) -> PackedDataset:
     """open_dataset for a list of shard files or a brace pattern (see there)."""
     if listed.datasets:
-        if len(listed.datasets) == 1:  # a pattern that names one folder
+        if len(listed.datasets) == 1:  # a list or a pattern that names one dataset
             return open_dataset(listed.datasets[0], format=format, **kwargs)
-        raise ShardSpecError(f"{len(listed.datasets)} dataset folders ({', '.join(listed.datasets[:2])}, ...): a "
-                             f"list of datasets is a mixture; read it with StreamingDataset([...]), or give shard "
-                             f"files for one dataset")
+        raise ShardSpecError(f"{len(listed.datasets)} datasets ({', '.join(listed.datasets[:2])}, ...): a list of "
+                             f"datasets is a mixture; read it with StreamingDataset([...]), or give shard files for "
+                             f"one dataset")
     fmt = listed_format(listed.files, format)
-    folder = os.path.dirname(listed.files[0].rstrip("/"))
-    names = [os.path.basename(f) for f in listed.files]
+    folder, names = listed_shards(listed.files)  # one folder (or URL prefix), or ShardSpecError
     if is_url(listed.files[0]):
         return _open_listed_urls(listed, folder, fmt, names, **kwargs)
     if os.path.exists(os.path.join(folder, MANIFEST_NAME)):

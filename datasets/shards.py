@@ -26,6 +26,8 @@ from packer.description.manifest import FileEntry, Manifest
 from packer.description.placement import place_seed
 from packer.errors import CorruptDataError, ManifestError
 from packer.files.fileio import pread_buffer
+from packer.storage.remote import is_url
+from packer.storage.shardspec import ShardSpecError
 
 from .base import PackedDataset
 from .shm import SharedBytes, SharedRegion, region_views
@@ -181,16 +183,16 @@ class ShardedDataset(PackedDataset):
 
 
 def listed_shards(paths: Sequence[str | os.PathLike[str]]) -> tuple[str, list[str]]:
-    """The one folder and the file names, in the order given, of a list of shard files; ValueError
-    when they lie in several folders (a reader opens its files by name in one folder)."""
-    full = [os.path.abspath(os.fspath(p)) for p in paths]
+    """The one folder (or URL prefix) and the file names, in the order given, of a list of shard
+    files; ShardSpecError when they lie in several (a reader opens its files by name in one)."""
+    full = [p if is_url(p) else os.path.abspath(os.fspath(p)) for p in map(os.fspath, paths)]
+    if not full:
+        raise ShardSpecError("an empty list of shard files")
     folders = sorted({os.path.dirname(p) for p in full})
     if len(folders) > 1:
-        raise ValueError(f"shards in {len(folders)} folders ({', '.join(folders[:3])}"
-                         f"{', ...' if len(folders) > 3 else ''}): a list of shards is read from one folder; "
-                         f"give one folder's shards (or a mixture of datasets, one per folder)")
-    if not full:
-        raise ValueError("an empty list of shard files")
+        raise ShardSpecError(f"shards in {len(folders)} folders ({', '.join(folders[:3])}"
+                             f"{', ...' if len(folders) > 3 else ''}): a list of shards is read from one folder; "
+                             f"give one folder's shards (or a mixture of datasets, one per folder)")
     return folders[0], [os.path.basename(p) for p in full]
 
 

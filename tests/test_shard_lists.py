@@ -174,9 +174,9 @@ def test_ambiguous_lists_are_one_clear_error(wds_shards, tiny_folder, tmp_path, 
     pack(src, tmp_path / "a", "tar")
     pack(src, tmp_path / "b", "lmdb")
     shard = os.path.join(root, "shard-000000.tar")
-    with pytest.raises(ShardSpecError, match=r"1 files \(.*shard-000000.tar\) and 1 folders .*give one or the other"):
+    with pytest.raises(ShardSpecError, match=r"1 files \(.*shard-000000.tar\) and 1 datasets .*give one or the other"):
         open_dataset([shard, str(tmp_path / "a")])
-    with pytest.raises(ShardSpecError, match=r"1 files .* and 1 folders"):
+    with pytest.raises(ShardSpecError, match=r"1 files .* and 1 datasets"):
         StreamingDataset([shard, str(tmp_path / "a")])
     with pytest.raises(ShardSpecError, match="matches nothing: no file .*shard-000007.tar"):
         open_dataset(os.path.join(root, "shard-{000007..000009}.tar"))
@@ -186,13 +186,13 @@ def test_ambiguous_lists_are_one_clear_error(wds_shards, tiny_folder, tmp_path, 
     _write_tfrecords(tfr, files=1)
     with pytest.raises(ShardSpecError, match=r"different formats: 1 tar \(shard-000000.tar\); 1 tfrecord"):
         open_dataset([shard, os.path.join(tfr, "part-00000.tfrecord")])
-    with pytest.raises(ShardSpecError, match=r"2 dataset folders .*a mixture; read it with StreamingDataset"):
+    with pytest.raises(ShardSpecError, match=r"2 datasets .*a mixture; read it with StreamingDataset"):
         open_dataset([str(tmp_path / "a"), str(tmp_path / "b")])
     with pytest.raises(ShardSpecError, match="named twice"):
         open_dataset([shard, shard])
     with pytest.raises(ShardSpecError, match="empty list"):
         open_dataset([])
-    with pytest.raises(ValueError, match="shards in 2 folders"):
+    with pytest.raises(ShardSpecError, match="shards in 2 folders"):
         open_dataset([shard, str(tmp_path / "a" / "shard-000000.tar")])
     with pytest.raises(ShardSpecError, match="named as tar data, not 'tfrecord'"):
         open_dataset([shard], format="tfrecord")
@@ -208,3 +208,13 @@ def test_a_list_of_datasets_stays_a_mixture(tiny_folder, tmp_path):
     pack(src, tmp_path / "b", "lmdb")
     ds = StreamingDataset([str(tmp_path / "a"), str(tmp_path / "b")], shuffle=False)
     assert ds._mix is not None
+
+
+def test_a_list_of_patterns_is_a_mixture_of_their_datasets(wds_shards, tmp_path):
+    root, written = wds_shards
+    other = str(tmp_path / "other")
+    _write_wds(other, n=5)
+    ds = StreamingDataset([os.path.join(root, "shard-{000000..000002}.tar"), os.path.join(other, "shard-{000000..000001}.tar")],
+                          shuffle=False, return_source=True)
+    assert ds._mix is not None and len(ds) == 16
+    assert sorted(source for _, _, source in ds).count(1) == 5

@@ -104,7 +104,10 @@ def _shown(names: Sequence[str], limit: int = 3) -> str:
 
 
 def _kind(path: str, file_suffixes: tuple[str, ...]) -> str:
-    """``file``, ``dataset`` or ``missing``: a URL is a file when it ends with a shard suffix."""
+    """``file``, ``dataset`` or ``missing``: a URL is a file when it ends with a shard suffix; a
+    brace pattern in a list is one dataset (a mixture's source)."""
+    if has_braces(path):
+        return "dataset"
     if _is_url(path):
         return "file" if path.rstrip("/").lower().endswith(file_suffixes) else "dataset"
     if os.path.isdir(path):
@@ -145,9 +148,9 @@ def resolve_paths(spec: str | os.PathLike[str] | Sequence[str | os.PathLike[str]
         raise ShardSpecError(f"{where}{len(missing)} of {len(paths)} paths do not exist: {_shown(missing)}")
     if kinds["file"] and kinds["dataset"]:
         raise ShardSpecError(
-            f"{len(kinds['file'])} files ({_shown(kinds['file'], 2)}) and {len(kinds['dataset'])} folders "
-            f"({_shown(kinds['dataset'], 2)}): a list of shard files is one dataset, a list of dataset folders "
-            f"is a mixture; give one or the other")
+            f"{len(kinds['file'])} files ({_shown(kinds['file'], 2)}) and {len(kinds['dataset'])} datasets "
+            f"({_shown(kinds['dataset'], 2)}): a list of shard files is one dataset, a list of datasets (folders, "
+            f"URLs or patterns) is a mixture; give one or the other")
     dup = next((p for p, n in Counter(paths).items() if n > 1), None)
     if dup is not None:
         raise ShardSpecError(f"{dup} is named twice; each shard or dataset once")
