@@ -61,10 +61,12 @@ def open_dataset(path: str | os.PathLike[str] | Sequence[str | os.PathLike[str]]
     ``path`` may also name the shards of one dataset (tar or TFRecord, packer's or another
     tool's): a list of shard files, or a brace pattern (``data/shard-{000000..000009}.tar``) as
     ``packer info`` prints it. The format comes from the files' endings (``format`` for names
-    without one); the shards must lie in one folder and are read in the order given. A list that
-    is exactly a packer dataset's shards opens that dataset from its manifest. A list of dataset
-    folders is a mixture (:class:`StreamingDataset`); files mixed with folders, mixed endings or a
-    pattern that matches nothing raise ShardSpecError naming what was found.
+    without one); the shards must lie in one folder (or under one URL prefix) and are read in the
+    order given. A list that is exactly a packer dataset's shards opens that dataset from its
+    manifest. Other tools' shards at URLs are all downloaded into the node cache at open (one scan
+    builds their index), so they must fit in ``cache_limit`` together. A list of dataset folders
+    is a mixture (:class:`StreamingDataset`); files mixed with folders, mixed endings or a pattern
+    that matches nothing raise ShardSpecError naming what was found.
     """
     listed = resolve_paths(path, shard_suffixes())
     if listed is not None:

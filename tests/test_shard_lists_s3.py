@@ -44,6 +44,8 @@ def test_webdataset_shards_in_s3_from_a_pattern_and_a_list(s3, tmp_path):  # noq
     seen = [kv for keys, labels in DataLoader(stream, batch_size=3, num_workers=2)
             for kv in zip(keys, labels.tolist())]
     assert sorted(seen) == sorted((k, lab) for k, (_, lab) in written.items())
+    with pytest.raises(ShardSpecError, match=r"scans every one, so all 3 \(.* bytes\) must fit in cache_limit"):
+        open_dataset(pattern, storage_options=s3, cache_dir=str(tmp_path / "small"), cache_limit=4096)
     with pytest.raises(ShardSpecError, match=r"none of them exists: s3://data/wds/shard-000007.tar"):
         open_dataset(f"{url}/shard-{{000007..000009}}.tar", storage_options=s3, cache_dir=cache)
     with pytest.raises(ShardSpecError, match=r"1 of 4 do not exist: s3://data/wds/shard-000003.tar"):
