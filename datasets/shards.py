@@ -16,6 +16,7 @@ this process and every worker map, so each holds a share of one copy, as under f
 from __future__ import annotations
 
 import os
+from collections.abc import Sequence
 from multiprocessing.context import get_spawning_popen
 from typing import Any
 
@@ -25,11 +26,13 @@ from packer.description.manifest import FileEntry, Manifest
 from packer.description.placement import place_seed
 from packer.errors import CorruptDataError, ManifestError
 from packer.files.fileio import pread_buffer
+from packer.storage.remote import is_url
+from packer.storage.shardspec import ShardSpecError
 
 from .base import PackedDataset
 from .shm import SharedBytes, SharedRegion, region_views
 
-__all__ = ["ShardedDataset", "foreign_manifest", "SHARE_INDEX_BYTES"]
+__all__ = ["ShardedDataset", "foreign_manifest", "listed_shards", "SHARE_INDEX_BYTES"]
 
 #: Index attributes (numpy arrays, bytes) of at least this size go to workers in shared memory.
 SHARE_INDEX_BYTES = 1 << 20
@@ -177,6 +180,20 @@ class ShardedDataset(PackedDataset):
                 path=self._shard_paths[shard], sample=sample, offset=offset,
             )
         return data
+
+
+def listed_shards(paths: Sequence[str | os.PathLike[str]]) -> tuple[str, list[str]]:
+    """The one folder (or URL prefix) and the file names, in the order given, of a list of shard
+    files; ShardSpecError when they lie in several (a reader opens its files by name in one)."""
+    full = [p if is_url(p) else os.path.abspath(os.fspath(p)) for p in map(os.fspath, paths)]
+    if not full:
+        raise ShardSpecError("an empty list of shard files")
+    folders = sorted({os.path.dirname(p) for p in full})
+    if len(folders) > 1:
+        raise ShardSpecError(f"shards in {len(folders)} folders ({', '.join(folders[:3])}"
+                             f"{', ...' if len(folders) > 3 else ''}): a list of shards is read from one folder; "
+                             f"give one folder's shards (or a mixture of datasets, one per folder)")
+    return folders[0], [os.path.basename(p) for p in full]
 
 
 #: Labels of data written by other tools become class names "0".."N-1": above this, refused.

@@ -34,7 +34,9 @@ import numpy as np
 from torch.utils.data import IterableDataset, get_worker_info
 
 from packer.checks import check_int
+from packer.description.registry import shard_suffixes
 from packer.storage.remote import is_url
+from packer.storage.shardspec import resolve_paths
 
 from .mixture import MixOptions, Mixture
 from .partition import (
@@ -295,7 +297,9 @@ class StreamingDataset(IterableDataset):
     per epoch, the same on every rank (except with ``partition="exact"``).
 
     Args:
-        path: the packed dataset directory or URL; a list of them: a mixture (below).
+        path: the packed dataset directory or URL; a list of them: a mixture (below). A list of
+            shard files or a brace pattern (``data/shard-{000000..000009}.tar``) is one dataset
+            of those shards, as for :func:`~packer.datasets.open_dataset`.
         shuffle, seed, shuffle_buffer, block_samples, partition, batch_size, subset: see
             :class:`StreamOptions` (stored as ``ds.options``). ``batch_size`` must equal the
             DataLoader's for the DataLoader to yield exactly the rank's sequence (needed by
@@ -346,9 +350,16 @@ class StreamingDataset(IterableDataset):
         **reader_kwargs: Any,
     ) -> None:
         self.prefetch_shards = check_int("prefetch_shards", prefetch_shards, 0)
-        paths = [path] if isinstance(path, (str, os.PathLike)) else list(path)
+        listed = resolve_paths(path, shard_suffixes())
+        if listed is not None and listed.files:  # the shards of one dataset, not a mixture
+            path = list(listed.files)
+        elif listed is not None:  # a pattern of dataset folders: a mixture, as their list is
+            path = list(listed.datasets)
+        single = isinstance(path, (str, os.PathLike)) or (listed is not None and bool(listed.files))
+        paths = [path] if single else list(path)
+        named = list(listed.files) if listed is not None and listed.files else paths  # each a path or URL
         if block_samples == "auto":  # remote data by whole shards: a node downloads only its own
-            block_samples = None if any(is_url(p) for p in paths) else 4096
+            block_samples = None if any(is_url(p) for p in named) else 4096
         self.options = StreamOptions(shuffle=shuffle, seed=seed, shuffle_buffer=shuffle_buffer,
                                      block_samples=block_samples, partition=partition,
                                      batch_size=batch_size, subset=subset)
@@ -357,16 +368,16 @@ class StreamingDataset(IterableDataset):
                             f"{type(world).__name__}")
         self.world = world
         mix = None
-        if not isinstance(path, (str, os.PathLike)):
+        if not single:
             mix = MixOptions(weights=weights, epoch_samples=epoch_samples,
                              return_source=return_source, classes=classes)
         elif (weights, epoch_samples, return_source, classes) != (None, None, False, "source"):
             raise ValueError("weights, epoch_samples, return_source and classes are for a "
-                             "mixture: give a list of paths")
+                             "mixture: give a list of dataset paths")
         self._open(paths, mix, dict(transform=transform, target_transform=target_transform,
                                     output=output, **reader_kwargs))
         if shuffle_shards == "auto":
-            shuffle_shards = self._auto_window(paths, reader_kwargs.get("cache_limit"))
+            shuffle_shards = self._auto_window(named, reader_kwargs.get("cache_limit"))
         self.options = replace(self.options, shuffle_shards=shuffle_shards)
         self._clock = _EpochClock()
         self._parent_world: tuple[int, int] | None = None

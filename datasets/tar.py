@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import crc32c
@@ -38,7 +38,7 @@ from packer.layouts.tar import (
     unpack_index,
 )
 
-from .shards import ShardedDataset, foreign_manifest
+from .shards import ShardedDataset, foreign_manifest, listed_shards
 
 __all__ = ["TarDataset", "IMAGE_EXTENSIONS"]
 
@@ -163,11 +163,16 @@ class TarDataset(ShardedDataset):
         return cols
 
     @classmethod
-    def open_foreign(cls, path: str | os.PathLike[str], **kwargs: Any) -> TarDataset:
-        """Open tar shards without a manifest: a directory of ``*.tar`` files (sorted by name) or
-        one ``.tar`` file. Every sample needs an image member and a ``.cls`` label member."""
-        path = os.path.abspath(os.fspath(path))
-        if os.path.isdir(path):
+    def open_foreign(cls, path: str | os.PathLike[str] | Sequence[str | os.PathLike[str]], **kwargs: Any) -> TarDataset:
+        """Open tar shards without a manifest: a directory of ``*.tar`` files (sorted by name), one
+        ``.tar`` file, or a list of shard files in one folder (read in the order given). Every
+        sample needs an image member and a ``.cls`` label member."""
+        if not isinstance(path, (str, os.PathLike)):
+            root, names = listed_shards(path)
+            note = compressed_tar_note(names)
+            if note:
+                raise ValueError(f"{root}: {note}")
+        elif os.path.isdir(path := os.path.abspath(os.fspath(path))):
             root = path
             names = sorted(n for n in os.listdir(root) if n.endswith(TAR_SUFFIX) and not n.startswith("."))
             if not names:

@@ -21,7 +21,7 @@ from __future__ import annotations
 import os
 import struct
 import zlib
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
@@ -45,7 +45,7 @@ from packer.layouts.tfrecord import (
     unpack_zindex,
 )
 
-from .shards import ShardedDataset, foreign_manifest
+from .shards import ShardedDataset, foreign_manifest, listed_shards
 
 __all__ = ["TFRecordDataset", "FOREIGN_SUFFIXES"]
 
@@ -122,12 +122,14 @@ class TFRecordDataset(ShardedDataset):
         return cols
 
     @classmethod
-    def open_foreign(cls, path: str | os.PathLike[str], **kwargs: Any) -> TFRecordDataset:
+    def open_foreign(cls, path: str | os.PathLike[str] | Sequence[str | os.PathLike[str]],
+                     **kwargs: Any) -> TFRecordDataset:
         """Open TFRecord files without a manifest: a directory (files ending in .tfrecord,
-        .tfrecords or .tfr, sorted by name) or one file. Every record needs ``image/encoded`` and
-        ``image/class/label``."""
-        path = os.path.abspath(os.fspath(path))
-        if os.path.isdir(path):
+        .tfrecords or .tfr, sorted by name), one file, or a list of files in one folder (read in
+        the order given). Every record needs ``image/encoded`` and ``image/class/label``."""
+        if not isinstance(path, (str, os.PathLike)):
+            root, names = listed_shards(path)
+        elif os.path.isdir(path := os.path.abspath(os.fspath(path))):
             root = path
             names = sorted(n for n in os.listdir(root) if n.endswith(FOREIGN_SUFFIXES) and not n.startswith("."))
             if not names:

@@ -20,7 +20,8 @@ if TYPE_CHECKING:
     from packer.description.damage import Report
     from packer.description.manifest import FileEntry, Manifest
 
-__all__ = ["Format", "FORMATS", "format_names", "get_format", "writer_class", "reader_class", "formats_taking"]
+__all__ = ["Format", "FORMATS", "format_names", "get_format", "writer_class", "reader_class", "formats_taking",
+           "shard_suffixes", "shard_format"]
 
 #: Writer options every format takes (see packer.converters.base.WriterOptions).
 SHARD_OPTIONS = frozenset({"shard_bytes", "shard_samples", "prefix"})
@@ -51,6 +52,14 @@ class Format:
     #: One B-tree over the whole file: a damaged pointer can lead to another intact record, which
     #: ``verify`` looks for in version 1 datasets (version 2 binds each record to its place).
     check_unique_records: bool = False
+    #: The endings of this format's shard files, by which a list of files or a brace pattern is
+    #: known to be of this format (``packer.datasets.open_dataset``); empty for one-file formats.
+    load_shard_suffixes: Callable[[], tuple[str, ...]] | None = None
+
+    @property
+    def shard_suffixes(self) -> tuple[str, ...]:
+        """The endings of this format's shard files (lower case), or ``()``."""
+        return self.load_shard_suffixes() if self.load_shard_suffixes is not None else ()
 
     def refused_options(self, options: Any) -> list[str]:
         """The WriterOptions fields set in ``options`` (not None, not False) that this format does not take."""
@@ -158,13 +167,25 @@ def _identify_tfrecord(directory: str, files: set[str]) -> str | None:
     return identify(directory, files)
 
 
+def _tar_suffixes() -> tuple[str, ...]:
+    from packer.layouts.tar import TAR_SUFFIX
+
+    return (TAR_SUFFIX,)
+
+
+def _tfrecord_suffixes() -> tuple[str, ...]:
+    from packer.layouts.tfrecord import FOREIGN_SUFFIXES
+
+    return FOREIGN_SUFFIXES
+
+
 FORMATS: dict[str, Format] = {f.name: f for f in (
     Format("lmdb", _lmdb_writer, _lmdb_reader, frozenset({"checkpoint_samples"}), check_unique_records=True,
            identify=_identify_lmdb),
     Format("tar", _tar_writer, _tar_reader, SHARD_OPTIONS, foreign=True, locate_damage=_locate_tar,
-           identify=_identify_tar),
+           identify=_identify_tar, load_shard_suffixes=_tar_suffixes),
     Format("tfrecord", _tfrecord_writer, _tfrecord_reader, SHARD_OPTIONS | {"gzip"}, foreign=True,
-           locate_damage=_locate_tfrecord, identify=_identify_tfrecord),
+           locate_damage=_locate_tfrecord, identify=_identify_tfrecord, load_shard_suffixes=_tfrecord_suffixes),
     Format("hdf5", _hdf5_writer, _hdf5_reader, frozenset({"checkpoint_samples"}), identify=_identify_hdf5),
 )}
 
@@ -185,6 +206,17 @@ def get_format(fmt: str) -> Format:
 def formats_taking(option: str) -> list[str]:
     """The formats whose writer takes the WriterOptions field ``option``."""
     return [f.name for f in FORMATS.values() if option in f.options]
+
+
+def shard_suffixes() -> tuple[str, ...]:
+    """Every format's shard file endings, together."""
+    return tuple(s for f in FORMATS.values() for s in f.shard_suffixes)
+
+
+def shard_format(name: str) -> str | None:
+    """The format whose shard files end as ``name`` does (case-insensitive), or None."""
+    low = name.lower()
+    return next((f.name for f in FORMATS.values() if f.shard_suffixes and low.endswith(f.shard_suffixes)), None)
 
 
 def writer_class(fmt: str) -> type[Writer]:

@@ -51,7 +51,8 @@ def _add_convert(p: argparse.ArgumentParser) -> None:
     p.add_argument("src_format", choices=["imagefolder", "list", *fmts],
                    help="format of SRC (list: a .csv, .tsv or .jsonl file naming images, labels and metadata)")
     p.add_argument("dst_format", choices=[*fmts, "imagefolder"], help="format to write")
-    p.add_argument("src", help="source folder, list file or packed dataset (a packed SRC may be a URL)")
+    p.add_argument("src", help="source folder, list file or packed dataset (a packed SRC may be a URL); tar and "
+                               "tfrecord: also a brace pattern of shard files, dir/shard-{000000..000009}.tar")
     p.add_argument("dst", help="destination directory or URL (must not exist unless --overwrite)")
     g = p.add_argument_group("images")
     g.add_argument("--resize", default=None,
@@ -266,6 +267,7 @@ def convert_from_args(a: argparse.Namespace, launch=None):  # noqa: ANN001, ANN2
     ConvertReport (None on a torchrun rank other than 0, whose part rank 0 merged). What
     ``packer convert`` and :func:`packer.convert` both call. UsageError for bad arguments."""
     from ..storage.remote import is_url
+    from ..storage.shardspec import has_braces
 
     if launch is not None and a.src_format == "list":
         raise UsageError("packer convert: a list source converts in one process; under torchrun add --no-torchrun "
@@ -275,7 +277,9 @@ def convert_from_args(a: argparse.Namespace, launch=None):  # noqa: ANN001, ANN2
     if a.src_format != "list" and any(getattr(a, k) is not None for k in _LIST_ONLY):
         flag = "--" + next(k for k in _LIST_ONLY if getattr(a, k) is not None).replace("_", "-")
         raise UsageError(f"packer convert: {flag} applies to a list source only")
-    if is_url(a.src):
+    if is_url(a.src) and has_braces(a.src):
+        a.src = _fetched_shards(a, a.src)
+    elif is_url(a.src):
         if a.src_format in ("imagefolder", "list"):
             raise UsageError("packer convert: an image folder or list is read from a local path; a URL SRC must be "
                              "packed")
@@ -511,9 +515,23 @@ def _fetched(a: argparse.Namespace, url: str) -> str:
     return view
 
 
+def _fetched_shards(a: argparse.Namespace, pattern: str) -> str:
+    """For a brace pattern of shard URLs: the local pattern of their copies in the node cache, or
+    for all of a packer dataset's shards, the node cache's copy of the dataset."""
+    from packer.datasets import open_dataset
+
+    ds = open_dataset(pattern, format=a.src_format, output="numpy", storage_options=_storage(a),
+                      cache_dir=a.cache_dir, cache_limit=a.cache_limit)
+    if not ds.manifest.layout.get("foreign"):
+        return _fetched(a, ds.url)
+    return os.path.join(ds.root, pattern.rsplit("/", 1)[1])  # every shard was downloaded to be scanned
+
+
 # -- info ----------------------------------------------------------------------------------------
 def _add_info(p: argparse.ArgumentParser) -> None:
-    p.add_argument("path", help="packed dataset directory or URL")
+    p.add_argument("path", nargs="+",
+                   help="packed dataset directory or URL, or its shards: a brace pattern "
+                        "(dir/shard-{000000..000009}.tar) or several shard files (tar or TFRecord, any tool's)")
     p.add_argument("--json", action="store_true", help="print the manifest as JSON")
     p.add_argument("--shards", action="store_true",
                    help="print the data files' paths (URLs), one per line, e.g. for DALI's readers")
@@ -536,23 +554,47 @@ def brace_pattern(names: Sequence[str]) -> str | None:
     return f"{prefix}-{{{numbers[0]:0{width}d}..{numbers[-1]:0{width}d}}}{suffix}"
 
 
-def _run_info(a: argparse.Namespace) -> int:
+def _info_manifest(a: argparse.Namespace):  # noqa: ANN202 - (Manifest, shown path, folder of its files)
+    """The manifest ``packer info`` describes, the path to show, and the folder or URL of its files:
+    a dataset's own, or for shard files (a pattern, several files) the one their reader builds."""
     from ..description.manifest import read_manifest
-    from ..sizes import format_size
     from ..storage.remote import Remote, is_url, read_remote_manifest
+    from ..storage.shardspec import has_braces
 
-    m = read_remote_manifest(Remote(a.path, _storage(a)))[0] if is_url(a.path) else read_manifest(a.path)
+    paths: list[str] = a.path
+    if len(paths) == 1 and not has_braces(paths[0]):
+        if is_url(paths[0]):
+            return read_remote_manifest(Remote(paths[0], _storage(a)))[0], paths[0], paths[0].rstrip("/")
+        return read_manifest(paths[0]), os.path.abspath(paths[0]), os.path.abspath(paths[0])
+    from packer.datasets import open_dataset
+
+    remote = any(is_url(p) for p in paths)
+    options = dict(storage_options=_storage(a), cache_dir=a.cache_dir, cache_limit=a.cache_limit) if remote else {}
+    ds = open_dataset(paths if len(paths) > 1 else paths[0], output="numpy", **options)
+    folder = getattr(ds, "url", None) or ds.root
+    return ds.manifest, paths[0] if len(paths) == 1 else f"{len(paths)} files in {folder}", folder
+
+
+def _run_info(a: argparse.Namespace) -> int:
+    from ..sizes import format_size
+    from ..storage.remote import is_url
+
+    m, shown_path, folder = _info_manifest(a)
+
+    def where(name: str) -> str:  # a file's path or URL, usable as printed
+        return f"{folder}/{name}" if is_url(folder) else os.path.join(folder, name)
+
     if a.shards:
         for f in m.files:
             if f.samples:
-                print(f"{a.path.rstrip('/')}/{f.name}" if is_url(a.path) else os.path.join(a.path, f.name))
+                print(where(f.name))
         return EXIT_OK
     if a.json:
         sys.stdout.write(m.dumps().decode("utf-8"))
         return EXIT_OK
     size = sum(f.bytes for f in m.files)
     shown = ", ".join(m.classes[:8]) + (f", ... ({len(m.classes)} in all)" if len(m.classes) > 8 else "")
-    print(f"path        {a.path if is_url(a.path) else os.path.abspath(a.path)}")
+    print(f"path        {shown_path}")
     print(f"format      {m.format} (manifest v{m.version}, {m.created_by})")
     print(f"samples     {m.num_samples}")
     print(f"classes     {len(m.classes)}: {shown}")
@@ -565,7 +607,7 @@ def _run_info(a: argparse.Namespace) -> int:
     shards = [f.name for f in m.files if f.samples]
     if len(shards) > 1 or (shards and shards[0] not in ("data.mdb", "data.h5")):
         pattern = brace_pattern(shards)
-        print(f"shards      {len(shards)}" + (f": {pattern} (WebDataset's brace pattern)" if pattern else "")
+        print(f"shards      {len(shards)}" + (f": {where(pattern)} (a brace pattern: packer, WebDataset)" if pattern else "")
               + "; --shards lists them one per line (e.g. for DALI)")
     print(f"skipped     {len(m.skipped)}" + (f" (first: {m.skipped[0].path}: {m.skipped[0].reason})" if m.skipped else ""))
     return EXIT_OK

@@ -38,6 +38,7 @@ from ..images.imageproc import (
     parse_resize,
     process_image,
 )
+from ..storage.shardspec import has_braces
 from .engine import (
     ConvertOptions,
     ConvertReport,
@@ -99,10 +100,13 @@ def processing_for(
 # -- sources ---------------------------------------------------------------------------------------
 def _open_source(src: str, src_format: str) -> Any:
     """Open the packed source for reading: by its manifest, or, for formats other tools write
-    (tar, tfrecord), without one through ``open_dataset(path, format=...)``."""
+    (tar, tfrecord), without one through ``open_dataset(path, format=...)``, which also takes a
+    brace pattern of shard files (``dir/shard-{000000..000009}.tar``)."""
 
     from packer.datasets import open_dataset
 
+    if has_braces(src):  # a brace pattern of shard files (packer's or another tool's)
+        return open_dataset(src, format=src_format, output="numpy")
     if not os.path.exists(src):
         raise SourceError(f"source does not exist: {src}")
     if not os.path.isdir(src):
@@ -391,7 +395,7 @@ def convert_dataset(
     elif options.resume:
         raise ResumeError("--resume is not supported when unpacking to an imagefolder (the unpacked files are "
                           "not journaled); run without --resume")
-    check_destination(src, dst)
+    check_destination(os.path.dirname(src) if has_braces(src) else src, dst)  # a pattern: its shards' folder
     with claim_destination(dst):
         return _convert_dataset_claimed(src, dst, src_format, dst_format, options, t0)
 
@@ -418,7 +422,7 @@ def _convert_dataset_claimed(
                 shuffle_seed=sm.shuffle_seed, skipped=list(sm.skipped), ignored=dict(sm.ignored), source=source,
                 created_by=f"packer {__version__}", label_kind=sm.label_kind,
             )
-            fingerprint = {"source": _source_fingerprint(src, sm),
+            fingerprint = {"source": _source_fingerprint(ds.root, sm),
                            "options": options_fingerprint(dst_format, template, options)}
             counts: dict[str, int] = {}
             manifest, resumed, notes = write_packed_result(

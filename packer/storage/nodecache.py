@@ -91,15 +91,17 @@ class NodeCache:
         with _named(self.root, os.path.join(self.root, "datasets")):
             os.makedirs(os.path.join(self.root, "datasets"), exist_ok=True)
 
-    def view(self, url: str, manifest_raw: bytes) -> str:
+    def view(self, url: str, manifest_raw: bytes, write_manifest: bool = True) -> str:
         """The folder that holds this node's copy of the dataset at ``url`` whose manifest is
-        ``manifest_raw`` (a new conversion at the same URL gets a new folder), manifest included."""
+        ``manifest_raw`` (a new conversion at the same URL gets a new folder), manifest included
+        unless ``write_manifest`` is false (other tools' shards: ``manifest_raw`` is then the
+        listing that identifies them)."""
         name = hashlib.sha256(url.encode()).hexdigest()[:16] + "-" + hashlib.sha256(manifest_raw).hexdigest()[:16]
         path = os.path.join(self.root, "datasets", name)
         with _named(self.root, path, url):
             os.makedirs(path, exist_ok=True)
             manifest = os.path.join(path, MANIFEST_NAME)
-            if not os.path.exists(manifest):
+            if write_manifest and not os.path.exists(manifest):
                 atomic_write_bytes(manifest, manifest_raw)
         return path
 
@@ -107,7 +109,8 @@ class NodeCache:
         """A read-only descriptor of the cached file ``path``, holding a shared lock that keeps it
         from eviction until closed; downloaded first (from ``source()``, which is ``url``) when
         this node does not have it. A download whose SHA-256 differs from ``sha256`` is fetched
-        once more, then raises CorruptDataError. The cache folder's own failures (disk full,
+        once more, then raises CorruptDataError (an empty ``sha256``: other tools' files, which
+        have none, are checked by ``size`` only). The cache folder's own failures (disk full,
         read-only, a planted symlink) raise NodeCacheError naming the file and ``url``."""
         with _named(self.root, path, url):
             return self._fetch(path, size, sha256, source, url)
@@ -126,9 +129,12 @@ class NodeCache:
             part = self._reserve(path, size, url)
             try:
                 for attempt in (1, 2):
-                    digest = _download(part, source, size, url)
-                    if digest == sha256:
+                    digest, got = _download(part, source, size, url)
+                    if got == size and (digest == sha256 or not sha256):
                         break
+                    if attempt == 2 and not sha256:
+                        raise CorruptDataError(f"downloaded twice, and both times its size differed from the {size:,} "
+                                               f"bytes its listing says (changed while being read?)", path=url)
                     if attempt == 2:
                         raise CorruptDataError(f"downloaded twice, and both times its SHA-256 ({digest[:16]}...) "
                                                f"differs from the manifest's ({sha256[:16]}...)", path=url)
@@ -251,8 +257,9 @@ def _flocked(path: str, how: int) -> Iterator[None]:
         os.close(fd)
 
 
-def _download(part: IO[bytes], source: Callable[[], IO[bytes]], size: int, url: str) -> str:
-    """Copy ``source()`` into ``part`` from its start; return the SHA-256 of what came."""
+def _download(part: IO[bytes], source: Callable[[], IO[bytes]], size: int, url: str) -> tuple[str, int]:
+    """Copy ``source()`` into ``part`` from its start; return the SHA-256 of what came and how
+    many bytes came (reading stops after one more than ``size``)."""
     sha = hashlib.sha256()
     part.seek(0)
     got = 0
@@ -269,4 +276,4 @@ def _download(part: IO[bytes], source: Callable[[], IO[bytes]], size: int, url: 
     part.flush()
     if got != size:
         sha.update(b"\0size mismatch")  # never equal to the manifest's digest
-    return sha.hexdigest()
+    return sha.hexdigest(), got

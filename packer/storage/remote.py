@@ -14,7 +14,7 @@ import logging
 import os
 import posixpath
 import threading
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -32,6 +32,8 @@ __all__ = [
     "RemoteError",
     "Remote",
     "RemoteFiles",
+    "RemoteShards",
+    "remote_shards",
     "is_url",
     "local_copy",
     "open_remote",
@@ -316,6 +318,47 @@ class RemoteFiles:
             return True
         except PackerError:  # the server cannot say: report the original error
             return False
+
+
+class RemoteShards(RemoteFiles):
+    """:class:`RemoteFiles` for other tools' shards at a URL: no manifest, so each download is
+    checked by the size the listing gave (there is no SHA-256 to check it against)."""
+
+    def _replaced(self) -> bool:
+        return False
+
+
+def remote_shards(urls: Sequence[str], storage_options: dict[str, Any] | None = None, cache_dir: str | None = None,
+                  cache_limit: int | str | None = None) -> RemoteShards:
+    """The opener of shard files at ``urls`` (other tools' tar or TFRecord shards under one
+    prefix) through the node cache, built from one listing of the prefix. ShardSpecError for
+    URLs under several prefixes or names the listing lacks (naming them)."""
+    from ..description.manifest import FileEntry
+    from .nodecache import NodeCache
+    from .shardspec import ShardSpecError
+
+    prefixes = sorted({u.rsplit("/", 1)[0] for u in urls})
+    if len(prefixes) != 1:
+        raise ShardSpecError(f"shard URLs under {len(prefixes)} prefixes ({', '.join(prefixes[:2])}, ...): a list of "
+                             f"shards is read from one prefix")
+    remote = Remote(prefixes[0], dict(storage_options or {}))
+    fs, path = remote.filesystem()
+    listed = {posixpath.basename(e["name"].rstrip("/")): e
+              for e in call(remote.url, fs.ls, path, detail=True) if e.get("type") != "directory"}
+    names = [u.rsplit("/", 1)[1] for u in urls]
+    missing = [remote.join(n) for n in names if n not in listed]
+    if missing:
+        what = "none of them exists" if len(missing) == len(names) else f"{len(missing)} of {len(names)} do not exist"
+        raise ShardSpecError(f"shard URLs under {remote.url}: {what}: {', '.join(missing[:3])}"
+                             + (", ..." if len(missing) > 3 else ""))
+    # the listing (names, sizes, versions) names this copy in the node cache: changed shards get a new one
+    rows = [[n, int(listed[n]["size"]), str(listed[n].get("ETag") or listed[n].get("LastModified") or "")]
+            for n in names]
+    entries = [FileEntry(n, 0, size, "", 0) for n, size, _ in rows]
+    listing = Manifest(format="", num_samples=0, classes=[], processing={}, files=entries, layout={"foreign": True})
+    cache = NodeCache(cache_dir, cache_limit)
+    raw = json.dumps(["shards", remote.url, rows]).encode()
+    return RemoteShards(remote, listing, cache, cache.view(remote.url, raw, write_manifest=False))
 
 
 def open_remote(url: str, storage_options: dict[str, Any] | None = None, cache_dir: str | None = None,
