@@ -315,6 +315,16 @@ REMOTE = {
 }
 
 
+#: The node-wide RAM cache (tests/test_node_cache.py).
+NODE_RAM = {
+    "test_ranks_started_at_the_same_instant_commit_one_segment": (
+        "two ranks of one job (same TORCHELASTIC_RUN_ID) past a barrier open one dataset with cache='decoded' "
+        "(256 MiB); 3 rounds",
+        "one segment of /dev/shm, never two: /dev/shm's use polled every millisecond below 1.5 copies (was 2: the "
+        "loser of the race for the name committed a whole segment of its own)"),
+}
+
+
 def hostile_rows(test_file: str = "test_hostile.py", names: dict | None = None, only: bool = False) -> list[list[str]]:
     """One row per test of ``test_file`` that ``names`` describes; ``only``: run those tests alone."""
     import pytest
@@ -374,6 +384,7 @@ def main() -> int:
     trows = hostile_rows("test_trust.py", TRUST)
     rrows = hostile_rows("test_remote.py", REMOTE, only=True)
     jrows = hostile_rows("test_imageproc.py", JPEG) + hostile_rows("test_crop.py", JPEG)
+    nrows = hostile_rows("test_node_cache.py", NODE_RAM, only=True)
     print("\n## SIGKILL during conversion, then --resume\n")
     print(table(["format", "kills", "writing starts / run ends", "DST absent / complete", "resumes that kept samples",
                  "samples lost", "byte-identical after resume", "failures"], krows))
@@ -388,6 +399,8 @@ def main() -> int:
     print(table(["fault", "required", "outcome"], rrows))
     print("\n## JPEGs that decode wrong without a warning (tests/test_imageproc.py, tests/test_crop.py)\n")
     print(table(["fault", "required", "outcome"], jrows))
+    print("\n## The node-wide RAM cache (tests/test_node_cache.py, selected)\n")
+    print(table(["fault", "required", "outcome"], nrows))
     print(f"\n({time.time() - t0:.0f} s, python {sys.version.split()[0]}, {os.cpu_count()} cores)")
     return 0
 
