@@ -307,6 +307,25 @@ JPEG = {
 
 
 REMOTE = {
+    "test_a_forged_file_size_reserves_nothing_and_names_the_url": (
+        "a manifest claiming 600,000,000 bytes for a 10 kB shard, read with no cache_limit",
+        "CorruptDataError naming the URL and both sizes before downloading; the cache's disk use, polled every "
+        "millisecond, under 10 MiB (was 600 MB reserved, then a SHA-256 error)"),
+    "test_every_file_in_the_cache_counts_against_the_limit_whatever_its_name": (
+        "manifest files named x0.fetch, x1.fetch, x2.partial, x3.ahead, x4.fetch (60 kB each) fetched under a "
+        "150 kB limit",
+        "usage() equals the disk use of every file; the disk use stays under the limit (was 254 kB held while "
+        "usage() said 70 kB)"),
+    "test_a_symlink_planted_as_a_dataset_folder_is_not_followed": (
+        "a dataset folder of the cache replaced by a symlink to a folder outside it, then the dataset read",
+        "the link is removed, every sample exact, nothing written outside the cache (was 50 files written there)"),
+    "test_a_killed_downloaders_partial_is_reclaimed_for_another_file": (
+        "a downloader SIGKILLed mid-file (4 MiB partial left), then another file fetched under a 6 MiB limit",
+        "the partial is reclaimed and the file cached within the limit (was CacheFullError)"),
+    "test_read_ahead_larger_than_the_cache_limit_reads_every_sample": (
+        "StreamingDataset from s3://, 2 workers reading 2 shards ahead each, cache_limit of 3 shards (a quarter of the "
+        "dataset)", "every sample once, the same as the local copy (was CacheFullError: the files in use fill "
+        "cache_limit)"),
     "test_a_second_conversion_to_a_url_being_uploaded_is_refused_and_touches_nothing": (
         "a second conversion to an s3:// URL while the first waits on its uploads (its local copy finished); "
         "the first then finishes, or is SIGKILLed and resumed",
