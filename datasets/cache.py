@@ -37,6 +37,7 @@ from .shm import (
     publish_segment,
     release_segment,
     remove_stale_segments,
+    unlink_if_named,
 )
 
 __all__ = ["SharedCache", "cgroup_free_bytes", "node_key_from_env"]
@@ -251,42 +252,67 @@ class SharedCache:
         while path is not None and digest is not None:
             if self._attach(path, num_items, digest):
                 return
-            region = _node_region(num_items, _clamp(requested, overhead, node=True))
-            if region is None:
+            # Claim the name with an empty file first, its lock held, and commit the memory only
+            # once the name is ours: processes that start together (torchrun's ranks) would
+            # otherwise each commit a whole segment before learning that one of them won.
+            fd = _empty_segment()
+            if fd is None:
                 warnings.warn(f"SharedCache: cannot create a file in {_SHM_DIR} for the node's cache "
                               f"(no O_TMPFILE or no permission there); this process tree keeps its own",
                               RuntimeWarning, stacklevel=2)
                 break
-            _initialise(region, num_items, digest)
-            lock = FileLock("SharedCache", os.dup(region.fd))  # type: ignore[arg-type]
-            if publish_segment(region.fd, path):  # type: ignore[arg-type]
+            lock = FileLock("SharedCache", os.dup(fd))
+            region = None
+            try:
+                with lock.hold():  # joiners wait on it until the segment is set up
+                    if publish_segment(fd, path):  # else another process named its segment first: join it
+                        region = _node_region(fd, path, num_items, _clamp(requested, overhead, node=True))
+                        _initialise(region, num_items, digest)
+            finally:
+                os.close(fd)
+                if region is None:
+                    lock.close()
+            if region is not None:
                 self._setup(num_items, region, lock, path)
                 return
-            lock.close()  # another process published first: join its segment
-            region.close()
         region = _private_region(num_items, _clamp(requested, overhead, node=False))
         _initialise(region, num_items, b"")
         self._setup(num_items, region, ProcessLock("SharedCache"), None)
 
     def _attach(self, path: str, num_items: int, digest: bytes) -> bool:
-        """Map the node's published segment at ``path``; False when there is none."""
+        """Map the node's published segment at ``path``; False when there is none (or only one
+        whose creator died or failed before it was set up, which is removed)."""
         fd = open_segment(path)
         if fd is None:
             return False
+        lock = FileLock("SharedCache", os.dup(fd))
         try:
-            size = os.fstat(fd).st_size
-            region = SharedRegion(max(size, 1), "packer-cache", fd=fd)
+            with lock.hold():  # its creator holds the lock until the segment is set up
+                size = os.fstat(fd).st_size
+                if size == 0:  # named but never set up: its creator died or failed
+                    unlink_if_named(fd, path)
         except BaseException:
+            lock.close()
             os.close(fd)
+            raise
+        if size == 0:
+            lock.close()
+            os.close(fd)
+            return False
+        try:
+            region = SharedRegion(size, "packer-cache", fd=fd)  # owns fd (closed on failure)
+        except BaseException:
+            lock.close()
             raise
         header = SlotTable(_HEADER_FIELDS, region, slots=_HEADER) if size >= _TABLE_AT else None
         if (header is None or header["magic"] != _MAGIC or header["layout"] != _LAYOUT
                 or header["num_items"] != num_items or header["size"] != size
                 or bytes(region.buffer[_DIGEST_AT:_DIGEST_AT + len(digest)]) != digest):
+            lock.close()
             region.close()
             raise RuntimeError(f"SharedCache: {path} is not this dataset's cache (another program's "
                                f"file or another packer version's, in use); remove it when it is unused")
-        self._setup(num_items, region, FileLock("SharedCache", os.dup(fd)), path)
+        self._setup(num_items, region, lock, path)
         return True
 
     def _setup(self, num_items: int, region: SharedRegion, lock: ProcessLock | FileLock,
@@ -609,17 +635,28 @@ def _clamp(requested: int, overhead: int, node: bool) -> int:
     return capacity
 
 
-def _node_region(num_items: int, capacity: int) -> SharedRegion | None:
-    """A new unnamed file in /dev/shm for a node-shared cache, its whole size committed (named by
-    ``publish_segment`` once written); None where the system or the permissions allow none."""
-    size = _layout(num_items, capacity)[1]
+def _empty_segment() -> int | None:
+    """A new empty, unnamed file in /dev/shm for a node-shared cache, held by this process; None
+    where the system or the permissions allow none."""
     try:
-        fd = new_segment(_SHM_DIR, size)
+        return new_segment(_SHM_DIR, 0)
     except OSError as error:
         if error.errno in (errno.EOPNOTSUPP, errno.EISDIR, errno.EINVAL, errno.EACCES, errno.EPERM, errno.EROFS):
             return None
+        raise _allocation_error(0, f"in {_SHM_DIR}", error) from error
+
+
+def _node_region(fd: int, path: str, num_items: int, capacity: int) -> SharedRegion:
+    """The segment ``fd``, just named ``path`` by this process, grown to hold the cache with its
+    whole size committed, mapped through a duplicate of ``fd``. On failure the name is removed."""
+    size = _layout(num_items, capacity)[1]
+    try:
+        os.ftruncate(fd, size)
+        os.posix_fallocate(fd, 0, size)
+    except OSError as error:
+        unlink_if_named(fd, path)
         raise _allocation_error(size, f"in {_SHM_DIR}", error) from error
-    return SharedRegion(size, "packer-cache", fd=fd)
+    return SharedRegion(size, "packer-cache", fd=os.dup(fd))
 
 
 def _private_region(num_items: int, capacity: int) -> SharedRegion:

@@ -15,9 +15,11 @@ __all__ = ["ShardReadAhead"]
 class ShardReadAhead:
     """Downloads, ``depth`` shards ahead, the shards that the sample ``indices`` (in reading order)
     of ``reader`` fall in. Call :meth:`at` with the position about to be read; :meth:`close` at
-    the end. A downloaded shard is held open (so the cache keeps it) until reading has passed
-    the point where it is first needed; a failed download is left for the reader to meet and
-    report when it reaches that shard."""
+    the end. A downloaded shard is held (so other read-aheads leave it in the cache; readers may
+    still evict it) until reading has passed the point where it is first needed. Read-ahead takes
+    only the room the cache has to spare: a shard it finds no room for is tried again when
+    reading moves to the next shard, and read when needed otherwise. A failed download is left
+    for the reader to meet and report when it reaches that shard."""
 
     def __init__(self, reader: Any, indices: np.ndarray, depth: int) -> None:
         self._fetch = reader._remote
@@ -29,32 +31,39 @@ class ShardReadAhead:
         self._first = first[by_need].tolist()  # position in ``indices`` where each is first needed
         self._depth = depth
         self._next = 0  # next shard (in need order) to start downloading
+        self._current = -1  # shards needed so far, at the last call
         self._pool = ThreadPoolExecutor(max(1, min(depth, 4)), thread_name_prefix="packer-readahead")
-        self._held: list[tuple[int, Future[int]]] = []
+        self._held: list[tuple[int, int, Future[int | None]]] = []  # (first position, shard, download)
 
     def at(self, position: int) -> None:
         """Reading is at ``position``: start the downloads needed next, release the passed ones."""
         current = int(np.searchsorted(self._first, position, side="right"))  # shards needed so far
+        moved, self._current = current != self._current, current
         while self._next < len(self._names) and self._next < current + self._depth:
-            self._held.append((self._first[self._next], self._pool.submit(self._fetch, self._names[self._next])))
+            self._held.append((self._first[self._next], self._next, self._submit(self._next)))
             self._next += 1
         keep = []
-        for first, fut in self._held:
+        for first, shard, fut in self._held:
             if first <= position and fut.done():
                 _close(fut)
+            elif moved and fut.done() and fut.exception() is None and fut.result() is None:
+                keep.append((first, shard, self._submit(shard)))  # no room last time: try again
             else:
-                keep.append((first, fut))
+                keep.append((first, shard, fut))
         self._held = keep
+
+    def _submit(self, shard: int) -> Future[int | None]:
+        return self._pool.submit(self._fetch, self._names[shard], ahead=True)
 
     def close(self) -> None:
         """Stop: wait for the downloads in flight and release every held shard."""
         self._pool.shutdown(wait=True, cancel_futures=True)
-        for _, fut in self._held:
+        for _, _, fut in self._held:
             if not fut.cancelled():
                 _close(fut)
         self._held = []
 
 
-def _close(fut: Future[int]) -> None:
-    if fut.exception() is None:
-        os.close(fut.result())
+def _close(fut: Future[int | None]) -> None:
+    if fut.exception() is None and fut.result() is not None:
+        os.close(fut.result())  # type: ignore[arg-type]

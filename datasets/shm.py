@@ -31,6 +31,7 @@ from packer.files.fileio import anonymous_file
 __all__ = [
     "SharedRegion", "SharedBytes", "region_views", "ProcessLock", "FileLock", "SlotTable", "int64_rows",
     "new_segment", "publish_segment", "open_segment", "release_segment", "remove_stale_segments",
+    "unlink_if_named",
 ]
 
 
@@ -371,6 +372,15 @@ def release_segment(fd: int, path: str) -> bool:
         return False
     finally:
         _ofd_lock(fd, fcntl.F_UNLCK, _HOLDER_BYTE, wait=False)
+
+
+def unlink_if_named(fd: int, path: str) -> bool:
+    """Remove the name ``path`` if it still names the file open as ``fd``; return whether it did.
+    For a segment that was named but never set up (hold its :class:`FileLock` while calling)."""
+    if _names(fd, path):
+        os.unlink(path)
+        return True
+    return False
 
 
 def remove_stale_segments(directory: str, prefix: str) -> list[str]:

@@ -44,6 +44,12 @@ def test_convert_info_verify(tiny_folder, tmp_path, capsys, fmt):
     assert rc == 0 and err == [] and f"wrote {len(pixels)} images in 3 classes" in out
     rc, out, _ = run(capsys, "info", tmp_path / "out")
     assert rc == 0 and f"format      {fmt}" in out and f"samples     {len(pixels)}" in out
+    from packer.description.manifest import read_manifest
+    from packer.sizes import format_size
+
+    largest = max(f.bytes for f in read_manifest(str(tmp_path / "out")).files)
+    assert f"node cache  cache_limit >= largest file x processes reading at once on a node (ranks x workers): " \
+           f"1: {format_size(largest)}, 2: {format_size(2 * largest)}" in out
     rc, out, _ = run(capsys, "info", tmp_path / "out", "--json")
     assert rc == 0 and json.loads(out)["num_samples"] == len(pixels)
     rc, out, err = run(capsys, "verify", tmp_path / "out")

@@ -302,3 +302,93 @@ def test_two_torchrun_ranks_share_the_readers_own_cache(images: str, tmp_path) -
     assert wired[0]["name"] is not None and wired[0]["name"] == wired[1]["name"]
     assert all(r["same"] == 2 * 48 and r["entries"] == 48 for r in wired)
     assert sum(r["pss"] for r in wired) < 1.25 * wired[0]["nbytes"]
+
+
+# -- ranks that start at the same instant ------------------------------------------------------------
+
+def _shm_held() -> dict[int, int]:
+    """Bytes of each /dev/shm file (by inode) this process holds open or mapped, named or not."""
+    dev = os.stat(SHM).st_dev
+    held: dict[int, int] = {}
+    for fd in os.listdir("/proc/self/fd"):
+        try:
+            st = os.stat(f"/proc/self/fd/{fd}")
+        except OSError:
+            continue
+        if st.st_dev == dev:
+            held[st.st_ino] = max(held.get(st.st_ino, 0), st.st_blocks * 512)
+    device = f"{os.major(dev):02x}:{os.minor(dev):02x}"
+    with open("/proc/self/maps") as maps:
+        for line in maps:
+            fields = line.split()
+            if len(fields) >= 5 and fields[3] == device and fields[4] != "0":
+                start, end = (int(x, 16) for x in fields[0].split("-"))
+                held[int(fields[4])] = max(held.get(int(fields[4]), 0), end - start)
+    return held
+
+
+def _rank_at_the_barrier(path: str, run_id: str, start, done, results) -> None:  # noqa: ANN001
+    """A rank of a torchrun job (its run id in the environment) that opens the dataset with a
+    decoded node cache the moment every rank is at ``start``."""
+    from packer.datasets import open_dataset
+
+    os.environ["TORCHELASTIC_RUN_ID"] = run_id
+    start.wait()
+    ds = open_dataset(path, cache="decoded", cache_bytes=CACHE_BYTES)
+    ds[0]
+    results.put((ds.cache.name, _shm_held()))
+    done.wait()
+    ds.close()
+
+
+CACHE_BYTES = 256 * MiB
+
+
+def _shm_used() -> int:
+    st = os.statvfs(SHM)
+    return (st.f_blocks - st.f_bfree) * st.f_frsize
+
+
+def _watch_peak(base: int, peak: list[int], stop) -> None:  # noqa: ANN001
+    """Poll /dev/shm's use above ``base`` every millisecond into ``peak[0]`` until ``stop``."""
+    import time
+
+    while not stop.is_set():
+        peak[0] = max(peak[0], _shm_used() - base)
+        time.sleep(0.001)
+
+
+def test_ranks_started_at_the_same_instant_commit_one_segment(images: str, tmp_path) -> None:
+    """Both ranks pass a barrier, then open the dataset: one segment of /dev/shm, never two (the
+    loser of the race for the name had committed a whole segment of its own)."""
+    import multiprocessing
+    import threading
+
+    ctx = multiprocessing.get_context("spawn")
+    for trial in range(3):
+        start, done, results = ctx.Barrier(2), ctx.Event(), ctx.Queue()
+        ranks = [ctx.Process(target=_rank_at_the_barrier,
+                             args=(images, f"{tmp_path}-{trial}", start, done, results)) for _ in range(2)]
+        base, peak, stop = _shm_used(), [0], threading.Event()
+        watcher = threading.Thread(target=_watch_peak, args=(base, peak, stop))
+        watcher.start()
+        try:
+            for rank in ranks:
+                rank.start()
+            got = [results.get(timeout=120) for _ in ranks]
+        finally:
+            stop.set()
+            watcher.join()
+            done.set()
+            for rank in ranks:
+                rank.join(timeout=60)
+        assert got[0][0] == got[1][0] is not None, "one name for both ranks"
+        held: dict[int, int] = {}
+        for _, files in got:
+            for inode, nbytes in files.items():
+                held[inode] = max(held.get(inode, 0), nbytes)
+        big = {inode: nbytes for inode, nbytes in held.items() if nbytes >= CACHE_BYTES // 2}
+        assert len(big) == 1, f"trial {trial}: {len(big)} segments held: {sorted(big.values())}"
+        assert peak[0] < 1.5 * CACHE_BYTES, f"trial {trial}: {peak[0] / MiB:.0f} MiB of {SHM} at the peak"
+        assert all(rank.exitcode == 0 for rank in ranks)
+        assert not os.path.exists(got[0][0])

@@ -3,6 +3,7 @@ node cache every process on a machine shares."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import socket
 import threading
@@ -181,9 +182,11 @@ def test_a_killed_download_leaves_nothing_that_breaks_the_next(s3, local_sets, t
     ds = open_dataset(url, storage_options=s3, cache_dir=cache_dir)
     name = ds.manifest.files[0].name
     # What a downloader killed mid-file leaves: an allocated partial file and a lock file.
-    with open(os.path.join(ds.root, name + ".partial"), "wb") as f:
+    work = os.path.join(cache_dir, "work", os.path.basename(ds.root))
+    os.makedirs(work, exist_ok=True)
+    with open(os.path.join(work, name + ".partial"), "wb") as f:
         f.write(b"\0" * 100)
-    open(os.path.join(ds.root, name + ".fetch"), "wb").close()
+    open(os.path.join(work, name + ".fetch"), "wb").close()
     ref = open_dataset(local_sets["hdf5"])
     assert torch.equal(ds[3][0], ref[3][0])
     assert np.array_equal(open(os.path.join(ds.root, name), "rb").read(),
@@ -708,3 +711,181 @@ def test_verify_of_a_url_with_a_cache_limit_below_the_dataset_says_the_limit_it_
     need = int(err[0].rsplit("at least ", 1)[1].split()[0].replace(",", ""))
     r = _cli("verify", url, *_cli_opts(s3, cache), "--cache-limit", str(need))
     assert r.returncode == 0 and "24/24 samples decoded" in r.stdout and "CORRUPT" not in r.stdout, (r.stdout, r.stderr)
+
+
+# -- the node cache trusts no size, name or folder it did not make ----------------------------------
+
+def _disk_use(top):
+    """Bytes the files under ``top`` take on disk, counted independently of the cache."""
+    total = 0
+    for folder, _, names in os.walk(top):
+        for n in names:
+            with contextlib.suppress(FileNotFoundError):
+                total += os.lstat(os.path.join(folder, n)).st_blocks * 512
+    return total
+
+
+def _forged_manifest(s3, url, edit):
+    """Rewrite the manifest at ``url`` with ``edit(dict)`` applied."""
+    import json
+
+    import s3fs
+
+    fs = s3fs.S3FileSystem(**s3)
+    key = url.removeprefix("s3://") + "/manifest.json"
+    data = json.loads(fs.cat(key))
+    edit(data)
+    fs.pipe(key, json.dumps(data).encode())
+    return fs
+
+
+def test_a_forged_file_size_reserves_nothing_and_names_the_url(s3, local_sets, tmp_path):
+    url = _upload(s3, local_sets["tar"], "forged-size/tar")
+    shard = next(f for f in read_manifest(local_sets["tar"]).files if f.name.endswith(".tar"))
+
+    def forge(data):
+        next(f for f in data["files"] if f["name"] == shard.name)["bytes"] = 600_000_000
+
+    _forged_manifest(s3, url, forge)
+    cache_dir = str(tmp_path / "cache")
+    ds = open_dataset(url, storage_options=s3, cache_dir=cache_dir)  # no cache_limit
+    peak, stop = [0], threading.Event()
+
+    def poll():
+        while not stop.is_set():
+            peak[0] = max(peak[0], _disk_use(cache_dir))
+            time.sleep(0.001)
+
+    t = threading.Thread(target=poll)
+    t.start()
+    try:
+        with pytest.raises(CorruptDataError, match=f"server holds {shard.bytes:,} bytes, the manifest says "
+                                                   f"600,000,000") as info:
+            [ds[i] for i in range(len(ds))]
+    finally:
+        stop.set()
+        t.join()
+    assert info.value.path == f"{url}/{shard.name}"
+    assert peak[0] < 10 * 2**20, f"{peak[0] / 2**20:.0f} MiB reserved for a {shard.bytes:,}-byte object"
+
+
+def _add_files(s3, url, files):
+    """Upload ``files`` (name -> bytes) beside the dataset at ``url`` and list them in its manifest."""
+    import hashlib
+
+    def add(data):
+        data["files"] += [{"name": n, "samples": 0, "bytes": len(b), "sha256": hashlib.sha256(b).hexdigest()}
+                          for n, b in files.items()]
+
+    fs = _forged_manifest(s3, url, add)
+    for n, b in files.items():
+        fs.pipe(url.removeprefix("s3://") + "/" + n, b)
+
+
+def test_every_file_in_the_cache_counts_against_the_limit_whatever_its_name(tmp_path):
+    """Files whose names end like the cache's own bookkeeping (.fetch, .partial, .ahead) were
+    neither counted nor evicted: 254 kB on disk while usage() said 70 kB under a 150 kB limit."""
+    import hashlib
+    import io
+
+    limit = 150_000
+    cache_dir = str(tmp_path / "cache")
+    cache = NodeCache(cache_dir, limit)
+    view = cache.view("s3://data/names/tar", b"{}")
+    for i, suffix in enumerate([".fetch", ".fetch", ".partial", ".ahead", ".fetch", ".tar"]):
+        data = os.urandom(60_000)
+        name = f"x{i}{suffix}"
+        os.close(cache.fetch(os.path.join(view, name), len(data), hashlib.sha256(data).hexdigest(),
+                             lambda data=data: io.BytesIO(data), f"s3://data/names/tar/{name}"))
+        on_disk = _disk_use(os.path.join(cache_dir, "datasets")) + _disk_use(os.path.join(cache_dir, "work"))
+        assert cache.usage() == on_disk
+        assert _disk_use(cache_dir) <= limit, f"{_disk_use(cache_dir):,} bytes on disk under a {limit:,}-byte limit"
+
+
+def test_a_symlink_planted_as_a_dataset_folder_is_not_followed(s3, local_sets, tmp_path):
+    url = _upload(s3, local_sets["tar"], "planted/tar")
+    cache_dir = str(tmp_path / "cache")
+    view = open_dataset(url, storage_options=s3, cache_dir=cache_dir).root
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    for n in os.listdir(view):
+        os.remove(os.path.join(view, n))
+    os.rmdir(view)
+    os.symlink(outside, view)  # a dataset folder of the cache, planted as a link out of it
+    ds = open_dataset(url, storage_options=s3, cache_dir=cache_dir)
+    _same(ds, open_dataset(local_sets["tar"]))
+    assert os.listdir(outside) == [], "nothing written outside the cache"
+    assert not os.path.islink(view) and os.path.isdir(view)
+
+
+_KILLED_DOWNLOADER = """
+import sys, time
+from packer.storage.nodecache import NodeCache
+
+class Stalls:  # a server that sends one chunk, then nothing
+    size = int(sys.argv[2])
+    sent = False
+    def read(self, n):
+        if self.sent:
+            print("downloading", flush=True)
+            time.sleep(600)
+        self.sent = True
+        return bytes(min(n, 1000))
+    def close(self):
+        pass
+    def __enter__(self):
+        return self
+    def __exit__(self, *exc):
+        pass
+
+cache = NodeCache(sys.argv[1], cache_limit=int(sys.argv[2]) * 3 // 2)
+view = cache.view("s3://b/killed", b"{}")
+cache.fetch(view + "/big.bin", int(sys.argv[2]), "0" * 64, Stalls, "s3://b/killed/big.bin")
+"""
+
+
+def test_a_killed_downloaders_partial_is_reclaimed_for_another_file(tmp_path):
+    import hashlib
+    import signal
+    import subprocess
+    import sys
+
+    size = 4 * 2**20
+    cache_dir = str(tmp_path / "cache")
+    child = subprocess.Popen([sys.executable, "-c", _KILLED_DOWNLOADER, cache_dir, str(size)],
+                             stdout=subprocess.PIPE, text=True)
+    try:
+        assert child.stdout.readline().strip() == "downloading"
+    finally:
+        child.send_signal(signal.SIGKILL)
+        child.wait(timeout=30)
+        child.stdout.close()
+    assert _disk_use(cache_dir) >= size, "the killed download's partial file is left"
+    other = tmp_path / "other.bin"
+    other.write_bytes(os.urandom(size))
+    cache = NodeCache(cache_dir, cache_limit=size * 3 // 2, wait_s=2)
+    view = cache.view("s3://b/other", b"{}")
+    fd = cache.fetch(os.path.join(view, "other.bin"), size, hashlib.sha256(other.read_bytes()).hexdigest(),
+                     lambda: open(other, "rb"), "s3://b/other/other.bin")
+    os.close(fd)
+    assert cache.usage() <= size * 3 // 2 and _disk_use(cache_dir) <= size * 3 // 2
+
+
+def test_read_ahead_larger_than_the_cache_limit_reads_every_sample(s3, local_sets, tmp_path):
+    """2 workers, each reading ahead 2 shards, under a limit of 3 shards: each worker's current
+    shard fits, and read-ahead uses what is left."""
+    from packer.datasets import StreamingDataset
+
+    local = local_sets["tar"]
+    m = read_manifest(local)
+    biggest = max(f.bytes for f in m.files)
+    limit = 3 * biggest
+    assert limit < 0.4 * sum(f.bytes for f in m.files)
+    url = _upload(s3, local, "ahead-limit/tar")
+    kwargs = {"shuffle": True, "seed": 3, "output": "numpy"}
+    remote = StreamingDataset(url, storage_options=s3, cache_dir=str(tmp_path / "c"), cache_limit=limit,
+                              prefetch_shards=2, **kwargs)
+    loader = torch.utils.data.DataLoader(remote, batch_size=None, num_workers=2)
+    got = sorted((int(label), np.asarray(img).tobytes()) for img, label in loader)
+    want = sorted((int(label), img.tobytes()) for img, label in StreamingDataset(local, **kwargs))
+    assert got == want

@@ -1777,10 +1777,13 @@ def test_node_cache_disk_full_read_only_and_symlinks_are_one_line_naming_file_an
         NodeCache(small_fs).view("s3://bucket/b", b"{}")
     cache = NodeCache(str(tmp_path / "cache"))
     view = cache.view("s3://bucket/ds", b"{}")
-    os.symlink(src, os.path.join(view, "shard-000000.tar"))  # planted where a cached file belongs
-    with pytest.raises(NodeCacheError, match=r"too many levels of symbolic links: .*shard-000000\.tar while caching "
-                                             r"s3://bucket/ds/shard-000000\.tar; a symlink stands where"):
-        cache.fetch(os.path.join(view, "shard-000000.tar"), len(data), sha, lambda: open(src, "rb"), url)
+    planted = os.path.join(view, "shard-000000.tar")
+    os.symlink(src, planted)  # planted where a cached file belongs: removed, never followed
+    before = os.stat(src)
+    fd = cache.fetch(planted, len(data), sha, lambda: open(src, "rb"), url)
+    os.close(fd)
+    assert not os.path.islink(planted) and open(planted, "rb").read() == data
+    assert (os.stat(src).st_mtime_ns, os.stat(src).st_size) == (before.st_mtime_ns, before.st_size)
 
 
 # -- crop windows of NumPy integers ------------------------------------------------------------------

@@ -349,6 +349,25 @@ JPEG = {
 
 
 REMOTE = {
+    "test_a_forged_file_size_reserves_nothing_and_names_the_url": (
+        "a manifest claiming 600,000,000 bytes for a 10 kB shard, read with no cache_limit",
+        "CorruptDataError naming the URL and both sizes before downloading; the cache's disk use, polled every "
+        "millisecond, under 10 MiB (was 600 MB reserved, then a SHA-256 error)"),
+    "test_every_file_in_the_cache_counts_against_the_limit_whatever_its_name": (
+        "manifest files named x0.fetch, x1.fetch, x2.partial, x3.ahead, x4.fetch (60 kB each) fetched under a "
+        "150 kB limit",
+        "usage() equals the disk use of every file; the disk use stays under the limit (was 254 kB held while "
+        "usage() said 70 kB)"),
+    "test_a_symlink_planted_as_a_dataset_folder_is_not_followed": (
+        "a dataset folder of the cache replaced by a symlink to a folder outside it, then the dataset read",
+        "the link is removed, every sample exact, nothing written outside the cache (was 50 files written there)"),
+    "test_a_killed_downloaders_partial_is_reclaimed_for_another_file": (
+        "a downloader SIGKILLed mid-file (4 MiB partial left), then another file fetched under a 6 MiB limit",
+        "the partial is reclaimed and the file cached within the limit (was CacheFullError)"),
+    "test_read_ahead_larger_than_the_cache_limit_reads_every_sample": (
+        "StreamingDataset from s3://, 2 workers reading 2 shards ahead each, cache_limit of 3 shards (a quarter of the "
+        "dataset)", "every sample once, the same as the local copy (was CacheFullError: the files in use fill "
+        "cache_limit)"),
     "test_a_second_conversion_to_a_url_being_uploaded_is_refused_and_touches_nothing": (
         "a second conversion to an s3:// URL while the first waits on its uploads (its local copy finished); "
         "the first then finishes, or is SIGKILLed and resumed",
@@ -362,6 +381,16 @@ REMOTE = {
     "test_verify_of_a_url_with_a_cache_limit_below_the_dataset_says_the_limit_it_needs": (
         "packer verify s3://... of a healthy 24-sample tar dataset with --cache-limit 4 shards",
         "exit 1, one line saying the cache limit needed; with that limit verify passes (was 'missing payload file')"),
+}
+
+
+#: The node-wide RAM cache (tests/test_node_cache.py).
+NODE_RAM = {
+    "test_ranks_started_at_the_same_instant_commit_one_segment": (
+        "two ranks of one job (same TORCHELASTIC_RUN_ID) past a barrier open one dataset with cache='decoded' "
+        "(256 MiB); 3 rounds",
+        "one segment of /dev/shm, never two: /dev/shm's use polled every millisecond below 1.5 copies (was 2: the "
+        "loser of the race for the name committed a whole segment of its own)"),
 }
 
 
@@ -424,6 +453,7 @@ def main() -> int:
     trows = hostile_rows("test_trust.py", TRUST)
     rrows = hostile_rows("test_remote.py", REMOTE, only=True)
     jrows = hostile_rows("test_imageproc.py", JPEG) + hostile_rows("test_crop.py", JPEG)
+    nrows = hostile_rows("test_node_cache.py", NODE_RAM, only=True)
     print("\n## SIGKILL during conversion, then --resume\n")
     print(table(["format", "kills", "writing starts / run ends", "DST absent / complete", "resumes that kept samples",
                  "samples lost", "byte-identical after resume", "failures"], krows))
@@ -438,6 +468,8 @@ def main() -> int:
     print(table(["fault", "required", "outcome"], rrows))
     print("\n## JPEGs that decode wrong without a warning (tests/test_imageproc.py, tests/test_crop.py)\n")
     print(table(["fault", "required", "outcome"], jrows))
+    print("\n## The node-wide RAM cache (tests/test_node_cache.py, selected)\n")
+    print(table(["fault", "required", "outcome"], nrows))
     print(f"\n({time.time() - t0:.0f} s, python {sys.version.split()[0]}, {os.cpu_count()} cores)")
     return 0
 

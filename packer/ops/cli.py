@@ -610,6 +610,11 @@ def _run_info(a: argparse.Namespace) -> int:
         print(f"shards      {len(shards)}" + (f": {where(pattern)} (a brace pattern: packer, WebDataset)" if pattern else "")
               + "; --shards lists them one per line (e.g. for DALI)")
     print(f"skipped     {len(m.skipped)}" + (f" (first: {m.skipped[0].path}: {m.skipped[0].reason})" if m.skipped else ""))
+    # Read from a URL, every process reading at once (ranks x DataLoader workers on a node) holds
+    # one file open in the node cache; read-ahead uses only what is left.
+    largest = max((f.bytes for f in m.files), default=0)
+    print("node cache  cache_limit >= largest file x processes reading at once on a node (ranks x workers): "
+          + ", ".join(f"{n}: {format_size(largest * n)}" for n in (1, 2, 4, 8)))
     return EXIT_OK
 
 

@@ -1,12 +1,16 @@
 """The node-local cache of downloaded dataset files, shared by every process on the machine.
 
 One download per file per node: every worker and every rank asks the cache, which serialises
-the downloads of one file with a file lock and checks each download's SHA-256 against the
-manifest before renaming it into place. Files that a reader has open hold a shared ``flock`` and
-are never evicted; eviction runs under the cache's lock and keeps the bytes on disk (finished
-files plus downloads in progress, which are allocated to full size first) at or below
-``cache_limit`` at every moment. All coordination is file locks, released by the kernel when a
-process dies, so a crashed job leaves nothing that can break the next one.
+the downloads of one file with a file lock, checks the object's size on the server against the
+manifest before reserving room for it, and checks each download's SHA-256 against the manifest
+before renaming it into place. Files that a reader has open hold a shared ``flock`` and are
+never evicted; eviction runs under the cache's lock and keeps every file under the cache's
+folders (downloads in progress allocated to full size first) at or below ``cache_limit`` at
+every moment. Read-ahead takes only the room that readers leave: it never waits and never evicts
+another read-ahead's file, and readers may evict its files. Every file is reached through folder
+descriptors opened without following symlinks, so nothing outside ``cache_dir`` is written. All
+coordination is file locks, released by the kernel when a process dies, so a crashed job leaves
+nothing that can break the next one (its partial downloads are reclaimed when room is needed).
 """
 
 from __future__ import annotations
@@ -16,21 +20,26 @@ import errno
 import fcntl
 import hashlib
 import os
+import stat
 import time
 from collections.abc import Callable, Iterable, Iterator
-from typing import IO
+from typing import IO, Any
 
 from ..description.manifest import MANIFEST_NAME
 from ..errors import CorruptDataError, PackerError
-from ..files.filesystem import atomic_write_bytes
 from ..sizes import parse_size
 
 __all__ = ["NodeCache", "CacheFullError", "NodeCacheError", "default_cache_dir"]
 
-_LOCK = ".lock"  # the whole cache's lock, beside its datasets/ folder
+_LOCK = ".lock"  # the whole cache's lock, beside its folders
+_WANT = ".want"  # held (shared) by readers waiting for room: read-ahead stands back meanwhile
+_DATASETS = "datasets"  # datasets/VIEW/NAME: the downloaded files, as the manifest names them
+_WORK = "work"  # work/VIEW/NAME.fetch, .partial, .ahead: bookkeeping no manifest name can reach
 _FETCH = ".fetch"  # suffix of a file's download lock
 _PARTIAL = ".partial"  # suffix of a download in progress
+_AHEAD = ".ahead"  # suffix of a read-ahead's hold (shared lock) on a file not read yet
 _CHUNK = 1 << 24  # bytes per read of a download: one request each
+_OPEN_DIR = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 
 
 class CacheFullError(PackerError):
@@ -88,8 +97,10 @@ class NodeCache:
         self.root = os.path.abspath(os.path.expanduser(cache_dir or default_cache_dir()))
         self.limit = parse_size(cache_limit) if cache_limit is not None else None
         self.wait_s = wait_s
-        with _named(self.root, os.path.join(self.root, "datasets")):
-            os.makedirs(os.path.join(self.root, "datasets"), exist_ok=True)
+        with _named(self.root, self.root):
+            os.makedirs(self.root, exist_ok=True)
+            with _folder(self.root, _DATASETS), _folder(self.root, _WORK):
+                pass
 
     def view(self, url: str, manifest_raw: bytes, write_manifest: bool = True) -> str:
         """The folder that holds this node's copy of the dataset at ``url`` whose manifest is
@@ -97,55 +108,48 @@ class NodeCache:
         unless ``write_manifest`` is false (other tools' shards: ``manifest_raw`` is then the
         listing that identifies them)."""
         name = hashlib.sha256(url.encode()).hexdigest()[:16] + "-" + hashlib.sha256(manifest_raw).hexdigest()[:16]
-        path = os.path.join(self.root, "datasets", name)
-        with _named(self.root, path, url):
-            os.makedirs(path, exist_ok=True)
-            manifest = os.path.join(path, MANIFEST_NAME)
-            if write_manifest and not os.path.exists(manifest):
-                atomic_write_bytes(manifest, manifest_raw)
-        return path
+        with _named(self.root, os.path.join(self.root, _DATASETS, name), url), \
+                _folder(self.root, _DATASETS, name) as folder:
+            if write_manifest:
+                try:
+                    os.close(os.open(MANIFEST_NAME, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC,
+                                     dir_fd=folder))
+                except FileNotFoundError:
+                    _write_new(folder, MANIFEST_NAME, manifest_raw)
+        return os.path.join(self.root, _DATASETS, name)
 
-    def fetch(self, path: str, size: int, sha256: str, source: Callable[[], IO[bytes]], url: str) -> int:
-        """A read-only descriptor of the cached file ``path``, holding a shared lock that keeps it
-        from eviction until closed; downloaded first (from ``source()``, which is ``url``) when
-        this node does not have it. A download whose SHA-256 differs from ``sha256`` is fetched
-        once more, then raises CorruptDataError (an empty ``sha256``: other tools' files, which
-        have none, are checked by ``size`` only). The cache folder's own failures (disk full,
-        read-only, a planted symlink) raise NodeCacheError naming the file and ``url``."""
-        with _named(self.root, path, url):
-            return self._fetch(path, size, sha256, source, url)
+    def fetch(self, path: str, size: int, sha256: str, source: Callable[[], IO[bytes]], url: str,
+              ahead: bool = False) -> int | None:
+        """A read-only descriptor of the cached file ``path`` (in a folder from :meth:`view`),
+        holding a shared lock that keeps it from eviction until closed; downloaded first (from
+        ``source()``, which is ``url``) when this node does not have it. The object's size on the
+        server must be ``size`` (else CorruptDataError naming the URL, before any room is taken);
+        a download whose SHA-256 differs from ``sha256`` is fetched once more, then raises
+        CorruptDataError (an empty ``sha256``: other tools' files, which have none, are checked by
+        ``size`` only). The cache folder's own failures (disk full, read-only, a planted symlink)
+        raise NodeCacheError naming the file and ``url``.
 
-    def _fetch(self, path: str, size: int, sha256: str, source: Callable[[], IO[bytes]], url: str) -> int:
-        fd = self._open_cached(path)
-        if fd is not None:
-            return fd
-        if self.limit is not None and size > self.limit:
-            raise CacheFullError(f"{url} is {size:,} bytes, more than cache_limit ({self.limit:,} bytes); "
-                                 f"raise cache_limit to at least the largest file of the dataset")
-        with _flocked(path + _FETCH, fcntl.LOCK_EX):  # one download of this file on this node
-            fd = self._open_cached(path)
-            if fd is not None:
-                return fd
-            part = self._reserve(path, size, url)
-            try:
-                for attempt in (1, 2):
-                    digest, got = _download(part, source, size, url)
-                    if got == size and (digest == sha256 or not sha256):
-                        break
-                    if attempt == 2 and not sha256:
-                        raise CorruptDataError(f"downloaded twice, and both times its size differed from the {size:,} "
-                                               f"bytes its listing says (changed while being read?)", path=url)
-                    if attempt == 2:
-                        raise CorruptDataError(f"downloaded twice, and both times its SHA-256 ({digest[:16]}...) "
-                                               f"differs from the manifest's ({sha256[:16]}...)", path=url)
-                with self._locked():
-                    os.fsync(part.fileno())
-                    os.rename(path + _PARTIAL, path)
-                    return self._open_locked(path)
-            finally:
-                part.close()
-                with contextlib.suppress(FileNotFoundError):
-                    os.remove(path + _PARTIAL)
+        ``ahead``: a read-ahead. Downloads only when room is free now without evicting another
+        read-ahead's file and no reader is waiting for room; returns None when it does not, else
+        a descriptor of a hold that keeps other read-aheads (not readers) from evicting the file.
+        """
+        folder_path, name = os.path.split(path)
+        view = os.path.basename(folder_path)
+        with _named(self.root, path, url), _folder(self.root, _DATASETS, view) as folder, \
+                _folder(self.root, _WORK, view) as work:
+            if ahead:
+                hold = _open_lock(work, name + _AHEAD, fcntl.LOCK_SH)
+                try:
+                    fd = self._get(folder, work, name, size, sha256, source, url, ahead=True)
+                except BaseException:
+                    os.close(hold)
+                    raise
+                if fd is None:
+                    os.close(hold)
+                    return None
+                os.close(fd)
+                return hold
+            return self._get(folder, work, name, size, sha256, source, url, ahead=False)
 
     def disk_bytes(self, sizes: Iterable[int]) -> int:
         """What files of these ``sizes`` take on the cache's disk, as :meth:`usage` counts them
@@ -155,115 +159,326 @@ class NodeCache:
         return sum(-(-int(n) // block) * block for n in sizes)
 
     def usage(self) -> int:
-        """Bytes the cache's files take on disk now (downloads in progress at their full size)."""
-        return sum(st.st_blocks * 512 for _, st in self._entries(partials=True))
+        """Bytes every file under the cache's folders takes on disk now (downloads in progress at
+        their full size)."""
+        return sum(st.st_blocks * 512 for _, _, st in self._entries())
 
     # -- internals --------------------------------------------------------------------------------
+    def _get(self, folder: int, work: int, name: str, size: int, sha256: str, source: Callable[[], IO[bytes]],
+             url: str, ahead: bool) -> int | None:
+        fd = self._open_cached(folder, name)
+        if fd is not None:
+            return fd
+        if self.limit is not None and size > self.limit:
+            raise CacheFullError(f"{url} is {size:,} bytes, more than cache_limit ({self.limit:,} bytes); "
+                                 f"raise cache_limit to at least the largest file of the dataset")
+        if ahead and self._someone_waits():
+            return None
+        with _locked_file(work, name + _FETCH, fcntl.LOCK_EX):  # one download of this file on this node
+            fd = self._open_cached(folder, name)
+            if fd is not None:
+                return fd
+            src = source()
+            try:
+                _check_size(src, size, url)
+                part = self._reserve(work, name, size, url, ahead)
+                if part is None:
+                    return None
+                try:
+                    digest, got = _download(part, src, size)
+                    if not _intact(digest, got, sha256, size):
+                        src.close()
+                        src = source()
+                        _check_size(src, size, url)
+                        digest, got = _download(part, src, size)
+                    if not _intact(digest, got, sha256, size) and not sha256:
+                        raise CorruptDataError(f"downloaded twice, and both times its size differed from the {size:,} "
+                                               f"bytes its listing says (changed while being read?)", path=url)
+                    if not _intact(digest, got, sha256, size):
+                        raise CorruptDataError(f"downloaded twice, and both times its SHA-256 ({digest[:16]}...) "
+                                               f"differs from the manifest's ({sha256[:16]}...)", path=url)
+                    with self._locked():
+                        os.fsync(part)
+                        os.rename(name + _PARTIAL, name, src_dir_fd=work, dst_dir_fd=folder)
+                        return _open_held(folder, name)
+                finally:
+                    os.close(part)
+                    with contextlib.suppress(FileNotFoundError):
+                        os.unlink(name + _PARTIAL, dir_fd=work)
+            finally:
+                src.close()
+
     @contextlib.contextmanager
     def _locked(self) -> Iterator[None]:
-        with _flocked(os.path.join(self.root, _LOCK), fcntl.LOCK_EX):
+        with _folder(self.root) as root, _locked_file(root, _LOCK, fcntl.LOCK_EX):
             yield
 
-    def _open_cached(self, path: str) -> int | None:
+    def _someone_waits(self) -> bool:
+        """Whether a reader is waiting for room (it holds the ``.want`` lock shared)."""
+        with _folder(self.root) as root:
+            return _held(_open_lock(root, _WANT, None))
+
+    def _open_cached(self, folder: int, name: str) -> int | None:
         with self._locked():
             try:
-                fd = self._open_locked(path)
+                fd = _open_held(folder, name)
             except FileNotFoundError:
                 return None
         os.utime(fd)  # recently used: evicted last
         return fd
 
-    @staticmethod
-    def _open_locked(path: str) -> int:
-        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW)
-        fcntl.flock(fd, fcntl.LOCK_SH)
-        return fd
-
-    def _reserve(self, path: str, size: int, url: str) -> IO[bytes]:
-        """Make room for ``size`` bytes, then create the download file allocated to that size."""
+    def _reserve(self, work: int, name: str, size: int, url: str, ahead: bool) -> int | None:
+        """Make room for ``size`` bytes, then create the download file allocated to that size
+        (a read-ahead: None at once when there is no room)."""
         deadline = time.monotonic() + self.wait_s
-        while True:
-            with self._locked():
-                if self._make_room(size):
-                    f = open(path + _PARTIAL, "w+b")  # a stale one of a killed downloader is replaced
-                    try:
+        want = None  # held while this reader waits: read-ahead stands back meanwhile
+        try:
+            while True:
+                with self._locked():
+                    if self._make_room(size, ahead):
+                        with contextlib.suppress(FileNotFoundError):  # a killed downloader's
+                            os.unlink(name + _PARTIAL, dir_fd=work)
+                        fd = os.open(name + _PARTIAL, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o644,
+                                     dir_fd=work)
                         if size:
-                            os.posix_fallocate(f.fileno(), 0, size)
-                    except BaseException:
-                        f.close()
-                        os.remove(path + _PARTIAL)
-                        raise
-                    return f
-            if time.monotonic() > deadline:
-                raise CacheFullError(
-                    f"cannot cache {url} ({size:,} bytes): the files in use fill cache_limit ({self.limit:,} "
-                    f"bytes) in {self.root}; raise cache_limit or read fewer shards at once")
-            time.sleep(0.2)
+                            try:
+                                os.posix_fallocate(fd, 0, size)
+                            except BaseException:
+                                os.close(fd)
+                                with contextlib.suppress(FileNotFoundError):
+                                    os.unlink(name + _PARTIAL, dir_fd=work)
+                                raise
+                        return fd
+                if ahead:
+                    return None
+                if want is None:
+                    with _folder(self.root) as root:
+                        want = _open_lock(root, _WANT, fcntl.LOCK_SH)
+                if time.monotonic() > deadline:
+                    raise CacheFullError(
+                        f"cannot cache {url} ({size:,} bytes): the files in use fill cache_limit ({self.limit:,} "
+                        f"bytes) in {self.root}; raise cache_limit to at least the largest file times the "
+                        f"processes reading at once on this node (ranks x DataLoader workers)")
+                time.sleep(0.2)
+        finally:
+            if want is not None:
+                os.close(want)
 
-    def _make_room(self, size: int) -> bool:
-        """Evict least recently used files nobody has open until ``size`` more bytes fit."""
+    def _make_room(self, size: int, ahead: bool) -> bool:
+        """Evict files nobody has open until ``size`` more bytes fit: stale partial downloads
+        first, then the least recently used files, then (a reader only) read-ahead files not
+        read yet, the newest first."""
         if self.limit is None:
             return True
-        entries = list(self._entries(partials=True))
-        used = sum(st.st_blocks * 512 for _, st in entries)
-        candidates = sorted((st.st_mtime, p, st.st_blocks * 512) for p, st in entries
-                            if not p.endswith(_PARTIAL) and os.path.basename(p) != MANIFEST_NAME)
-        for _, p, nbytes in candidates:
+        entries = list(self._entries())
+        used = sum(st.st_blocks * 512 for _, _, st in entries)
+        if used + size <= self.limit:
+            return True
+        candidates = []
+        for parts, name, st in entries:
+            if parts[0] == _WORK:
+                if name.endswith(_PARTIAL) and used + size > self.limit and self._stale_partial(parts, name):
+                    used -= st.st_blocks * 512
+            elif not (len(parts) == 2 and name == MANIFEST_NAME):
+                marked = len(parts) == 2 and self._marked(parts[1], name)
+                if not (ahead and marked):
+                    candidates.append((marked, -st.st_mtime if marked else st.st_mtime, parts, name,
+                                       st.st_blocks * 512))
+        for _, _, parts, name, nbytes in sorted(candidates):
             if used + size <= self.limit:
                 break
-            if _evict(p):
-                used -= nbytes
+            with _folder(self.root, *parts) as folder:
+                if _evict(folder, name):
+                    used -= nbytes
         return used + size <= self.limit
 
-    def _entries(self, partials: bool) -> Iterator[tuple[str, os.stat_result]]:
-        base = os.path.join(self.root, "datasets")
-        for d in os.scandir(base):
-            if not d.is_dir(follow_symlinks=False):
-                continue
-            for e in os.scandir(d.path):
-                if e.name.endswith(_FETCH) or (e.name.endswith(_PARTIAL) and not partials):
-                    continue
-                with contextlib.suppress(FileNotFoundError):
-                    st = e.stat(follow_symlinks=False)
-                    if not e.is_symlink():
-                        yield e.path, st
+    def _stale_partial(self, parts: tuple[str, ...], name: str) -> bool:
+        """Remove the partial download ``name`` if no process is downloading it (its download
+        lock is free: the downloader died); True when removed."""
+        with _folder(self.root, *parts) as work:
+            try:
+                fd = os.open(name[: -len(_PARTIAL)] + _FETCH, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=work)
+            except FileNotFoundError:
+                fd = None
+            try:
+                if fd is not None:
+                    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                os.unlink(name, dir_fd=work)
+                return True
+            except (BlockingIOError, FileNotFoundError):
+                return False
+            finally:
+                if fd is not None:
+                    os.close(fd)
+
+    def _marked(self, view: str, name: str) -> bool:
+        """Whether a read-ahead holds the file ``name`` of ``view`` (not read yet)."""
+        try:
+            with _folder(self.root, _WORK, view, create=False) as work:
+                fd = os.open(name + _AHEAD, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=work)
+        except OSError:  # no hold was ever taken
+            return False
+        return _held(fd)
+
+    def _entries(self) -> Iterator[tuple[tuple[str, ...], str, os.stat_result]]:
+        """Every file under the cache's folders, whatever its name or kind (symlinks as links,
+        never followed): (folder parts below the root, name, lstat)."""
+        stack: list[tuple[str, ...]] = [(_DATASETS,), (_WORK,)]
+        while stack:
+            parts = stack.pop()
+            with contextlib.suppress(FileNotFoundError, NotADirectoryError):
+                for e in os.scandir(os.path.join(self.root, *parts)):
+                    with contextlib.suppress(FileNotFoundError):
+                        st = e.stat(follow_symlinks=False)
+                        if stat.S_ISDIR(st.st_mode):
+                            stack.append((*parts, e.name))
+                        else:
+                            yield parts, e.name, st
 
 
-def _evict(path: str) -> bool:
-    """Delete ``path`` unless a reader holds it (a shared flock); True when deleted."""
+@contextlib.contextmanager
+def _folder(root: str, *names: str, create: bool = True) -> Iterator[int]:
+    """A descriptor of the folder ``root/names...``: ``root`` as the user gave it, each of
+    ``names`` opened without following a symlink (one planted there is removed, never followed)
+    and created where missing (unless not ``create``)."""
+    fd = os.open(root, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW)
+        for name in names:
+            child = _subfolder(fd, name, create)
+            os.close(fd)
+            fd = child
+        yield fd
+    finally:
+        os.close(fd)
+
+
+def _subfolder(parent: int, name: str, create: bool) -> int:
+    for _ in range(3):
+        try:
+            return os.open(name, _OPEN_DIR, dir_fd=parent)
+        except FileNotFoundError:
+            if not create:
+                raise
+        except OSError as e:
+            if e.errno not in (errno.ELOOP, errno.ENOTDIR) or not create:
+                raise
+            os.unlink(name, dir_fd=parent)  # a symlink or file where the cache keeps a folder
+        with contextlib.suppress(FileExistsError):
+            os.mkdir(name, 0o755, dir_fd=parent)
+    return os.open(name, _OPEN_DIR, dir_fd=parent)
+
+
+def _open_held(folder: int, name: str) -> int:
+    """The cached file ``name`` of ``folder``, read-only, with a shared lock against eviction;
+    FileNotFoundError when absent (anything there but a regular file is removed)."""
+    if not _is_file(folder, name):
+        raise FileNotFoundError(name)
+    fd = os.open(name, os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW | os.O_NONBLOCK, dir_fd=folder)
+    fcntl.flock(fd, fcntl.LOCK_SH)
+    return fd
+
+
+def _is_file(folder: int, name: str) -> bool:
+    """Whether ``name`` in ``folder`` is a regular file; a symlink, FIFO or device there is removed."""
+    try:
+        st = os.stat(name, dir_fd=folder, follow_symlinks=False)
     except FileNotFoundError:
         return False
+    if stat.S_ISREG(st.st_mode):
+        return True
+    if not stat.S_ISDIR(st.st_mode):
+        os.unlink(name, dir_fd=folder)
+        return False
+    raise PackerError(f"a folder stands where the node cache keeps a downloaded file; remove it "
+                      f"(the cache's file {name!r})")
+
+
+def _write_new(folder: int, name: str, data: bytes) -> None:
+    """Write ``name`` in ``folder`` via a temp file, fsync and rename."""
+    tmp = f"{name}.tmp-{os.getpid()}"
+    with contextlib.suppress(FileNotFoundError):
+        os.unlink(tmp, dir_fd=folder)
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o644, dir_fd=folder)
+    with open(fd, "wb") as f:
+        f.write(data)
+        f.flush()
+        os.fsync(f.fileno())
+    os.rename(tmp, name, src_dir_fd=folder, dst_dir_fd=folder)
+
+
+def _evict(folder: int, name: str) -> bool:
+    """Delete ``name`` unless a reader holds it (a shared flock); True when deleted."""
+    try:
+        fd = os.open(name, os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW | os.O_NONBLOCK, dir_fd=folder)
+    except FileNotFoundError:
+        return False
+    except OSError as e:
+        if e.errno != errno.ELOOP:
+            raise
+        os.unlink(name, dir_fd=folder)  # a symlink: nobody reads through it
+        return True
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:
         os.close(fd)
         return False
     try:
-        os.remove(path)
+        os.unlink(name, dir_fd=folder)
     finally:
         os.close(fd)
     return True
 
 
-@contextlib.contextmanager
-def _flocked(path: str, how: int) -> Iterator[None]:
-    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+def _held(fd: int) -> bool:
+    """Whether another open file description holds a lock on the file open as ``fd`` (closed)."""
     try:
-        fcntl.flock(fd, how)
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return True
+    finally:
+        os.close(fd)
+    return False
+
+
+def _open_lock(folder: int, name: str, how: int | None) -> int:
+    fd = os.open(name, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW, 0o644, dir_fd=folder)
+    if how is not None:
+        try:
+            fcntl.flock(fd, how)
+        except BaseException:
+            os.close(fd)
+            raise
+    return fd
+
+
+@contextlib.contextmanager
+def _locked_file(folder: int, name: str, how: int) -> Iterator[None]:
+    fd = _open_lock(folder, name, how)
+    try:
         yield
     finally:
         os.close(fd)
 
 
-def _download(part: IO[bytes], source: Callable[[], IO[bytes]], size: int, url: str) -> tuple[str, int]:
-    """Copy ``source()`` into ``part`` from its start; return the SHA-256 of what came and how
-    many bytes came (reading stops after one more than ``size``)."""
+def _check_size(src: Any, size: int, url: str) -> None:
+    """CorruptDataError naming ``url`` when the server says the object is not ``size`` bytes."""
+    held = getattr(src, "size", None)
+    if held is not None and held != size:
+        raise CorruptDataError(f"the server holds {held:,} bytes, the manifest says {size:,}: not this "
+                               f"dataset's file (nothing was downloaded)", path=url)
+
+
+def _intact(digest: str, got: int, sha256: str, size: int) -> bool:
+    """Whether a download is the file: its SHA-256 is ``sha256`` (empty: its size is ``size``)."""
+    return digest == sha256 if sha256 else got == size
+
+
+def _download(part: int, src: Any, size: int) -> tuple[str, int]:
+    """Copy the stream ``src`` into the file ``part`` from its start; return the SHA-256 of what
+    came and how many bytes came (reading stops after one more than ``size``)."""
     sha = hashlib.sha256()
-    part.seek(0)
     got = 0
-    with source() as src:
+    with open(part, "r+b", closefd=False) as out:
         while True:
             chunk = src.read(_CHUNK)
             if not chunk:
@@ -272,8 +487,8 @@ def _download(part: IO[bytes], source: Callable[[], IO[bytes]], size: int, url: 
             if got > size:
                 break
             sha.update(chunk)
-            part.write(chunk)
-    part.flush()
+            out.write(chunk)
+        out.flush()
     if got != size:
         sha.update(b"\0size mismatch")  # never equal to the manifest's digest
     return sha.hexdigest(), got

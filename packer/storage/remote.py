@@ -195,14 +195,24 @@ class _Stream:
                 return b""  # the object ended before the size the manifest gives: a short download
             raise
 
-    def __enter__(self) -> _Stream:
-        return self
+    @property
+    def size(self) -> int | None:
+        """The object's size as the server gave it (or as given to :meth:`Remote.open`)."""
+        size = getattr(self._f, "size", None)
+        return size if isinstance(size, int) else None
 
-    def __exit__(self, *exc: object) -> None:
+    def close(self) -> None:
+        """Close the remote file (errors of a file that failed already are dropped)."""
         try:
             self._f.close()
         except Exception:  # noqa: BLE001 - closing after a failed read
             pass
+
+    def __enter__(self) -> _Stream:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
 
 
 def call(url: str, fn: Any, *args: Any, **kwargs: Any) -> Any:
@@ -297,11 +307,15 @@ class RemoteFiles:
         self.manifest = manifest
         self._entries = {f.name: (f.bytes, f.sha256) for f in manifest.files}
 
-    def __call__(self, name: str) -> int:
+    def __call__(self, name: str, ahead: bool = False) -> int | None:
+        """A descriptor of the file ``name``; ``ahead``: a read-ahead's hold on it, or None when
+        the cache has no room to spare now (see :meth:`packer.storage.nodecache.NodeCache.fetch`)."""
         size, sha = self._entries[name]
         try:
+            # Opened without the manifest's size: the server says what it holds, and the cache
+            # reserves room only for that (a forged size is refused before anything is taken).
             return self.cache.fetch(os.path.join(self.view, name), size, sha,
-                                    lambda: self.remote.open(name, size), self.remote.join(name))
+                                    lambda: self.remote.open(name), self.remote.join(name), ahead=ahead)
         except (CorruptDataError, RemoteError) as e:
             if self._replaced():
                 raise DatasetChangedError(
