@@ -12,6 +12,12 @@ Rows:
   torchvision ImageFolder  the original folder, PIL + Resize(256) + CenterCrop(224) + PILToTensor
                            (what users do today; the only row not using the shared decode)
   webdataset               ShardWriter (one process) -> tar shards -> wds.WebDataset + map
+  dali                     the same ShardWriter shards + DALI's own index (its wds2idx) ->
+                           NVIDIA DALI's CPU pipeline, no GPU: fn.readers.webdataset,
+                           fn.decoders.image(device="cpu"), 224 centre crop to CHW uint8
+                           (fn.crop_mirror_normalize), num_threads = the DataLoader rows'
+                           workers, batch 64, read through DALI's PyTorch iterator; the same
+                           tensors as the shared decode. DALI's threads live across epochs.
   litdata                  optimize(num_workers=2) -> StreamingDataset + StreamingDataLoader
   mosaicml-streaming       MDSWriter (one process; columns image:bytes, label:int) ->
                            streaming.StreamingDataset over the local directory
@@ -21,7 +27,11 @@ Rows:
                            (2 workers) and read by packer's reader (the same cv2.imdecode to RGB
                            and 224 center crop, identical tensors) with
                            collate_fn=packer.datasets.collate; two lmdb rows repeat the read with
-                           the shared decode function and with torch's default_collate
+                           the shared decode function and with torch's default_collate.
+                           Each packer row names the torch that ran it and whether collate's
+                           shared-memory batches were on (packer.datasets.collation's
+                           self-test); with --also-python they run a second time, right after
+                           the first, under another interpreter (another torch version)
 
 Method:
   * Each system runs in its own child process, so a crash or hang costs one row (the error is
@@ -41,7 +51,8 @@ Method:
   * Shared machines: before each system the run waits (``--quiet-wait`` s at most) for other
     processes to go idle, and every row records how many cores other processes used while it
     converted and read (system busy time minus the benchmark's own). A row measured under load
-    says so in its note. ``--repeat N`` keeps the best of N runs per column.
+    says so in its note. ``--repeat N`` keeps the best of N runs per column and adds a column
+    with each row's read rate over the runs (best epoch of each run): min-max and the spread.
 
 Reproduce (the virtualenv lives outside the repository; torch comes from the machine's local
 wheel index, never pip's default download):
@@ -50,8 +61,8 @@ wheel index, never pip's default download):
     /work/venvs/peers/bin/pip install torch==2.14.1 torchvision==0.29.1
     printf 'torch==2.14.1\\ntorchvision==0.29.1\\n' > /tmp/peers_torch_pin.txt
     /work/venvs/peers/bin/pip install -c /tmp/peers_torch_pin.txt webdataset litdata \\
-        mosaicml-streaming opencv-python-headless numpy pillow psutil tqdm lmdb h5py tfrecord \\
-        crc32c protobuf
+        mosaicml-streaming nvidia-dali-cuda120 opencv-python-headless numpy pillow psutil tqdm \\
+        lmdb h5py tfrecord crc32c protobuf
     /work/venvs/peers/bin/pip list | grep torch      # torch 2.14.1, torchvision 0.29.1
     /work/venvs/peers/bin/pip install -e /work/main --no-deps
     python3 /work/shared/tools/make_imagefolder.py /work/bench_data/src --classes 20 --per-class 500
@@ -59,7 +70,11 @@ wheel index, never pip's default download):
         --work /tmp/peers_work --out /tmp/benchmarks_peers.md
 
 ``--systems webdataset,litdata`` runs a subset; ``--list`` prints the names; add ``--repeat 3``
-on a machine that other work shares.
+on a machine that other work shares. ``--also-python /path/to/other/venv/bin/python`` runs
+packer's rows under a second interpreter too (packer and torch installed there; the peers need
+torchvision and run only in the main one), to compare two torch versions in one run.
+mosaicml-streaming declares numpy<2.2; keep both venvs on the same numpy when comparing them
+(pip warns about the pin; the reader runs).
 """
 
 from __future__ import annotations
@@ -419,13 +434,16 @@ def _wds_sample(sample: dict[str, Any]) -> tuple[Any, int]:
     return decode_center_crop(sample["jpg"]), int(sample["cls"])
 
 
-def bench_webdataset(cfg: BenchConfig) -> dict[str, Any]:
-    """ShardWriter (single process) to tar shards; wds.WebDataset + map to the shared decode."""
-    import torch
+def write_wds_shards(cfg: BenchConfig, out: str) -> tuple[int, Monitor, list[str]]:
+    """ShardWriter (single process) writes the source as tar shards into ``out`` (rewritten).
+
+    Returns (images written, the Monitor of the writing, the shard paths in order). The
+    webdataset and DALI rows both read shards written by this function.
+    """
     import webdataset as wds
 
     items, _classes = scan_source(cfg.src)
-    out = fresh_dir(os.path.join(cfg.work, "webdataset"))
+    fresh_dir(out)
     os.makedirs(out)
     # At least two shards per worker, or a small source leaves a worker idle.
     per_shard = max(1, min(SHARD_SAMPLES, -(-len(items) // (2 * cfg.workers))))
@@ -441,6 +459,15 @@ def bench_webdataset(cfg: BenchConfig) -> dict[str, Any]:
         for i, (path, label) in enumerate(items):
             sink.write({"__key__": f"{i:08d}", "jpg": resize_encode(path), "cls": label})
     urls = sorted(os.path.join(out, f) for f in os.listdir(out) if f.endswith(".tar"))
+    return len(items), conv, urls
+
+
+def bench_webdataset(cfg: BenchConfig) -> dict[str, Any]:
+    """ShardWriter (single process) to tar shards; wds.WebDataset + map to the shared decode."""
+    import torch
+    import webdataset as wds
+
+    n, conv, urls = write_wds_shards(cfg, os.path.join(cfg.work, "webdataset"))
 
     def make_loader() -> Any:
         ds = wds.WebDataset(urls, shardshuffle=False, empty_check=False).map(_wds_sample)
@@ -448,11 +475,107 @@ def bench_webdataset(cfg: BenchConfig) -> dict[str, Any]:
 
     return converted_row(
         "webdataset",
-        len(items),
+        n,
         conv,
-        dir_size(out),
-        time_epochs(make_loader, cfg.epochs, len(items)),
+        dir_size(os.path.dirname(urls[0])),
+        time_epochs(make_loader, cfg.epochs, n),
     )
+
+
+# -- (b2) NVIDIA DALI, CPU only ------------------------------------------------------------------
+#: ``KEY.cls`` holds an ASCII integer; DALI reads it as bytes, padded to this many.
+_DALI_LABEL_BYTES = 8
+#: Relative crop position that DALI rounds to the shared crop's anchor ((size - 224) // 2).
+_DALI_CENTRE = 0.4999
+
+
+def dali_index(shard: str) -> str:
+    """Write DALI's index for one tar shard with DALI's own ``wds2idx`` (installed beside the
+    interpreter by the nvidia-dali wheel); returns the index path (``shard`` + ``.idx``)."""
+    tool = os.path.join(os.path.dirname(sys.executable), "wds2idx")
+    if not os.path.exists(tool):
+        raise FileNotFoundError(f"DALI's wds2idx not found next to {sys.executable}")
+    index = shard + ".idx"
+    subprocess.run([sys.executable, tool, shard, index], check=True, capture_output=True)
+    return index
+
+
+class _DaliEpochs:
+    """DALI's PyTorch iterator as an iterable of (images, labels) batches, one epoch per
+    ``iter()``: images uint8 N x 3 x 224 x 224, labels int64 parsed from the ASCII ``.cls``."""
+
+    def __init__(self, iterator: Any) -> None:
+        self.it = iterator
+
+    def __iter__(self) -> Iterable[tuple[Any, Any]]:
+        import torch
+
+        for out in self.it:  # auto_reset: the iterator rewinds itself at the end of an epoch
+            images, raw = out[0]["images"], out[0]["labels"].to(torch.int64)
+            digit = raw != 0  # zero padding after the ASCII digits
+            place = torch.cumsum(digit.flip(1), 1).flip(1) - 1  # decimal place of each digit
+            labels = ((raw - 48) * 10 ** place.clamp(min=0) * digit).sum(1)
+            yield images, labels
+
+
+def bench_dali(cfg: BenchConfig) -> dict[str, Any]:
+    """NVIDIA DALI's CPU pipeline (no GPU) over tar shards written as the webdataset row's.
+
+    readers.webdataset with DALI's index, decoders.image(device="cpu"), 224 centre crop to CHW
+    uint8, ``cfg.workers`` threads, batch ``cfg.batch_size``, read through DALI's PyTorch iterator.
+    """
+    from nvidia.dali import fn, pipeline_def, types
+    from nvidia.dali.plugin.pytorch import DALIGenericIterator, LastBatchPolicy
+
+    n, conv, urls = write_wds_shards(cfg, os.path.join(cfg.work, "dali"))
+    t0 = time.perf_counter()
+    indexes = [dali_index(u) for u in urls]
+    index_s = time.perf_counter() - t0
+
+    @pipeline_def(batch_size=cfg.batch_size, num_threads=cfg.workers, device_id=None)
+    def cpu_pipeline() -> Any:
+        jpegs, labels = fn.readers.webdataset(
+            paths=urls,
+            index_paths=indexes,
+            ext=["jpg", "cls"],
+            missing_component_behavior="error",
+            random_shuffle=False,
+            name="Reader",
+        )
+        images = fn.decoders.image(jpegs, device="cpu", output_type=types.RGB)
+        # DALI rounds an odd margin's half up, the shared crop down: a position a hair below
+        # the centre gives the shared crop's anchor, so the tensors are the same as the others'.
+        images = fn.crop_mirror_normalize(
+            images,
+            crop=(CROP, CROP),
+            crop_pos_x=_DALI_CENTRE,
+            crop_pos_y=_DALI_CENTRE,
+            dtype=types.UINT8,
+            output_layout="CHW",
+        )
+        labels = fn.pad(labels, axes=(0,), shape=(_DALI_LABEL_BYTES,), fill_value=0)
+        return images, labels
+
+    def make_loader() -> Any:
+        pipe = cpu_pipeline()
+        pipe.build()
+        return _DaliEpochs(
+            DALIGenericIterator(
+                pipe,
+                ["images", "labels"],
+                reader_name="Reader",
+                last_batch_policy=LastBatchPolicy.PARTIAL,
+                auto_reset=True,
+                prepare_first_batch=False,  # the first batch is read inside epoch 1's timing
+            )
+        )
+
+    read = time_epochs(make_loader, cfg.epochs, n)
+    read["note"] = join_notes(
+        f"CPU only, {cfg.workers} threads; DALI index (wds2idx) {index_s:.1f} s, not in convert",
+        read["note"],
+    )
+    return converted_row("NVIDIA DALI (CPU pipeline)", n, conv, dir_size(os.path.dirname(urls[0])), read)
 
 
 # -- (c) litdata ---------------------------------------------------------------------------------
@@ -597,6 +720,34 @@ def packer_rows(cfg: BenchConfig) -> list[dict[str, Any]]:
         rows.append(_packer_raw_row(cfg))
     except Exception as exc:  # noqa: BLE001
         rows.append(make_row("packer lmdb raw", note=f"error: {_one_line(exc)}"))
+    return label_packer_rows(rows)
+
+
+def collate_slots() -> tuple[bool, str]:
+    """Whether ``packer.datasets.collate`` builds batches in shared-memory slots in this process
+    (its import-time self-test passed) and, if not, why."""
+    from packer.datasets import collation
+
+    state = collation.slots_available()
+    if isinstance(state, tuple):
+        return bool(state[0]), str(state[1])
+    return bool(state), "" if state else "slots_available() is False"
+
+
+def label_packer_rows(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Name the torch that measured each packer row (packer's rows can run under two torch
+    versions in one table) and record whether ``collate``'s shared-memory batches were on."""
+    import torch
+
+    on, why = collate_slots()
+    for row in rows:
+        row["system"] = f"{row['system']} (torch {torch.__version__})"
+        row["torch"] = torch.__version__
+        if row.get("collate") == "default" or _is_error(row):
+            continue
+        row["collate_slots"] = on
+        state = "collate slots on" if on else f"collate slots OFF: {why}"
+        row["note"] = join_notes(state, row.get("note", ""))
     return rows
 
 
@@ -681,6 +832,7 @@ def _packer_format_rows(cfg: BenchConfig, fmt: str) -> list[dict[str, Any]]:
             lambda: torch.utils.data.DataLoader(ds, shuffle=False, **_loader_kwargs(cfg)), cfg.epochs, n
         )
         plain["note"] = join_notes("torch's default_collate instead of packer.datasets.collate", plain["note"])
+        plain["collate"] = "default"
         rows.append(converted_row(f"packer {fmt}, default_collate", n, conv, dir_size(out), plain))
     stream = StreamingDataset(out, shuffle=False, batch_size=64, transform=_Crop224())
     sread = time_epochs(
@@ -706,6 +858,7 @@ def _single(
 SYSTEMS: dict[str, Callable[[BenchConfig], list[dict[str, Any]]]] = {
     "imagefolder": _single(bench_imagefolder),
     "webdataset": _single(bench_webdataset),
+    "dali": _single(bench_dali),
     "litdata": _single(bench_litdata),
     "mosaicml": _single(bench_mosaicml),
     "bare": _single(bench_bare_decode),
@@ -747,16 +900,21 @@ def wait_for_quiet(max_wait: float, threshold: float = 0.3) -> float:
         time.sleep(2.0)
 
 
-def run_system(name: str, cfg: BenchConfig, timeout: float) -> list[dict[str, Any]]:
-    """Run ``SYSTEMS[name]`` in a child process; failures become a one-line error row."""
+def run_system(
+    name: str, cfg: BenchConfig, timeout: float, python: str | None = None
+) -> list[dict[str, Any]]:
+    """Run ``SYSTEMS[name]`` in a child process of ``python`` (default: this interpreter);
+    failures become a one-line error row."""
+    python = python or sys.executable
     logs = os.path.join(cfg.work, "logs")
     os.makedirs(logs, exist_ok=True)
-    result = os.path.join(logs, f"{name}.json")
-    log = os.path.join(logs, f"{name}.log")
+    stem = name if python == sys.executable else f"{name}-{_slug(python)}"
+    result = os.path.join(logs, f"{stem}.json")
+    log = os.path.join(logs, f"{stem}.log")
     if os.path.exists(result):
         os.remove(result)
     cmd = [
-        sys.executable,
+        python,
         os.path.abspath(__file__),
         "--_child",
         name,
@@ -789,6 +947,34 @@ def run_system(name: str, cfg: BenchConfig, timeout: float) -> list[dict[str, An
             name, note=f"error: child exited {proc.returncode}: {_last_line(log)} (log: {log})"
         )
     ]
+
+
+def _slug(path: str) -> str:
+    return "".join(c if c.isalnum() else "_" for c in path).strip("_")
+
+
+def interpreter_torch(python: str) -> str:
+    """The torch version ``python`` imports (its metadata; nothing is imported), or a one-line
+    reason it cannot run packer's rows. Raises ValueError when ``python`` does not run."""
+    code = (
+        "import importlib.metadata as m, importlib.util as u\n"
+        "print(m.version('torch') if u.find_spec('packer') else 'no packer')"
+    )
+    try:
+        done = subprocess.run([python, "-c", code], capture_output=True, text=True, timeout=60)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        raise ValueError(f"cannot run {python}: {_one_line(exc)}") from None
+    if done.returncode != 0:
+        raise ValueError(f"{python} has no torch: {_last_text(done.stderr)}")
+    version = done.stdout.strip()
+    if version == "no packer":
+        raise ValueError(f"{python} cannot import packer")
+    return version
+
+
+def _last_text(text: str) -> str:
+    lines = [ln.strip() for ln in text.splitlines() if ln.strip()]
+    return lines[-1][:200] if lines else "no output"
 
 
 def _last_line(path: str) -> str:
@@ -843,11 +1029,27 @@ def merge_runs(runs: Sequence[Sequence[dict[str, Any]]]) -> list[dict[str, Any]]
         for key in ("others_convert_cores", "others_read_cores"):
             out[key] = _pick(good, key, min)
         out["peak_rss_bytes"] = _pick(good, "peak_rss_bytes", max)
+        out["read_runs"] = [_best_epoch(r) for r in good if _best_epoch(r) is not None]
         if len(good) < len(rows):
             failed = f"{len(rows) - len(good)} of {len(rows)} runs failed"
             out["note"] = join_notes(out.get("note", ""), failed)
         merged.append(out)
     return merged
+
+
+def _best_epoch(row: dict[str, Any]) -> float | None:
+    rates = [row[k] for k in ("read_e1_img_s", "read_e2_img_s") if row.get(k) is not None]
+    return max(rates) if rates else None
+
+
+def run_spread(row: dict[str, Any]) -> str:
+    """The row's read rate over runs (each run's best epoch) as 'min-max (spread %)', the
+    spread relative to the median run; '-' with fewer than two runs."""
+    runs = sorted(row.get("read_runs") or [])
+    if len(runs) < 2:
+        return "-"
+    median = runs[len(runs) // 2] if len(runs) % 2 else (runs[len(runs) // 2 - 1] + runs[len(runs) // 2]) / 2
+    return f"{runs[0]:,.0f}-{runs[-1]:,.0f} ({100 * (runs[-1] - runs[0]) / median:.0f}%)"
 
 
 def _is_error(row: dict[str, Any]) -> bool:
@@ -860,14 +1062,19 @@ def _pick(rows: Sequence[dict[str, Any]], key: str, fn: Callable[[list[Any]], An
 
 
 def format_table(rows: Sequence[dict[str, Any]]) -> str:
-    """Rows as a markdown table (sizes in MB = 10^6 bytes)."""
+    """Rows as a markdown table (sizes in MB = 10^6 bytes). With several runs, a column gives
+    each row's read rate over the runs (best epoch of each run): min-max and spread."""
+    runs = any(len(r.get("read_runs") or []) > 1 for r in rows)
+    spread_head, spread_rule = (" read img/s over runs |", "---:|") if runs else ("", "")
     head = [
-        "| system | convert img/s | read epoch 1 img/s | read epoch 2 img/s | size MB | peak RSS MB | note |",
-        "|---|---:|---:|---:|---:|---:|---|",
+        "| system | convert img/s | read epoch 1 img/s | read epoch 2 img/s |"
+        f"{spread_head} size MB | peak RSS MB | note |",
+        f"|---|---:|---:|---:|{spread_rule}---:|---:|---|",
     ]
     body = [
         f"| {r['system']} | {_num(r['convert_img_s'])} | {_num(r['read_e1_img_s'])} | "
-        f"{_num(r['read_e2_img_s'])} | {_mb(r['size_bytes'])} | {_mb(r['peak_rss_bytes'])} | "
+        f"{_num(r['read_e2_img_s'])} |{f' {run_spread(r)} |' if runs else ''} "
+        f"{_mb(r['size_bytes'])} | {_mb(r['peak_rss_bytes'])} | "
         f"{row_note(r).replace('|', '/')} |"
         for r in rows
     ]
@@ -884,9 +1091,12 @@ def _versions() -> str:
         ("webdataset", "webdataset"),
         ("litdata", "litdata"),
         ("streaming", "mosaicml-streaming"),
+        ("nvidia.dali", "nvidia-dali"),
     ):
         try:
-            m = __import__(mod)
+            import importlib
+
+            m = importlib.import_module(mod)
             out.append(f"{label} {getattr(m, '__version__', '?')}")
         except Exception:  # noqa: BLE001 - a missing library is reported in its row
             out.append(f"{label} missing")
@@ -900,9 +1110,12 @@ def report_markdown(
     argv: Sequence[str],
     seconds: float,
     repeat: int = 1,
+    also: str = "",
 ) -> str:
-    """The report written to ``--out``: command, protocol, machine, table."""
+    """The report written to ``--out``: command, protocol, machine, table. ``also`` says which
+    second interpreter (and torch) ran packer's rows too."""
     best = f" Best of {repeat} runs per column." if repeat > 1 else ""
+    best += f" packer's rows also ran under {also}, right after the main interpreter's." if also else ""
     return "\n".join(
         [
             "# Peer benchmark",
@@ -930,6 +1143,22 @@ def _parse_systems(text: str) -> list[str]:
     if unknown:
         raise ValueError(f"unknown system(s) {', '.join(unknown)}; known: {', '.join(SYSTEMS)}")
     return names
+
+
+def _schedule(
+    systems: Sequence[str], also_python: str | None, run: int
+) -> list[tuple[str, str | None]]:
+    """(system, interpreter) in the order one run measures them: with a second interpreter,
+    packer runs twice in a row, the two interpreters taking turns at going first, so neither
+    torch always gets the warmer or the quieter slot."""
+    order: list[tuple[str, str | None]] = []
+    for name in systems:
+        if name == "packer" and also_python:
+            pair = [(name, None), (name, also_python)]
+            order.extend(pair if run % 2 == 0 else pair[::-1])
+        else:
+            order.append((name, None))
+    return order
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -963,6 +1192,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         default=1,
         help="run every system this many times and keep the best of each column",
     )
+    ap.add_argument(
+        "--also-python",
+        metavar="PYTHON",
+        help="run packer's rows a second time with this interpreter (another torch version), "
+        "interleaved with the others; each packer row names its torch",
+    )
     ap.add_argument("--list", action="store_true", help="print the system names and exit")
     ap.add_argument("--_child", help=argparse.SUPPRESS)
     ap.add_argument("--_result", help=argparse.SUPPRESS)
@@ -990,22 +1225,35 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args._child:
         return _child(args._child, cfg, args._result)
 
+    also = ""
+    if args.also_python:
+        try:
+            also = f"{args.also_python} (torch {interpreter_torch(args.also_python)})"
+        except ValueError as exc:
+            print(f"bench_peers: error: --also-python: {exc}", file=sys.stderr)
+            return 2
+        if "packer" not in systems:
+            print("bench_peers: error: --also-python needs the packer system", file=sys.stderr)
+            return 2
+
     os.makedirs(cfg.work, exist_ok=True)
     n_images = len(scan_source(cfg.src)[0])
     print(f"{n_images} images, systems: {', '.join(systems)}; work folder {cfg.work}", flush=True)
+    if also:
+        print(f"packer's rows also run under {also}", flush=True)
     t_all = time.perf_counter()
     runs: list[list[dict[str, Any]]] = []
     for run in range(args.repeat):
         if args.repeat > 1:
             print(f"run {run + 1} of {args.repeat}", flush=True)
         rows: list[dict[str, Any]] = []
-        for name in systems:
+        for name, python in _schedule(systems, args.also_python, run):
             if args.quiet_wait > 0:
                 busy = wait_for_quiet(args.quiet_wait)
                 if busy >= 0.3:
                     print(f"  (machine busy: others use {busy:.1f} cores; running {name} anyway)")
             t0 = time.perf_counter()
-            new = run_system(name, cfg, args.timeout)
+            new = run_system(name, cfg, args.timeout, python)
             for r in new:
                 print(
                     f"  {r['system']:30s} convert {_num(r['convert_img_s']):>6s}  "
@@ -1023,7 +1271,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "tools/bench_peers.py",
         *(argv if argv is not None else sys.argv[1:]),
     ]
-    text = report_markdown(rows, cfg, n_images, shown_argv, seconds, args.repeat)
+    text = report_markdown(rows, cfg, n_images, shown_argv, seconds, args.repeat, also)
     print()
     print(format_table(rows))
     print(f"\ntotal {seconds:.0f} s")
