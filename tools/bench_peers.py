@@ -6,7 +6,8 @@ encoded with OpenCV in every writer so the stored bytes are comparable) and is t
 epochs through ``torch.utils.data.DataLoader(num_workers=2, batch_size=64)``, every loader
 decoding with the same function, :func:`decode_center_crop`. One row per system:
 
-    system | convert img/s | read epoch 1 img/s | read epoch 2 img/s | size on disk | peak RSS
+    system | convert img/s | read epoch 1 img/s | read epoch 2 img/s | read CPU us/img |
+    size on disk | peak RSS
 
 Rows:
   torchvision ImageFolder  the original folder, PIL + Resize(256) + CenterCrop(224) + PILToTensor
@@ -39,6 +40,9 @@ Method:
   * Peak RSS is the sum of RSS over the child's process tree (DataLoader workers included),
     sampled every 20 ms while both epochs are read. Pages shared after fork count once per
     process, as RSS does.
+  * Read CPU us/img: CPU time (user + system) of that process tree over both epochs, loader
+    set-up and worker start-up included, per image read (lowest over runs). Other processes on
+    the machine change it far less than img/s, so it compares systems on a shared machine.
   * Conversion img/s is wall time from the first image to a closed writer; the source scan is
     excluded (packer's engine scans inside its timed call). Every converter writes the same sample order: the ImageFolder order shuffled with a
     fixed seed (an ImageFolder is sorted by class). Readers do not shuffle, so all of them read
@@ -144,6 +148,7 @@ def make_row(system: str, **fields: Any) -> dict[str, Any]:
         "peak_rss_bytes": None,
         "others_convert_cores": None,
         "others_read_cores": None,
+        "read_cpu_us": None,
         "note": "",
     }
     row.update(fields)
@@ -272,7 +277,7 @@ class Monitor:
     """Watches this process tree while a phase runs (conversion or reading).
 
     ``peak``: the largest summed RSS of this process and all its descendants, sampled on a
-    background thread. ``other_cores``: CPU used meanwhile by processes outside the tree, in
+    background thread. ``own_cpu``: CPU seconds the tree used (exited, reaped children too). ``other_cores``: CPU used meanwhile by processes outside the tree, in
     cores (system busy time minus the tree's own CPU time, over wall time). On a shared machine
     a value well above 0 means the row was measured under contention.
     """
@@ -287,6 +292,7 @@ class Monitor:
         self.peak = 0
         self.seconds = 0.0
         self.other_cores = 0.0
+        self.own_cpu = 0.0
         self._start: tuple[float, float, float] = (0.0, 0.0, 0.0)
 
     def _tree(self) -> list[Any]:
@@ -347,6 +353,7 @@ class Monitor:
         self.sample()
         wall, busy, own = (b - a for a, b in zip(self._start, self._cpu()))
         self.seconds = wall
+        self.own_cpu = own
         self.other_cores = max(0.0, (busy - own) / wall) if wall > 0 else 0.0
 
 
@@ -366,6 +373,7 @@ def time_epochs(
     """
     rates: list[float] = []
     notes: list[str] = []
+    total = 0
     with Monitor() as mon:
         loader = make_loader()
         for epoch in range(epochs):
@@ -375,11 +383,13 @@ def time_epochs(
                 seen += len(images)
             dt = time.perf_counter() - t0
             rates.append(seen / dt if dt > 0 else 0.0)
+            total += seen
             if seen != expected:
                 notes.append(f"epoch {epoch + 1} read {seen} of {expected} images")
     out: dict[str, Any] = {
         "peak_rss_bytes": mon.peak,
         "others_read_cores": mon.other_cores,
+        "read_cpu_us": 1e6 * mon.own_cpu / total if total else None,
         "note": join_notes(*notes),
     }
     out["read_e1_img_s"] = rates[0] if rates else None
@@ -675,6 +685,7 @@ def bench_bare_decode(cfg: BenchConfig) -> dict[str, Any]:
         size_bytes=sum(len(p) for p in payloads),
         peak_rss_bytes=mon.peak,
         others_read_cores=mon.other_cores,
+        read_cpu_us=1e6 * mon.own_cpu / (len(payloads) * cfg.epochs),
         note=join_notes(f"{len(payloads)} images in memory; img/s per core"),
     )
 
@@ -1026,7 +1037,7 @@ def merge_runs(runs: Sequence[Sequence[dict[str, Any]]]) -> list[dict[str, Any]]
         out = dict(good[-1])
         for key in ("convert_img_s", "read_e1_img_s", "read_e2_img_s"):
             out[key] = _pick(good, key, max)
-        for key in ("others_convert_cores", "others_read_cores"):
+        for key in ("others_convert_cores", "others_read_cores", "read_cpu_us"):
             out[key] = _pick(good, key, min)
         out["peak_rss_bytes"] = _pick(good, "peak_rss_bytes", max)
         out["read_runs"] = [_best_epoch(r) for r in good if _best_epoch(r) is not None]
@@ -1068,13 +1079,13 @@ def format_table(rows: Sequence[dict[str, Any]]) -> str:
     spread_head, spread_rule = (" read img/s over runs |", "---:|") if runs else ("", "")
     head = [
         "| system | convert img/s | read epoch 1 img/s | read epoch 2 img/s |"
-        f"{spread_head} size MB | peak RSS MB | note |",
-        f"|---|---:|---:|---:|{spread_rule}---:|---:|---|",
+        f"{spread_head} read CPU us/img | size MB | peak RSS MB | note |",
+        f"|---|---:|---:|---:|{spread_rule}---:|---:|---:|---|",
     ]
     body = [
         f"| {r['system']} | {_num(r['convert_img_s'])} | {_num(r['read_e1_img_s'])} | "
         f"{_num(r['read_e2_img_s'])} |{f' {run_spread(r)} |' if runs else ''} "
-        f"{_mb(r['size_bytes'])} | {_mb(r['peak_rss_bytes'])} | "
+        f"{_num(r.get('read_cpu_us'))} | {_mb(r['size_bytes'])} | {_mb(r['peak_rss_bytes'])} | "
         f"{row_note(r).replace('|', '/')} |"
         for r in rows
     ]
