@@ -41,8 +41,9 @@ Method:
     sampled every 20 ms while both epochs are read. Pages shared after fork count once per
     process, as RSS does.
   * Read CPU us/img: CPU time (user + system) of that process tree over both epochs, loader
-    set-up and worker start-up included, per image read (lowest over runs). Other processes on
-    the machine change it far less than img/s, so it compares systems on a shared machine.
+    set-up and worker start-up included, per image read (median and range over runs). Other
+    processes on the machine change it far less than img/s, so it compares systems on a shared
+    machine.
   * Conversion img/s is wall time from the first image to a closed writer; the source scan is
     excluded (packer's engine scans inside its timed call). Every converter writes the same sample order: the ImageFolder order shuffled with a
     fixed seed (an ImageFolder is sorted by class). Readers do not shuffle, so all of them read
@@ -1019,7 +1020,9 @@ def row_note(row: dict[str, Any]) -> str:
 
 def merge_runs(runs: Sequence[Sequence[dict[str, Any]]]) -> list[dict[str, Any]]:
     """Best of several runs, per system: the highest rate of each column, the lowest outside
-    load seen, the highest peak RSS. A system that failed in every run keeps its error row."""
+    load seen, the highest peak RSS; the read CPU per image is the median, and each run's best
+    epoch and CPU per image are kept (``read_runs``, ``cpu_runs``) to show the spread. A system
+    that failed in every run keeps its error row."""
     order: list[str] = []
     by_system: dict[str, list[dict[str, Any]]] = {}
     for run in runs:
@@ -1037,10 +1040,12 @@ def merge_runs(runs: Sequence[Sequence[dict[str, Any]]]) -> list[dict[str, Any]]
         out = dict(good[-1])
         for key in ("convert_img_s", "read_e1_img_s", "read_e2_img_s"):
             out[key] = _pick(good, key, max)
-        for key in ("others_convert_cores", "others_read_cores", "read_cpu_us"):
+        for key in ("others_convert_cores", "others_read_cores"):
             out[key] = _pick(good, key, min)
         out["peak_rss_bytes"] = _pick(good, "peak_rss_bytes", max)
         out["read_runs"] = [_best_epoch(r) for r in good if _best_epoch(r) is not None]
+        out["cpu_runs"] = [r["read_cpu_us"] for r in good if r.get("read_cpu_us") is not None]
+        out["read_cpu_us"] = _median(out["cpu_runs"]) if out["cpu_runs"] else None
         if len(good) < len(rows):
             failed = f"{len(rows) - len(good)} of {len(rows)} runs failed"
             out["note"] = join_notes(out.get("note", ""), failed)
@@ -1059,8 +1064,21 @@ def run_spread(row: dict[str, Any]) -> str:
     runs = sorted(row.get("read_runs") or [])
     if len(runs) < 2:
         return "-"
-    median = runs[len(runs) // 2] if len(runs) % 2 else (runs[len(runs) // 2 - 1] + runs[len(runs) // 2]) / 2
-    return f"{runs[0]:,.0f}-{runs[-1]:,.0f} ({100 * (runs[-1] - runs[0]) / median:.0f}%)"
+    return f"{runs[0]:,.0f}-{runs[-1]:,.0f} ({100 * (runs[-1] - runs[0]) / _median(runs):.0f}%)"
+
+
+def cpu_cell(row: dict[str, Any]) -> str:
+    """Read CPU us/img: one run's value, or the median over runs with their min-max."""
+    runs = sorted(row.get("cpu_runs") or [])
+    if len(runs) < 2:
+        return _num(row.get("read_cpu_us"))
+    return f"{_median(runs):,.0f} ({runs[0]:,.0f}-{runs[-1]:,.0f})"
+
+
+def _median(values: Sequence[float]) -> float:
+    v = sorted(values)
+    mid = len(v) // 2
+    return v[mid] if len(v) % 2 else (v[mid - 1] + v[mid]) / 2
 
 
 def _is_error(row: dict[str, Any]) -> bool:
@@ -1085,7 +1103,7 @@ def format_table(rows: Sequence[dict[str, Any]]) -> str:
     body = [
         f"| {r['system']} | {_num(r['convert_img_s'])} | {_num(r['read_e1_img_s'])} | "
         f"{_num(r['read_e2_img_s'])} |{f' {run_spread(r)} |' if runs else ''} "
-        f"{_num(r.get('read_cpu_us'))} | {_mb(r['size_bytes'])} | {_mb(r['peak_rss_bytes'])} | "
+        f"{cpu_cell(r)} | {_mb(r['size_bytes'])} | {_mb(r['peak_rss_bytes'])} | "
         f"{row_note(r).replace('|', '/')} |"
         for r in rows
     ]
