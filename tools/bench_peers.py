@@ -1,86 +1,8 @@
 #!/usr/bin/env python3
-"""Side-by-side benchmark of the peer systems packer is measured against (issue 6).
-
-Each system converts the same ImageFolder (shorter side 256, JPEG quality 90, resized and
-encoded with OpenCV in every writer so the stored bytes are comparable) and is then read for two
-epochs through ``torch.utils.data.DataLoader(num_workers=2, batch_size=64)``, every loader
-decoding with the same function, :func:`decode_center_crop`. One row per system:
-
-    system | convert img/s | read epoch 1 img/s | read epoch 2 img/s | read CPU us/img |
-    size on disk | peak RSS
-
-Rows:
-  torchvision ImageFolder  the original folder, PIL + Resize(256) + CenterCrop(224) + PILToTensor
-                           (what users do today; the only row not using the shared decode)
-  webdataset               ShardWriter (one process) -> tar shards -> wds.WebDataset + map
-  dali                     the same ShardWriter shards + DALI's own index (its wds2idx) ->
-                           NVIDIA DALI's CPU pipeline, no GPU: fn.readers.webdataset,
-                           fn.decoders.image(device="cpu"), 224 centre crop to CHW uint8
-                           (fn.crop_mirror_normalize), num_threads = the DataLoader rows'
-                           workers, batch 64, read through DALI's PyTorch iterator; the same
-                           tensors as the shared decode. DALI's threads live across epochs.
-  litdata                  optimize(num_workers=2) -> StreamingDataset + StreamingDataLoader
-  mosaicml-streaming       MDSWriter (one process; columns image:bytes, label:int) ->
-                           streaming.StreamingDataset over the local directory
-  bare decode              one process, the shared decode over pre-resized JPEG bytes held in
-                           memory: the per-core ceiling
-  packer <format>          every format in packer's registry, converted with packer's engine
-                           (2 workers) and read by packer's reader (the same cv2.imdecode to RGB
-                           and 224 center crop, identical tensors) with
-                           collate_fn=packer.datasets.collate; two lmdb rows repeat the read with
-                           the shared decode function and with torch's default_collate.
-                           Each packer row names the torch that ran it and whether collate's
-                           shared-memory batches were on (packer.datasets.collation's
-                           self-test); with --also-python they run a second time, right after
-                           the first, under another interpreter (another torch version)
-
-Method:
-  * Each system runs in its own child process, so a crash or hang costs one row (the error is
-    printed in that row), and peak RSS is not polluted by the previous system.
-  * Peak RSS is the sum of RSS over the child's process tree (DataLoader workers included),
-    sampled every 20 ms while both epochs are read. Pages shared after fork count once per
-    process, as RSS does.
-  * Read CPU us/img: CPU time (user + system) of that process tree over both epochs, loader
-    set-up and worker start-up included, per image read (median and range over runs). Other
-    processes on the machine change it far less than img/s, so it compares systems on a shared
-    machine.
-  * Conversion img/s is wall time from the first image to a closed writer; the source scan is
-    excluded (packer's engine scans inside its timed call). Every converter writes the same sample order: the ImageFolder order shuffled with a
-    fixed seed (an ImageFolder is sorted by class). Readers do not shuffle, so all of them read
-    sequentially in stored order.
-  * Workers: DataLoader workers, litdata optimize workers and the converting process set
-    ``cv2.setNumThreads(1)`` and ``torch.set_num_threads(1)``, so a "process" means one core.
-  * Workers are not persistent: each epoch starts them; epoch 1 also opens indexes and warms
-    the page cache for the converted files. The source folder is in the page cache too (it was
-    just read or written), so the numbers measure CPU cost, not disk.
-  * Shared machines: before each system the run waits (``--quiet-wait`` s at most) for other
-    processes to go idle, and every row records how many cores other processes used while it
-    converted and read (system busy time minus the benchmark's own). A row measured under load
-    says so in its note. ``--repeat N`` keeps the best of N runs per column and adds a column
-    with each row's read rate over the runs (best epoch of each run): min-max and the spread.
-
-Reproduce (the virtualenv lives outside the repository; torch comes from the machine's local
-wheel index, never pip's default download):
-
-    python3 -m venv /work/venvs/peers
-    /work/venvs/peers/bin/pip install torch==2.14.1 torchvision==0.29.1
-    printf 'torch==2.14.1\\ntorchvision==0.29.1\\n' > /tmp/peers_torch_pin.txt
-    /work/venvs/peers/bin/pip install -c /tmp/peers_torch_pin.txt webdataset litdata \\
-        mosaicml-streaming nvidia-dali-cuda120 opencv-python-headless numpy pillow psutil tqdm \\
-        lmdb h5py tfrecord crc32c protobuf
-    /work/venvs/peers/bin/pip list | grep torch      # torch 2.14.1, torchvision 0.29.1
-    /work/venvs/peers/bin/pip install -e /work/main --no-deps
-    python3 /work/shared/tools/make_imagefolder.py /work/bench_data/src --classes 20 --per-class 500
-    /work/venvs/peers/bin/python tools/bench_peers.py --src /work/bench_data/src \\
-        --work /tmp/peers_work --out /tmp/benchmarks_peers.md
-
-``--systems webdataset,litdata`` runs a subset; ``--list`` prints the names; add ``--repeat 3``
-on a machine that other work shares. ``--also-python /path/to/other/venv/bin/python`` runs
-packer's rows under a second interpreter too (packer and torch installed there; the peers need
-torchvision and run only in the main one), to compare two torch versions in one run.
-mosaicml-streaming declares numpy<2.2; keep both venvs on the same numpy when comparing them
-(pip warns about the pin; the reader runs).
-"""
+"""Side-by-side benchmark of packer against the tools users would pick instead (torchvision's
+ImageFolder, webdataset, NVIDIA DALI's CPU pipeline, litdata, mosaicml-streaming, a bare decode
+loop): each converts the same ImageFolder and is read through the same decode and crop. Its rows,
+method and the commands that reproduce it: docs/benchmarks.md, section 1."""
 
 from __future__ import annotations
 
@@ -1190,87 +1112,48 @@ def _schedule(
     return order
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(
-        description="Peer benchmark: convert + read with each peer system."
-    )
+def _parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(description="Peer benchmark: convert + read with each peer system "
+                                             "(method and rows: docs/benchmarks.md, section 1).")
     ap.add_argument("--src", help="ImageFolder source (root/<class>/<image>)")
     ap.add_argument("--work", help="scratch folder for converted data and logs (rewritten)")
-    ap.add_argument(
-        "--systems",
-        default=",".join(SYSTEMS),
-        help=f"comma-separated subset of: {', '.join(SYSTEMS)}",
-    )
+    ap.add_argument("--systems", default=",".join(SYSTEMS), help=f"comma-separated subset of: {', '.join(SYSTEMS)}")
     ap.add_argument("--out", help="write the markdown report here")
-    ap.add_argument(
-        "--bare-images",
-        type=int,
-        default=2000,
-        help="images held in memory for the bare decode loop",
-    )
+    ap.add_argument("--bare-images", type=int, default=2000, help="images held in memory for the bare decode loop")
     ap.add_argument("--timeout", type=float, default=1800.0, help="seconds allowed per system")
-    ap.add_argument(
-        "--quiet-wait",
-        type=float,
-        default=60.0,
-        help="before each system, wait up to this many seconds for other processes to go idle",
-    )
-    ap.add_argument(
-        "--repeat",
-        type=int,
-        default=1,
-        help="run every system this many times and keep the best of each column",
-    )
-    ap.add_argument(
-        "--also-python",
-        metavar="PYTHON",
-        help="run packer's rows a second time with this interpreter (another torch version), "
-        "interleaved with the others; each packer row names its torch",
-    )
+    ap.add_argument("--quiet-wait", type=float, default=60.0,
+                    help="before each system, wait up to this many seconds for other processes to go idle")
+    ap.add_argument("--repeat", type=int, default=1,
+                    help="run every system this many times and keep the best of each column")
+    ap.add_argument("--also-python", metavar="PYTHON",
+                    help="run packer's rows a second time with this interpreter (another torch version), "
+                         "interleaved with the others; each packer row names its torch")
     ap.add_argument("--list", action="store_true", help="print the system names and exit")
     ap.add_argument("--_child", help=argparse.SUPPRESS)
     ap.add_argument("--_result", help=argparse.SUPPRESS)
-    args = ap.parse_args(argv)
+    return ap
 
-    if args.list:
-        for name, fn in SYSTEMS.items():
-            print(f"{name:12s} {(fn.__doc__ or '').strip().splitlines()[0]}")
-        return 0
+
+def _checked(args: argparse.Namespace) -> tuple[list[str], str]:
+    """The systems to run and the description of ``--also-python``; ValueError saying what is wrong."""
     if not args.src or not args.work:
-        print("bench_peers: error: --src and --work are required", file=sys.stderr)
-        return 2
-    try:
-        systems = _parse_systems(args.systems)
-    except ValueError as exc:
-        print(f"bench_peers: error: {exc}", file=sys.stderr)
-        return 2
+        raise ValueError("--src and --work are required")
+    systems = _parse_systems(args.systems)
     if not os.path.isdir(args.src):
-        print(f"bench_peers: error: source folder not found: {args.src}", file=sys.stderr)
-        return 2
-    cfg = BenchConfig(
-        src=os.path.abspath(args.src), work=os.path.abspath(args.work), bare_images=args.bare_images
-    )
-
-    if args._child:
-        return _child(args._child, cfg, args._result)
-
+        raise ValueError(f"source folder not found: {args.src}")
     also = ""
     if args.also_python:
         try:
             also = f"{args.also_python} (torch {interpreter_torch(args.also_python)})"
         except ValueError as exc:
-            print(f"bench_peers: error: --also-python: {exc}", file=sys.stderr)
-            return 2
+            raise ValueError(f"--also-python: {exc}") from None
         if "packer" not in systems:
-            print("bench_peers: error: --also-python needs the packer system", file=sys.stderr)
-            return 2
+            raise ValueError("--also-python needs the packer system")
+    return systems, also
 
-    os.makedirs(cfg.work, exist_ok=True)
-    n_images = len(scan_source(cfg.src)[0])
-    print(f"{n_images} images, systems: {', '.join(systems)}; work folder {cfg.work}", flush=True)
-    if also:
-        print(f"packer's rows also run under {also}", flush=True)
-    t_all = time.perf_counter()
+
+def _run_all(args: argparse.Namespace, cfg: BenchConfig, systems: list[str]) -> list[dict[str, Any]]:
+    """Every system, ``--repeat`` times (packer's rows also under ``--also-python``): the rows."""
     runs: list[list[dict[str, Any]]] = []
     for run in range(args.repeat):
         if args.repeat > 1:
@@ -1284,22 +1167,39 @@ def main(argv: Sequence[str] | None = None) -> int:
             t0 = time.perf_counter()
             new = run_system(name, cfg, args.timeout, python)
             for r in new:
-                print(
-                    f"  {r['system']:30s} convert {_num(r['convert_img_s']):>6s}  "
-                    f"read e1 {_num(r['read_e1_img_s']):>6s}  "
-                    f"e2 {_num(r['read_e2_img_s']):>6s} img/s  {row_note(r)}",
-                    flush=True,
-                )
+                print(f"  {r['system']:30s} convert {_num(r['convert_img_s']):>6s}  "
+                      f"read e1 {_num(r['read_e1_img_s']):>6s}  e2 {_num(r['read_e2_img_s']):>6s} img/s  "
+                      f"{row_note(r)}", flush=True)
             print(f"  [{name}: {time.perf_counter() - t0:.0f} s]", flush=True)
             rows.extend(new)
         runs.append(rows)
-    rows = merge_runs(runs) if len(runs) > 1 else runs[0]
+    return merge_runs(runs) if len(runs) > 1 else runs[0]
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run the benchmark (``--help``); returns a process exit status."""
+    args = _parser().parse_args(argv)
+    if args.list:
+        for name, fn in SYSTEMS.items():
+            print(f"{name:12s} {(fn.__doc__ or '').strip().splitlines()[0]}")
+        return 0
+    try:
+        systems, also = _checked(args)
+    except ValueError as exc:
+        print(f"bench_peers: error: {exc}", file=sys.stderr)
+        return 2
+    cfg = BenchConfig(src=os.path.abspath(args.src), work=os.path.abspath(args.work), bare_images=args.bare_images)
+    if args._child:
+        return _child(args._child, cfg, args._result)
+    os.makedirs(cfg.work, exist_ok=True)
+    n_images = len(scan_source(cfg.src)[0])
+    print(f"{n_images} images, systems: {', '.join(systems)}; work folder {cfg.work}", flush=True)
+    if also:
+        print(f"packer's rows also run under {also}", flush=True)
+    t_all = time.perf_counter()
+    rows = _run_all(args, cfg, systems)
     seconds = time.perf_counter() - t_all
-    shown_argv = [
-        sys.executable,
-        "tools/bench_peers.py",
-        *(argv if argv is not None else sys.argv[1:]),
-    ]
+    shown_argv = [sys.executable, "tools/bench_peers.py", *(argv if argv is not None else sys.argv[1:])]
     text = report_markdown(rows, cfg, n_images, shown_argv, seconds, args.repeat, also)
     print()
     print(format_table(rows))
