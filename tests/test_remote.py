@@ -123,8 +123,13 @@ def test_cache_limit_holds_at_every_moment(s3, local_sets, tmp_path):
     peak, stop = [0], threading.Event()
 
     def poll():
+        # Under the cache's lock, as its own accounting runs: a download renamed into place
+        # between the scans of work/ and datasets/ would otherwise count twice.
+        manifest = os.path.join(ds.root, "manifest.json")
         while not stop.is_set():
-            peak[0] = max(peak[0], cache.usage() - os.path.getsize(os.path.join(ds.root, "manifest.json")))
+            with cache._locked():
+                used = cache.usage() - (os.stat(manifest).st_blocks * 512 if os.path.exists(manifest) else 0)
+            peak[0] = max(peak[0], used)
             time.sleep(0.001)
 
     t = threading.Thread(target=poll)

@@ -269,7 +269,7 @@ def test_mixture_labels_by_name_and_options(sources):
                     ({"classes": "merge"}, ValueError), ({"subset": 0.5}, ValueError)]:
         with pytest.raises(err):
             mixed(sources, **kw)
-    with pytest.raises(ValueError, match="list of paths"):
+    with pytest.raises(ValueError, match="list of dataset paths"):
         StreamingDataset(sources[0], weights=[1])
     encoded = mixed(sources, output="encoded", classes="union", target_transform=lambda x: -x)
     for _, label, meta, source in itertools.islice(iter(encoded), 20):  # every field kept
