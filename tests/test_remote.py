@@ -454,6 +454,27 @@ def test_a_stalled_server_fails_each_file_within_the_deadline(s3, local_sets, tm
     assert len(err) == 1 and "s3://data/stalled/tar/manifest.json: no answer within 2 s" in err[0], err
     assert time.monotonic() - start < 30
 
+def test_a_server_that_answers_every_request_slowly_fails_the_file_within_its_deadline(s3, local_sets):
+    """The deadline holds for a file, not for each request: a server answering each request in
+    0.5 s passed a per-request bound of 2 s for ever, 16 MiB at a time; the file's read now ends
+    within its 2 s, naming its URL."""
+    url = _upload(s3, local_sets["tar"], "slow/tar")
+    port = int(s3["client_kwargs"]["endpoint_url"].rsplit(":", 1)[1])
+    proxy = _FaultProxy(port, 503, every=10**9, delay=0.5)
+    try:
+        remote = Remote(url, proxy.options(s3), deadline=2.0)
+        shard = next(f for f in read_manifest(local_sets["tar"]).files if f.name.endswith(".tar"))
+        stream = remote.open(shard.name, shard.bytes)
+        start = time.monotonic()
+        with pytest.raises(RemoteError, match=rf"s3://data/slow/tar/{shard.name}: (no answer|not read) within 2 s"):
+            while stream.read(512):  # one request each
+                pass
+        assert time.monotonic() - start < 3
+    finally:
+        proxy.sock.shutdown(socket.SHUT_RDWR)
+        proxy.sock.close()
+
+
 def test_two_torchrun_ranks_stream_from_s3_every_sample_once(s3, tmp_path_factory, tmp_path):
     import collections
     import json

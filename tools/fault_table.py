@@ -373,6 +373,9 @@ REMOTE = {
         "the first then finishes, or is SIGKILLed and resumed",
         "exit 1, one line naming the first's pid; no file of the node-cache upload folder touched; the first (or "
         "its --resume) publishes the dataset (was: the second deleted the first's copy)"),
+    "test_a_server_that_answers_every_request_slowly_fails_the_file_within_its_deadline": (
+        "a server answering every request in 0.5 s, a shard read 512 bytes a request under a 2 s deadline",
+        "RemoteError naming the shard's URL within 3 s (a per-request bound let it run for ever)"),
     "test_a_stalled_server_fails_each_file_within_the_deadline": (
         "a server that stops answering (a proxy holds every request) under a 2 s deadline: a shard read, "
         "open_dataset, packer info --remote-deadline 2", "RemoteError naming the shard's or manifest's URL, 'no answer "

@@ -481,8 +481,9 @@ def _add_storage(p: argparse.ArgumentParser) -> None:
                                                       "else ~/.cache/packer)")
     g.add_argument("--cache-limit", metavar="SIZE", help="most bytes the download cache keeps, e.g. 20GB")
     g.add_argument("--remote-deadline", type=_seconds, metavar="SECONDS",
-                   help="how long one request for a remote file may take before it fails naming the URL, whatever "
-                        "the storage library's retries do (default: PACKER_REMOTE_DEADLINE, else 120)")
+                   help="how long the read of one remote file may take, open to last byte, before it fails naming "
+                        "the URL, whatever the storage library's retries do (default: PACKER_REMOTE_DEADLINE, else "
+                        "120)")
 
 
 def _seconds(text: str) -> float:

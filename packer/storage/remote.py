@@ -14,6 +14,7 @@ import logging
 import os
 import posixpath
 import threading
+import time
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
@@ -55,14 +56,14 @@ _EXTRAS = {"s3": "s3", "s3a": "s3", "gs": "gcs", "gcs": "gcs", "http": "http", "
 _S3_DEFAULTS = {"connect_timeout": 10, "read_timeout": 30, "retries": {"max_attempts": 5, "mode": "standard"}}
 
 
-#: Seconds one request for a remote file (opening it, each read of a download, the manifest) may
-#: take, whatever the storage library's own timeouts and retries do; PACKER_REMOTE_DEADLINE
+#: Seconds the read of one remote file may take from its open to its last byte (the manifest's
+#: too), whatever the storage library's own timeouts and retries do; PACKER_REMOTE_DEADLINE
 #: (seconds) or ``--remote-deadline`` changes it.
 DEFAULT_DEADLINE = 120.0
 
 
 def remote_deadline(environ: Any = os.environ) -> float:
-    """The request deadline in seconds: ``PACKER_REMOTE_DEADLINE``, else :data:`DEFAULT_DEADLINE`."""
+    """The per-file deadline in seconds: ``PACKER_REMOTE_DEADLINE``, else :data:`DEFAULT_DEADLINE`."""
     return seconds_from_env("PACKER_REMOTE_DEADLINE", DEFAULT_DEADLINE, environ)
 
 
@@ -107,8 +108,9 @@ def parse_storage_options(pairs: Iterable[str]) -> dict[str, Any]:
 @dataclass(frozen=True)
 class Remote:
     """A dataset at ``url`` with the fsspec ``storage_options`` to reach it (picklable: sent to
-    DataLoader workers, which open their own connections). Each request for one of its files
-    fails, naming the file's URL, after ``deadline`` seconds (default :func:`remote_deadline`)."""
+    DataLoader workers, which open their own connections). The read of one of its files, open to
+    last byte, fails naming the file's URL after ``deadline`` seconds (default
+    :func:`remote_deadline`), whatever each request takes."""
 
     url: str
     storage_options: dict[str, Any] = field(default_factory=dict)
@@ -153,8 +155,9 @@ class Remote:
         if size is not None and self.url.partition("://")[0] in _SIZED:
             extra["size"] = size
         url = self.join(name)
-        return _Stream(bounded_call(self.deadline, url, fs.open, posixpath.join(path, name), "rb", **extra), url,
-                       self.deadline)
+        ends = time.monotonic() + self.deadline  # one deadline for the whole file, open included
+        f = bounded_call(self.deadline, url, fs.open, posixpath.join(path, name), "rb", **extra)
+        return _Stream(f, url, self.deadline, ends)
 
 
 def _gcs_filesystem(url: str, options: dict[str, Any]) -> tuple[Any, str]:
@@ -182,14 +185,15 @@ class _Stream:
     """A remote file being read: the storage library's errors as RemoteError naming the URL, and
     a read past the object's real end (it is shorter than the manifest says) as end of data."""
 
-    def __init__(self, f: Any, url: str, deadline: float | None = None) -> None:
+    def __init__(self, f: Any, url: str, deadline: float | None = None, ends: float | None = None) -> None:
         self._f, self._url, self._deadline = f, url, deadline
+        self._ends = ends if ends is not None or deadline is None else time.monotonic() + deadline
 
     def read(self, n: int = -1) -> bytes:
         try:
-            if self._deadline is None:
+            if self._deadline is None or self._ends is None:
                 return call(self._url, self._f.read, n)
-            return bounded_call(self._deadline, self._url, self._f.read, n)
+            return bounded_call(self._ends - time.monotonic(), self._url, self._f.read, n, whole=self._deadline)
         except RemoteError as e:
             if "range is not satisfiable" in str(e).lower() or "invalidrange" in str(e).lower():
                 return b""  # the object ended before the size the manifest gives: a short download
@@ -230,10 +234,15 @@ def call(url: str, fn: Any, *args: Any, **kwargs: Any) -> Any:
         raise RemoteError(f"{url}: {type(e).__name__}: {text}") from None
 
 
-def bounded_call(deadline: float, url: str, fn: Any, *args: Any, **kwargs: Any) -> Any:
+def bounded_call(deadline: float, url: str, fn: Any, *args: Any, whole: float | None = None, **kwargs: Any) -> Any:
     """:func:`call` that raises RemoteError naming ``url`` once ``deadline`` seconds have passed,
     however the storage library's timeouts and retries multiply (the call is left to finish in
-    a daemon thread, its result unused)."""
+    a daemon thread, its result unused). ``whole``: the file's deadline this call's ``deadline``
+    is what is left of (named in the error)."""
+    limit = deadline if whole is None else whole
+    if deadline <= 0:
+        raise RemoteError(f"{url}: not read within {limit:g} s (the server is too slow; PACKER_REMOTE_DEADLINE or "
+                          f"--remote-deadline sets how long the read of one file may take)")
     done = threading.Event()
     box: dict[str, Any] = {}
 
@@ -247,8 +256,9 @@ def bounded_call(deadline: float, url: str, fn: Any, *args: Any, **kwargs: Any) 
 
     threading.Thread(target=run, name="packer-remote-request", daemon=True).start()
     if not done.wait(deadline):
-        raise RemoteError(f"{url}: no answer within {deadline:g} s (the server is stopped, unreachable or too "
-                          f"slow; PACKER_REMOTE_DEADLINE or --remote-deadline sets how long a request may take)")
+        raise RemoteError(f"{url}: no answer within {limit:g} s (the server is stopped, unreachable or too "
+                          f"slow; PACKER_REMOTE_DEADLINE or --remote-deadline sets how long the read of one file "
+                          f"may take)")
     if "error" in box:
         raise box["error"]
     return box["value"]
