@@ -212,10 +212,27 @@ def kill_trial(fmt: str, src: str, ref: str, ref_snapshot: list, work: str, dela
     from packer.ops.engine import recover_publish
 
     recover_publish(dst)
-    leftovers = [n for n in os.listdir(work) if n != "out"]
+    leftovers = [n for n in os.listdir(work) if n != "out" and not _stale_claim(os.path.join(work, n))]
     if leftovers:
         t.errors.append(f"left behind: {leftovers}")
     return t
+
+
+def _stale_claim(path: str) -> bool:
+    """Whether ``path`` is a destination's claim file that no process holds: a kill between the
+    publish and the claim's removal leaves it, and the next conversion to DST takes it over."""
+    import fcntl
+
+    if not path.endswith(".packer-lock"):
+        return False
+    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        return True
+    except OSError:
+        return False
+    finally:
+        os.close(fd)
 
 
 def kill_delays(n: int, timing: tuple[float, float], seed: int) -> list[float]:
