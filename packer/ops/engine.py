@@ -373,7 +373,8 @@ class _Run:
     def open_writer(self) -> None:
         """Start the writer with the dataset facts; on resume, bring it back to the checkpoint."""
         # Every format also gets the sample table (labels, keys, metadata: packer.description.samples).
-        self.writer = SampleTableWriter(self.writer_class(self.tmp, self.options.writer), self.template.label_kind)
+        self.writer = SampleTableWriter(self.writer_class(self.tmp, self.options.writer), self.template.label_kind,
+                                        boxes=self.template.field_kind("boxes") is not None)
         info = self.template.to_json()
         for k in ("num_samples", "files", "layout", "skipped", "ignored"):
             del info[k]
@@ -405,6 +406,7 @@ class _Run:
                 if image is None or not image.payload:  # a 0-byte image is never stored
                     self.skipped.append((self.pos, Skipped(key, reason or "empty image payload (0 bytes)")))
                 else:
+                    self.check_fields(key, image)
                     small = left_small(image, resize, upscale)
                     if self.resumable:
                         self.positions.append(self.pos)
@@ -420,6 +422,14 @@ class _Run:
             error = SourceError(f"no image in {self.source or self.dst} could be converted ({len(self.skipped)} skipped)")
             error.skipped = [k for _, k in self.skipped]  # type: ignore[attr-defined]  # for a caller making parts
             raise error
+
+    def check_fields(self, key: str, image: ProcessedImage) -> None:
+        """The sample has the dataset's fields, in their order (writers rely on it)."""
+        want = self.template.stored_fields
+        if [f.name for f in image.fields] != want or (image.boxes is not None) != bool(
+                self.template.field_kind("boxes")):
+            have = [f.name for f in image.fields] + (["boxes"] if image.boxes is not None else [])
+            raise ValueError(f"sample {key!r} has the fields {have}, the dataset {self.template.field_names}")
 
     def close_and_publish(self) -> Manifest:
         """Close the writer, make its files durable, write the manifest, publish by rename."""
