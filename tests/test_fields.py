@@ -235,3 +235,12 @@ def test_merge_keeps_fields_and_renumbers_box_labels(tmp_path):
     write_fields_dataset(tmp_path / "nomask", "lmdb", n=2, mask=False)
     with pytest.raises(SourceError, match="have the same fields"):
         merge([tmp_path / "p0", tmp_path / "nomask"], tmp_path / "m2")
+
+
+def test_info_names_the_fields(tmp_path, capsys):
+    from packer.ops.cli import main
+
+    write_fields_dataset(tmp_path / "a.lmdb", "lmdb", n=2)
+    assert main(["info", str(tmp_path / "a.lmdb")]) == 0
+    out = capsys.readouterr().out
+    assert "manifest v3" in out and "fields      mask (mask), left (image), boxes (boxes)" in out

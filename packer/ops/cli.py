@@ -601,6 +601,9 @@ def _run_info(a: argparse.Namespace) -> int:
     print(f"classes     {len(m.classes)}: {shown}")
     if m.label_kind != "class":
         print(f"labels      {m.label_kind}" + (" (a list of classes per sample)" if m.label_kind == "multi" else ""))
+    if m.fields:
+        print("fields      " + ", ".join(f"{f['name']} ({f['kind']})" for f in m.fields)
+              + "; read them with fields=(\"image\", ..., \"label\")")
     print(f"processing  resize {m.processing.get('resize')}, encoding {m.processing.get('encoding')}, "
           f"color {m.processing.get('color')}")
     print("order       " + (f"shuffled at write time, seed {m.shuffle_seed}" if m.shuffle_seed is not None else "source order"))
