@@ -175,16 +175,20 @@ def _sample_item(i: int, sample: Any, spool: str) -> tuple[str, str, Any, dict[s
         key = key if key is not None else os.fspath(image).replace(os.sep, "/")
     else:
         path = os.path.join(spool, f"{i:010d}")
-        data = _image_bytes(i, image)
-        with open(path, "wb") as f:
-            f.write(data)
-        # A conversion knows a file by its size and modification time: set the time from the
-        # content, so the same sample made again (a resumed pack) is the same file to it.
-        stamp = int.from_bytes(hashlib.sha256(data).digest()[:7], "little")
-        os.utime(path, ns=(stamp, stamp))
+        write_spooled(path, _image_bytes(i, image))
         key = key if key is not None else f"item-{i:010d}"
     meta = {k: v for k, v in sample.items() if k not in ("image", "label", "key")}
     return key, path, sample["label"], meta or None
+
+
+def write_spooled(path: str, data: bytes) -> None:
+    """Write an image's bytes to ``path`` in a spool folder. A conversion knows a file by its size
+    and modification time: the time is set from the content, so the same sample spooled again (a
+    resumed conversion) is the same file to it."""
+    with open(path, "wb") as f:
+        f.write(data)
+    stamp = int.from_bytes(hashlib.sha256(data).digest()[:7], "little")
+    os.utime(path, ns=(stamp, stamp))
 
 
 def _image_bytes(i: int, image: Any) -> bytes:

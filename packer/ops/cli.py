@@ -20,6 +20,7 @@ from collections.abc import Callable, Iterator, Sequence
 from .. import __version__
 from ..description.registry import format_names, formats_taking, get_format
 from ..errors import PackerError, UnfinishedDatasetError
+from .importers import IMPORT_FORMATS
 
 __all__ = ["main", "convert_options", "convert_from_args", "convert_arguments", "EXIT_OK", "EXIT_ERROR", "EXIT_USAGE", "EXIT_SKIPPED", "EXIT_INTERRUPTED", "EXIT_TERMINATED",
            "Terminated"]
@@ -48,8 +49,9 @@ def _add_convert(p: argparse.ArgumentParser) -> None:
                 "(Ctrl-C), 143 terminated (SIGTERM); after 130 or 143 the partial output (once past its first "
                 "checkpoint) is kept and --resume continues it")
     fmts = format_names()
-    p.add_argument("src_format", choices=["imagefolder", "list", *fmts],
-                   help="format of SRC (list: a .csv, .tsv or .jsonl file naming images, labels and metadata)")
+    p.add_argument("src_format", choices=["imagefolder", "list", *fmts, *IMPORT_FORMATS],
+                   help="format of SRC (list: a .csv, .tsv or .jsonl file naming images, labels and metadata; mds, "
+                        "litdata, parquet: a MosaicML Streaming, LitData or Parquet dataset to import)")
     p.add_argument("dst_format", choices=[*fmts, "imagefolder"], help="format to write")
     p.add_argument("src", help="source folder, list file or packed dataset (a packed SRC may be a URL); tar and "
                                "tfrecord: also a brace pattern of shard files, dir/shard-{000000..000009}.tar")
@@ -109,7 +111,12 @@ def _add_list_options(p: argparse.ArgumentParser) -> None:
                         "elsewhere); refused by default")
     g.add_argument("--path-column", help="list source: the column of image paths (default: path, file, filename "
                                          "or image)")
-    g.add_argument("--label-column", help="list source: the label column (default: label, labels, class or target)")
+    g.add_argument("--label-column", help="list, mds, litdata and parquet sources: the label column (default: label, "
+                                          "labels, class or target)")
+    g.add_argument("--image-column", help="mds, litdata and parquet sources: the image column (default: the one "
+                                          "column of an image type)")
+    g.add_argument("--drop-column", action="append", default=None, metavar="NAME",
+                   help="mds, litdata and parquet sources: leave this column out of the metadata (repeatable)")
     g.add_argument("--label-kind", default="auto", choices=["auto", "class", "multi", "number"],
                    help="list source: class (one class per image), multi (several), number; auto: multi for JSON "
                         "lists, number for JSON numbers with a fraction, else class")
@@ -272,14 +279,20 @@ def convert_from_args(a: argparse.Namespace, launch=None):  # noqa: ANN001, ANN2
     if launch is not None and a.src_format == "list":
         raise UsageError("packer convert: a list source converts in one process; under torchrun add --no-torchrun "
                          "(or split the list and merge the parts: packer merge)")
+    if launch is not None and a.src_format in IMPORT_FORMATS:
+        raise UsageError(f"packer convert: a {a.src_format} source converts in one process; under torchrun add "
+                         f"--no-torchrun")
     if launch is not None:
         return _convert_torchrun(a, launch)
-    if a.src_format != "list" and any(getattr(a, k) is not None for k in _LIST_ONLY):
-        flag = "--" + next(k for k in _LIST_ONLY if getattr(a, k) is not None).replace("_", "-")
-        raise UsageError(f"packer convert: {flag} applies to a list source only")
+    only = _IMPORT_ONLY if a.src_format == "list" else _LIST_ONLY[:-1] if a.src_format in IMPORT_FORMATS \
+        else _LIST_ONLY + _IMPORT_ONLY
+    if any(getattr(a, k) is not None for k in only):
+        flag = "--" + next(k for k in only if getattr(a, k) is not None).replace("_", "-")
+        what = "mds, litdata and parquet sources" if flag in ("--image-column", "--drop-column") else "a list source"
+        raise UsageError(f"packer convert: {flag} applies to {what} only")
     if is_url(a.src) and has_braces(a.src):
         a.src = _fetched_shards(a, a.src)
-    elif is_url(a.src):
+    elif is_url(a.src) and a.src_format not in IMPORT_FORMATS:  # an importer reads its URL itself
         if a.src_format in ("imagefolder", "list"):
             raise UsageError("packer convert: an image folder or list is read from a local path; a URL SRC must be "
                              "packed")
@@ -289,7 +302,8 @@ def convert_from_args(a: argparse.Namespace, launch=None):  # noqa: ANN001, ANN2
     return _convert_to_url(a)
 
 
-_LIST_ONLY = ("root", "path_column", "label_column", "allow_outside_root")
+_LIST_ONLY = ("root", "path_column", "allow_outside_root", "label_column")
+_IMPORT_ONLY = ("image_column", "drop_column")
 
 
 def pinned_classes(spec: str) -> list[str]:
@@ -359,11 +373,11 @@ def _convert_local(a: argparse.Namespace):  # noqa: ANN202 - ConvertReport
     from .engine import convert_imagefolder
 
     options = convert_options(a)
-    if a.src_format in ("imagefolder", "list") and a.dst_format == "imagefolder":
+    if a.src_format in ("imagefolder", "list", *IMPORT_FORMATS) and a.dst_format == "imagefolder":
         raise UsageError(f"packer convert: {a.src_format} -> imagefolder is not a conversion")
     if a.classes_from is not None:
-        if a.src_format not in ("imagefolder", "list"):
-            raise UsageError("packer convert: --classes-from applies to imagefolder and list sources (a packed "
+        if a.src_format not in ("imagefolder", "list", *IMPORT_FORMATS):
+            raise UsageError("packer convert: --classes-from applies to imagefolder, list and imported sources (a packed "
                              "source keeps its classes; packer merge reconciles class lists)")
         options = replace(options, classes=tuple(pinned_classes(a.classes_from)))
     _warn_partial_output(a)
@@ -380,6 +394,8 @@ def _convert_local(a: argparse.Namespace):  # noqa: ANN202 - ConvertReport
             if isinstance(e, SourceError):  # names the list already
                 raise
             raise SourceError(f"{a.src}: {e}") from None
+    elif a.src_format in IMPORT_FORMATS:
+        report = _convert_import(a, options)
     elif a.src_format == "imagefolder":
         report = convert_imagefolder(a.src, a.dst, a.dst_format, options)
     else:  # packed -> packed or imagefolder: copy stored bytes unless --resize/--encode ask otherwise
@@ -395,6 +411,17 @@ def _convert_local(a: argparse.Namespace):  # noqa: ANN202 - ConvertReport
         if len(renamed) > 20:
             _say(f"... and {len(renamed) - 20} more renamed")
     return report
+
+
+def _convert_import(a: argparse.Namespace, options):  # noqa: ANN001, ANN202 - ConvertOptions, ConvertReport
+    """Convert an MDS, LitData or Parquet dataset (packer.ops.importers)."""
+    from .importers import open_table
+    from .importers.common import convert_import
+
+    table = open_table(a.src_format, a.src, _storage(a))
+    return convert_import(table, a.dst, a.dst_format, options, image_column=a.image_column,
+                          label_column=a.label_column, drop_columns=a.drop_column or (), label_kind=a.label_kind,
+                          classes=options.classes, source_kind=a.src_format)
 
 
 def _warn_partial_output(a: argparse.Namespace) -> None:
