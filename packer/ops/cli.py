@@ -377,8 +377,9 @@ def _convert_local(a: argparse.Namespace):  # noqa: ANN202 - ConvertReport
         raise UsageError(f"packer convert: {a.src_format} -> imagefolder is not a conversion")
     if a.classes_from is not None:
         if a.src_format not in ("imagefolder", "list", *IMPORT_FORMATS):
-            raise UsageError("packer convert: --classes-from applies to imagefolder, list and imported sources (a packed "
-                             "source keeps its classes; packer merge reconciles class lists)")
+            raise UsageError("packer convert: --classes-from applies to imagefolder and list sources and to mds, "
+                             "litdata and parquet (a packed source keeps its classes; packer merge reconciles class "
+                             "lists)")
         options = replace(options, classes=tuple(pinned_classes(a.classes_from)))
     _warn_partial_output(a)
     if a.src_format == "list":

@@ -80,6 +80,15 @@ def write_mds() -> None:
             for path, label, caption, score, extra in rows:
                 image = open(path, "rb").read() if encoding == "bytes" else rgb(path)
                 w.write({"image": image, "label": label, "caption": caption, "score": score, "extra": extra})
+    out = os.path.join(HERE, "mds-arrays")  # arrays of a fixed and of a per-sample dtype and shape
+    shutil.rmtree(out, ignore_errors=True)
+    import numpy as np
+
+    with MDSWriter(out=out, columns={"image": "jpeg", "label": "int", "fixed": "ndarray:float32:2",
+                                     "free": "ndarray", "count": "uint16", "id": "str_int"}) as w:
+        for i, (path, label) in enumerate(zip(paths, LABELS)):
+            w.write({"image": Image.open(path), "label": label, "fixed": np.array([i, 0.5], np.float32),
+                     "free": np.arange(i + 1, dtype=np.int16).reshape(1, -1), "count": i, "id": 10 * i})
     out = os.path.join(HERE, "mds-pkl")
     shutil.rmtree(out, ignore_errors=True)
     with MDSWriter(out=out, columns={"image": "jpeg", "label": "int", "boxes": "pkl"}) as w:
@@ -93,6 +102,14 @@ def _litdata_sample(i: int, kind: str) -> dict:
     path = os.path.join(IMAGES, f"{i}.jpg")
     image = Image.open(path) if kind == "jpeg" else rgb(path)
     return {"image": image, "label": LABELS[i], "caption": captions()[i], "score": scores()[i]}
+
+
+def _litdata_arrays(i: int) -> dict:
+    import numpy as np
+    from PIL import Image
+
+    return {"image": Image.open(os.path.join(IMAGES, f"{i}.jpg")), "label": LABELS[i], "flag": i % 2 == 0,
+            "grid": np.full((2, 2), i, np.int32), "row": np.arange(i + 1, dtype=np.float64)}
 
 
 def _litdata_pickled(i: int) -> dict:
@@ -115,6 +132,10 @@ def write_litdata() -> None:
         optimize(fn=functools.partial(_litdata_sample, kind=kind), inputs=list(range(len(LABELS))), output_dir=out,
                  chunk_bytes="4kb", num_workers=1, compression=compression, compression_level=level,
                  mode="overwrite")
+    out = os.path.join(HERE, "litdata-arrays")
+    shutil.rmtree(out, ignore_errors=True)
+    optimize(fn=_litdata_arrays, inputs=list(range(len(LABELS))), output_dir=out, chunk_bytes="64kb",
+             num_workers=1, mode="overwrite")
     out = os.path.join(HERE, "litdata-pickle")
     shutil.rmtree(out, ignore_errors=True)
     optimize(fn=_litdata_pickled, inputs=list(range(len(LABELS))), output_dir=out, chunk_bytes="64kb",

@@ -152,9 +152,16 @@ def _label_kind(items: Sequence[tuple[str, Any, Any]]) -> str:
     return "class"
 
 
-def _integral(items: list[tuple[str, Any, Any]]) -> list[tuple[str, Any, Any]]:
-    """Labels given as whole floats (a float column of class numbers) as ints."""
-    return [(p, int(v) if isinstance(v, float) and v.is_integer() else v, m) for p, v, m in items]
+def _class_labels(items: list[tuple[str, Any, Any]], declared: list[str] | None) -> list[tuple[str, Any, Any]]:
+    """Labels given as whole floats (a float column of class numbers) as ints, and numbers as the
+    names the source declares for them (so a pinned class list maps them by name)."""
+    out = []
+    for p, v, m in items:
+        v = int(v) if isinstance(v, float) and v.is_integer() else v
+        if declared and isinstance(v, int) and not isinstance(v, bool) and 0 <= v < len(declared):
+            v = declared[v]
+        out.append((p, v, m))
+    return out
 
 
 def convert_import(table: Table, dst: str | os.PathLike[str], fmt: str, options: Any, *, image_column: str | None = None,
@@ -176,9 +183,10 @@ def convert_import(table: Table, dst: str | os.PathLike[str], fmt: str, options:
     try:
         items, keys = _spool(table, choice, spool)
         kind = _label_kind(items) if label_kind == "auto" else label_kind
+        declared = table.class_names.get(choice.label)
         if kind == "class":
-            items = _integral(items)
-        names = list(classes) if classes is not None else table.class_names.get(choice.label)
+            items = _class_labels(items, declared)
+        names = list(classes) if classes is not None else declared
         order = np.random.default_rng(options.seed).permutation(len(items)).tolist() if options.shuffle \
             else range(len(items))
         try:
