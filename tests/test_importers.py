@@ -209,3 +209,29 @@ def test_a_pinned_class_list_maps_declared_class_names(tmp_path):
     ds = open_dataset(str(tmp_path / "out"), fields=("label", "key"))
     assert ds.classes == ["fox", "dog", "cat", "bird"]
     assert {key: ds.classes[label] for label, key in ds} == {f"item-{i:010d}": NAMES[c] for i, c in enumerate(LABELS)}
+
+
+@pytest.mark.parametrize("fmt,name,damaged", [("mds", "mds-jpeg-none", "shard.00000.mds"),
+                                              ("mds", "mds-jpeg-zstd", "shard.00001.mds.zstd"),
+                                              ("litdata", "litdata-jpeg-none", "chunk-0-1.bin"),
+                                              ("litdata", "litdata-jpeg-zstd-batch", "chunk-0-0.bin")])
+@pytest.mark.parametrize("damage", ["truncate", "garble"])
+def test_damaged_data_is_one_line_naming_the_file(tmp_path, capsys, fmt, name, damaged, damage):
+    import shutil
+
+    src = str(tmp_path / "src")
+    shutil.copytree(os.path.join(HERE, name), src)
+    path = os.path.join(src, damaged)
+    data = bytearray(open(path, "rb").read())
+    if damage == "truncate":
+        data = data[:len(data) // 2]
+    else:
+        data[4:12] = b"\xee" * 8  # the offset table, or a compressed file's header
+    open(path, "wb").write(bytes(data))
+    rc = main(["convert", fmt, "lmdb", src, str(tmp_path / "out"), "--workers", "1", "-q"])
+    err = capsys.readouterr().err
+    if rc == 3:  # the damage fell inside an image's bytes: skipped, named, and reported like any bad image
+        assert "item-" in err or "skipped" in err
+        return
+    assert rc == 1 and len(err.strip().splitlines()) == 1, err
+    assert path in err, err

@@ -3,6 +3,7 @@ metadata columns, and the conversion of its rows through a spool folder beside t
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import tempfile
@@ -10,9 +11,9 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from ...errors import SourceError
+from ...errors import PackerError, SourceError
 
-__all__ = ["Column", "Table", "convert_import", "choose_columns", "is_image", "needs", "LABEL_COLUMNS"]
+__all__ = ["Column", "Table", "convert_import", "choose_columns", "is_image", "needs", "reading", "LABEL_COLUMNS"]
 
 LABEL_COLUMNS = ("label", "labels", "class", "target")
 _MAGIC = (b"\xff\xd8\xff", b"\x89PNG\r\n\x1a\n", b"GIF87a", b"GIF89a", b"BM", b"II*\x00", b"MM\x00*")
@@ -60,6 +61,19 @@ def needs(module: str, what: str, extra: str) -> Any:
         return importlib.import_module(module)
     except ImportError:
         raise SourceError(f"{what} needs the {module.split('.')[0]} module: pip install 'packer[{extra}]'") from None
+
+
+@contextlib.contextmanager
+def reading(where: str) -> Iterator[None]:
+    """Errors of damaged data read inside (a short file, a bad offset, a failed decompression) as
+    one SourceError line naming ``where``."""
+    try:
+        yield
+    except PackerError:
+        raise
+    except Exception as e:  # noqa: BLE001 - struct, numpy, zlib, zstandard, snappy, brotli, pyarrow: each its own types
+        text = str(e).splitlines()[0] if str(e) else ""
+        raise SourceError(f"{where}: damaged or not as its index describes ({type(e).__name__}: {text})") from None
 
 
 def is_image(data: Any) -> bool:

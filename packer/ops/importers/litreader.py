@@ -12,7 +12,7 @@ from typing import Any
 import numpy as np
 
 from ...errors import SourceError
-from .common import Column, Folder, raw_image_png
+from .common import Column, Folder, raw_image_png, reading
 from .mdsreader import decompressor
 
 __all__ = ["LitDataTable"]
@@ -134,16 +134,24 @@ class LitDataTable:
             where = f"{self.shown}/{name}"
             unzip = decompressor(self.config.get("compression"), where)
             data = self.folder.read(name)
-            if level == "chunk":
-                data, unzip = unzip(data), bytes
-            items = _items(data, unzip, level == "sample")
+            with reading(where):
+                if level == "chunk":
+                    data, unzip = unzip(data), bytes
+                items = _items(data, unzip, level == "sample")
             if len(items) != chunk.get("chunk_size"):
                 raise SourceError(f"{where}: holds {len(items)} items where index.json says {chunk.get('chunk_size')}")
             for i, item in enumerate(items):
-                sizes = struct.unpack_from(f"<{len(self.formats)}I", item)
-                at, row = 4 * len(sizes), {}
-                for column, fmt, size in zip(self.columns, self.formats, sizes):
-                    if column.name in wanted:
-                        row[column.name] = _decode(fmt, item[at:at + size], f"{where}: item {i}, {column.name!r}")
-                    at += size
-                yield row
+                with reading(f"{where}: item {i}"):
+                    yield self._item(item, wanted, f"{where}: item {i}")
+
+    def _item(self, item: bytes, wanted: set[str], where: str) -> dict[str, Any]:
+        """One item's columns ``wanted``, decoded."""
+        sizes = struct.unpack_from(f"<{len(self.formats)}I", item)
+        at, row = 4 * len(sizes), {}
+        if at + sum(sizes) != len(item):
+            raise SourceError(f"{where}: its fields take {at + sum(sizes)} bytes, the item has {len(item)}")
+        for column, fmt, size in zip(self.columns, self.formats, sizes):
+            if column.name in wanted:
+                row[column.name] = _decode(fmt, item[at:at + size], f"{where}, {column.name!r}")
+            at += size
+        return row

@@ -13,7 +13,7 @@ from typing import Any
 import numpy as np
 
 from ...errors import SourceError
-from .common import Column, Folder, needs, raw_image_png
+from .common import Column, Folder, needs, raw_image_png, reading
 
 __all__ = ["MDSTable", "decompressor"]
 
@@ -114,8 +114,8 @@ class MDSTable:
             if s.get("format") != "mds":
                 raise SourceError(f"{self.shown}/index.json: a shard of format {s.get('format')!r}; packer reads "
                                   f"MDS shards (format 'mds')")
-        first = shards[0]
-        self.columns = [_column(n, e) for n, e in zip(first["column_names"], first["column_encodings"])]
+        with reading(f"{self.shown}/index.json"):
+            self.columns = [_column(n, e) for n, e in zip(shards[0]["column_names"], shards[0]["column_encodings"])]
         self.class_names: dict[str, list[str]] = {}
 
     def rows(self, names: Sequence[str]) -> Iterator[dict[str, Any]]:
@@ -124,27 +124,39 @@ class MDSTable:
             yield from self._shard_rows(shard, set(names))
 
     def _shard_rows(self, shard: dict[str, Any], wanted: set[str]) -> Iterator[dict[str, Any]]:
-        zipped = shard.get("zip_data")
-        name = (zipped or shard["raw_data"])["basename"]
+        with reading(f"{self.shown}/index.json"):
+            zipped = shard.get("zip_data")
+            name = (zipped or shard["raw_data"])["basename"]
+            names, encodings, sizes = shard["column_names"], shard["column_encodings"], shard["column_sizes"]
         where = f"{self.shown}/{name}"
-        data = decompressor(shard.get("compression") if zipped else None, where)(self.folder.read(name))
+        unzip = decompressor(shard.get("compression") if zipped else None, where)
+        raw = self.folder.read(name)
+        with reading(where):
+            data = unzip(raw)
         count = struct.unpack_from("<I", data)[0] if len(data) >= 4 else -1
         if count != shard.get("samples") or len(data) < 4 * (count + 2):
             raise SourceError(f"{where}: holds {count} samples where index.json says {shard.get('samples')}; the "
                               f"shard is damaged or not this index's")
         offsets = np.frombuffer(data, "<u4", count + 1, 4).tolist()
-        names, encodings, sizes = shard["column_names"], shard["column_encodings"], shard["column_sizes"]
         for i in range(count):
-            sample = data[offsets[i]:offsets[i + 1]]
-            at, lengths = 0, []
-            for size in sizes:
-                if size is None:
-                    size = struct.unpack_from("<I", sample, at)[0]
-                    at += 4
-                lengths.append(size)
-            row = {}
-            for name_, encoding, size in zip(names, encodings, lengths):
-                if name_ in wanted:
-                    row[name_] = _decode(encoding, sample[at:at + size], f"{where}: sample {i}, column {name_!r}")
-                at += size
-            yield row
+            with reading(f"{where}: sample {i} (bytes {offsets[i]}..{offsets[i + 1]})"):
+                yield _sample(data[offsets[i]:offsets[i + 1]], names, encodings, sizes, wanted, f"{where}: sample {i}")
+
+
+def _sample(sample: bytes, names: Sequence[str], encodings: Sequence[str], sizes: Sequence[int | None],
+            wanted: set[str], where: str) -> dict[str, Any]:
+    """One MDS sample's columns ``wanted``, decoded."""
+    at, lengths = 0, []
+    for size in sizes:
+        if size is None:
+            size = struct.unpack_from("<I", sample, at)[0]
+            at += 4
+        lengths.append(size)
+    if at + sum(lengths) != len(sample):
+        raise SourceError(f"{where}: its columns take {at + sum(lengths)} bytes, the sample has {len(sample)}")
+    row = {}
+    for name, encoding, size in zip(names, encodings, lengths):
+        if name in wanted:
+            row[name] = _decode(encoding, sample[at:at + size], f"{where}, column {name!r}")
+        at += size
+    return row

@@ -9,7 +9,7 @@ from collections.abc import Iterator, Sequence
 from typing import Any
 
 from ...errors import SourceError
-from .common import Column, needs
+from .common import Column, needs, reading
 
 __all__ = ["ParquetTable"]
 
@@ -72,8 +72,15 @@ class ParquetTable:
 
         images = {c.name for c in self.columns if c.kind == "image"}
         for path in self.files:
-            for batch in pq.ParquetFile(path).iter_batches(batch_size=256, columns=list(dict.fromkeys(names))):
-                for row in batch.to_pylist():
+            with reading(path):
+                batches = pq.ParquetFile(path).iter_batches(batch_size=256, columns=list(dict.fromkeys(names)))
+            while True:
+                with reading(path):
+                    batch = next(batches, None)
+                    rows = batch.to_pylist() if batch is not None else None
+                if rows is None:
+                    break
+                for row in rows:
                     for name in images & row.keys():
                         row[name] = self._image(path, row[name])
                     yield row
