@@ -235,3 +235,33 @@ def test_damaged_data_is_one_line_naming_the_file(tmp_path, capsys, fmt, name, d
         return
     assert rc == 1 and len(err.strip().splitlines()) == 1, err
     assert path in err, err
+
+
+def test_images_by_path_beside_the_parquet_file_and_missing_ones_skipped(tmp_path, capsys):
+    import shutil
+
+    for i in range(3):
+        shutil.copy(os.path.join(HERE, "images", f"{i}.jpg"), tmp_path / f"{i}.jpg")
+    cells = [{"bytes": None, "path": f"{i}.jpg"} for i in range(4)]  # 3.jpg is not there
+    src = _parquet(tmp_path / "paths.parquet", image=pa.array(cells), label=["a", "b", "a", "b"])
+    assert main(["convert", "parquet", "lmdb", src, str(tmp_path / "out"), "--workers", "1", "-q"]) == 3
+    err = capsys.readouterr().err
+    assert "skipped item-0000000003: cannot read: No such file" in err, err
+    ds = open_dataset(str(tmp_path / "out"), output="numpy", fields=("image", "label", "key"))
+    assert ds.classes == ["a", "b"] and len(ds) == 3
+    for image, label, key in ds:
+        i = int(key.rsplit("-", 1)[1])
+        assert label == i % 2
+        np.testing.assert_array_equal(image, _source(i, "jpeg"))
+
+
+def test_a_label_outside_the_declared_classes_names_the_sample(tmp_path, capsys):
+    import pyarrow.parquet as pq
+
+    table = pq.read_table(os.path.join(HERE, "hf.parquet"))
+    labels = table.column("label").to_pylist()
+    labels[4] = -1  # a Hugging Face ClassLabel's "no label"
+    table = table.set_column(table.schema.get_field_index("label"), "label", pa.array(labels))
+    pq.write_table(table, str(tmp_path / "x.parquet"))
+    assert main(["convert", "parquet", "lmdb", str(tmp_path / "x.parquet"), str(tmp_path / "o"), "-q"]) == 1
+    assert "sample 4: label -1 is not one of the 3 classes" in capsys.readouterr().err

@@ -40,7 +40,7 @@ class Table(Protocol):
 
     def rows(self, names: Sequence[str]) -> Iterator[dict[str, Any]]:
         """Every sample in order, with the columns ``names`` decoded: images and bytes as bytes
-        (an image file's), values as JSON values."""
+        (an image file's) or an image as the absolute path of its file, values as JSON values."""
         ...
 
 
@@ -144,9 +144,12 @@ def _spool(table: Table, choice: Choice, spool: str) -> tuple[list[tuple[str, An
     items: list[tuple[str, Any, dict[str, Any] | None]] = []
     keys: list[str] = []
     for i, row in enumerate(table.rows([choice.image, choice.label, *choice.meta])):
-        path = os.path.join(spool, f"{i:010d}")
         data = row[choice.image]
-        write_spooled(path, bytes(data) if isinstance(data, (bytes, bytearray, memoryview)) else b"")
+        if isinstance(data, str):  # an image file the source names: read where it is
+            path = data
+        else:
+            path = os.path.join(spool, f"{i:010d}")
+            write_spooled(path, bytes(data) if isinstance(data, (bytes, bytearray, memoryview)) else b"")
         meta = {k: row[k] for k in choice.meta}
         items.append((path, row[choice.label], meta or None))
         keys.append(f"item-{i:010d}")
@@ -187,7 +190,7 @@ def convert_import(table: Table, dst: str | os.PathLike[str], fmt: str, options:
     table's declared classes, or the names found (sorted); other columns become metadata."""
     import numpy as np
 
-    from ..items import convert_items
+    from ..items import convert_items, item_classes
 
     choice = choose_columns(table, image_column, label_column, drop_columns)
     dst = os.path.abspath(os.fspath(dst))
@@ -201,6 +204,11 @@ def convert_import(table: Table, dst: str | os.PathLike[str], fmt: str, options:
         if kind == "class":
             items = _class_labels(items, declared)
         names = list(classes) if classes is not None else declared
+        if kind == "class":  # a label that fits no class, named by its position in the source (before the shuffle)
+            try:
+                item_classes([x[1] for x in items], names)
+            except ValueError as e:
+                raise SourceError(f"{table.shown}: {str(e).replace('item ', 'sample ', 1)}") from None
         order = np.random.default_rng(options.seed).permutation(len(items)).tolist() if options.shuffle \
             else range(len(items))
         try:

@@ -86,16 +86,13 @@ class ParquetTable:
                     yield row
 
     @staticmethod
-    def _image(path: str, value: Any) -> bytes:
-        """An image cell's bytes: ``{bytes, path}`` (the file beside the Parquet file when there are
-        no bytes), or bytes; empty (the sample is then skipped as undecodable) when there are none."""
+    def _image(path: str, value: Any) -> bytes | str:
+        """An image cell's bytes (of bytes, or of a ``{bytes, path}`` struct); without bytes, the
+        path of its file (relative to the Parquet file's folder); empty bytes when there is neither
+        (the sample is then skipped as undecodable, named in the report)."""
         if isinstance(value, dict):
             if value.get("bytes") is not None:
                 return value["bytes"]
             name = value.get("path")
-            full = os.path.join(os.path.dirname(path), name) if isinstance(name, str) else ""
-            if full and os.path.isfile(full):
-                with open(full, "rb") as f:
-                    return f.read()
-            return b""
+            return os.path.join(os.path.dirname(path), name) if isinstance(name, str) and name else b""
         return value if isinstance(value, bytes) else b""
