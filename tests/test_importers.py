@@ -265,3 +265,13 @@ def test_a_label_outside_the_declared_classes_names_the_sample(tmp_path, capsys)
     pq.write_table(table, str(tmp_path / "x.parquet"))
     assert main(["convert", "parquet", "lmdb", str(tmp_path / "x.parquet"), str(tmp_path / "o"), "-q"]) == 1
     assert "sample 4: label -1 is not one of the 3 classes" in capsys.readouterr().err
+
+
+def test_resume_finds_the_same_import_and_no_spool_is_left(tmp_path, capsys):
+    src = os.path.join(HERE, "litdata-jpeg-zstd-sample")
+    args = ["convert", "litdata", "tar", src, str(tmp_path / "out"), "--workers", "1"]
+    assert main(args) == 0
+    assert sorted(os.listdir(tmp_path)) == ["out"]  # the images' temporary folder is gone
+    capsys.readouterr()
+    assert main([*args, "--resume"]) == 0
+    assert "already complete (6 images, same source and options)" in capsys.readouterr().out

@@ -137,6 +137,10 @@ class LitDataTable:
             with reading(where):
                 if level == "chunk":
                     data, unzip = unzip(data), bytes
+            if data[-8:] == b"LDARW01\0":
+                raise SourceError(f"{where}: rows kept in an Arrow footer (LitData's layout for text-only data); "
+                                  f"packer imports datasets with an image per item")
+            with reading(where):
                 items = _items(data, unzip, level == "sample")
             if len(items) != chunk.get("chunk_size"):
                 raise SourceError(f"{where}: holds {len(items)} items where index.json says {chunk.get('chunk_size')}")
