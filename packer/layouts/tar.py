@@ -12,7 +12,7 @@ import os
 import re
 import struct
 import tarfile
-from collections.abc import Callable, Container
+from collections.abc import Callable, Container, Sequence
 from typing import Any
 
 import crc32c
@@ -43,8 +43,13 @@ __all__ = [
     "tar_header",
     "npy_header",
     "npy_payload",
+    "FIELDS_INDEX_VERSION",
+    "FIELD_ENTRY",
     "pack_index",
     "unpack_index",
+    "read_index",
+    "field_member",
+    "field_offsets",
     "sample_key",
     "sample_members",
     "final_size",
@@ -72,7 +77,9 @@ RECORD = 20 * BLOCK  # tar's default blocking factor: archives are padded to a m
 
 INDEX_MAGIC = b"PKTI"
 INDEX_VERSION = 2
-INDEX_VERSIONS = (1, 2)  # readable
+#: The index of a version 3 dataset (samples with fields): version 2's, then the field section.
+FIELDS_INDEX_VERSION = 3
+INDEX_VERSIONS = (1, 2, 3)  # readable
 #: magic, version, entry size, N samples, first sample's global index, key blob bytes K, and the
 #: CRC32C of header bytes [0, 28), the entries and the key blob: 32 bytes.
 INDEX_HEADER = struct.Struct("<4sHHQQII")
@@ -81,6 +88,15 @@ INDEX_ENTRY = np.dtype([
     ("crc", "<u4"), ("key_end", "<u4"), ("codec", "u1"), ("channels", "u1"), ("pad", "V6"),
 ])  # 48 bytes; crc: of the image member's data, seeded with the sample's place (packer.description.placement);
 # key_end: where the sample's key ends in the key blob (it starts where the previous one ends)
+
+#: One stored field (mask or extra image) of one sample, in the version 3 index's field section:
+#: its member's data offset and size in the tar (raw: the whole ``.npy``), stored height and
+#: width, CRC32C of the data seeded with the sample's place, codec id, channels, bits per channel.
+FIELD_ENTRY = np.dtype([
+    ("offset", "<u8"), ("size", "<u8"), ("height", "<u4"), ("width", "<u4"), ("crc", "<u4"),
+    ("codec", "u1"), ("channels", "u1"), ("depth", "u1"), ("pad", "V1"),
+])  # 32 bytes
+_FIELD_HEAD = struct.Struct("<HH")  # F field names, FIELD_ENTRY size
 
 _ZEROS = bytes(RECORD)
 
@@ -141,16 +157,33 @@ def npy_header(height: int, width: int, channels: int = 3) -> bytes:
     return b"\x93NUMPY\x01\x00" + struct.pack("<H", len(text)) + text.encode("latin-1")
 
 
-def pack_index(first: int, entries: np.ndarray, keys: bytes, version: int = INDEX_VERSION) -> bytes:
-    """Serialise a shard index (layout in docs/FORMATS.md; ``version`` 1 only to rebuild old ones)."""
+def pack_index(first: int, entries: np.ndarray, keys: bytes, version: int = INDEX_VERSION,
+               fields: tuple[list[str], np.ndarray] | None = None) -> bytes:
+    """Serialise a shard index (layout in docs/FORMATS.md; ``version`` 1 only to rebuild old ones).
+    With ``fields`` (the stored fields' names and every sample's FIELD_ENTRY rows, sample by
+    sample), a version 3 index with its field section."""
     body = entries.astype(INDEX_ENTRY, copy=False).tobytes() + keys
+    if fields is not None:
+        names, rows = fields
+        version = FIELDS_INDEX_VERSION
+        encoded = [n.encode("utf-8") for n in names]
+        body += b"".join([_FIELD_HEAD.pack(len(names), FIELD_ENTRY.itemsize),
+                          *(bytes((len(n),)) + n for n in encoded),
+                          rows.astype(FIELD_ENTRY, copy=False).tobytes()])
     head = INDEX_HEADER.pack(INDEX_MAGIC, version, INDEX_ENTRY.itemsize, len(entries), first, len(keys), 0)
     crc = crc32c.crc32c(body, crc32c.crc32c(head[:28]))
     return head[:28] + struct.pack("<I", crc) + body
 
 
 def unpack_index(data: bytes, path: str) -> tuple[int, np.ndarray, bytes]:
-    """Parse and check a shard index; return (first sample, entries, key blob).
+    """Parse and check a shard index; return (first sample, entries, key blob) (see :func:`read_index`)."""
+    first, entries, keys, _names, _fields = read_index(data, path)
+    return first, entries, keys
+
+
+def read_index(data: bytes, path: str) -> tuple[int, np.ndarray, bytes, list[str], np.ndarray]:
+    """Parse and check a shard index; return (first sample, entries, key blob, stored field names,
+    field entries: N x F FIELD_ENTRY rows, sample by sample; no names and no rows before version 3).
 
     Raises CorruptDataError naming ``path`` for a bad magic, version, size or checksum.
     """
@@ -162,9 +195,10 @@ def unpack_index(data: bytes, path: str) -> tuple[int, np.ndarray, bytes]:
     if version not in INDEX_VERSIONS or entry_size != INDEX_ENTRY.itemsize:
         raise CorruptDataError(
             f"tar index version {version} with {entry_size}-byte entries is not supported (this packer "
-            f"reads version {INDEX_VERSION}); upgrade packer or re-convert", path=path, offset=4,
+            f"reads versions {', '.join(map(str, INDEX_VERSIONS))}); upgrade packer or re-convert", path=path, offset=4,
         )
-    if len(data) != INDEX_HEADER.size + n * INDEX_ENTRY.itemsize + klen:
+    end = INDEX_HEADER.size + n * INDEX_ENTRY.itemsize + klen
+    if len(data) < end or (version < FIELDS_INDEX_VERSION and len(data) != end):
         raise CorruptDataError(
             f"tar index is {len(data)} bytes, its header promises {n} entries and {klen} key bytes",
             path=path, offset=8,
@@ -174,10 +208,37 @@ def unpack_index(data: bytes, path: str) -> tuple[int, np.ndarray, bytes]:
         raise CorruptDataError(f"tar index checksum mismatch (stored {crc:08x}, computed {actual:08x})",
                                path=path, offset=28)
     entries = np.frombuffer(data, INDEX_ENTRY, count=n, offset=INDEX_HEADER.size)
-    keys = data[INDEX_HEADER.size + n * INDEX_ENTRY.itemsize :]
+    keys = data[INDEX_HEADER.size + n * INDEX_ENTRY.itemsize : end]
     if n and (int(entries["key_end"][-1]) != klen or np.any(np.diff(entries["key_end"].astype(np.int64)) < 0)):
         raise CorruptDataError("tar index key offsets are inconsistent", path=path, offset=INDEX_HEADER.size)
-    return first, entries, keys
+    names: list[str] = []
+    rows = np.zeros(0, FIELD_ENTRY)
+    if version >= FIELDS_INDEX_VERSION:
+        names, rows = _field_section(data, end, n, path)
+    return first, entries, keys, names, rows
+
+
+def _field_section(data: bytes, at: int, n: int, path: str) -> tuple[list[str], np.ndarray]:
+    """The names and N x F entries of a version 3 index's field section, which starts at ``at``."""
+    def bad(why: str, where: int) -> CorruptDataError:
+        return CorruptDataError(f"tar index field section {why}", path=path, offset=where)
+
+    if len(data) < at + _FIELD_HEAD.size:
+        raise bad("is missing", at)
+    count, entry_size = _FIELD_HEAD.unpack_from(data, at)
+    if entry_size != FIELD_ENTRY.itemsize:
+        raise bad(f"has {entry_size}-byte entries, not {FIELD_ENTRY.itemsize}", at + 2)
+    pos, names = at + _FIELD_HEAD.size, []
+    for _ in range(count):
+        size = data[pos] if pos < len(data) else 0
+        if not size or pos + 1 + size > len(data):
+            raise bad("has a cut or empty field name", pos)
+        names.append(data[pos + 1 : pos + 1 + size].decode("utf-8", "replace"))
+        pos += 1 + size
+    if len(data) != pos + n * count * FIELD_ENTRY.itemsize:
+        raise bad(f"is {len(data) - pos} bytes after its names, {n} samples x {count} fields need "
+                  f"{n * count * FIELD_ENTRY.itemsize}", pos)
+    return names, np.frombuffer(data, FIELD_ENTRY, count=n * count, offset=pos)
 
 
 def final_size(size: int) -> int:
@@ -191,18 +252,38 @@ def end_of_archive(size: int) -> bytes:
     return _ZEROS[: final_size(size) - size]
 
 
+def field_member(stem: str, name: str, codec: str) -> str:
+    """The member name of field ``name`` of sample ``stem``: ``STEM.mask.png``, ``STEM.NAME.<ext>``."""
+    return f"{stem}.{name}.{TAR_EXTENSIONS[codec]}"
+
+
+def field_offsets(payload_size: int, sizes: list[int]) -> list[int]:
+    """Where in :func:`sample_members`' bytes the data of each field member starts, from the
+    image member's data size and the fields' member data sizes (the fields follow the image)."""
+    out, pos = [], BLOCK + payload_size + (-payload_size % BLOCK)
+    for size in sizes:
+        out.append(pos + BLOCK)
+        pos += BLOCK + size + (-size % BLOCK)
+    return out
+
+
 def sample_members(index: int, key: str, label: int, codec: str, height: int, width: int, payload: bytes,
-                   extra: dict[str, Any] | None = None) -> bytes:
+                   extra: dict[str, Any] | None = None,
+                   fields: Sequence[tuple[str, str, bytes]] = ()) -> bytes:
     """The tar members of one sample, padded: ``KEY.<ext>`` holding ``payload`` (for raw, the whole
-    ``.npy`` file), ``KEY.cls`` (single-label datasets only: WebDataset reads it with ``int()``)
+    ``.npy`` file), each of ``fields`` (name, codec, member data: ``KEY.mask.png``,
+    ``KEY.NAME.<ext>``), ``KEY.cls`` (single-label datasets only: WebDataset reads it with ``int()``)
     and ``KEY.json``, which also holds ``extra`` (``labels``, ``target``, ``meta``: see
-    packer.description.samples.sample_fields). The image data starts at byte 512. ``packer verify`` rebuilds
-    these bytes from the index and the sample table to say which sample a bad byte is in."""
+    packer.description.samples.sample_fields; ``boxes`` and ``box_labels`` in version 3). The image
+    data starts at byte 512. ``packer verify`` rebuilds these bytes from the index and the sample
+    table to say which sample a bad byte is in."""
     stem = sample_key(index)
     extra = extra or {}
-    fields: dict[str, Any] = {"key": key, "label": label, "height": height, "width": width, **extra}
-    meta = json.dumps(fields, ensure_ascii=False, separators=(",", ":")).encode("utf-8")
+    head: dict[str, Any] = {"key": key, "label": label, "height": height, "width": width, **extra}
+    meta = json.dumps(head, ensure_ascii=False, separators=(",", ":")).encode("utf-8")
     members = [tar_header(f"{stem}.{TAR_EXTENSIONS[codec]}", len(payload)), payload, _padding(len(payload))]
+    for name, field_codec, data in fields:
+        members += [tar_header(field_member(stem, name, field_codec), len(data)), data, _padding(len(data))]
     if "labels" not in extra and "target" not in extra:
         cls = b"%d" % label
         members += [tar_header(f"{stem}.cls", len(cls)), cls, _padding(len(cls))]
