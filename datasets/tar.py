@@ -27,6 +27,7 @@ from packer.description.record import Record
 from packer.description.samples import MAX_META_BYTES
 from packer.errors import CorruptDataError, ManifestError
 from packer.images.codecs import CODEC_NAMES
+from packer.images.fields import mask_shape
 from packer.images.imageproc import ProcessedField
 from packer.images.placeholder import placeholder_reason
 from packer.layouts import compressed_tar_note
@@ -35,6 +36,7 @@ from packer.layouts.tar import (
     IMAGE_EXTENSIONS,
     TAR_SUFFIX,
     index_name,
+    json_boxes,
     npy_payload,
     read_index,
     scan_shard,
@@ -252,8 +254,27 @@ class TarDataset(ShardedDataset):
         # Other tools' member names need not be UTF-8: such bytes read as U+FFFD (a backslash escape
         # would be a path separator when unpacked), so the key is valid UTF-8 for every destination.
         key = self._keys[start : int(self._key_end[index])].decode("utf-8", "replace")
+        if self._extras is not None:  # another tool's shards: a mask member, boxes in the .json
+            return Record(codec, int(self._label[index]), height, width, key, payload,
+                          **self._foreign_fields(index, shard, fields))
         stored = self._read_fields(index, shard, fields) if self._field_names else ()
         return Record(codec, int(self._label[index]), height, width, key, payload, fields=stored)
+
+    def _foreign_fields(self, index: int, shard: int, wanted: Collection[str] | None) -> dict[str, Any]:
+        """Another tool's sample's ``KEY.mask.png`` member as its mask field, and ``boxes`` (with
+        ``box_labels``) from its ``KEY.json`` object, where it has them (the JSON read only when
+        ``wanted`` holds ``boxes``, or is None)."""
+        samples, exts, offsets, sizes = self._extras  # type: ignore[misc]
+        lo, hi = int(np.searchsorted(samples, index)), int(np.searchsorted(samples, index, "right"))
+        out: dict[str, Any] = {}
+        for j in range(lo, hi):
+            if exts[j] == "mask.png" and (wanted is None or "mask" in wanted):
+                buf = self._pread(shard, int(sizes[j]), int(offsets[j]), index)
+                h, w, channels, depth = mask_shape(buf) or (0, 0, 1, 8)
+                out["fields"] = (ProcessedField("mask", "png", buf, h, w, channels, depth),)  # type: ignore[arg-type]
+            elif exts[j] == "json" and (wanted is None or "boxes" in wanted) and int(sizes[j]) <= MAX_META_BYTES:
+                out.update(json_boxes(bytes(self._pread(shard, int(sizes[j]), int(offsets[j]), index))))
+        return out
 
     def _check_crc(self, buf: memoryview, stored: int, shard: int, index: int, offset: int, what: str) -> None:
         actual = crc32c.crc32c(buf, self._seed(shard, index))

@@ -349,3 +349,57 @@ def test_tensorflow_parses_the_segmentation_and_box_features(tmp_path):
         got = np.array([r[f"image/object/bbox/{k}"] for k in ("xmin", "ymin", "xmax", "ymax")]).T.reshape(-1, 4)
         np.testing.assert_allclose(got, want, atol=1e-6)
         assert r["image/object/class/label"] == box_labels
+
+
+# -- other tools' shards with masks and boxes -------------------------------------------------
+def _png(a: np.ndarray) -> bytes:
+    return cv2.imencode(".png", a)[1].tobytes()
+
+
+def test_foreign_webdataset_mask_members_and_json_boxes(tmp_path):
+    root = tmp_path / "wds"
+    root.mkdir()
+    masks, boxes = [], [[[1.0, 2.0, 5.5, 7.0]], [], None]
+    with wds.ShardWriter(str(root / "train-%06d.tar"), maxcount=2, verbose=0) as sink:
+        for i in range(3):
+            mask = (np.arange(8 * 10).reshape(8, 10) % (3 + i)).astype(np.uint8)
+            masks.append(mask)
+            meta = {"source": f"x{i}"} if boxes[i] is None else {"boxes": boxes[i], "box_labels": [4] * len(boxes[i])}
+            sink.write({"__key__": f"k{i}", "png": _png(np.zeros((8, 10, 3), np.uint8)), "mask.png": _png(mask),
+                        "cls": i, "json": meta})
+    ds = open_dataset(root, format="tar")
+    for i in range(3):
+        rec = ds.read_record(i)
+        (f,) = rec.fields
+        assert (f.name, f.codec, f.height, f.width, f.channels, f.depth) == ("mask", "png", 8, 10, 1, 8)
+        np.testing.assert_array_equal(_decode(f.payload), masks[i])
+        if boxes[i] is None:
+            assert rec.boxes is None and rec.box_labels is None
+        else:
+            assert rec.boxes == tuple(tuple(b) for b in boxes[i]) and rec.box_labels == (4,) * len(boxes[i])
+    ds._ensure_open()
+    assert ds._read(0, fields=("image",)).fields == () and ds._read(0, fields=("image",)).boxes is None
+
+
+def test_foreign_tfrecord_segmentation_and_box_features(tmp_path):
+    root = tmp_path / "tfr"
+    root.mkdir()
+    mask = (np.arange(6 * 12).reshape(6, 12) * 40).astype(np.uint16)
+    w = PackageWriter(str(root / "part-00000.tfrecord"))
+    w.write({"image/encoded": (_png(np.zeros((6, 12, 3), np.uint8)), "byte"), "image/class/label": (2, "int"),
+             "image/height": (6, "int"), "image/width": (12, "int"),
+             "image/segmentation/class/encoded": (_png(mask), "byte"), "image/segmentation/class/format": (b"png", "byte"),
+             "image/object/bbox/xmin": ([0.25], "float"), "image/object/bbox/ymin": ([0.5], "float"),
+             "image/object/bbox/xmax": ([0.75], "float"), "image/object/bbox/ymax": ([1.0], "float"),
+             "image/object/class/label": ([7], "int"), "source": (b"cam", "byte")})
+    w.write({"image/encoded": (_png(np.zeros((4, 4, 3), np.uint8)), "byte"), "image/class/label": (0, "int")})
+    w.close()
+    ds = open_dataset(root, format="tfrecord")
+    rec = ds.read_record(0)
+    (f,) = rec.fields
+    assert (f.name, f.codec, f.height, f.width, f.channels, f.depth) == ("mask", "png", 6, 12, 1, 16)
+    np.testing.assert_array_equal(_decode(f.payload), mask)
+    assert rec.boxes == ((3.0, 3.0, 9.0, 6.0),) and rec.box_labels == (7,)
+    assert ds.read_record(1).fields == () and ds.read_record(1).boxes is None
+    ds._ensure_open()
+    assert ds._meta_without_table(0) == {"source": "cam"}  # the fields' features are not metadata

@@ -50,6 +50,7 @@ __all__ = [
     "read_index",
     "field_member",
     "field_offsets",
+    "json_boxes",
     "sample_key",
     "sample_members",
     "final_size",
@@ -289,6 +290,21 @@ def sample_members(index: int, key: str, label: int, codec: str, height: int, wi
         members += [tar_header(f"{stem}.cls", len(cls)), cls, _padding(len(cls))]
     members += [tar_header(f"{stem}.json", len(meta)), meta, _padding(len(meta))]
     return b"".join(members)
+
+
+def json_boxes(data: bytes) -> dict[str, Any]:
+    """``boxes`` (and ``box_labels``, one int per box) from a sample's ``.json`` member, as a
+    Record takes them; nothing when it has none or they are not a list of ``[x0, y0, x1, y1]``."""
+    try:
+        value = json.loads(data)
+        boxes = value["boxes"]
+        out: dict[str, Any] = {"boxes": tuple((float(a), float(b), float(c), float(d)) for a, b, c, d in boxes)}
+    except (ValueError, TypeError, KeyError):
+        return {}
+    labels = value.get("box_labels")
+    if isinstance(labels, list) and len(labels) == len(out["boxes"]) and all(isinstance(v, int) for v in labels):
+        out["box_labels"] = tuple(labels)
+    return out
 
 
 #: Member extensions read as the image of a foreign sample, in order of preference -> codec.

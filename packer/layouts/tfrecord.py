@@ -24,6 +24,7 @@ from packer.description.record import Record
 from packer.description.samples import decode_meta, encode_meta, sample_fields
 from packer.errors import CorruptDataError
 from packer.images.codecs import TF_FORMAT_CODECS
+from packer.images.fields import mask_shape
 from packer.images.imageproc import ProcessedField, ProcessedImage
 from packer.images.placeholder import file_placeholder_reason, placeholder_reason
 from packer.layouts.tfexample import Floats, encode_example
@@ -303,7 +304,7 @@ def _example_fields(get: Any, stored: Sequence[str], foreign: bool, height: int,
                                    sample=sample, offset=offset)
         token = fmt.bytes_list.value if fmt is not None else ()
         codec = FORMAT_CODECS.get(token[0], "jpeg") if token else ("png" if name == "mask" else "jpeg")
-        shape = _png_shape(value[0]) if name == "mask" else None
+        shape = mask_shape(value[0]) if name == "mask" else None
         h, w, channels, depth = shape or (height, width, 1 if name == "mask" else 3, 8)
         fields.append(ProcessedField(name, codec, value[0], h, w, channels, depth))
         read += [prefix + "encoded", prefix + "format"]
@@ -318,17 +319,6 @@ def _example_fields(get: Any, stored: Sequence[str], foreign: bool, height: int,
             out["box_labels"] = tuple(int(v) for v in values) if len(values) == len(coords[0]) else None
             read += [*BOX_FEATURES, BOX_LABEL_FEATURE]
     return out
-
-
-_PNG_COLOURS = {0: 1, 2: 3, 3: 1, 4: 2, 6: 4}  # PNG colour type -> channels
-
-
-def _png_shape(data: bytes) -> tuple[int, int, int, int] | None:
-    """(height, width, channels, bits per channel) from a PNG's header, or None for another file."""
-    if len(data) < 26 or data[:8] != b"\x89PNG\r\n\x1a\n" or data[12:16] != b"IHDR":
-        return None
-    width, height, depth, colour = struct.unpack_from(">IIBB", data, 16)
-    return height, width, _PNG_COLOURS.get(colour, 1), depth
 
 
 #: Other tools' names for the features packer reads, used in their files where packer's is absent:
