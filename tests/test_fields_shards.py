@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import glob
 import importlib.util
+import io
 import json
 import struct
 import subprocess
@@ -403,3 +404,21 @@ def test_foreign_tfrecord_segmentation_and_box_features(tmp_path):
     assert ds.read_record(1).fields == () and ds.read_record(1).boxes is None
     ds._ensure_open()
     assert ds._meta_without_table(0) == {"source": "cam"}  # the fields' features are not metadata
+
+
+@pytest.mark.parametrize("fmt", ["tar", "tfrecord"])
+def test_raw_extra_images_are_stored_as_the_image_is(tmp_path, fmt):
+    src = write_fields_dataset(tmp_path / "d", fmt, n=3, encode="raw")
+    ds = open_dataset(tmp_path / "d", output="numpy")
+    for i in range(3):
+        rec = ds.read_record(i)
+        left = rec.fields[1]
+        assert (left.codec, left.height, left.width, left.channels) == ("raw", rec.height, rec.width, 3)
+        pixels = np.frombuffer(left.payload, np.uint8).reshape(rec.height, rec.width, 3)
+        want = cv2.resize(src[i][5], (rec.width, rec.height), interpolation=cv2.INTER_AREA)
+        assert np.abs(pixels.astype(int) - want).max() <= 1
+    if fmt == "tar":
+        with tarfile.open(tmp_path / "d" / "shard-000000.tar") as tf:
+            assert tf.getnames()[:3] == ["0000000000.npy", "0000000000.mask.png", "0000000000.left.npy"]
+            arr = np.load(io.BytesIO(tf.extractfile("0000000000.left.npy").read()), allow_pickle=False)
+        np.testing.assert_array_equal(arr.reshape(-1), np.frombuffer(ds.read_record(0).fields[1].payload, np.uint8))
