@@ -43,11 +43,6 @@ def _member_data(codec: str, payload: bytes, height: int, width: int, channels: 
     return npy_header(height, width, channels) + payload if codec == "raw" else payload
 
 
-def _short(value: float) -> float:
-    """A float32 box coordinate as the shortest decimal that reads back as the same float32."""
-    return float(str(np.float32(value)))
-
-
 class TarWriter(ShardedWriter):
     """Writes WebDataset tar shards and their index files (layout: packer.layouts.tar)."""
 
@@ -76,7 +71,7 @@ class TarWriter(ShardedWriter):
         fields = [(f.name, f.codec, _member_data(f.codec, f.payload, f.height, f.width, f.channels))
                   for f in (image.fields if self._fields is not None else ())]
         if self._boxes:
-            extra["boxes"] = [[_short(v) for v in b] for b in image.boxes or ()]
+            extra["boxes"] = image.boxes or ()
             if image.box_labels is not None:
                 extra["box_labels"] = list(image.box_labels)
         blob = sample_members(index, key, int(label), image.codec, image.height, image.width, payload, extra, fields)

@@ -422,3 +422,35 @@ def test_raw_extra_images_are_stored_as_the_image_is(tmp_path, fmt):
             assert tf.getnames()[:3] == ["0000000000.npy", "0000000000.mask.png", "0000000000.left.npy"]
             arr = np.load(io.BytesIO(tf.extractfile("0000000000.left.npy").read()), allow_pickle=False)
         np.testing.assert_array_equal(arr.reshape(-1), np.frombuffer(ds.read_record(0).fields[1].payload, np.uint8))
+
+
+# -- packer verify names the sample a damaged version 3 shard or index is wrong about ---------
+@pytest.mark.parametrize("encode", ["png", "raw"])
+def test_verify_locates_damage_in_a_version_3_tar_shard(tmp_path, encode):
+    from packer.ops.verify import verify_dataset
+
+    write_fields_dataset(tmp_path / "d", "tar", n=5, encode=encode, shard_samples=3)
+    assert verify_dataset(tmp_path / "d").ok
+    _, _, _, _, rows = read_index((tmp_path / "d" / "shard-000001.pkidx").read_bytes(), "idx")
+    left = rows[1 * 2 + 1]  # sample 4's extra image
+    path = tmp_path / "d" / "shard-000001.tar"
+    data = bytearray(path.read_bytes())
+    data[int(left["offset"]) + int(left["size"]) // 2] ^= 0x08
+    path.write_bytes(bytes(data))
+    rep = verify_dataset(tmp_path / "d", decode=False)
+    located = [p for p in rep.problems if "SHA-256" not in p]
+    assert located == [f"{path}: sample 4: left member checksum mismatch at offset {int(left['offset'])}"], rep.problems
+
+
+def test_verify_locates_damage_in_a_version_3_tar_index(tmp_path):
+    from packer.ops.verify import verify_dataset
+
+    write_fields_dataset(tmp_path / "d", "tar", n=5, shard_samples=3)
+    path = tmp_path / "d" / "shard-000000.pkidx"
+    raw = bytearray(path.read_bytes())
+    at = len(raw) - 32 * 2 + 20  # the last sample's (2) second field entry, its CRC
+    raw[at] ^= 0x01
+    path.write_bytes(bytes(raw))
+    rep = verify_dataset(tmp_path / "d", decode=False)
+    located = [p for p in rep.problems if "SHA-256" not in p]
+    assert located == [f"{path}: sample 2: index bytes differ from what the shard implies at offset {at}"], rep.problems

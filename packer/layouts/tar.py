@@ -24,6 +24,7 @@ from packer.description.placement import place_seed
 from packer.description.samples import table_fields
 from packer.errors import CorruptDataError
 from packer.images.codecs import CODEC_IDS, CODEC_NAMES, MEMBER_CODECS, TAR_EXTENSIONS
+from packer.images.fields import mask_shape
 from packer.images.placeholder import file_placeholder_reason
 
 __all__ = [
@@ -268,6 +269,11 @@ def field_offsets(payload_size: int, sizes: list[int]) -> list[int]:
     return out
 
 
+def _short(value: float) -> float:
+    """A float32 box coordinate as the shortest decimal that reads back as the same float32."""
+    return float(str(np.float32(value)))
+
+
 def sample_members(index: int, key: str, label: int, codec: str, height: int, width: int, payload: bytes,
                    extra: dict[str, Any] | None = None,
                    fields: Sequence[tuple[str, str, bytes]] = ()) -> bytes:
@@ -275,11 +281,14 @@ def sample_members(index: int, key: str, label: int, codec: str, height: int, wi
     ``.npy`` file), each of ``fields`` (name, codec, member data: ``KEY.mask.png``,
     ``KEY.NAME.<ext>``), ``KEY.cls`` (single-label datasets only: WebDataset reads it with ``int()``)
     and ``KEY.json``, which also holds ``extra`` (``labels``, ``target``, ``meta``: see
-    packer.description.samples.sample_fields; ``boxes`` and ``box_labels`` in version 3). The image
+    packer.description.samples.sample_fields; ``boxes``, written as float32 values, and
+    ``box_labels`` in version 3). The image
     data starts at byte 512. ``packer verify`` rebuilds these bytes from the index and the sample
     table to say which sample a bad byte is in."""
     stem = sample_key(index)
     extra = extra or {}
+    if "boxes" in extra:
+        extra = {**extra, "boxes": [[_short(v) for v in b] for b in extra["boxes"]]}
     head: dict[str, Any] = {"key": key, "label": label, "height": height, "width": width, **extra}
     meta = json.dumps(head, ensure_ascii=False, separators=(",", ":")).encode("utf-8")
     members = [tar_header(f"{stem}.{TAR_EXTENSIONS[codec]}", len(payload)), payload, _padding(len(payload))]
@@ -443,22 +452,30 @@ def locate_damage(root: str, m: Manifest, f: FileEntry, intact: set[str], report
 def _locate_in_shard(path: str, root: str, idx_name: str, file_id: str, report: Report,
                      fields: Callable[[int], dict[str, Any]]) -> None:
     """Compare a shard, sample by sample, with the members its intact index implies."""
-    first, entries, keys = unpack_index(read_all(os.path.join(root, idx_name)), idx_name)
+    first, entries, keys, names, rows = read_index(read_all(os.path.join(root, idx_name)), idx_name)
     data = read_all(path)
     stem = _first_stem(data, first)
-    pos, key_start = 0, 0
+    pos, key_start, count = 0, 0, len(names)
     for j, e in enumerate(entries):
         off, size = int(e["offset"]), int(e["size"])
         payload = data[off : off + size]
         key = keys[key_start : int(e["key_end"])].decode("utf-8")
         key_start = int(e["key_end"])
+        mine = rows[j * count : (j + 1) * count]
+        stored = [(n, CODEC_NAMES[int(r["codec"])], data[int(r["offset"]) : int(r["offset"]) + int(r["size"])])
+                  for n, r in zip(names, mine)]
         want = sample_members(stem + j, key, int(e["label"]), CODEC_NAMES[int(e["codec"])], int(e["height"]),
-                              int(e["width"]), payload, fields(first + j))
+                              int(e["width"]), payload, fields(first + j), stored)
         bad = byte_diff(data[pos : pos + len(want)], want)
+        seed = place_seed(file_id, j)
         if len(bad):
             report(path, first + j, pos + int(bad[0]), "bytes differ from what the index implies")
-        elif crc32c.crc32c(payload, place_seed(file_id, j)) != int(e["crc"]):
+        elif crc32c.crc32c(payload, seed) != int(e["crc"]):
             report(path, first + j, off, "image data checksum mismatch")
+        else:
+            damaged = [(n, r) for (n, _, d), r in zip(stored, mine) if crc32c.crc32c(d, seed) != int(r["crc"])]
+            if damaged:
+                report(path, first + j, int(damaged[0][1]["offset"]), f"{damaged[0][0]} member checksum mismatch")
         pos += len(want)
     bad = byte_diff(data[pos:], end_of_archive(pos))
     if len(bad):
@@ -473,9 +490,11 @@ def _first_stem(data: bytes, first: int) -> int:
     return int(stem) if stem.isdigit() and len(stem) == len(sample_key(0)) else first
 
 
-def _index_from_shard(shard: str, file_id: str, first: int, version: int) -> tuple[bytes, np.ndarray]:
-    """The index an intact shard implies, and the end of each sample's key in its key blob."""
-    rows, blob = [], []
+def _index_from_shard(shard: str, file_id: str, first: int, version: int,
+                      names: list[str]) -> tuple[bytes, np.ndarray]:
+    """The index an intact shard implies (version 3: with the field section of the stored fields
+    ``names``), and the end of each sample's key in its key blob."""
+    rows, blob, field_rows = [], [], []
     key_end = 0
     for j, (_stem, members) in enumerate(tar_samples(shard)):
         meta = json.loads(members["json"][1])
@@ -485,19 +504,34 @@ def _index_from_shard(shard: str, file_id: str, first: int, version: int) -> tup
         key_end += len(k)
         blob.append(k)
         codec = MEMBER_CODECS.get(ext, ext)
-        rows.append((off, len(payload), int(meta["label"]), int(meta["height"]), int(meta["width"]),
-                     crc32c.crc32c(payload, place_seed(file_id, j)), key_end, CODEC_IDS[codec], 3, b""))
+        seed = place_seed(file_id, j)
+        h, w = int(meta["height"]), int(meta["width"])
+        rows.append((off, len(payload), int(meta["label"]), h, w, crc32c.crc32c(payload, seed), key_end,
+                     CODEC_IDS[codec], 3, b""))
+        for name in names:
+            member = next(x for x in members if x.startswith(name + "."))
+            at, data = members[member]
+            shape = mask_shape(data) if name == "mask" else None
+            field_rows.append((at, len(data), h, w, crc32c.crc32c(data, seed), CODEC_IDS[MEMBER_CODECS[member[len(name) + 1:]]],
+                               1 if name == "mask" else 3, shape[3] if shape else 8, b""))
     entries = np.array(rows, dtype=INDEX_ENTRY)
-    return pack_index(first, entries, b"".join(blob), version=version), entries["key_end"].astype(np.int64)
+    fields = (names, np.array(field_rows, dtype=FIELD_ENTRY)) if version >= FIELDS_INDEX_VERSION else None
+    return (pack_index(first, entries, b"".join(blob), version=version, fields=fields),
+            entries["key_end"].astype(np.int64))
 
 
 def _locate_in_index(path: str, root: str, tar_name: str, m: Manifest, first: int, report: Report) -> None:
     """Compare an index with the one its intact shard implies; report each sample once. A byte of
-    the header, or past the key blob, belongs to no sample."""
+    the header, of the field section's names, or past the key blob in an index without fields,
+    belongs to no sample."""
     file_id = next((e.id for e in m.files if e.name == tar_name), "")
-    want, ends = _index_from_shard(os.path.join(root, tar_name), file_id, first, 2 if m.version >= 2 else 1)
+    version = FIELDS_INDEX_VERSION if m.version >= 3 else 2 if m.version >= 2 else 1
+    names = m.stored_fields
+    want, ends = _index_from_shard(os.path.join(root, tar_name), file_id, first, version, names)
     entries_end = INDEX_HEADER.size + len(ends) * INDEX_ENTRY.itemsize
     key_bytes = int(ends[-1]) if len(ends) else 0
+    fields_at = entries_end + key_bytes + _FIELD_HEAD.size + sum(1 + len(n.encode("utf-8")) for n in names)
+    per_sample = FIELD_ENTRY.itemsize * len(names)
     reported: set[int | None] = set()
     for b in byte_diff(read_all(path), want):
         b = int(b)
@@ -505,9 +539,12 @@ def _locate_in_index(path: str, root: str, tar_name: str, m: Manifest, first: in
             sample = None
         elif b < entries_end:
             sample = first + (b - INDEX_HEADER.size) // INDEX_ENTRY.itemsize
+        elif b < entries_end + key_bytes:
+            sample = first + int(np.searchsorted(ends, b - entries_end, side="right"))
+        elif version >= FIELDS_INDEX_VERSION and per_sample and b >= fields_at:
+            sample = first + (b - fields_at) // per_sample
         else:
-            k = b - entries_end
-            sample = first + int(np.searchsorted(ends, k, side="right")) if k < key_bytes else None
+            sample = None
         if sample not in reported:
             reported.add(sample)
             report(path, sample, b, "index bytes differ from what the shard implies")
