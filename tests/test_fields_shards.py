@@ -454,3 +454,20 @@ def test_verify_locates_damage_in_a_version_3_tar_index(tmp_path):
     rep = verify_dataset(tmp_path / "d", decode=False)
     located = [p for p in rep.problems if "SHA-256" not in p]
     assert located == [f"{path}: sample 2: index bytes differ from what the shard implies at offset {at}"], rep.problems
+
+
+def test_a_version_3_dataset_refuses_an_index_without_its_fields(tmp_path):
+    from packer.layouts.tar import pack_index
+    from tests.helpers import forge_manifest_sizes
+
+    write_fields_dataset(tmp_path / "d", "tar", n=2)
+    path = tmp_path / "d" / "shard-000000.pkidx"
+    first, entries, keys, names, rows = read_index(path.read_bytes(), str(path))
+    path.write_bytes(pack_index(first, entries, keys))  # a version 2 index: no field section
+    forge_manifest_sizes(tmp_path / "d")
+    with pytest.raises(CorruptDataError, match=r"lists the fields \[\], the manifest \['mask', 'left'\]"):
+        open_dataset(tmp_path / "d")
+    path.write_bytes(pack_index(first, entries, keys, fields=(["left", "mask"], rows)))  # another order
+    forge_manifest_sizes(tmp_path / "d")
+    with pytest.raises(CorruptDataError, match="another dataset"):
+        open_dataset(tmp_path / "d")
