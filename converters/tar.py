@@ -47,6 +47,7 @@ class TarWriter(ShardedWriter):
     """Writes WebDataset tar shards and their index files (layout: packer.layouts.tar)."""
 
     format = "tar"
+    writes_fields = True
     suffix = TAR_SUFFIX
 
     def __init__(self, directory: str, options: WriterOptions) -> None:

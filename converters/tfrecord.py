@@ -39,6 +39,7 @@ class TFRecordWriter(ShardedWriter):
     packer.layouts.tfrecord."""
 
     format = "tfrecord"
+    writes_fields = True
 
     def __init__(self, directory: str, options: WriterOptions) -> None:
         super().__init__(directory, options)
