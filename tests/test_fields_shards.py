@@ -471,3 +471,25 @@ def test_a_version_3_dataset_refuses_an_index_without_its_fields(tmp_path):
     forge_manifest_sizes(tmp_path / "d")
     with pytest.raises(CorruptDataError, match="another dataset"):
         open_dataset(tmp_path / "d")
+
+
+def test_other_tools_masks_and_boxes_convert_and_a_sample_without_them_is_a_named_skip(tmp_path):
+    from packer.ops.transcode import convert_dataset
+
+    root = tmp_path / "wds"
+    root.mkdir()
+    masks = [(np.arange(8 * 10).reshape(8, 10) % (3 + i)).astype(np.uint8) for i in range(3)]
+    with wds.ShardWriter(str(root / "train-%06d.tar"), maxcount=2, verbose=0) as sink:
+        for i in range(3):
+            meta = {"boxes": [[1.0, 2.0, 5.5, 7.0]], "box_labels": [1]} if i < 2 else {"note": "no boxes"}
+            sink.write({"__key__": f"k{i}", "png": _png(np.zeros((8, 10, 3), np.uint8)), "mask.png": _png(masks[i]),
+                        "cls": i % 2, "json": meta})
+    rep = convert_dataset(str(root), str(tmp_path / "out"), "tar", "lmdb")
+    assert [(s.path, s.reason) for s in rep.skipped] == [
+        ("k2", "has the fields mask, the dataset's samples mask, boxes")]
+    ds = open_dataset(tmp_path / "out")
+    assert ds.manifest.version == 3 and ds.manifest.field_names == ["mask", "boxes"] and len(ds) == 2
+    for i in range(2):
+        np.testing.assert_array_equal(_decode(ds.read_record(i).fields[0].payload), masks[i])
+        b, lab = ds.sample_table().boxes_of(i)
+        assert b.tolist() == [[1.0, 2.0, 5.5, 7.0]] and lab.tolist() == [1]
