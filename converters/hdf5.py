@@ -348,7 +348,8 @@ class HDF5Writer(Writer):
             raise ValueError(f"raw payload of {len(payload)} bytes for a {image.height}x{image.width}x3 image ({key})")
         if self._storage is None:
             self._shape = raw_shape
-            self._create("array" if image.codec == "raw" else "flat")
+            # With fields (version 3) always flat: a switch from "array" (_to_flat) rewrites /images only.
+            self._create("array" if image.codec == "raw" and not (self._streams or self._boxes) else "flat")
         elif self._storage == "array" and (image.codec != "raw" or raw_shape != self._shape):
             self._to_flat()
         text = _key_text(key)

@@ -194,3 +194,17 @@ def test_resume_with_fields_gives_the_uninterrupted_bytes(tmp_path, monkeypatch,
     a, b = tree(tmp_path / "ref"), tree(tmp_path / "out")
     assert {k: hashlib.sha256(v).hexdigest() for k, v in a.items()} == {
         k: hashlib.sha256(v).hexdigest() for k, v in b.items()}
+
+
+def test_raw_images_with_fields_are_stored_flat(tmp_path):
+    """Raw samples of one size would make an (N, H, W, 3) /images; with fields it stays flat, so a
+    later sample of another size never has to move /images away from its fields."""
+    from packer.ops.verify import verify_dataset
+
+    write_fields_dataset(tmp_path / "r", "hdf5", encode="raw", resize="24x24")
+    with h5py.File(tmp_path / "r" / "data.h5", "r") as f:
+        assert f.attrs["storage"] == "flat" and f["images"].ndim == 1 and f["fields/left"].attrs["codec"] == "raw"
+    ds = open_dataset(str(tmp_path / "r"), output="numpy")
+    rec = ds.read_record(0)
+    assert ds[0][0].shape == (24, 24, 3) and [(f.codec, len(f.payload)) for f in rec.fields][1] == ("raw", 24 * 24 * 3)
+    assert verify_dataset(tmp_path / "r").ok
