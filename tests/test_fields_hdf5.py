@@ -208,3 +208,26 @@ def test_raw_images_with_fields_are_stored_flat(tmp_path):
     rec = ds.read_record(0)
     assert ds[0][0].shape == (24, 24, 3) and [(f.codec, len(f.payload)) for f in rec.fields][1] == ("raw", 24 * 24 * 3)
     assert verify_dataset(tmp_path / "r").ok
+
+
+def _fields_of_all(ds, q) -> None:
+    q.put([[(f.name, bytes(f.payload)) for f in ds.read_record(i).fields] for i in range(len(ds))])
+
+
+def test_spawned_worker_reads_fields_from_the_shared_index(written, monkeypatch):
+    import multiprocessing
+
+    import packer.datasets.hdf5 as reader
+
+    monkeypatch.setattr(reader, "SHARE_INDEX_BYTES", 1)  # every index array into shared memory
+    root, _ = written
+    ds = open_dataset(str(root / "train.hdf5"), output="numpy")
+    want = [[(f.name, bytes(f.payload)) for f in ds.read_record(i).fields] for i in range(len(ds))]
+    ctx = multiprocessing.get_context("spawn")
+    q = ctx.Queue()
+    p = ctx.Process(target=_fields_of_all, args=(ds, q))
+    p.start()
+    got = q.get(timeout=120)
+    p.join()
+    assert got == want and p.exitcode == 0
+    assert {"f_offsets", "f_shapes", "f_crcs"} <= {name for name, *_ in ds._shared_meta[1]}
