@@ -245,7 +245,7 @@ class _Meta:
             raise CorruptDataError(f"/{p}/shapes has shape {shapes.shape}, expected ({n}, 2)", path=self.path)
         self.f_offsets[j], self.f_shapes[j] = offsets, shapes
         self.f_crcs[j] = self._rows(f, f"{p}/crc32c", n, verify)
-        codec, depth, channels = (g.attrs.get(a) for a in ("codec", "depth", "channels"))
+        codec, depth, channels = (_plain(g.attrs.get(a)) for a in ("codec", "depth", "channels"))
         codecs = self._rows(f, f"{p}/codecs", n, verify) if codec == "mixed" else CODEC_IDS.get(str(codec))
         depths = self._rows(f, f"{p}/depths", n, verify) if depth == 0 else depth
         if codecs is None or not np.isin(codecs, list(_CODEC_NAMES)).all() or not np.isin(depths, (8, 16)).all():
@@ -260,6 +260,11 @@ class _Meta:
             raise CorruptDataError(f"the samples need {needed} bytes of /{p}/images, but they are not stored in the "
                                    f"file ({images.id.get_storage_size()} bytes stored)", path=self.path)
         self.f_where.append(_where(images, needed))
+
+
+def _plain(value: Any) -> Any:
+    """An attribute's value as Python has it (a NumPy scalar's ``item()``), for messages."""
+    return value.item() if isinstance(value, np.generic) else value
 
 
 def _where(images: h5py.Dataset, needed: int) -> tuple[int | None, np.ndarray | None, int]:

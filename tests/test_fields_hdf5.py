@@ -231,3 +231,25 @@ def test_spawned_worker_reads_fields_from_the_shared_index(written, monkeypatch)
     p.join()
     assert got == want and p.exitcode == 0
     assert {"f_offsets", "f_shapes", "f_crcs"} <= {name for name, *_ in ds._shared_meta[1]}
+
+
+def _drop_mask(f):
+    del f["fields/mask"]
+
+
+@pytest.mark.parametrize("damage, why", [
+    (_drop_mask, "/fields/mask is not a group with a flat uint8"),
+    (lambda f: f["fields/mask"].attrs.__setitem__("depth", 12), "not a known codec of 8 or 16 bits"),
+    (lambda f: f["fields/left"].attrs.__setitem__("codec", "gif2"), "not a known codec"),
+    (lambda f: f["fields/left"].attrs.__setitem__("channels", 4), "4 channels"),
+    (lambda f: f["fields/mask/crc32c"].attrs.__setitem__("crc32c", np.uint32(1)), "/fields/mask/crc32c checksum"),
+])
+def test_forged_field_groups_are_refused_at_open(tmp_path, damage, why):
+    from tests.helpers import forge_manifest_sizes
+
+    write_fields_dataset(tmp_path / "d", "hdf5", n=3)
+    with h5py.File(tmp_path / "d" / "data.h5", "r+") as f:
+        damage(f)
+    forge_manifest_sizes(tmp_path / "d")
+    with pytest.raises(CorruptDataError, match=re.escape(why)):
+        open_dataset(str(tmp_path / "d")).read_record(0)
