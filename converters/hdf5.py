@@ -226,6 +226,7 @@ class HDF5Writer(Writer):
     """Writes ``data.h5`` into the output directory (see the module docstring for the layout)."""
 
     format = "hdf5"
+    writes_fields = True
     resumable = True
 
     def __init__(self, directory: str, options: WriterOptions) -> None:
