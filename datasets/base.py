@@ -34,6 +34,7 @@ from packer.storage.datasetdir import DatasetDir
 from .cache import SharedCache
 from .crops import Crop, as_crop
 from .fields import (
+    FieldTuple,
     check_fields,
     cut_mask,
     dataset_fields,
@@ -642,21 +643,19 @@ class PackedDataset(Dataset):
     def _finished(self, item: tuple[Any, ...] | dict[str, Any]) -> Any:
         """A sample through ``transforms``: the dict as one argument, a tuple's fields as arguments."""
         transforms = self.transforms
-        if transforms is None:
-            return item
-        if isinstance(item, dict):
-            return transforms(item)
+        if transforms is None or isinstance(item, dict):
+            return item if transforms is None else transforms(item)
         out = transforms(*item)
-        return (out,) if len(item) == 1 else tuple(out)
+        return FieldTuple.of((out,) if len(item) == 1 else tuple(out), self.fields)
 
     def _sample(self, index: int) -> tuple[Any, ...]:
         """Sample ``index`` as the tuple of ``fields`` (what ``__getitem__`` returns, or puts in a dict)."""
         if self.output == "encoded":
-            return self._encoded_item(self._index(index))
+            return FieldTuple.of(self._encoded_item(self._index(index)), self.fields)
         if self._own:
             i, (values, label, rec, canvas) = self._load_or_skip(self._index(index),
                                                                  lambda j: (j, self._load_fields(j)))
-            return self._fields_item(i, values.get("image"), label, rec, (values, canvas))
+            return FieldTuple.of(self._fields_item(i, values.get("image"), label, rec, (values, canvas)), self.fields)
         if self.fields == DEFAULT_FIELDS and self.manifest.label_kind == "class":
             rgb, label = self._load_or_skip(self._index(index))
             return self._item(rgb, label)

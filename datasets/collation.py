@@ -34,6 +34,7 @@ import torch
 from torch.multiprocessing.reductions import reduce_tensor
 from torch.utils.data import default_collate, get_worker_info
 
+from .fields import PER_SAMPLE
 from .shm import SharedRegion, SlotTable
 from .worker_memory import settle_worker
 
@@ -312,10 +313,6 @@ def _collate_ints(batch: list[int], *, collate_fn_map: dict | None = None) -> to
 _COLLATE_MAP = {} if _TORCH is None else {**_TORCH[2], torch.Tensor: _stack_into_slot,
                                             int: _collate_ints}
 
-#: Dict keys whose values ``collate`` returns as a list per batch: a count per sample.
-PER_SAMPLE_KEYS = frozenset({"boxes", "box_labels"})
-
-
 def _per_sample(value: Any) -> bool:
     """Whether ``value`` is a field with a count per sample: torchvision's ``BoundingBoxes``."""
     tv = sys.modules.get("torchvision.tv_tensors")
@@ -323,23 +320,24 @@ def _per_sample(value: Any) -> bool:
 
 
 def _collate_fields(batch: list[Any], inner: Callable[[list[Any]], Any]) -> Any:
-    """``inner(batch)``, except that boxes (dict keys in :data:`PER_SAMPLE_KEYS`, and
-    ``BoundingBoxes`` anywhere in a dict or tuple sample) come as a list with one entry per
-    sample, left as the samples hold them."""
+    """``inner(batch)``, except that boxes (dict keys in :data:`~packer.datasets.fields.PER_SAMPLE`,
+    the positions a reader's tuple marks, and ``BoundingBoxes`` anywhere in a dict or tuple
+    sample) come as a list with one entry per sample, left as the samples hold them."""
     elem = batch[0] if batch else None
     if isinstance(elem, Mapping):
-        listed = {k for k, v in elem.items() if k in PER_SAMPLE_KEYS or _per_sample(v)}
+        listed = {k for k, v in elem.items() if k in PER_SAMPLE or _per_sample(v)}
         if listed:
             out = {k: [d[k] for d in batch] if k in listed else inner([d[k] for d in batch]) for k in elem}
             try:
                 return type(elem)(out)  # type: ignore[call-arg]
             except TypeError:
                 return out
-    elif isinstance(elem, tuple) and not hasattr(elem, "_fields") and any(_per_sample(v) for v in elem):
-        if any(len(item) != len(elem) for item in batch):
-            raise RuntimeError("each element in list of batch should be of equal size")
-        return [list(column) if _per_sample(elem[k]) else inner(list(column))
-                for k, column in enumerate(zip(*batch))]
+    elif isinstance(elem, tuple) and not hasattr(elem, "_fields"):
+        listed = {k for k, v in enumerate(elem) if _per_sample(v)} | set(getattr(elem, "per_sample", ()))
+        if listed:
+            if any(len(item) != len(elem) for item in batch):
+                raise RuntimeError("each element in list of batch should be of equal size")
+            return [list(column) if k in listed else inner(list(column)) for k, column in enumerate(zip(*batch))]
     return inner(batch)
 
 
@@ -357,8 +355,8 @@ def collate(batch: list[Any]) -> Any:
     Images and masks of one size are stacked (in slots); boxes, whose count differs from sample
     to sample, come as a list of the samples' tensors: a dict's ``"boxes"`` and ``"box_labels"``
     (``as_dict=True``), and torchvision ``BoundingBoxes`` (``output="tv_tensors"``) in dicts and
-    tuples alike. Plain box tensors in a tuple cannot be told from other tensors: read such
-    datasets with ``as_dict=True`` or ``output="tv_tensors"``.
+    tuples alike, and the readers' ``"boxes"`` and ``"box_labels"`` in tuples too (a reader's
+    tuple marks their places).
 
     Args:
         batch: the list of samples the DataLoader's sampler selected.

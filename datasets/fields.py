@@ -23,7 +23,29 @@ from packer.images.imageproc import ProcessedField, Window
 
 from .crops import Crop
 
-__all__ = ["dataset_fields", "check_fields", "decode_mask", "move_boxes", "field_output", "tv_tensor_types"]
+__all__ = ["dataset_fields", "check_fields", "decode_mask", "move_boxes", "field_output", "tv_tensor_types",
+           "PER_SAMPLE", "FieldTuple"]
+
+#: Fields with a count per sample (boxes), which ``collate`` returns as a list per batch.
+PER_SAMPLE = frozenset({"boxes", "box_labels"})
+
+
+class FieldTuple(tuple):
+    """A reader's sample as a tuple that knows which of its positions hold a field with a count
+    per sample (:data:`PER_SAMPLE`), so that ``collate`` lists them instead of stacking them."""
+
+    per_sample: frozenset[int] = frozenset()
+
+    @classmethod
+    def of(cls, item: Sequence[Any], names: Sequence[str]) -> tuple[Any, ...]:
+        """``item`` (the values of ``names``) as a FieldTuple where a name is in :data:`PER_SAMPLE`,
+        else as the plain tuple."""
+        listed = frozenset(k for k, name in enumerate(names) if name in PER_SAMPLE)
+        if not listed:
+            return tuple(item)
+        out = cls(item)
+        out.per_sample = listed
+        return out
 
 
 def dataset_fields(manifest: Manifest) -> tuple[str, ...]:

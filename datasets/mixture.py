@@ -16,6 +16,8 @@ from typing import Any
 
 from packer.checks import check_int
 
+from .fields import FieldTuple
+
 __all__ = ["MixOptions", "Mixture", "apportion"]
 
 _CLASS_MODES = ("source", "union")
@@ -149,7 +151,7 @@ class Mixture:
                 if self.target_transform is not None:
                     value = self.target_transform(value)
             out.append(value)
-        return tuple(out)
+        return FieldTuple.of(out, self.fields or ())
 
     def fingerprint(self, one: Callable[[Any], str]) -> str:
         """A short digest of the sources' fingerprints, in order."""

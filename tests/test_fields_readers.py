@@ -260,3 +260,18 @@ def test_encoded_cache_keeps_the_fields_and_decoded_cache_refuses_stored_ones(fi
         for _ in range(2):
             for i in range(len(plain)):
                 assert all(torch.equal(a, b) for a, b in zip(plain[i], cached[i]))
+
+
+def test_collate_lists_plain_boxes_in_the_readers_tuples_and_mixtures(fields_lmdb, tmp_path):
+    path = fields_lmdb[0]
+    ds = open_dataset(path, fields=("image", "mask", "boxes", "box_labels"), crop=16)
+    for workers in (0, 2):
+        images, masks, boxes, labels = next(iter(DataLoader(ds, batch_size=3, num_workers=workers,
+                                                            collate_fn=collate)))
+        assert images.shape == (3, 3, 16, 16) and masks.shape == (3, 16, 16)
+        assert [len(b) for b in boxes] == [len(ds[i][2]) for i in range(3)] == [len(x) for x in labels]
+    other = tmp_path / "other.lmdb"
+    write_fields_dataset(other, "lmdb", n=3, seed=1)
+    mix = StreamingDataset([path, other], fields=("boxes", "source", "image"), crop=16, shuffle=False)
+    boxes, sources, images = next(iter(DataLoader(mix, batch_size=4, collate_fn=collate)))
+    assert isinstance(boxes, list) and len(boxes) == 4 and images.shape == (4, 3, 16, 16) and len(sources) == 4
