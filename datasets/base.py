@@ -35,6 +35,7 @@ from .cache import SharedCache
 from .crops import Crop, as_crop
 from .fields import (
     FieldTuple,
+    apply_transforms,
     check_fields,
     cut_mask,
     dataset_fields,
@@ -638,15 +639,7 @@ class PackedDataset(Dataset):
 
     def __getitem__(self, index: int) -> tuple[Any, ...] | dict[str, Any]:
         item = self._sample(index)
-        return self._finished(dict(zip(self.fields, item)) if self.as_dict else item)
-
-    def _finished(self, item: tuple[Any, ...] | dict[str, Any]) -> Any:
-        """A sample through ``transforms``: the dict as one argument, a tuple's fields as arguments."""
-        transforms = self.transforms
-        if transforms is None or isinstance(item, dict):
-            return item if transforms is None else transforms(item)
-        out = transforms(*item)
-        return FieldTuple.of((out,) if len(item) == 1 else tuple(out), self.fields)
+        return apply_transforms(self.transforms, dict(zip(self.fields, item)) if self.as_dict else item, self.fields)
 
     def _sample(self, index: int) -> tuple[Any, ...]:
         """Sample ``index`` as the tuple of ``fields`` (what ``__getitem__`` returns, or puts in a dict)."""

@@ -24,7 +24,7 @@ from packer.images.imageproc import ProcessedField, Window
 from .crops import Crop
 
 __all__ = ["dataset_fields", "check_fields", "decode_mask", "move_boxes", "field_output", "tv_tensor_types",
-           "PER_SAMPLE", "FieldTuple"]
+           "PER_SAMPLE", "FieldTuple", "apply_transforms"]
 
 #: Fields with a count per sample (boxes), which ``collate`` returns as a list per batch.
 PER_SAMPLE = frozenset({"boxes", "box_labels"})
@@ -102,6 +102,15 @@ def move_boxes(boxes: np.ndarray, labels: np.ndarray, window: Window,
     if size != (h, w):
         moved *= np.array([size[1] / w, size[0] / h] * 2, np.float32)
     return np.ascontiguousarray(moved, np.float32), labels
+
+
+def apply_transforms(transforms: Any, item: tuple[Any, ...] | dict[str, Any], names: Sequence[str]) -> Any:
+    """A sample through a whole-sample ``transforms``: a dict as its one argument (its result
+    returned as it is), a tuple's values as its arguments (the result a tuple of ``names``)."""
+    if transforms is None or isinstance(item, dict):
+        return item if transforms is None else transforms(item)
+    out = transforms(*item)
+    return FieldTuple.of((out,) if len(item) == 1 else tuple(out), names)
 
 
 def tv_tensor_types() -> Any:

@@ -275,3 +275,20 @@ def test_collate_lists_plain_boxes_in_the_readers_tuples_and_mixtures(fields_lmd
     mix = StreamingDataset([path, other], fields=("boxes", "source", "image"), crop=16, shuffle=False)
     boxes, sources, images = next(iter(DataLoader(mix, batch_size=4, collate_fn=collate)))
     assert isinstance(boxes, list) and len(boxes) == 4 and images.shape == (4, 3, 16, 16) and len(sources) == 4
+
+
+def test_a_mixtures_transforms_see_its_samples_as_dicts_with_their_source(fields_lmdb, tmp_path):
+    other = tmp_path / "other.lmdb"
+    write_fields_dataset(other, "lmdb", n=3, seed=1)
+
+    def flip(sample):
+        assert isinstance(sample, dict) and set(sample) == {"image", "mask", "source"}
+        return {**sample, "mask": sample["mask"].flip(-1)}
+
+    names = ("image", "mask", "source")
+    plain = StreamingDataset([fields_lmdb[0], other], fields=names, as_dict=True, shuffle=False)
+    mixed = StreamingDataset([fields_lmdb[0], other], fields=names, as_dict=True, shuffle=False, transforms=flip)
+    pairs = list(zip(plain, mixed))
+    assert len(pairs) == 9 and {a["source"] for a, _ in pairs} == {0, 1}
+    for a, b in pairs:
+        assert a["source"] == b["source"] and torch.equal(a["mask"].flip(-1), b["mask"])
