@@ -68,16 +68,21 @@ def test_unknown_field_is_refused_naming_the_datasets_fields(fields_lmdb, tmp_pa
         open_dataset(plain, fields=("image", "mask"))
 
 
-def test_a_field_is_decoded_only_when_asked_for(fields_lmdb, tmp_path):
+def _damaged_mask(src, dst, i):
+    """A copy of dataset ``src`` at ``dst`` with 8 bytes inside sample ``i``'s mask PNG overwritten."""
     import shutil
 
-    path = tmp_path / "damaged.lmdb"
-    shutil.copytree(fields_lmdb[0], path)
-    with open_dataset(path) as ds:
-        png = bytes(ds.read_record(1).fields[0].payload)
-    data = (path / "data.mdb").read_bytes()
+    shutil.copytree(src, dst)
+    with open_dataset(dst) as ds:
+        png = bytes(ds.read_record(i).fields[0].payload)
+    data = (dst / "data.mdb").read_bytes()
     at = data.index(png) + len(png) // 2  # inside the mask's compressed rows
-    (path / "data.mdb").write_bytes(data[:at] + b"\xff" * 8 + data[at + 8:])
+    (dst / "data.mdb").write_bytes(data[:at] + b"\xff" * 8 + data[at + 8:])
+    return dst
+
+
+def test_a_field_is_decoded_only_when_asked_for(fields_lmdb, tmp_path):
+    path = _damaged_mask(fields_lmdb[0], tmp_path / "damaged.lmdb", 1)
     with open_dataset(path, fields=("image", "left", "boxes", "label"), verify=False) as ds:
         assert ds[1][0].shape[0] == 3  # the mask is never decoded
     with open_dataset(path, fields=("image", "mask"), verify=False) as ds:
@@ -292,3 +297,36 @@ def test_a_mixtures_transforms_see_its_samples_as_dicts_with_their_source(fields
     assert len(pairs) == 9 and {a["source"] for a, _ in pairs} == {0, 1}
     for a, b in pairs:
         assert a["source"] == b["source"] and torch.equal(a["mask"].flip(-1), b["mask"])
+
+
+def test_sixteen_bit_masks_come_back_unchanged_and_as_pil(tmp_path):
+    from packer.description.manifest import FIELDS_VERSION, Manifest
+    from packer.images.fields import FieldSources, process_sample
+    from packer.images.imageproc import ProcessOptions, parse_encoding, parse_resize
+    from packer.ops.engine import ConvertOptions, write_packed
+    from tests.helpers import fields_sources
+
+    opts = ProcessOptions(resize=parse_resize("none"), encoding=parse_encoding("png"))
+    items, masks = [], []
+    for key, data, label, rgb, *_ in fields_sources(3):
+        masks.append((np.arange(rgb.shape[0] * rgb.shape[1]).reshape(rgb.shape[:2]) * 997 % 65536).astype(np.uint16))
+        items.append((key, label, process_sample(data, opts, FieldSources(cv2.imencode(".png", masks[-1])[1].tobytes())),
+                      None))
+    template = Manifest(format="lmdb", num_samples=0, classes=["a", "b"], processing=opts.to_json(), files=[],
+                        version=FIELDS_VERSION, fields=[{"name": "mask", "kind": "mask"}], source={"kind": "test"})
+    write_packed(str(tmp_path / "m16.lmdb"), "lmdb", items, template, ConvertOptions(processing=opts))
+    with open_dataset(tmp_path / "m16.lmdb", fields=("mask", "label")) as ds, \
+            open_dataset(tmp_path / "m16.lmdb", fields=("image", "mask"), output="pil") as pil:
+        for i, want in enumerate(masks):
+            mask, _ = ds[i]
+            assert mask.dtype == torch.uint16 and np.array_equal(mask.numpy(), want)
+            image, pmask = pil[i]
+            assert image.size == pmask.size == want.shape[::-1] and np.array_equal(np.asarray(pmask), want)
+
+
+def test_a_damaged_mask_is_skipped_like_a_damaged_image(fields_lmdb, tmp_path):
+    from packer.datasets.skips import SkippedSampleWarning
+
+    path = _damaged_mask(fields_lmdb[0], tmp_path / "damaged.lmdb", 1)
+    with open_dataset(path, fields=("key", "mask"), on_error="skip", verify=False) as ds, pytest.warns(SkippedSampleWarning):
+        assert ds[1][0] == fields_lmdb[1][2][0] and ds.errors == 1
