@@ -77,8 +77,9 @@ class PackedDataset(Dataset):
             ``"pil"`` (a PIL RGB image, so a torchvision pipeline written for ImageFolder runs
             unchanged) or ``"tv_tensors"`` (torchvision's ``tv_tensors.Image``; masks ``Mask``,
             boxes ``BoundingBoxes`` in XYXY with the image's canvas size, so that a
-            ``torchvision.transforms.v2`` pipeline moves them together). ``"encoded"`` skips the decode: each sample is ``(payload, target, (height,
-            width, codec, index))``, ``payload`` a 1-D uint8 tensor of the stored bytes, batched by
+            ``torchvision.transforms.v2`` pipeline moves them together). ``"encoded"`` skips the
+            decode: each sample is ``(payload, target, (height, width, codec, index))``,
+            ``payload`` a 1-D uint8 tensor of the stored bytes, batched by
             :func:`~packer.datasets.encoded.collate_encoded` and decoded by
             ``prefetch_to_device(..., decode=True)``; it takes no ``transform`` and no decoded cache.
         verify: check per-sample checksums on read (cheap next to decoding).
