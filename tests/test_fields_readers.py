@@ -330,3 +330,11 @@ def test_a_damaged_mask_is_skipped_like_a_damaged_image(fields_lmdb, tmp_path):
     path = _damaged_mask(fields_lmdb[0], tmp_path / "damaged.lmdb", 1)
     with open_dataset(path, fields=("key", "mask"), on_error="skip", verify=False) as ds, pytest.warns(SkippedSampleWarning):
         assert ds[1][0] == fields_lmdb[1][2][0] and ds.errors == 1
+
+
+def test_collate_encoded_refuses_encoded_fields_saying_why(fields_lmdb):
+    from packer.datasets import collate_encoded
+
+    with open_dataset(fields_lmdb[0], output="encoded", fields=("image", "label", "info", "mask")) as ds:
+        with pytest.raises(TypeError, match=r"tuple of 4.*masks, extra images, boxes"):
+            collate_encoded([ds[0], ds[1]])
