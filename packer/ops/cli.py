@@ -115,6 +115,15 @@ def _add_list_options(p: argparse.ArgumentParser) -> None:
                         "lists, number for JSON numbers with a fraction, else class")
     g.add_argument("--label-sep", default="|", help="list source: separator of multi-label classes in CSV/TSV "
                                                     "(default: |)")
+    g.add_argument("--mask-column", metavar="COL", help="list source: the column of mask files (label maps: 8- or "
+                                                        "16-bit, or palette PNG indices; stored as PNG)")
+    g.add_argument("--image-column", action="append", default=None, metavar="COL",
+                   help="list source: a column of EXTRA image files, processed like the image and named after the "
+                        "column (repeatable); the main image's column is --path-column")
+    g.add_argument("--boxes-column", metavar="COL", help="list source: the column of boxes, a JSON list of [x0, y0, "
+                                                         "x1, y1] in source pixels (in CSV/TSV a JSON string)")
+    g.add_argument("--box-labels-column", metavar="COL",
+                   help="list source: the column of box labels, a JSON list of class names or numbers, one per box")
 
 
 #: WriterOptions field -> its flag, and what to say when a format does not take it.
@@ -215,6 +224,12 @@ def _keyword_value(caller: str, key: str, value: object, action: argparse.Action
         if not isinstance(value, bool):
             raise TypeError(f"{caller}(): {key} takes True or False, not {value!r}")
         return value
+    if isinstance(action, argparse._AppendAction) and action.dest != "storage_option":  # e.g. --image-column
+        if isinstance(value, str):
+            return [value]
+        if not isinstance(value, (list, tuple)) or not all(isinstance(v, str) for v in value):
+            raise TypeError(f"{caller}(): {key} takes a string or a list of strings, not {value!r}")
+        return list(value)
     if isinstance(action, argparse._AppendAction):  # --storage-option: a dict or KEY=VALUE strings
         if isinstance(value, dict):
             import json
@@ -289,7 +304,8 @@ def convert_from_args(a: argparse.Namespace, launch=None):  # noqa: ANN001, ANN2
     return _convert_to_url(a)
 
 
-_LIST_ONLY = ("root", "path_column", "label_column", "allow_outside_root")
+_LIST_ONLY = ("root", "path_column", "label_column", "allow_outside_root", "mask_column", "image_column",
+              "boxes_column", "box_labels_column")
 
 
 def pinned_classes(spec: str) -> list[str]:
@@ -373,7 +389,9 @@ def _convert_local(a: argparse.Namespace):  # noqa: ANN202 - ConvertReport
         try:
             report = convert_list(a.src, a.dst, a.dst_format, options, root=a.root, path_column=a.path_column,
                                   label_column=a.label_column, label_kind=a.label_kind, label_sep=a.label_sep,
-                                  allow_outside_root=bool(a.allow_outside_root))
+                                  allow_outside_root=bool(a.allow_outside_root), mask_column=a.mask_column,
+                                  image_columns=a.image_column or (), boxes_column=a.boxes_column,
+                                  box_labels_column=a.box_labels_column)
         except ValueError as e:  # metadata that cannot be stored, named by its item
             from ..errors import SourceError
 

@@ -1,0 +1,210 @@
+"""Sources of fields besides the image: items with a mask, extra images and boxes
+(``convert_items``), list columns (``packer convert list``), ``packer.pack`` and COCO files."""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import os
+
+import cv2
+import numpy as np
+import pytest
+
+from packer.converters.base import WriterOptions
+from packer.datasets import open_dataset
+from packer.description.manifest import read_manifest
+from packer.errors import SourceError
+from packer.images.imageproc import ProcessOptions, parse_encoding, parse_resize
+from packer.ops.cli import main
+from packer.ops.engine import ConvertOptions
+from packer.ops.items import convert_items
+from packer.ops.listsource import convert_list, read_list
+from tests.helpers import fields_sources
+from tests.test_resume import interrupt_after
+
+
+def _png(a: np.ndarray) -> bytes:
+    return cv2.imencode(".png", a if a.ndim == 2 else cv2.cvtColor(a, cv2.COLOR_RGB2BGR))[1].tobytes()
+
+
+def _palette_png(idx: np.ndarray) -> bytes:
+    from PIL import Image
+
+    im = Image.fromarray(idx, mode="P")
+    im.putpalette([(i * 53) % 256 for i in range(256 * 3)])  # colours unrelated to the indices
+    buf = io.BytesIO()
+    im.save(buf, format="PNG")
+    return buf.getvalue()
+
+
+def _options(**kw) -> ConvertOptions:
+    return ConvertOptions(processing=ProcessOptions(resize=parse_resize("shorter:24"), encoding=parse_encoding("png")),
+                          workers=1, shuffle=False, **kw)
+
+
+@pytest.fixture
+def src(tmp_path):
+    """Image, mask (sample 1: a palette PNG), extra image ``left`` files and a JSON Lines list."""
+    root = tmp_path / "src"
+    root.mkdir()
+    samples = fields_sources(6)
+    rows = []
+    for i, (key, data, label, _rgb, mask, left, boxes, box_labels) in enumerate(samples):
+        (root / key).write_bytes(data)
+        (root / f"m{i}.png").write_bytes(_palette_png(mask) if i == 1 else _png(mask))
+        (root / f"l{i}.png").write_bytes(_png(left))
+        rows.append({"path": key, "label": ["a", "b"][label], "mask": f"m{i}.png", "left": f"l{i}.png",
+                     "boxes": boxes, "classes": [["a", "b"][x] for x in box_labels], "note": i})
+    (root / "list.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return root, samples, rows
+
+
+def _check(dst, samples, order=None):
+    """Every stored mask is the nearest resize of its source bit for bit, boxes the scaled source
+    boxes within 0.5 px, box labels the classes."""
+    by_key = {s[0]: s for s in samples}
+    with open_dataset(dst) as ds:
+        assert len(ds) == len(order if order is not None else samples)
+        table = ds.sample_table()
+        for i in range(len(ds)):
+            rec = ds.read_record(i)
+            key, _, _, _, mask, _, boxes, labels = by_key[rec.key]
+            assert [f.name for f in rec.fields] == ["mask", "left"]
+            stored = cv2.imdecode(np.frombuffer(rec.fields[0].payload, np.uint8), cv2.IMREAD_UNCHANGED)
+            np.testing.assert_array_equal(stored, cv2.resize(mask, (rec.width, rec.height),
+                                                             interpolation=cv2.INTER_NEAREST))
+            assert (rec.fields[1].width, rec.fields[1].height) == (rec.width, rec.height)
+            b, lab = table.boxes_of(i)
+            scale = [rec.width / mask.shape[1], rec.height / mask.shape[0]] * 2
+            np.testing.assert_allclose(b, np.array(boxes, np.float64).reshape(-1, 4) * scale, atol=0.5)
+            assert lab.tolist() == labels
+
+
+def test_jsonl_list_with_masks_images_and_boxes_converts_to_lmdb(src, tmp_path):
+    root, samples, _ = src
+    report = convert_list(root / "list.jsonl", tmp_path / "out", "lmdb", _options(), mask_column="mask",
+                          image_columns=["left"], boxes_column="boxes", box_labels_column="classes")
+    assert report.skipped == []
+    m = read_manifest(tmp_path / "out")
+    assert m.version == 3 and m.field_names == ["mask", "left", "boxes"] and m.fields[2]["labels"] is True
+    assert m.classes == ["a", "b"]
+    _check(tmp_path / "out", samples)
+    with open_dataset(tmp_path / "out") as ds:  # the field columns are not metadata
+        assert ds.sample_table().meta(0) == {"note": 0}
+
+
+def test_csv_list_through_the_command_line(src, tmp_path):
+    root, samples, rows = src
+    with open(root / "list.csv", "w", newline="") as f:
+        w = csv.writer(f)
+        w.writerow(["path", "label", "mask", "left", "boxes", "classes"])
+        for r in rows:
+            w.writerow([r["path"], r["label"], r["mask"], r["left"], json.dumps(r["boxes"]), json.dumps(r["classes"])])
+    assert main(["convert", "list", "lmdb", str(root / "list.csv"), str(tmp_path / "out"), "--resize", "shorter:24",
+                 "--encode", "png", "--workers", "1", "--no-shuffle", "-q", "--mask-column", "mask",
+                 "--image-column", "left", "--boxes-column", "boxes", "--box-labels-column", "classes"]) == 0
+    _check(tmp_path / "out", samples)
+
+
+def test_list_field_paths_outside_the_root_are_refused(src):
+    root, _, rows = src
+    rows[2]["mask"] = "../elsewhere.png"
+    (root / "bad.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    with pytest.raises(SourceError, match=r"outside .*line 3: '../elsewhere.png'"):
+        read_list(root / "bad.jsonl", mask_column="mask")
+    with pytest.raises(SourceError, match="image column 'label'"):
+        read_list(root / "list.jsonl", label_column="note", image_columns=["label"])
+    with pytest.raises(SourceError, match="no field column 'nope'"):
+        read_list(root / "list.jsonl", mask_column="nope")
+
+
+def test_list_bad_boxes_name_the_line(src):
+    root, _, rows = src
+    rows[3]["boxes"] = [[1, 2, 3]]
+    (root / "bad.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    with pytest.raises(SourceError, match=r"bad.jsonl:4: column 'boxes': box 0 \[1, 2, 3\] is not"):
+        read_list(root / "bad.jsonl", boxes_column="boxes")
+    rows[3]["boxes"], rows[3]["classes"] = [[1, 2, 3, 4]], []
+    (root / "bad.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    with pytest.raises(SourceError, match="bad.jsonl:4: 0 box labels for 1 boxes"):
+        read_list(root / "bad.jsonl", boxes_column="boxes", box_labels_column="classes")
+
+
+def _items(root, rows):
+    return [(str(root / r["path"]), r["label"], None,
+             {"mask": str(root / r["mask"]), "images": {"left": str(root / r["left"])}, "boxes": r["boxes"],
+              "box_labels": r["classes"]}) for r in rows]
+
+
+def test_skips_name_the_field_file_and_the_reason(src, tmp_path):
+    root, samples, rows = src
+    (root / "m0.png").write_bytes(_png(np.zeros((5, 7), np.uint8)))  # another size than its image
+    rows[2]["boxes"], rows[2]["classes"] = [[0, 0, 1000, 5]], ["a"]  # outside the image
+    (root / "l4.png").unlink()
+    report = convert_items(_items(root, rows), tmp_path / "out", "lmdb", _options(), root=root)
+    reasons = {s.path: s.reason for s in report.skipped}
+    assert set(reasons) == {"s000.png", "s002.png", "s004.png"}
+    assert "mask is 7x5 but the image is 64x48" in reasons["s000.png"] and str(root / "m0.png") in reasons["s000.png"]
+    assert "box 0 [0, 0, 1000, 5] is not an ordered box inside the 57x33 image" in reasons["s002.png"]
+    assert reasons["s004.png"].startswith(f"image 'left' file {root / 'l4.png'}: cannot read")
+    _check(tmp_path / "out", samples, order=[1, 3, 5])
+
+
+def test_items_must_all_have_the_same_fields(src, tmp_path):
+    root, _, rows = src
+    items = _items(root, rows)
+    items[3] = items[3][:3] + ({"mask": items[3][3]["mask"]},)
+    with pytest.raises(ValueError, match="item 3 has mask, item 0 mask, image 'left', boxes, box_labels"):
+        convert_items(items, tmp_path / "out", "lmdb", _options(), root=root)
+    items[3] = items[3][:3]
+    with pytest.raises(ValueError, match="item 3 has no fields"):
+        convert_items(items, tmp_path / "out", "lmdb", _options(), root=root)
+    with pytest.raises(ValueError, match="item 0: unknown field 'depth'"):
+        convert_items([(items[0][0], "a", None, {"depth": "x.png"})], tmp_path / "out", "lmdb", _options())
+    with pytest.raises(ValueError, match="item 0: 1 box labels for 2 boxes"):
+        convert_items([(items[0][0], "a", None, {"boxes": [[0, 0, 1, 1]] * 2, "box_labels": ["a"]})],
+                      tmp_path / "out", "lmdb", _options())
+
+
+def test_box_label_names_join_the_inferred_classes(src, tmp_path):
+    root, _, rows = src
+    items = [(str(root / r["path"]), r["label"], None, {"boxes": [[0, 0, 2, 2]], "box_labels": ["zebra"]})
+             for r in rows]
+    report = convert_items(items, tmp_path / "out", "lmdb", _options(), root=root)
+    assert report.manifest.classes == ["a", "b", "zebra"]
+    with open_dataset(tmp_path / "out") as ds:
+        assert ds.sample_table().boxes_of(0)[1].tolist() == [2]
+        assert report.manifest.version == 3 and report.manifest.field_names == ["boxes"]
+
+
+def test_items_with_no_fields_are_plain_items(src, tmp_path):
+    root, _, rows = src
+    plain = [(str(root / r["path"]), r["label"], None) for r in rows]
+    a = convert_items(plain, tmp_path / "a", "lmdb", _options(), root=root)
+    convert_items([x + (None if i % 2 else {},) for i, x in enumerate(plain)], tmp_path / "b", "lmdb", _options(),
+                  root=root)
+    assert a.manifest.version == 2 and a.manifest.fields == []
+    for name in ("manifest.json", "data.mdb"):
+        assert (tmp_path / "a" / name).read_bytes() == (tmp_path / "b" / name).read_bytes()
+
+
+def test_resume_continues_with_fields_and_notices_a_changed_mask(src, tmp_path, monkeypatch):
+    root, samples, rows = src
+    items = _items(root, rows)
+    opts = _options(writer=WriterOptions(checkpoint_samples=2))
+    ref = convert_items(items, tmp_path / "ref", "lmdb", opts, root=root)
+    interrupt_after(monkeypatch, "lmdb", 4)
+    with pytest.raises(KeyboardInterrupt):
+        convert_items(items, tmp_path / "out", "lmdb", opts, root=root)
+    monkeypatch.undo()
+    again = _options(writer=WriterOptions(checkpoint_samples=2), resume=True)
+    report = convert_items(items, tmp_path / "out", "lmdb", again, root=root)
+    assert report.resumed is not None and report.resumed["written"] >= 2
+    assert report.manifest.source["fingerprint"] == ref.manifest.source["fingerprint"]
+    _check(tmp_path / "out", samples)
+    assert convert_items(items, tmp_path / "out", "lmdb", again, root=root).already_complete
+    os.utime(root / "m3.png", ns=(1, 1))  # the mask changed: not the finished conversion any more
+    with pytest.raises(FileExistsError):
+        convert_items(items, tmp_path / "out", "lmdb", again, root=root)
