@@ -208,3 +208,51 @@ def test_resume_continues_with_fields_and_notices_a_changed_mask(src, tmp_path, 
     os.utime(root / "m3.png", ns=(1, 1))  # the mask changed: not the finished conversion any more
     with pytest.raises(FileExistsError):
         convert_items(items, tmp_path / "out", "lmdb", again, root=root)
+
+
+def _sample_with_arrays(i: int) -> dict:
+    rng = np.random.default_rng(i)
+    h, w = 30 + 4 * i, 40
+    mask = (np.arange(h * w).reshape(h, w) * 7 % 1000).astype(np.uint16)  # 16-bit label values
+    return {"image": rng.integers(0, 256, (h, w, 3), np.uint8), "label": i % 2, "mask": mask,
+            "left": rng.integers(0, 256, (h, w, 3), np.uint8), "boxes": np.array([[0, 0, w, h], [2.5, 3, 10, 12.5]]),
+            "box_labels": np.array([1, 0]), "score": i}
+
+
+def test_pack_stores_array_masks_extra_images_and_boxes(tmp_path):
+    import packer
+
+    report = packer.pack(range(4), tmp_path / "out", "lmdb", fn=_sample_with_arrays, images=("left",), workers=1,
+                         resize="shorter:20", encode="png", no_shuffle=True, quiet=True)
+    assert report.manifest.field_names == ["mask", "left", "boxes"] and report.manifest.classes == ["0", "1"]
+    with open_dataset(tmp_path / "out") as ds:
+        for i in range(4):
+            want, rec = _sample_with_arrays(i), ds.read_record(i)
+            stored = cv2.imdecode(np.frombuffer(rec.fields[0].payload, np.uint8), cv2.IMREAD_UNCHANGED)
+            assert stored.dtype == np.uint16
+            np.testing.assert_array_equal(stored, cv2.resize(want["mask"], (rec.width, rec.height),
+                                                             interpolation=cv2.INTER_NEAREST))
+            left = cv2.imdecode(np.frombuffer(rec.fields[1].payload, np.uint8), cv2.IMREAD_COLOR)
+            assert left.shape == (rec.height, rec.width, 3)
+            b, lab = ds.sample_table().boxes_of(i)
+            scale = np.array([rec.width / 40, rec.height / want["mask"].shape[0]] * 2)
+            np.testing.assert_allclose(b, want["boxes"] * scale, atol=0.5)
+            assert lab.tolist() == [1, 0] and ds.sample_table().meta(i) == {"score": i}
+
+
+def test_pack_refuses_samples_with_other_fields_naming_the_input(tmp_path):
+    import packer
+
+    first = _sample_with_arrays(0)
+    second = {k: v for k, v in _sample_with_arrays(1).items() if k != "mask"}
+    with pytest.raises(ValueError, match=r"input 1: the sample has the fields \['box_labels', 'boxes', 'left'\], "
+                                         r"input 0 \['box_labels', 'boxes', 'mask', 'left'\]"):
+        packer.pack([first, second], tmp_path / "out", "lmdb", images=("left",), workers=1, quiet=True)
+    with pytest.raises(ValueError, match="input 0: the sample has no 'right'"):
+        packer.pack([first], tmp_path / "out", "lmdb", images=("right",), workers=1, quiet=True)
+    with pytest.raises(ValueError, match="images: extra image name 'mask' is reserved"):
+        packer.pack([first], tmp_path / "out", "lmdb", images=("mask",), workers=1, quiet=True)
+    with pytest.raises(ValueError, match=r"input 0: box 0 \[1, 2\] is not four numbers"):
+        packer.pack([{**first, "boxes": [[1, 2]], "box_labels": None}], tmp_path / "out", "lmdb", workers=1,
+                    quiet=True)
+    assert not os.path.exists(tmp_path / "out")
