@@ -251,37 +251,44 @@ def _sample_fields(i: int, sample: dict[str, Any], spool: str, images: tuple[str
 
 def _mask_bytes(i: int, mask: Any, what: str = "mask") -> bytes:
     """A mask given as bytes or an H x W uint8 or uint16 array, as the bytes of a PNG file."""
-    if isinstance(mask, (bytes, bytearray, memoryview)):
-        return bytes(mask)
     import numpy as np
 
     from ..images.fields import encode_mask
 
-    if not isinstance(mask, np.ndarray):
-        raise TypeError(f"input {i}: 'mask' must be a path, bytes or an H x W uint8 or uint16 array, "
-                        f"not {type(mask).__name__}")
-    if mask.dtype not in (np.uint8, np.uint16) or mask.ndim != 2 or 0 in mask.shape:
+    array = _array(i, mask, "'mask'", "an H x W uint8 or uint16 array")
+    if array is None:
+        return bytes(mask)
+    if array.dtype not in (np.uint8, np.uint16) or array.ndim != 2 or 0 in array.shape:
         raise ValueError(f"input {i}: a mask array must be H x W uint8 or uint16 (a label map), not "
-                         f"{'x'.join(map(str, mask.shape))} {mask.dtype}")
-    return encode_mask(np.ascontiguousarray(mask))
+                         f"{'x'.join(map(str, array.shape))} {array.dtype}")
+    return encode_mask(np.ascontiguousarray(array))
 
 
 def _image_bytes(i: int, image: Any, what: str = "image") -> bytes:
     """An image given as bytes or an H x W x 3 uint8 RGB array, as the bytes of an image file."""
-    if isinstance(image, (bytes, bytearray, memoryview)):
-        return bytes(image)
     import numpy as np
 
-    if not isinstance(image, np.ndarray):
-        raise TypeError(f"input {i}: {what!r} must be a path, bytes or an H x W x 3 uint8 array, "
-                        f"not {type(image).__name__}")
-    if image.dtype != np.uint8 or image.ndim != 3 or image.shape[2] != 3 or 0 in image.shape:
+    array = _array(i, image, repr(what), "an H x W x 3 uint8 array")
+    if array is None:
+        return bytes(image)
+    if array.dtype != np.uint8 or array.ndim != 3 or array.shape[2] != 3 or 0 in array.shape:
         what = "an image array" if what == "image" else f"the {what!r} array"
-        raise ValueError(f"input {i}: {what} must be H x W x 3 uint8 (RGB), not {'x'.join(map(str, image.shape))} "
-                         f"{image.dtype}")
+        raise ValueError(f"input {i}: {what} must be H x W x 3 uint8 (RGB), not {'x'.join(map(str, array.shape))} "
+                         f"{array.dtype}")
     import cv2
 
-    ok, buf = cv2.imencode(".png", np.ascontiguousarray(image[:, :, ::-1]), [cv2.IMWRITE_PNG_COMPRESSION, 1])
+    ok, buf = cv2.imencode(".png", np.ascontiguousarray(array[:, :, ::-1]), [cv2.IMWRITE_PNG_COMPRESSION, 1])
     if not ok:
         raise ValueError(f"input {i}: OpenCV could not encode the array as PNG")
     return buf.tobytes()
+
+
+def _array(i: int, value: Any, what: str, array: str) -> Any:
+    """None for bytes, ``value`` for a NumPy array, else TypeError naming the input."""
+    import numpy as np
+
+    if isinstance(value, (bytes, bytearray, memoryview)):
+        return None
+    if not isinstance(value, np.ndarray):
+        raise TypeError(f"input {i}: {what} must be a path, bytes or {array}, not {type(value).__name__}")
+    return value
