@@ -256,3 +256,140 @@ def test_pack_refuses_samples_with_other_fields_naming_the_input(tmp_path):
         packer.pack([{**first, "boxes": [[1, 2]], "box_labels": None}], tmp_path / "out", "lmdb", workers=1,
                     quiet=True)
     assert not os.path.exists(tmp_path / "out")
+
+
+def _rle_string(counts: list[int]) -> str:
+    """COCO's compressed RLE string of ``counts`` (the inverse of packer's reader, written here)."""
+    out = []
+    for i, x in enumerate(counts):
+        if i > 2:
+            x -= counts[i - 2]
+        more = True
+        while more:
+            c = x & 0x1F
+            x >>= 5
+            more = x != -1 if c & 0x10 else x != 0
+            out.append(chr((c | 0x20 if more else c) + 48))
+    return "".join(out)
+
+
+def _runs(binary: np.ndarray) -> list[int]:
+    """Run lengths of a binary mask, column by column, zeros first (COCO's RLE order)."""
+    flat = binary.T.reshape(-1)
+    runs, value, n = [], 0, 0
+    for v in flat:
+        if v != value:
+            runs.append(n)
+            value, n = v, 0
+        n += 1
+    return runs + [n]
+
+
+def test_rle_strings_decode_to_their_runs():
+    from packer.ops.coco import decode_rle, rle_counts
+
+    rng = np.random.default_rng(3)
+    for _ in range(50):
+        counts = rng.integers(0, 5000, rng.integers(1, 30)).tolist()
+        assert rle_counts(_rle_string(counts)) == counts
+    blob = np.zeros((7, 9), np.uint8)
+    blob[2:5, 3:8] = 1
+    np.testing.assert_array_equal(decode_rle(_runs(blob), 7, 9), blob)
+
+
+@pytest.fixture
+def coco(tmp_path):
+    """Three images (one without annotations), categories listed out of id order, polygons, a
+    crowd region as a compressed RLE and one as an uncompressed RLE; the masks they draw."""
+    root = tmp_path / "coco"
+    (root / "img").mkdir(parents=True)
+    rng = np.random.default_rng(0)
+    sizes = {1: (30, 40), 2: (36, 24), 3: (20, 20)}
+    for i, (h, w) in sizes.items():
+        (root / "img" / f"{i:03d}.png").write_bytes(_png(rng.integers(0, 256, (h, w, 3), np.uint8)))
+    crowd = np.zeros((30, 40), np.uint8)
+    crowd[20:28, 2:12] = 1
+    crowd2 = np.zeros((36, 24), np.uint8)
+    crowd2[1:4, 1:20] = 1
+
+    def rect(x0, y0, x1, y1):
+        return [[x0, y0, x1, y0, x1, y1, x0, y1]]
+
+    anns = [
+        {"id": 10, "image_id": 1, "category_id": 3, "bbox": [5, 4, 10, 8], "iscrowd": 0, "segmentation": rect(5, 4, 15, 12)},
+        {"id": 11, "image_id": 1, "category_id": 1, "bbox": [20, 10, 15.5, 12], "iscrowd": 0,
+         "segmentation": rect(20, 10, 35, 22)},
+        {"id": 12, "image_id": 1, "category_id": 2, "bbox": [2, 20, 10, 8], "iscrowd": 1,
+         "segmentation": {"counts": _rle_string(_runs(crowd)), "size": [30, 40]}},
+        {"id": 13, "image_id": 2, "category_id": 1, "bbox": [1, 1, 19, 3], "iscrowd": 1,
+         "segmentation": {"counts": _runs(crowd2), "size": [36, 24]}},
+    ]
+    doc = {"images": [{"id": i, "file_name": f"img/{i:03d}.png", "height": h, "width": w,
+                       "coco_url": f"http://example.org/{i}.png"} for i, (h, w) in sizes.items()],
+           "annotations": anns,
+           "categories": [{"id": 3, "name": "car"}, {"id": 1, "name": "person"}, {"id": 2, "name": "dog"}]}
+    (root / "instances.json").write_text(json.dumps(doc))
+    semantic = {i: np.zeros(s, np.uint8) for i, s in sizes.items()}
+    instance = {i: np.zeros(s, np.uint8) for i, s in sizes.items()}
+    for k, (img, cat, region) in enumerate([(1, 3, (slice(4, 13), slice(5, 16))), (1, 1, (slice(10, 23), slice(20, 36))),
+                                            (1, 2, crowd.astype(bool))]):
+        semantic[img][region] = {1: 1, 2: 2, 3: 3}[cat]  # person, dog, car: indices 0, 1, 2 (+1)
+        instance[img][region] = k + 1
+    semantic[2][crowd2.astype(bool)], instance[2][crowd2.astype(bool)] = 1, 1
+    return root, doc, semantic, instance
+
+
+@pytest.mark.parametrize("masks", ["semantic", "instance"])
+def test_coco_file_converts_with_boxes_categories_crowd_and_masks(coco, tmp_path, masks):
+    root, doc, semantic, instance = coco
+    assert main(["convert", "coco", "lmdb", str(root / "instances.json"), str(tmp_path / "out"), "--images",
+                 str(root), "--masks", masks, "--resize", "shorter:15", "--encode", "png", "--workers", "1", "-q"]) == 0
+    m = read_manifest(tmp_path / "out")
+    assert m.classes == ["person", "dog", "car"] and m.label_kind == "multi"
+    assert m.field_names == ["mask", "boxes"] and m.num_samples == 3
+    want_masks = semantic if masks == "semantic" else instance
+    anns = {im["id"]: [a for a in doc["annotations"] if a["image_id"] == im["id"]] for im in doc["images"]}
+    with open_dataset(tmp_path / "out") as ds:
+        table = ds.sample_table()
+        for i in range(3):
+            rec, meta = ds.read_record(i), table.meta(i)
+            image_id = meta["id"]
+            assert rec.key == meta["file_name"] == f"img/{image_id:03d}.png"
+            assert meta["coco_url"] == f"http://example.org/{image_id}.png"
+            assert meta["iscrowd"] == [a["iscrowd"] for a in anns[image_id]]
+            h, w = want_masks[image_id].shape
+            stored = cv2.imdecode(np.frombuffer(rec.fields[0].payload, np.uint8), cv2.IMREAD_UNCHANGED)
+            np.testing.assert_array_equal(stored, cv2.resize(want_masks[image_id], (rec.width, rec.height),
+                                                             interpolation=cv2.INTER_NEAREST))
+            b, lab = table.boxes_of(i)
+            want = [[x, y, x + bw, y + bh] for x, y, bw, bh in (a["bbox"] for a in anns[image_id])]
+            scale = np.array([rec.width / w, rec.height / h] * 2)
+            np.testing.assert_allclose(b, np.array(want, np.float64).reshape(-1, 4) * scale, atol=0.5)
+            cats = [{1: 0, 2: 1, 3: 2}[a["category_id"]] for a in anns[image_id]]
+            assert lab.tolist() == cats and table.labels_of(i) == sorted(set(cats))
+
+
+def test_coco_problems_name_the_entry_or_skip_the_image(coco, tmp_path):
+    from packer.ops.coco import convert_coco, read_coco
+
+    root, doc, _, _ = coco
+    bad = json.loads(json.dumps(doc))
+    bad["annotations"][1]["category_id"] = 9
+    (root / "bad.json").write_text(json.dumps(bad))
+    with pytest.raises(SourceError, match=r"bad.json: annotations\[1\]: category_id 9 is not a category"):
+        read_coco(root / "bad.json", root)
+    bad = json.loads(json.dumps(doc))
+    bad["annotations"][2]["segmentation"]["size"] = [3, 4]
+    (root / "bad.json").write_text(json.dumps(bad))
+    with pytest.raises(SourceError, match=r"annotations\[2\]: RLE size \[3, 4\] is not the image's \[30, 40\]"):
+        read_coco(root / "bad.json", root, masks="semantic")
+    bad = json.loads(json.dumps(doc))
+    bad["annotations"][3]["bbox"] = [10, 1, 19, 3]  # 29 > the image's width 24
+    (root / "bad.json").write_text(json.dumps(bad))
+    (root / "img" / "003.png").unlink()
+    report = convert_coco(root / "bad.json", tmp_path / "out", "lmdb", _options(), images=root)
+    reasons = {s.path: s.reason for s in report.skipped}
+    assert "is not an ordered box inside the 24x36 image" in reasons["img/002.png"]
+    assert reasons["img/003.png"].startswith("cannot read")
+    assert report.manifest.num_samples == 1
+    assert main(["convert", "coco", "lmdb", str(root / "instances.json"), str(tmp_path / "o2"), "-q"]) == 2

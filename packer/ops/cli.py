@@ -48,8 +48,9 @@ def _add_convert(p: argparse.ArgumentParser) -> None:
                 "(Ctrl-C), 143 terminated (SIGTERM); after 130 or 143 the partial output (once past its first "
                 "checkpoint) is kept and --resume continues it")
     fmts = format_names()
-    p.add_argument("src_format", choices=["imagefolder", "list", *fmts],
-                   help="format of SRC (list: a .csv, .tsv or .jsonl file naming images, labels and metadata)")
+    p.add_argument("src_format", choices=["imagefolder", "list", "coco", *fmts],
+                   help="format of SRC (list: a .csv, .tsv or .jsonl file naming images, labels and metadata; coco: "
+                        "a COCO instances_*.json, its images in --images DIR)")
     p.add_argument("dst_format", choices=[*fmts, "imagefolder"], help="format to write")
     p.add_argument("src", help="source folder, list file or packed dataset (a packed SRC may be a URL); tar and "
                                "tfrecord: also a brace pattern of shard files, dir/shard-{000000..000009}.tar")
@@ -90,6 +91,12 @@ def _add_convert(p: argparse.ArgumentParser) -> None:
                         "it (default: PACKER_TORCHRUN_TIMEOUT, else 1800); a live rank is waited for however long "
                         "its part takes")
     _add_list_options(p)
+    g = p.add_argument_group("COCO sources")
+    g.add_argument("--images", metavar="DIR", help="coco source: the folder of the file's images (file_name is "
+                                                   "relative to it)")
+    g.add_argument("--masks", choices=["semantic", "instance"], default=None,
+                   help="coco source: also store a mask rasterised from the annotations (semantic: category index "
+                        "+ 1 per pixel; instance: annotation number + 1; 0: background)")
     g = p.add_argument_group("shards (tar, tfrecord)")
     g.add_argument("--shard-size", default=None, help="max bytes per shard, e.g. 256MB, 1GiB")
     g.add_argument("--shard-samples", type=int, default=None, help="max samples per shard")
@@ -284,26 +291,32 @@ def convert_from_args(a: argparse.Namespace, launch=None):  # noqa: ANN001, ANN2
     from ..storage.remote import is_url
     from ..storage.shardspec import has_braces
 
-    if launch is not None and a.src_format == "list":
-        raise UsageError("packer convert: a list source converts in one process; under torchrun add --no-torchrun "
-                         "(or split the list and merge the parts: packer merge)")
+    if launch is not None and a.src_format in ("list", "coco"):
+        raise UsageError(f"packer convert: a {a.src_format} source converts in one process; under torchrun add "
+                         f"--no-torchrun (or split the list and merge the parts: packer merge)")
     if launch is not None:
         return _convert_torchrun(a, launch)
     if a.src_format != "list" and any(getattr(a, k) is not None for k in _LIST_ONLY):
         flag = "--" + next(k for k in _LIST_ONLY if getattr(a, k) is not None).replace("_", "-")
         raise UsageError(f"packer convert: {flag} applies to a list source only")
+    if a.src_format != "coco" and any(getattr(a, k) is not None for k in _COCO_ONLY):
+        flag = "--" + next(k for k in _COCO_ONLY if getattr(a, k) is not None)
+        raise UsageError(f"packer convert: {flag} applies to a coco source only")
+    if a.src_format == "coco" and a.images is None:
+        raise UsageError("packer convert: a coco source needs --images DIR, the folder of its images")
     if is_url(a.src) and has_braces(a.src):
         a.src = _fetched_shards(a, a.src)
     elif is_url(a.src):
-        if a.src_format in ("imagefolder", "list"):
-            raise UsageError("packer convert: an image folder or list is read from a local path; a URL SRC must be "
-                             "packed")
+        if a.src_format in ("imagefolder", "list", "coco"):
+            raise UsageError("packer convert: an image folder, list or COCO file is read from a local path; a URL "
+                             "SRC must be packed")
         a.src = _fetched(a, a.src)
     if not is_url(a.dst):
         return _convert_local(a)
     return _convert_to_url(a)
 
 
+_COCO_ONLY = ("images", "masks")
 _LIST_ONLY = ("root", "path_column", "label_column", "allow_outside_root", "mask_column", "image_column",
               "boxes_column", "box_labels_column")
 
@@ -375,12 +388,13 @@ def _convert_local(a: argparse.Namespace):  # noqa: ANN202 - ConvertReport
     from .engine import convert_imagefolder
 
     options = convert_options(a)
-    if a.src_format in ("imagefolder", "list") and a.dst_format == "imagefolder":
+    if a.src_format in ("imagefolder", "list", "coco") and a.dst_format == "imagefolder":
         raise UsageError(f"packer convert: {a.src_format} -> imagefolder is not a conversion")
     if a.classes_from is not None:
         if a.src_format not in ("imagefolder", "list"):
             raise UsageError("packer convert: --classes-from applies to imagefolder and list sources (a packed "
-                             "source keeps its classes; packer merge reconciles class lists)")
+                             "source keeps its classes, a COCO file's are its categories; packer merge reconciles "
+                             "class lists)")
         options = replace(options, classes=tuple(pinned_classes(a.classes_from)))
     _warn_partial_output(a)
     if a.src_format == "list":
@@ -398,6 +412,10 @@ def _convert_local(a: argparse.Namespace):  # noqa: ANN202 - ConvertReport
             if isinstance(e, SourceError):  # names the list already
                 raise
             raise SourceError(f"{a.src}: {e}") from None
+    elif a.src_format == "coco":
+        from .coco import convert_coco
+
+        report = convert_coco(a.src, a.dst, a.dst_format, options, images=a.images, masks=a.masks)
     elif a.src_format == "imagefolder":
         report = convert_imagefolder(a.src, a.dst, a.dst_format, options)
     else:  # packed -> packed or imagefolder: copy stored bytes unless --resize/--encode ask otherwise
