@@ -317,7 +317,7 @@ def coco(tmp_path):
 
     anns = [
         {"id": 10, "image_id": 1, "category_id": 3, "bbox": [5, 4, 10, 8], "iscrowd": 0, "segmentation": rect(5, 4, 15, 12)},
-        {"id": 11, "image_id": 1, "category_id": 1, "bbox": [20, 10, 15.5, 12], "iscrowd": 0,
+        {"id": 11, "image_id": 1, "category_id": 1, "bbox": [20, 10, 20.4, 12], "iscrowd": 0,  # to 40.4: clipped
          "segmentation": rect(20, 10, 35, 22)},
         {"id": 12, "image_id": 1, "category_id": 2, "bbox": [2, 20, 10, 8], "iscrowd": 1,
          "segmentation": {"counts": _rle_string(_runs(crowd)), "size": [30, 40]}},
@@ -362,7 +362,7 @@ def test_coco_file_converts_with_boxes_categories_crowd_and_masks(coco, tmp_path
             np.testing.assert_array_equal(stored, cv2.resize(want_masks[image_id], (rec.width, rec.height),
                                                              interpolation=cv2.INTER_NEAREST))
             b, lab = table.boxes_of(i)
-            want = [[x, y, x + bw, y + bh] for x, y, bw, bh in (a["bbox"] for a in anns[image_id])]
+            want = [[x, y, min(x + bw, w), y + bh] for x, y, bw, bh in (a["bbox"] for a in anns[image_id])]
             scale = np.array([rec.width / w, rec.height / h] * 2)
             np.testing.assert_allclose(b, np.array(want, np.float64).reshape(-1, 4) * scale, atol=0.5)
             cats = [{1: 0, 2: 1, 3: 2}[a["category_id"]] for a in anns[image_id]]

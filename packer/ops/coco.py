@@ -99,7 +99,7 @@ class CocoSource(Sequence[tuple[Any, ...]]):
 
     def item(self, im: _Image) -> tuple[str, list[int], dict[str, Any], dict[str, Any]]:
         """One image as an item: (path, categories present, metadata, fields)."""
-        boxes = [[x, y, x + w, y + h] for x, y, w, h in (a["bbox"] for a in im.anns)]
+        boxes = [_xyxy(a["bbox"], im.entry["width"], im.entry["height"]) for a in im.anns]
         labels = [self.category_index[a["category_id"]] for a in im.anns]
         meta = {**im.entry, "iscrowd": [int(a.get("iscrowd", 0)) for a in im.anns],
                 "annotation_ids": [a.get("id") for a in im.anns]}
@@ -224,6 +224,25 @@ def read_coco(path: str | os.PathLike[str], images: str | os.PathLike[str], mask
         _check_annotation(f"{path}: annotations[{k}]", a, im, category_index)
         im.anns.append(a)  # type: ignore[union-attr]  # checked above
     return CocoSource(path, classes, category_index, list(by_id.values()), masks)
+
+
+#: How far (pixels) a box may reach past the image's border and be clipped to it: COCO's boxes
+#: were rounded, and some end a fraction of a pixel outside their image.
+BORDER_SLACK = 1.0
+
+
+def _xyxy(bbox: Sequence[float], width: int, height: int) -> list[float]:
+    """A COCO ``[x, y, width, height]`` box as ``[x0, y0, x1, y1]``, an edge less than
+    :data:`BORDER_SLACK` outside the image moved onto its border (further out: left for the
+    conversion to refuse, naming the box)."""
+    x, y, w, h = bbox
+    box = [x, y, x + w, y + h]
+    for k, top in enumerate((width, height, width, height)):
+        if -BORDER_SLACK < box[k] < 0:
+            box[k] = 0.0
+        elif top < box[k] < top + BORDER_SLACK:
+            box[k] = float(top)
+    return box
 
 
 class _Ordered(Sequence[Any]):
