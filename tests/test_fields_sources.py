@@ -83,7 +83,7 @@ def _check(dst, samples, order=None):
 
 
 def test_jsonl_list_with_masks_images_and_boxes_converts_to_lmdb(src, tmp_path):
-    root, samples, _ = src
+    root, samples, rows = src
     report = convert_list(root / "list.jsonl", tmp_path / "out", "lmdb", _options(), mask_column="mask",
                           image_columns=["left"], boxes_column="boxes", box_labels_column="classes")
     assert report.skipped == []
@@ -93,6 +93,16 @@ def test_jsonl_list_with_masks_images_and_boxes_converts_to_lmdb(src, tmp_path):
     _check(tmp_path / "out", samples)
     with open_dataset(tmp_path / "out") as ds:  # the field columns are not metadata
         assert ds.sample_table().meta(0) == {"note": 0}
+    two = ConvertOptions(processing=_options().processing, workers=2, shuffle=False)  # fields cross to workers
+    convert_list(root / "list.jsonl", tmp_path / "two", "lmdb", two, mask_column="mask", image_columns=["left"],
+                 boxes_column="boxes", box_labels_column="classes")
+    for name in ("data.mdb", "samples.table"):  # the same bytes whatever the number of workers
+        assert (tmp_path / "out" / name).read_bytes() == (tmp_path / "two" / name).read_bytes()
+    zoo = [{**r, "classes": ["zebra"] * len(r["boxes"])} for r in rows]
+    (root / "zoo.jsonl").write_text("".join(json.dumps(r) + "\n" for r in zoo))
+    with pytest.raises(SourceError, match=r"zoo.jsonl:2: class 'zebra' is not in the pinned class list"):
+        convert_list(root / "zoo.jsonl", tmp_path / "pinned", "lmdb", _options(), classes=["a", "b"],
+                     boxes_column="boxes", box_labels_column="classes")
 
 
 def test_csv_list_through_the_command_line(src, tmp_path):
