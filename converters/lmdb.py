@@ -43,6 +43,7 @@ class LMDBWriter(Writer):
     """Writes a packed LMDB environment into the output directory."""
 
     format = "lmdb"
+    writes_fields = True
     resumable = True
 
     def __init__(self, directory: str, options: WriterOptions) -> None:

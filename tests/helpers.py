@@ -124,7 +124,8 @@ def fields_sources(n: int = 6, seed: int = 0, sizes=((48, 64), (40, 30), (33, 57
 
 
 def write_fields_dataset(dst, fmt: str, n: int = 6, resize: str = "shorter:24", encode: str = "png",
-                         mask: bool = True, images=("left",), boxes: bool = True, seed: int = 0, **writer):
+                         mask: bool = True, images=("left",), boxes: bool = True, seed: int = 0, classes=("a", "b"),
+                         **writer):
     """A version 3 dataset of ``fmt`` at ``dst`` (masks, extra images named ``images``, boxes with
     labels) from :func:`fields_sources`, through packer's own processing and writer. Returns the
     sources, for the test to compare against."""
@@ -149,7 +150,7 @@ def write_fields_dataset(dst, fmt: str, n: int = 6, resize: str = "shorter:24", 
         items.append((key, label, process_sample(data, opts, fs), None))
     declared = ([{"name": "mask", "kind": "mask"}] if mask else []) + [{"name": x, "kind": "image"} for x in images]
     declared += [{"name": "boxes", "kind": "boxes", "labels": True}] if boxes else []
-    template = Manifest(format=fmt, num_samples=0, classes=["a", "b"], processing=opts.to_json(), files=[],
+    template = Manifest(format=fmt, num_samples=0, classes=list(classes), processing=opts.to_json(), files=[],
                         version=FIELDS_VERSION, fields=declared, source={"kind": "test"})
     write_packed(str(dst), fmt, items, template, ConvertOptions(processing=opts, writer=WriterOptions(**writer)))
     return src

@@ -173,3 +173,74 @@ def test_a_lmdb_dataset_with_fields_is_version_3_with_pks3_records(tmp_path):
             scale = [rec.width / mask.shape[1], rec.height / mask.shape[0]] * 2
             np.testing.assert_allclose(b, np.array(boxes, np.float64).reshape(-1, 4) * scale, atol=0.5)
             assert lab.tolist() == labels
+
+
+def _fields_of(ds, i):
+    rec = ds.read_record(i)
+    mask = cv2.imdecode(np.frombuffer(rec.fields[0].payload, np.uint8), cv2.IMREAD_UNCHANGED)
+    return rec, mask, ds.sample_table().boxes_of(i)
+
+
+def test_format_conversion_copies_fields_and_resizing_keeps_them_aligned(tmp_path):
+    from packer.datasets import open_dataset
+    from packer.ops.engine import ConvertOptions
+    from packer.ops.transcode import convert_dataset, processing_for
+
+    write_fields_dataset(tmp_path / "a.lmdb", "lmdb", n=4, resize="shorter:24")
+    convert_dataset(tmp_path / "a.lmdb", tmp_path / "copy.lmdb", "lmdb", "lmdb")
+    half = ConvertOptions(processing=processing_for(None, "shorter:12", "png"))
+    convert_dataset(tmp_path / "a.lmdb", tmp_path / "half.lmdb", "lmdb", "lmdb", half)
+    with open_dataset(tmp_path / "a.lmdb") as a, open_dataset(tmp_path / "copy.lmdb") as c, \
+            open_dataset(tmp_path / "half.lmdb") as h:
+        assert c.manifest.version == h.manifest.version == 3 and c.manifest.fields == a.manifest.fields
+        for i in range(4):
+            ra, ma, (ba, la) = _fields_of(a, i)
+            rc, mc, (bc, lc) = _fields_of(c, i)
+            rh, mh, (bh, lh) = _fields_of(h, i)
+            assert bytes(rc.fields[1].payload) == bytes(ra.fields[1].payload)
+            np.testing.assert_array_equal(mc, ma)
+            np.testing.assert_array_equal(bc, ba)
+            assert lc.tolist() == la.tolist() == lh.tolist()
+            np.testing.assert_array_equal(mh, cv2.resize(ma, (rh.width, rh.height), interpolation=cv2.INTER_NEAREST))
+            assert (rh.fields[1].height, rh.fields[1].width) == (rh.height, rh.width)
+            np.testing.assert_allclose(bh, ba * ([rh.width / ra.width, rh.height / ra.height] * 2), atol=1e-4)
+
+
+def test_fields_are_refused_by_a_writer_without_them_and_by_imagefolder_output(tmp_path):
+    from packer.errors import SourceError
+    from packer.ops.transcode import convert_dataset
+
+    write_fields_dataset(tmp_path / "a.lmdb", "lmdb", n=2)
+    with pytest.raises(SourceError, match=r"fields \(mask, left, boxes\)"):
+        convert_dataset(tmp_path / "a.lmdb", tmp_path / "out", "lmdb", "imagefolder")
+    assert not os.path.exists(tmp_path / "out")
+
+
+def test_merge_keeps_fields_and_renumbers_box_labels(tmp_path):
+    from packer.datasets import open_dataset
+    from packer.errors import SourceError
+    from packer.ops.merge import merge
+
+    write_fields_dataset(tmp_path / "p0", "lmdb", n=3, seed=0, classes=("a", "b"))
+    write_fields_dataset(tmp_path / "p1", "lmdb", n=3, seed=1, classes=("b", "a"))
+    merge([tmp_path / "p0", tmp_path / "p1"], tmp_path / "m")
+    with open_dataset(tmp_path / "m") as m, open_dataset(tmp_path / "p1") as p1:
+        assert m.manifest.version == 3 and m.classes == ["a", "b"] and len(m) == 6
+        for i in range(3):
+            rec, mask, (b, lab) = _fields_of(m, 3 + i)
+            rp, mp, (bp, labp) = _fields_of(p1, i)
+            np.testing.assert_array_equal(mask, mp)
+            np.testing.assert_array_equal(b, bp)
+            assert lab.tolist() == [1 - v for v in labp.tolist()]  # "b" was 0 in the part, is 1 merged
+    write_fields_dataset(tmp_path / "nomask", "lmdb", n=2, mask=False)
+    with pytest.raises(SourceError, match="have the same fields"):
+        merge([tmp_path / "p0", tmp_path / "nomask"], tmp_path / "m2")
+
+
+def test_info_names_the_fields(tmp_path, capsys):
+    from packer.ops.cli import main
+
+    write_fields_dataset(tmp_path / "a.lmdb", "lmdb", n=2)
+    assert main(["info", str(tmp_path / "a.lmdb")]) == 0
+    out = capsys.readouterr().out
+    assert "manifest v3" in out and "fields      mask (mask), left (image), boxes (boxes)" in out

@@ -220,14 +220,18 @@ def _spooled(i: int, name: str, value: Any, spool: str, to_bytes: Callable[[int,
     if isinstance(value, (str, os.PathLike)):
         return os.path.abspath(os.fspath(value))
     path = os.path.join(spool, f"{i:010d}{'.' + name if name else ''}")
-    data = to_bytes(i, value, name or "image")
+    write_spooled(path, to_bytes(i, value, name or "image"))
+    return path
+
+
+def write_spooled(path: str, data: bytes) -> None:
+    """Write an image's bytes to ``path`` in a spool folder. A conversion knows a file by its size
+    and modification time: the time is set from the content, so the same sample spooled again (a
+    resumed conversion) is the same file to it."""
     with open(path, "wb") as f:
         f.write(data)
-    # A conversion knows a file by its size and modification time: set the time from the
-    # content, so the same sample made again (a resumed pack) is the same file to it.
     stamp = int.from_bytes(hashlib.sha256(data).digest()[:7], "little")
     os.utime(path, ns=(stamp, stamp))
-    return path
 
 
 def _sample_fields(i: int, sample: dict[str, Any], spool: str, images: tuple[str, ...]) -> dict[str, Any] | None:

@@ -374,6 +374,9 @@ class _Run:
 
     def open_writer(self) -> None:
         """Start the writer with the dataset facts; on resume, bring it back to the checkpoint."""
+        if self.template.fields and not getattr(self.writer_class, "writes_fields", False):
+            raise ValueError(f"the {self.fmt} writer cannot store the samples' fields "
+                             f"({', '.join(self.template.field_names)}) yet; convert to lmdb")
         # Every format also gets the sample table (labels, keys, metadata: packer.description.samples).
         self.writer = SampleTableWriter(self.writer_class(self.tmp, self.options.writer), self.template.label_kind,
                                         boxes=self.template.field_kind("boxes") is not None)
