@@ -121,6 +121,14 @@ def test_csv_list_through_the_command_line(src, tmp_path):
                  "--encode", "png", "--workers", "1", "--no-shuffle", "-q", "--mask-column", "mask",
                  "--image-column", "left", "--boxes-column", "boxes", "--box-labels-column", "classes"]) == 0
     _check(tmp_path / "out", samples)
+    import packer
+
+    packer.convert("list", "lmdb", root / "list.csv", tmp_path / "api", resize="shorter:24", encode="png", workers=1,
+                   no_shuffle=True, quiet=True, mask_column="mask", image_column="left", boxes_column="boxes",
+                   box_labels_column="classes")  # the flags as keywords, one extra image as a plain string
+    assert (tmp_path / "api" / "data.mdb").read_bytes() == (tmp_path / "out" / "data.mdb").read_bytes()
+    with pytest.raises(ValueError, match="--mask-column applies to a list source only"):
+        packer.convert("imagefolder", "lmdb", root, tmp_path / "x", mask_column="mask")
 
 
 def test_list_field_paths_outside_the_root_are_refused(src):
