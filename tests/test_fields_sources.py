@@ -416,3 +416,20 @@ def test_coco_problems_name_the_entry_or_skip_the_image(coco, tmp_path):
     assert reasons["img/003.png"].startswith("cannot read")
     assert report.manifest.num_samples == 1
     assert main(["convert", "coco", "lmdb", str(root / "instances.json"), str(tmp_path / "o2"), "-q"]) == 2
+
+
+def test_a_field_file_that_changes_after_listing_is_an_error_naming_it(src, tmp_path, monkeypatch):
+    import packer.ops.items as items_module
+
+    root, _, rows = src
+    listed = items_module._Rows.fingerprint
+
+    def then_touch(self, *a, **kw):  # the mask changes between the listing and the read
+        out = listed(self, *a, **kw)
+        os.utime(root / "m2.png", ns=(10**18, 10**18))
+        return out
+
+    monkeypatch.setattr(items_module._Rows, "fingerprint", then_touch)
+    with pytest.raises(SourceError, match=r"m2.png is not the file this conversion was planned with"):
+        convert_items(_items(root, rows), tmp_path / "out", "lmdb", _options(), root=root)
+    assert not os.path.exists(tmp_path / "out")

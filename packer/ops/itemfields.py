@@ -10,15 +10,17 @@ import math
 import numbers
 import os
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from ..errors import ImageError
 from ..files.fileio import NotReadableError, read_source_file
 from ..images.fields import FieldSources, check_field_name, process_sample
 from ..images.imageproc import ProcessOptions
+from .engine import NO_STAMP, Stamp, file_stamp, stamp_mismatch
 
-__all__ = ["FIELD_KEYS", "ItemFields", "FieldFiles", "item_fields", "declared_fields", "process_with_fields"]
+__all__ = ["FIELD_KEYS", "ItemFields", "FieldFiles", "item_fields", "declared_fields", "fields_entry", "with_stamps",
+           "process_with_fields", "field_processor"]
 
 #: The keys an item's fields dict may have.
 FIELD_KEYS = ("mask", "images", "boxes", "box_labels")
@@ -53,13 +55,20 @@ class ItemFields:
 
 @dataclass(frozen=True)
 class FieldFiles:
-    """What a worker needs to read and process one item's fields: sources (paths or bytes) and
-    boxes with their labels already made class numbers."""
+    """What a worker needs to read and process one item's fields: sources (paths or bytes),
+    boxes with their labels already made class numbers, and the ``(size, mtime_ns)`` each file
+    had when the items were listed (by path; a file read must still have it)."""
 
     mask: Source | None
     images: tuple[tuple[str, Source], ...]
     boxes: tuple[tuple[float, float, float, float], ...] | None
     box_labels: tuple[int, ...] | None
+    stamps: tuple[tuple[str, Stamp], ...] = ()
+
+    @property
+    def paths(self) -> list[str]:
+        """The fields' files given by path: the mask's, then the extra images' in order."""
+        return [s for s in (self.mask, *(src for _, src in self.images)) if isinstance(s, str)]
 
 
 def _source(i: int, what: str, value: Any) -> Source:
@@ -138,43 +147,52 @@ def declared_fields(first: ItemFields, image_order: Sequence[str]) -> list[dict[
     return out
 
 
-def fields_entry(fields: ItemFields, box_labels: tuple[int, ...] | None) -> dict[str, Any]:
+def fields_entry(files: FieldFiles) -> dict[str, Any]:
     """What an item's fingerprint records of its fields: each file's size and modification time
-    (or the SHA-256 of bytes), the boxes and the box labels' class numbers."""
+    (as ``files.stamps`` has them; the SHA-256 of bytes), the boxes and the box labels' numbers."""
+    stamps = dict(files.stamps)
+
     def stamp(src: Source) -> Any:
-        if isinstance(src, bytes):
-            return hashlib.sha256(src).hexdigest()
-        try:
-            st = os.stat(src)
-        except OSError as e:
-            return [src, -1, str(e.strerror)]
-        return [src, st.st_size, st.st_mtime_ns]
+        return hashlib.sha256(src).hexdigest() if isinstance(src, bytes) else [src, *stamps.get(src, NO_STAMP)]
 
     entry: dict[str, Any] = {}
-    if fields.mask is not None:
-        entry["mask"] = stamp(fields.mask)
-    if fields.images:
-        entry["images"] = [[n, stamp(s)] for n, s in fields.images]
-    if fields.boxes is not None:
-        entry["boxes"] = [list(b) for b in fields.boxes]
-    if box_labels is not None:
-        entry["box_labels"] = list(box_labels)
+    if files.mask is not None:
+        entry["mask"] = stamp(files.mask)
+    if files.images:
+        entry["images"] = [[n, stamp(s)] for n, s in files.images]
+    if files.boxes is not None:
+        entry["boxes"] = [list(b) for b in files.boxes]
+    if files.box_labels is not None:
+        entry["box_labels"] = list(files.box_labels)
     return entry
+
+
+def with_stamps(files: FieldFiles, stamps: Sequence[Stamp] | None = None) -> FieldFiles:
+    """``files`` with the stamps of its files by path: ``stamps`` in :attr:`FieldFiles.paths`'
+    order (what was listed), or looked up now."""
+    paths = files.paths
+    found = list(stamps) if stamps is not None else [file_stamp(p) for p in paths]
+    return replace(files, stamps=tuple((p, tuple(st)) for p, st in zip(paths, found)))  # type: ignore[misc]
 
 
 class _Unreadable(Exception):
     """A field's file could not be read: the skip's reason."""
 
 
-def _read(src: Source, what: str, opts: ProcessOptions) -> bytes:
+def _read(src: Source, what: str, opts: ProcessOptions, stamps: dict[str, Stamp]) -> bytes:
+    """A field's bytes; a file must be as listed (SourceError otherwise: not the planned file)."""
     if isinstance(src, bytes):
         return src
     try:
-        return read_source_file(src, opts.max_source_bytes)[0]
+        data, seen = read_source_file(src, opts.max_source_bytes)
     except OSError as e:
         raise _Unreadable(f"{what} file {src}: cannot read: {e.strerror or e}") from None
     except NotReadableError as e:
         raise _Unreadable(f"{what} file {src}: {e}") from None
+    want = stamps.get(src)
+    if want is not None and (seen.st_size, seen.st_mtime_ns) != tuple(want):
+        raise stamp_mismatch(src, (seen.st_size, seen.st_mtime_ns), want)
+    return data
 
 
 def _at_fault(reason: str, files: FieldFiles) -> str:
@@ -190,9 +208,10 @@ def _at_fault(reason: str, files: FieldFiles) -> str:
 def process_with_fields(data: bytes, opts: ProcessOptions, files: FieldFiles) -> tuple[Any, str | None]:
     """The image's bytes processed with its fields (:func:`~packer.images.fields.process_sample`),
     or (None, the reason) for a skip, naming the field's file when one is at fault."""
+    stamps = dict(files.stamps)
     try:
-        sources = FieldSources(_read(files.mask, "mask", opts) if files.mask is not None else None,
-                               tuple((n, _read(s, f"image {n!r}", opts)) for n, s in files.images),
+        sources = FieldSources(_read(files.mask, "mask", opts, stamps) if files.mask is not None else None,
+                               tuple((n, _read(s, f"image {n!r}", opts, stamps)) for n, s in files.images),
                                files.boxes, files.box_labels)
     except _Unreadable as e:
         return None, str(e)

@@ -43,6 +43,7 @@ from .itemfields import (
     field_processor,
     fields_entry,
     item_fields,
+    with_stamps,
 )
 
 __all__ = ["ImageItem", "convert_items", "item_classes"]
@@ -126,6 +127,9 @@ class _Rows:
         self.to_label = {c: i for i, c in enumerate(names)}
         self.count = len(names)
         self.stamps = array("q")  # (size, mtime_ns) of each item's file as listed; NO_STAMP for bytes
+        #: the same of each item's field files: (mask, extra images) slots per item, the files by path first
+        self.field_stamps = array("q")
+        self.field_slots = (self.first.mask is not None) + len(self.image_order) if self.first is not None else 0
 
     def __len__(self) -> int:
         return len(self.items)
@@ -179,6 +183,15 @@ class _Rows:
         """Item ``i``'s file as :meth:`fingerprint` listed it."""
         return self.stamps[2 * i], self.stamps[2 * i + 1]
 
+    def listed_fields(self, i: int) -> FieldFiles | None:
+        """Item ``i``'s field files, each with the stamp :meth:`fingerprint` listed for it."""
+        checked = self.checked_fields(i)
+        if checked is None:
+            return None
+        at = 2 * self.field_slots * i
+        flat = self.field_stamps[at:at + 2 * len(checked[1].paths)]
+        return with_stamps(checked[1], [(flat[k], flat[k + 1]) for k in range(0, len(flat), 2)])
+
     def fingerprint(self, expected: Sequence[Stamp | None] | None = None) -> tuple[str, list[list[Any]]]:
         """Digest of the items: each key and label, and a file's size and modification time or the
         SHA-256 of bytes given directly (the rows hashed one by one, as ``digest(list)`` would);
@@ -189,6 +202,7 @@ class _Rows:
         h = hashlib.sha256(b"[")
         records: list[list[Any]] = []
         del self.stamps[:]
+        del self.field_stamps[:]
         for i in range(len(self)):
             source, key, label = self.row(i)
             want = expected[i] if expected is not None else None
@@ -214,7 +228,11 @@ class _Rows:
                 entry.append(fields)
             checked = self.checked_fields(i)
             if checked is not None:  # the mask, extra images and boxes (absent without: same digest as before)
-                entry.append({"fields": fields_entry(checked[0], checked[1].box_labels)})
+                files = with_stamps(checked[1])
+                for _, st in files.stamps:
+                    self.field_stamps.extend(st)
+                self.field_stamps.extend(NO_STAMP * (self.field_slots - len(files.stamps)))
+                entry.append({"fields": fields_entry(files)})
             h.update((b"," if i else b"") + json.dumps(entry, sort_keys=True, separators=(",", ":"),
                                                          ensure_ascii=False, default=str).encode("utf-8"))
         h.update(b"]")
@@ -240,8 +258,8 @@ class _Sources(Sequence[str | bytes]):
         fields' files, when items have fields)."""
         source = self.rows.row(i)[0]
         stamp = None if isinstance(source, bytes) else self.rows.stamp(i)
-        checked = self.rows.checked_fields(i) if self.rows.first is not None else None
-        return (source, stamp) if checked is None else (source, stamp, checked[1])
+        files = self.rows.listed_fields(i) if self.rows.first is not None else None
+        return (source, stamp) if files is None else (source, stamp, files)
 
 
 def _checked(i: int, row: Any) -> tuple[Any, Any, Any, Any]:
@@ -294,8 +312,8 @@ def convert_items(
     A Sequence (a list, or a lazy sequence that makes item ``i`` when asked) is read by position,
     item by item, and never copied: two or three passes (class names when ``classes`` is None,
     the fingerprint, the conversion), so it must give the same items each time; memory then
-    grows with the number of items only by the 16 bytes of each item's stamp and the list of
-    file items the manifest keeps (below). Any other iterable is first made a list.
+    grows with the number of items only by the 16 bytes of each item's stamp (and of each of its
+    field files) and the list of file items the manifest keeps (below). Any other iterable is first made a list.
 
     Labels are class names or numbers (see :func:`item_classes` for ``classes=None``); give the
     full ``classes`` list when parts made separately are to be merged without renumbering. Images
@@ -316,7 +334,8 @@ def convert_items(
     list as the labels (inferred from both when ``classes`` is None). A field's file that cannot be
     read or processed (a mask of another size, a box outside the image) skips the sample, naming
     the file and the reason. The fields' files (size and modification time, or the bytes' SHA-256)
-    and boxes are part of the items' fingerprint, so ``resume`` notices a changed mask.
+    and boxes are part of the items' fingerprint, so ``resume`` notices a changed mask, and a
+    field file must still be as listed when it is read (SourceError otherwise), as the image.
 
     ``label_kind``: ``"class"`` (a class name or number per item), ``"multi"`` (a list of them per
     item; classes are the names found in all lists) or ``"number"`` (a float per item; no classes).
