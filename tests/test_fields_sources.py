@@ -366,7 +366,7 @@ def coco(tmp_path):
 def test_coco_file_converts_with_boxes_categories_crowd_and_masks(coco, tmp_path, masks):
     root, doc, semantic, instance = coco
     assert main(["convert", "coco", "lmdb", str(root / "instances.json"), str(tmp_path / "out"), "--images",
-                 str(root), "--masks", masks, "--resize", "shorter:15", "--encode", "png", "--workers", "1", "-q"]) == 0
+                 str(root), "--masks", masks, "--resize", "shorter:15", "--encode", "png", "--workers", "2", "-q"]) == 0
     m = read_manifest(tmp_path / "out")
     assert m.classes == ["person", "dog", "car"] and m.label_kind == "multi"
     assert m.field_names == ["mask", "boxes"] and m.num_samples == 3

@@ -9,6 +9,7 @@ details (what a semantic and an instance mask hold, crowd regions, what is check
 
 from __future__ import annotations
 
+import hashlib
 import json
 import math
 import os
@@ -21,8 +22,9 @@ import numpy as np
 
 from ..errors import SourceError
 from ..images.fields import encode_mask
+from .itemfields import MadeSource
 
-__all__ = ["CocoSource", "MASK_KINDS", "read_coco", "convert_coco", "rle_counts", "decode_rle"]
+__all__ = ["CocoSource", "DrawnMask", "MASK_KINDS", "read_coco", "convert_coco", "rle_counts", "decode_rle"]
 
 #: What ``masks`` can ask for: category index + 1 per pixel, or annotation number + 1.
 MASK_KINDS = ("semantic", "instance")
@@ -77,7 +79,8 @@ class _Image:
 
 class CocoSource(Sequence[tuple[Any, ...]]):
     """A parsed COCO file: the class list and the images as convert_items' items, made when
-    asked for by position (a mask is rasterised then, never kept)."""
+    asked for by position (a mask as a :class:`DrawnMask`, drawn by the worker that processes
+    the image)."""
 
     def __init__(self, path: str, classes: list[str], category_index: dict[int, int], images: list[_Image],
                  masks: str | None) -> None:
@@ -105,25 +108,43 @@ class CocoSource(Sequence[tuple[Any, ...]]):
                 "annotation_ids": [a.get("id") for a in im.anns]}
         fields: dict[str, Any] = {"boxes": boxes, "box_labels": labels}
         if self.masks is not None:
-            fields["mask"] = encode_mask(self.mask(im))
+            values = [labels[k] + 1 if self.masks == "semantic" else k + 1 for k in range(len(im.anns))]
+            top = len(self.classes) if self.masks == "semantic" else len(im.anns)
+            fields["mask"] = DrawnMask(int(im.entry["height"]), int(im.entry["width"]), top >= 255,
+                                       tuple(zip(values, (a.get("segmentation") for a in im.anns))))
         return im.path, sorted(set(labels)), meta, fields
 
-    def mask(self, im: _Image) -> np.ndarray:
-        """The image's mask at its size in the file: each pixel the category index + 1
-        (``semantic``) or the annotation's number + 1 in the image's order (``instance``), 0 where
-        no annotation is; later annotations are drawn over earlier ones."""
-        h, w = int(im.entry["height"]), int(im.entry["width"])
-        top = len(self.classes) if self.masks == "semantic" else len(im.anns)
-        out = np.zeros((h, w), np.uint8 if top < 255 else np.uint16)
-        for k, a in enumerate(im.anns):
-            value = self.category_index[a["category_id"]] + 1 if self.masks == "semantic" else k + 1
-            seg = a.get("segmentation")
+
+@dataclass(frozen=True)
+class DrawnMask(MadeSource):
+    """An image's mask drawn in the worker that processes it: ``shapes`` are (value, COCO
+    segmentation: polygons or an RLE) in drawing order, later ones over earlier ones, on a zero
+    background of ``height`` x ``width``, 8-bit or ``wide`` (16-bit)."""
+
+    height: int
+    width: int
+    wide: bool
+    shapes: tuple[tuple[int, Any], ...]
+
+    def array(self) -> np.ndarray:
+        """The mask: polygons filled with OpenCV at 1/8 pixel precision, RLEs decoded."""
+        out = np.zeros((self.height, self.width), np.uint16 if self.wide else np.uint8)
+        for value, seg in self.shapes:
             if isinstance(seg, list):
                 polys = [np.round(np.asarray(p, np.float64).reshape(-1, 2) * 8).astype(np.int32) for p in seg]
                 cv2.fillPoly(out, polys, value, lineType=cv2.LINE_8, shift=3)
             elif isinstance(seg, dict):
-                out[decode_rle(rle_counts(seg["counts"]), h, w).astype(bool)] = value
+                out[decode_rle(rle_counts(seg["counts"]), self.height, self.width).astype(bool)] = value
         return out
+
+    def data(self) -> bytes:
+        """The mask as a grayscale PNG."""
+        return encode_mask(self.array())
+
+    def digest(self) -> str:
+        """SHA-256 of the size, depth and shapes (as JSON)."""
+        text = json.dumps([self.height, self.width, self.wide, self.shapes], separators=(",", ":"), sort_keys=True)
+        return hashlib.sha256(text.encode()).hexdigest()
 
 
 def _load(path: str) -> dict[str, Any]:
@@ -209,7 +230,8 @@ def _check_annotation(where: str, a: Any, im: _Image | None, categories: dict[in
 
 def read_coco(path: str | os.PathLike[str], images: str | os.PathLike[str], masks: str | None = None) -> CocoSource:
     """Parse a COCO detection file whose images lie in the folder ``images``. ``masks``: None,
-    ``"semantic"`` or ``"instance"`` (see :meth:`CocoSource.mask`). SourceError naming the file
+    ``"semantic"`` (each pixel its annotation's category index + 1) or ``"instance"`` (its
+    annotation's number + 1 in the image's order), 0 where none is. SourceError naming the file
     and the entry (``images[3]``, ``annotations[17]``) for anything that cannot be used: a missing
     field, an unknown image or category, a bbox that is not four finite numbers, a polygon or RLE
     that cannot be read, a file name leading outside ``images``."""

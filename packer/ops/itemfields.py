@@ -5,6 +5,7 @@ image's pixels). Checked per item, read and processed with the image in the work
 
 from __future__ import annotations
 
+import abc
 import hashlib
 import math
 import numbers
@@ -19,14 +20,27 @@ from ..images.fields import FieldSources, check_field_name, process_sample
 from ..images.imageproc import ProcessOptions
 from .engine import NO_STAMP, Stamp, file_stamp, stamp_mismatch
 
-__all__ = ["FIELD_KEYS", "ItemFields", "FieldFiles", "item_fields", "declared_fields", "fields_entry", "with_stamps",
+__all__ = ["FIELD_KEYS", "MadeSource", "ItemFields", "FieldFiles", "item_fields", "declared_fields", "fields_entry", "with_stamps",
            "process_with_fields", "field_processor"]
 
 #: The keys an item's fields dict may have.
 FIELD_KEYS = ("mask", "images", "boxes", "box_labels")
 
-#: A field's source: a file path or the file's bytes.
-Source = str | bytes
+class MadeSource(abc.ABC):
+    """A field's file made where it is processed, in a worker (a mask drawn from polygons): its
+    bytes on demand, and a digest of everything that decides them (for the fingerprint)."""
+
+    @abc.abstractmethod
+    def data(self) -> bytes:
+        """The file's bytes (an exception is a skip of the sample, with its message)."""
+
+    @abc.abstractmethod
+    def digest(self) -> str:
+        """A digest of what decides :meth:`data`, the same whenever the bytes are the same."""
+
+
+#: A field's source: a file path, the file's bytes, or a file made on demand.
+Source = str | bytes | MadeSource
 
 
 @dataclass(frozen=True)
@@ -72,6 +86,8 @@ class FieldFiles:
 
 
 def _source(i: int, what: str, value: Any) -> Source:
+    if isinstance(value, MadeSource):
+        return value
     if isinstance(value, (bytes, bytearray, memoryview)):
         return bytes(value)
     if isinstance(value, (str, os.PathLike)) and os.fspath(value):
@@ -153,6 +169,8 @@ def fields_entry(files: FieldFiles) -> dict[str, Any]:
     stamps = dict(files.stamps)
 
     def stamp(src: Source) -> Any:
+        if isinstance(src, MadeSource):
+            return {"made": src.digest()}
         return hashlib.sha256(src).hexdigest() if isinstance(src, bytes) else [src, *stamps.get(src, NO_STAMP)]
 
     entry: dict[str, Any] = {}
@@ -183,6 +201,11 @@ def _read(src: Source, what: str, opts: ProcessOptions, stamps: dict[str, Stamp]
     """A field's bytes; a file must be as listed (SourceError otherwise: not the planned file)."""
     if isinstance(src, bytes):
         return src
+    if isinstance(src, MadeSource):
+        try:
+            return src.data()
+        except Exception as e:  # noqa: BLE001 - a file that cannot be made is a skip with the reason
+            raise _Unreadable(f"{what} could not be made: {type(e).__name__}: {e}") from None
     try:
         data, seen = read_source_file(src, opts.max_source_bytes)
     except OSError as e:
