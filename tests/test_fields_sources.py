@@ -433,3 +433,14 @@ def test_a_field_file_that_changes_after_listing_is_an_error_naming_it(src, tmp_
     with pytest.raises(SourceError, match=r"m2.png is not the file this conversion was planned with"):
         convert_items(_items(root, rows), tmp_path / "out", "lmdb", _options(), root=root)
     assert not os.path.exists(tmp_path / "out")
+
+
+def test_source_flags_belong_to_their_sources(tmp_path, capsys):
+    dst = str(tmp_path / "o")
+    assert main(["convert", "parquet", "lmdb", "x.parquet", dst, "--image-column", "a", "--image-column", "b"]) == 2
+    assert "a parquet source has one image column; --image-column is given 2 times" in capsys.readouterr().err
+    assert main(["convert", "list", "lmdb", "x.csv", dst, "--images", "img"]) == 2
+    assert "--images applies to a coco source only" in capsys.readouterr().err
+    assert main(["convert", "coco", "lmdb", "x.json", dst, "--images", "img", "--mask-column", "m"]) == 2
+    assert "--mask-column applies to a list source only" in capsys.readouterr().err
+    assert main(["convert", "coco", "lmdb", "x.json", dst, "--images", "img", "--masks", "panoptic"]) == 2
