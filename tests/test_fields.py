@@ -14,6 +14,7 @@ import pytest
 
 from packer.description.manifest import Manifest, read_manifest
 from packer.description.record import pack_record, unpack_record
+from packer.description.registry import format_names, writer_class
 from packer.description.samples import TABLE_NAME, SampleTable, build_table
 from packer.errors import CorruptDataError, ImageError, ManifestError
 from packer.images.fields import (
@@ -181,15 +182,20 @@ def _fields_of(ds, i):
     return rec, mask, ds.sample_table().boxes_of(i)
 
 
-def test_format_conversion_copies_fields_and_resizing_keeps_them_aligned(tmp_path):
+#: The formats whose writers store fields.
+FIELD_FORMATS = [f for f in format_names() if writer_class(f).writes_fields]
+
+
+@pytest.mark.parametrize("fmt", FIELD_FORMATS)
+def test_format_conversion_copies_fields_and_resizing_keeps_them_aligned(tmp_path, fmt):
     from packer.datasets import open_dataset
     from packer.ops.engine import ConvertOptions
     from packer.ops.transcode import convert_dataset, processing_for
 
     write_fields_dataset(tmp_path / "a.lmdb", "lmdb", n=4, resize="shorter:24")
-    convert_dataset(tmp_path / "a.lmdb", tmp_path / "copy.lmdb", "lmdb", "lmdb")
+    convert_dataset(tmp_path / "a.lmdb", tmp_path / "copy.lmdb", "lmdb", fmt)
     half = ConvertOptions(processing=processing_for(None, "shorter:12", "png"))
-    convert_dataset(tmp_path / "a.lmdb", tmp_path / "half.lmdb", "lmdb", "lmdb", half)
+    convert_dataset(tmp_path / "copy.lmdb", tmp_path / "half.lmdb", fmt, "lmdb", half)
     with open_dataset(tmp_path / "a.lmdb") as a, open_dataset(tmp_path / "copy.lmdb") as c, \
             open_dataset(tmp_path / "half.lmdb") as h:
         assert c.manifest.version == h.manifest.version == 3 and c.manifest.fields == a.manifest.fields
@@ -216,13 +222,20 @@ def test_fields_are_refused_by_a_writer_without_them_and_by_imagefolder_output(t
     assert not os.path.exists(tmp_path / "out")
 
 
-def test_merge_keeps_fields_and_renumbers_box_labels(tmp_path):
+@pytest.mark.parametrize("fmt", FIELD_FORMATS)
+def test_merge_keeps_fields_and_renumbers_box_labels(tmp_path, fmt):
     from packer.datasets import open_dataset
     from packer.errors import SourceError
     from packer.ops.merge import merge
 
-    write_fields_dataset(tmp_path / "p0", "lmdb", n=3, seed=0, classes=("a", "b"))
-    write_fields_dataset(tmp_path / "p1", "lmdb", n=3, seed=1, classes=("b", "a"))
+    write_fields_dataset(tmp_path / "p0", fmt, n=3, seed=0, classes=("a", "b"))
+    write_fields_dataset(tmp_path / "p1", fmt, n=3, seed=1, classes=("b", "a"))
+    write_fields_dataset(tmp_path / "same", fmt, n=3, seed=2, classes=("a", "b"))  # copied as it is (shards)
+    merge([tmp_path / "p0", tmp_path / "same"], tmp_path / "m0")
+    with open_dataset(tmp_path / "m0") as m0, open_dataset(tmp_path / "same") as same:
+        for i in range(3):
+            np.testing.assert_array_equal(_fields_of(m0, 3 + i)[1], _fields_of(same, i)[1])
+            assert bytes(m0.read_record(3 + i).fields[1].payload) == bytes(same.read_record(i).fields[1].payload)
     merge([tmp_path / "p0", tmp_path / "p1"], tmp_path / "m")
     with open_dataset(tmp_path / "m") as m, open_dataset(tmp_path / "p1") as p1:
         assert m.manifest.version == 3 and m.classes == ["a", "b"] and len(m) == 6
@@ -232,7 +245,7 @@ def test_merge_keeps_fields_and_renumbers_box_labels(tmp_path):
             np.testing.assert_array_equal(mask, mp)
             np.testing.assert_array_equal(b, bp)
             assert lab.tolist() == [1 - v for v in labp.tolist()]  # "b" was 0 in the part, is 1 merged
-    write_fields_dataset(tmp_path / "nomask", "lmdb", n=2, mask=False)
+    write_fields_dataset(tmp_path / "nomask", fmt, n=2, mask=False)
     with pytest.raises(SourceError, match="have the same fields"):
         merge([tmp_path / "p0", tmp_path / "nomask"], tmp_path / "m2")
 

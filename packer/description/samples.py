@@ -612,9 +612,9 @@ def _not_this_datasets(path: str, why: str) -> CorruptDataError:
 
 
 def table_fields(root: str, manifest: Any) -> Any:
-    """A function of a global sample index giving :func:`sample_fields`'s dict from the sample
-    table of the dataset in ``root`` whose manifest is ``manifest`` (for tools that rebuild a
-    sample's bytes); ``{}`` for every sample when the dataset has no table or the table cannot be
+    """A function of a global sample index giving :func:`sample_fields`'s dict (and in version 3
+    ``boxes`` and ``box_labels``, as lists) from the sample table of the dataset in ``root`` whose
+    manifest is ``manifest`` (for tools that rebuild a sample's bytes); ``{}`` for every sample when the dataset has no table or the table cannot be
     read or is not the manifest's (the caller's own check then reports it)."""
     entry = table_entry(manifest)
     if entry is None:
@@ -640,6 +640,12 @@ def table_fields(root: str, manifest: Any) -> Any:
         meta = table.meta(i)
         if meta:
             out["meta"] = meta
+        if table.has_boxes:  # version 3: boxes, and their labels where the manifest says they have them
+            boxes, labels = table.boxes_of(i)
+            out["boxes"] = [[float(v) for v in b] for b in boxes]
+            if box_labels:
+                out["box_labels"] = [int(v) for v in labels]
         return out
 
+    box_labels = any(f.get("kind") == "boxes" and f.get("labels") for f in getattr(manifest, "fields", []))
     return fields

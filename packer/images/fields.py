@@ -26,7 +26,7 @@ from .imageheader import describe_non_image, sniff
 from .imageproc import ProcessedField, ProcessedImage, ProcessOptions, process_image
 
 __all__ = ["FieldSources", "RESERVED_NAMES", "check_field_name", "read_mask", "encode_mask", "process_sample",
-           "scale_boxes"]
+           "scale_boxes", "mask_shape"]
 
 #: Names a sample's extra image cannot take: the sample's own parts and what readers return.
 RESERVED_NAMES = frozenset({"image", "label", "key", "meta", "index", "mask", "boxes", "box_labels", "json", "cls"})
@@ -182,3 +182,13 @@ def process_sample(data: bytes, opts: ProcessOptions, sources: FieldSources | No
         raise ImageError("box labels without boxes")
     return dataclasses.replace(image, fields=tuple(fields), boxes=boxes, box_labels=labels)
 
+
+
+def mask_shape(data: bytes | memoryview) -> tuple[int, int, int, int] | None:
+    """(height, width, channels, bits per channel) of a stored mask from its PNG header (a
+    palette PNG's indices are one channel), or None when ``data`` is not a PNG."""
+    info = sniff(bytes(data[:64]))
+    if info is None or info.format != "png":
+        return None
+    channels = 1 if data[25] == 3 else info.channels or 1
+    return info.height, info.width, channels, info.bit_depth or 8

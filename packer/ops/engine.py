@@ -408,10 +408,12 @@ class _Run:
         close = getattr(stream, "close", None)  # a generator: stop its worker processes on any error
         with bar, contextlib.closing(stream) if close else contextlib.nullcontext():
             for key, label, image, reason in stream:
-                if image is None or not image.payload:  # a 0-byte image is never stored
+                reason = reason if image is None or not image.payload else self.fields_mismatch(image)
+                if reason and image is not None and self.options.strict:
+                    raise ImageError(f"{key}: {reason}")
+                if image is None or not image.payload or reason:  # a 0-byte image is never stored
                     self.skipped.append((self.pos, Skipped(key, reason or "empty image payload (0 bytes)")))
                 else:
-                    self.check_fields(key, image)
                     small = left_small(image, resize, upscale)
                     if self.resumable:
                         self.positions.append(self.pos)
@@ -428,13 +430,14 @@ class _Run:
             error.skipped = [k for _, k in self.skipped]  # type: ignore[attr-defined]  # for a caller making parts
             raise error
 
-    def check_fields(self, key: str, image: ProcessedImage) -> None:
-        """The sample has the dataset's fields, in their order (writers rely on it)."""
-        want = self.template.stored_fields
-        if [f.name for f in image.fields] != want or (image.boxes is not None) != bool(
-                self.template.field_kind("boxes")):
-            have = [f.name for f in image.fields] + (["boxes"] if image.boxes is not None else [])
-            raise ValueError(f"sample {key!r} has the fields {have}, the dataset {self.template.field_names}")
+    def fields_mismatch(self, image: ProcessedImage) -> str | None:
+        """Why a sample cannot be stored with the dataset's fields (writers rely on every sample
+        having exactly them, in order), or None. Other tools' data can lack one on some samples."""
+        have = [f.name for f in image.fields] + (["boxes"] if image.boxes is not None else [])
+        want = self.template.stored_fields + (["boxes"] if self.template.field_kind("boxes") else [])
+        if have == want:
+            return None
+        return f"has the fields {', '.join(have) or 'none'}, the dataset's samples {', '.join(want) or 'none'}"
 
     def close_and_publish(self) -> Manifest:
         """Close the writer, make its files durable, write the manifest, publish by rename."""

@@ -39,7 +39,7 @@ from ..files.filesystem import (
     temp_dir_for,
 )
 from ..layouts.tar import INDEX_SUFFIXES as TAR_INDEX_SUFFIXES
-from ..layouts.tar import pack_index, unpack_index
+from ..layouts.tar import pack_index, read_index
 from .engine import ConvertOptions, Item, write_packed
 from .transcode import COPY, _open_source, _reprocess_one
 from .verify import file_problem
@@ -397,11 +397,12 @@ def _copy_shard(part: str, data: FileEntry, indexes: list[FileEntry], tmp: str, 
     for f in indexes:
         name = shard_name(number, _suffix(f.name, stem), prefix)
         if name.endswith(TAR_INDEX_SUFFIXES) and data.name.endswith(".tar"):
-            old_first, entries, keys = unpack_index(_read_checked(part, f), os.path.join(part, f.name))
+            old_first, entries, keys, names, rows = read_index(_read_checked(part, f), os.path.join(part, f.name))
             if old_first != data.first or len(entries) != data.samples:
                 raise CorruptDataError(f"part {part}: index {f.name} disagrees with the manifest",
                                        path=os.path.join(part, f.name))
-            out.append(_write_new(tmp, name, pack_index(first, entries, keys), first))
+            fields = (names, rows) if names else None  # a version 3 index keeps its field section
+            out.append(_write_new(tmp, name, pack_index(first, entries, keys, fields=fields), first))
         else:
             out.append(replace(_copy_checked(part, f, os.path.join(tmp, name)), first=first))
     return out

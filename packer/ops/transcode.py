@@ -181,6 +181,22 @@ def _stored_boxes(ds: Any, i: int, rec: Record) -> tuple[Any, Any] | None:
     return table.boxes_of(i)
 
 
+def _source_fields(ds: Any) -> list[dict[str, Any]]:
+    """The fields a conversion of ``ds`` writes: its manifest's, or for other tools' data (whose
+    samples carry a mask or boxes, found by the reader), those of its first sample; a later sample
+    without them is a skip that says so."""
+    if ds.manifest.fields or not ds.manifest.layout.get("foreign"):
+        return list(ds.manifest.fields)
+    try:
+        rec = ds.read_record(0)
+    except (CorruptDataError, OSError):
+        return []
+    out: list[dict[str, Any]] = [{"name": f.name, "kind": "mask" if f.name == "mask" else "image"} for f in rec.fields]
+    if rec.boxes is not None:
+        out.append({"name": "boxes", "kind": "boxes", "labels": rec.box_labels is not None})
+    return out
+
+
 def _copied(rec: Record, boxes: tuple[Any, Any] | None, h: int, w: int) -> ProcessedImage:
     """The stored sample as it is, fields and boxes included."""
     fields = tuple(ProcessedField(f.name, f.codec, bytes(f.payload), f.height, f.width, f.channels, f.depth)
@@ -468,9 +484,9 @@ def _convert_dataset_claimed(
             template = Manifest(
                 format=dst_format, num_samples=0, classes=classes, processing=processing, files=[],
                 shuffle_seed=sm.shuffle_seed, skipped=list(sm.skipped), ignored=dict(sm.ignored), source=source,
-                created_by=f"packer {__version__}", label_kind=sm.label_kind, fields=list(sm.fields),
-                version=FIELDS_VERSION if sm.fields else MANIFEST_VERSION,
+                created_by=f"packer {__version__}", label_kind=sm.label_kind, fields=_source_fields(ds),
             )
+            template.version = FIELDS_VERSION if template.fields else MANIFEST_VERSION
             fingerprint = {"source": _source_fingerprint(ds.root, sm),
                            "options": options_fingerprint(dst_format, template, options)}
             counts: dict[str, int] = {}
