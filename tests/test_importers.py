@@ -140,7 +140,7 @@ def test_ambiguous_or_missing_image_column_names_the_columns_and_the_option(tmp_
 def test_import_options_belong_to_import_sources(tmp_path, capsys):
     rc = main(["convert", "imagefolder", "lmdb", str(tmp_path), str(tmp_path / "o"), "--image-column", "x"])
     assert rc == 2
-    assert "--image-column applies to mds, litdata and parquet sources only" in capsys.readouterr().err
+    assert "--image-column applies to list, mds, litdata and parquet sources only" in capsys.readouterr().err
 
 
 def test_a_missing_extra_is_one_line_naming_it(tmp_path):

@@ -179,9 +179,11 @@ def stamp_mismatch(path: str, found: Stamp, expected: Stamp) -> SourceError:
                        f"another copy of the source)")
 
 
-def _process_file(path: str, opts: ProcessOptions, stamp: Stamp | None = None) -> Result:
-    """One image file processed. With ``stamp``, the bytes read must come from a file of that size
-    and modification time, else SourceError (never a skip: the file is not the planned one)."""
+def _process_file(path: str, opts: ProcessOptions, stamp: Stamp | None = None,
+                  process: Callable[[bytes, ProcessOptions], Result] | None = None) -> Result:
+    """One image file processed (by ``process``, default :func:`process_data`). With ``stamp``, the
+    bytes read must come from a file of that size and modification time, else SourceError (never a
+    skip: the file is not the planned one)."""
     try:
         data, seen = read_source_file(path, opts.max_source_bytes)
     except OSError as e:
@@ -190,7 +192,7 @@ def _process_file(path: str, opts: ProcessOptions, stamp: Stamp | None = None) -
         return None, str(e)
     if stamp is not None and (seen.st_size, seen.st_mtime_ns) != tuple(stamp):
         raise stamp_mismatch(path, (seen.st_size, seen.st_mtime_ns), stamp)
-    return process_data(data, opts)
+    return (process or process_data)(data, opts)
 
 
 def process_data(data: bytes, opts: ProcessOptions) -> Result:
