@@ -315,7 +315,7 @@ def test_cli_list_source_is_shuffled_with_its_seed_and_classes_pinned(photos, tm
     assert r.returncode == 0 and open_dataset(str(tmp_path / "e")).classes == ["zebra", "dog", "cat"]
     _write(names, "cat\n")
     r = _cli("convert", "list", "tar", lst, str(tmp_path / "f"), "--root", root, "--classes-from", names, "-q")
-    assert r.returncode == 1 and "val.csv:5: class 'dog' is not in the pinned class list (1 classes)" in r.stderr
+    assert r.returncode == 1 and "val.csv:5: class 'dog' is not in the pinned class list (1 class)" in r.stderr
     assert "Traceback" not in r.stderr and not os.path.exists(tmp_path / "f")
 
 

@@ -30,6 +30,7 @@ from typing import Any
 from ..description.samples import LABEL_KINDS, MAX_META_BYTES, MAX_META_DEPTH, encode_meta
 from ..errors import SourceError
 from ..files.fileio import NotReadableError, open_source_file
+from ..wording import plural
 
 __all__ = ["ListSource", "read_list", "convert_list", "LIST_FORMATS"]
 
@@ -61,7 +62,7 @@ class ListSource:
             for c in (label if self.label_kind == "multi" else [label]):
                 if (isinstance(c, int) and not 0 <= c < len(classes)) or (isinstance(c, str) and c not in names):
                     raise SourceError(f"{path}:{line}: class {c!r} is not in the pinned class list "
-                                      f"({len(classes)} classes); the labels would not line up")
+                                      f"({plural(len(classes), 'class')}); the labels would not line up")
 
 
 def _list_format(path: str) -> str:
@@ -165,7 +166,8 @@ def _outside_error(path: str, base: str, root_given: bool, outside: list[tuple[i
     shown = ", ".join(f"line {n}: {rel!r}" for n, rel in outside[:5])
     more = f", ... ({len(outside)} rows in all)" if len(outside) > 5 else ""
     what = f"--root {base}" if root_given else f"the list's folder {base} (no --root given)"
-    return SourceError(f"{path}: {len(outside)} row(s) lie outside {what}: {shown}{more}; pass the folder that "
+    lie = "lies" if len(outside) == 1 else "lie"
+    return SourceError(f"{path}: {plural(len(outside), 'row')} {lie} outside {what}: {shown}{more}; pass the folder that "
                        f"holds them as --root, or --allow-outside-root if the list means it")
 
 
