@@ -118,6 +118,11 @@ def _add_list_options(p: argparse.ArgumentParser) -> None:
                         "lists, number for JSON numbers with a fraction, else class")
     g.add_argument("--label-sep", default="|", help="list source: separator of multi-label classes in CSV/TSV "
                                                     "(default: |)")
+    g.add_argument("--metadata-types", choices=["auto", "text"], default=None,
+                   help="list source, CSV/TSV: auto stores a metadata column as integers, numbers or booleans (true/"
+                        "false) when every non-empty cell of it is one (a column with one text cell stays text; "
+                        "integers with leading zeros are text); text keeps every cell a string (default: auto; JSON "
+                        "Lines keep their JSON types)")
 
 
 #: WriterOptions field -> its flag, and what to say when a format does not take it.
@@ -293,7 +298,7 @@ def convert_from_args(a: argparse.Namespace, launch=None):  # noqa: ANN001, ANN2
     return _convert_to_url(a)
 
 
-_LIST_ONLY = ("root", "path_column", "label_column", "allow_outside_root")
+_LIST_ONLY = ("root", "path_column", "label_column", "allow_outside_root", "metadata_types")
 
 
 def pinned_classes(spec: str) -> list[str]:
@@ -378,7 +383,8 @@ def _convert_local(a: argparse.Namespace):  # noqa: ANN202 - ConvertReport
         try:
             report = convert_list(a.src, a.dst, a.dst_format, options, root=a.root, path_column=a.path_column,
                                   label_column=a.label_column, label_kind=a.label_kind, label_sep=a.label_sep,
-                                  allow_outside_root=bool(a.allow_outside_root))
+                                  allow_outside_root=bool(a.allow_outside_root),
+                                  metadata_types=a.metadata_types or "auto")
         except ValueError as e:  # metadata that cannot be stored, named by its item
             from ..errors import SourceError
 

@@ -12,7 +12,8 @@ a row that leads out of it (``../x.jpg``, an absolute path elsewhere) is refused
 The check is on the path as written; symlinks inside the folder are followed wherever they lead,
 as in an image folder (the folder is the user's own; the list may be someone else's).
 The label column holds a class name or number (``class``), several classes (``multi``: a JSON list
-in JSON Lines, or names separated by ``label_sep`` in CSV/TSV), or a number (``number``).
+in JSON Lines, or names separated by ``label_sep`` in CSV/TSV), or a number (``number``). CSV/TSV
+metadata is typed column by column (:func:`column_types`) unless ``metadata_types="text"``.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ import io
 import json
 import math
 import os
+import re
 import sys
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
@@ -32,12 +34,19 @@ from ..errors import SourceError
 from ..files.fileio import NotReadableError, open_source_file
 from ..wording import plural
 
-__all__ = ["ListSource", "read_list", "convert_list", "LIST_FORMATS"]
+__all__ = ["ListSource", "read_list", "convert_list", "column_types", "LIST_FORMATS", "METADATA_TYPES"]
 
 #: List file suffixes and the format each means.
 LIST_FORMATS = {".csv": "csv", ".tsv": "tsv", ".tab": "tsv", ".jsonl": "jsonl", ".ndjson": "jsonl"}
 PATH_COLUMNS = ("path", "file", "filename", "image")
 LABEL_COLUMNS = ("label", "labels", "class", "target")
+#: How CSV/TSV metadata cells are stored: ``auto`` (a column typed as a whole, :func:`column_types`)
+#: or ``text`` (every cell a string, as written).
+METADATA_TYPES = ("auto", "text")
+_DIGITS = re.compile(r"[+-]?[0-9]+")
+_INT = re.compile(r"[+-]?(0|[1-9][0-9]{0,18})")  # no leading zeros: "007" is a code, not the number 7
+_FLOAT = re.compile(r"[+-]?((0|[1-9][0-9]*)(\.[0-9]*)?|\.[0-9]+)([eE][+-]?[0-9]+)?")
+_INT64 = (-(2**63), 2**63 - 1)
 #: The longest line a list may have: a path, a label and the most metadata a sample may carry, with room.
 MAX_LINE_CHARS = 16 * MAX_META_BYTES
 
@@ -187,6 +196,37 @@ def _column(path: str, rows: list[tuple[int, dict[str, Any]]], given: str | None
                       f"(columns: {', '.join(names)})")
 
 
+def _cell_type(cell: str) -> str:
+    """The narrowest type a CSV/TSV cell holds as written: ``int`` (within int64, no leading
+    zeros; other digit strings are ``str``: codes and identifiers), ``float`` (finite), ``bool``
+    (``true``/``false`` in any case) or ``str``."""
+    if _DIGITS.fullmatch(cell):  # an integer as written, or text: never a float
+        return "int" if _INT.fullmatch(cell) and _INT64[0] <= int(cell) <= _INT64[1] else "str"
+    if _FLOAT.fullmatch(cell) and len(cell) <= 64 and math.isfinite(float(cell)):
+        return "float"
+    return "bool" if cell.lower() in ("true", "false") else "str"
+
+
+def column_types(rows: Sequence[dict[str, Any]], columns: Sequence[str]) -> dict[str, str]:
+    """The type of each of ``columns`` in CSV/TSV ``rows``, decided over the whole column so that
+    every sample's value has the same type: ``int`` when every non-empty cell is an integer,
+    ``float`` when every one is a number (integers among them become floats), ``bool`` when every
+    one is ``true`` or ``false`` (any case), else ``str`` (one cell of text keeps the whole column
+    text). A column with no non-empty cell is ``str``."""
+    out = {}
+    for col in columns:
+        seen = {_cell_type(r[col]) for r in rows if isinstance(r.get(col), str) and r[col] != ""}
+        out[col] = seen.pop() if len(seen) == 1 else "float" if seen == {"int", "float"} else "str"
+    return out
+
+
+def _typed(cell: Any, kind: str) -> Any:
+    """A CSV/TSV cell as its column's type (:func:`column_types`)."""
+    if not isinstance(cell, str) or cell == "" or kind == "str":
+        return cell
+    return int(cell) if kind == "int" else float(cell) if kind == "float" else cell.lower() == "true"
+
+
 def _kind(values: list[Any], fmt: str) -> str:
     """The label kind a list's label values imply: lists are ``multi``, non-integral numbers are
     ``number``, anything else ``class``."""
@@ -243,13 +283,15 @@ def read_list(
     label_kind: str = "auto",
     label_sep: str = "|",
     allow_outside_root: bool = False,
+    metadata_types: str = "auto",
 ) -> ListSource:
     """Parse a CSV, TSV or JSON Lines list into convert_items' items.
 
     ``path_column`` / ``label_column`` default to the first of ``path, file, filename, image`` /
-    ``label, labels, class, target`` present. Every other column is the sample's metadata (CSV and
-    TSV values are strings; JSON Lines values keep their JSON types; empty CSV cells are left
-    out). ``label_kind``: ``auto`` (a list is multi-label, a number with a fraction in JSON Lines
+    ``label, labels, class, target`` present. Every other column is the sample's metadata: JSON
+    Lines values keep their JSON types; CSV and TSV cells are typed by column with
+    ``metadata_types="auto"`` (integers, numbers or booleans when the whole column is, see
+    :func:`column_types`) or kept as text with ``"text"``; empty CSV cells are left out. ``label_kind``: ``auto`` (a list is multi-label, a number with a fraction in JSON Lines
     is ``number``, else ``class``), or ``class``, ``multi``, ``number``. SourceError names the file
     and line of anything it cannot use, and every row whose path leads outside ``root`` (default:
     the list's folder) unless ``allow_outside_root``; a JSON key or CSV/TSV column named twice, a
@@ -259,6 +301,8 @@ def read_list(
     path = os.fspath(path)
     if label_kind != "auto" and label_kind not in LABEL_KINDS:
         raise ValueError(f"label kind must be auto or one of {LABEL_KINDS}, not {label_kind!r}")
+    if metadata_types not in METADATA_TYPES:
+        raise ValueError(f"metadata types must be one of {', '.join(METADATA_TYPES)}, not {metadata_types!r}")
     fmt = _list_format(path)
     rows = _rows(path, fmt)
     if not rows:
@@ -266,6 +310,9 @@ def read_list(
     pcol = _column(path, rows, path_column, PATH_COLUMNS, "path")
     lcol = _column(path, rows, label_column, LABEL_COLUMNS, "label")
     kind = _kind([r.get(lcol) for _, r in rows], fmt) if label_kind == "auto" else label_kind
+    types: dict[str, str] = {}
+    if fmt != "jsonl" and metadata_types == "auto":
+        types = column_types([r for _, r in rows], [c for c in rows[0][1] if c not in (pcol, lcol)])
     base = os.path.abspath(os.fspath(root) if root is not None else os.path.dirname(os.path.abspath(path)))
     items: list[tuple[str, Any, dict[str, Any] | None]] = []
     lines: list[int] = []
@@ -277,7 +324,8 @@ def read_list(
         if not isinstance(rel, str) or not rel:
             raise SourceError(f"{where}: the {pcol!r} column is empty or not text")
         label = _label(row.get(lcol), kind, fmt, label_sep, where)
-        meta = {k: v for k, v in row.items() if k not in (pcol, lcol) and not (fmt != "jsonl" and v == "")}
+        meta = {k: _typed(v, types.get(k, "str")) for k, v in row.items()
+                if k not in (pcol, lcol) and not (fmt != "jsonl" and v == "")}
         try:
             encode_meta(meta, f"{where}: metadata")
         except ValueError as e:
