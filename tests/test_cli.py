@@ -349,10 +349,12 @@ def test_an_image_folder_where_nothing_converts_names_the_reasons(messy_folder, 
 def test_counts_in_the_summary_are_singular_or_plural(tmp_path, capsys):
     make_folder(str(tmp_path / "one"), {"only": [("x.png", 20, 20)]})
     (tmp_path / "one" / "only" / "bad.jpg").write_bytes(b"")
+    (tmp_path / "one" / "only" / "notes.txt").write_text("not an image")
     os.makedirs(tmp_path / "one" / "none")
     rc, out, err = convert(capsys, tmp_path / "one", tmp_path / "out", "--resize", "shorter:48", fmt="lmdb")
     assert rc == 3 and out.startswith(f"wrote 1 image in 2 classes to {tmp_path / 'out'} (lmdb, ")
-    assert err == ["left small: 1 image below --resize shorter:48 kept its size (--upscale enlarges it)",
+    assert err == ["ignored: 1 not an image (no image extension)",
+                   "left small: 1 image below --resize shorter:48 kept its size (--upscale enlarges it)",
                    "warning: 1 empty class, no image has its label: none",
                    "skipped only/bad.jpg: empty file (0 bytes)",
                    '1 file skipped: 1 for "empty file (0 bytes)"; exit status 3']

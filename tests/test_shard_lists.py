@@ -192,9 +192,9 @@ def test_ambiguous_lists_are_one_clear_error(wds_shards, tiny_folder, tmp_path, 
     pack(src, tmp_path / "a", "tar")
     pack(src, tmp_path / "b", "lmdb")
     shard = os.path.join(root, "shard-000000.tar")
-    with pytest.raises(ShardSpecError, match=r"1 files \(.*shard-000000.tar\) and 1 datasets .*give one or the other"):
+    with pytest.raises(ShardSpecError, match=r"1 file \(.*shard-000000.tar\) and 1 dataset .*give one or the other"):
         open_dataset([shard, str(tmp_path / "a")])
-    with pytest.raises(ShardSpecError, match=r"1 files .* and 1 datasets"):
+    with pytest.raises(ShardSpecError, match=r"1 file .* and 1 dataset "):
         StreamingDataset([shard, str(tmp_path / "a")])
     with pytest.raises(ShardSpecError, match="matches nothing: no file .*shard-000007.tar"):
         open_dataset(os.path.join(root, "shard-{000007..000009}.tar"))

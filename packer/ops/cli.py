@@ -421,9 +421,9 @@ def _warn_partial_output(a: argparse.Namespace) -> None:
              f"{temp_dir_for(a.dst)} ({plural(dropped, 'sample')} written); --resume continues from it instead")
 
 
-#: Manifest ``ignored`` counts -> what the summary calls them.
-_IGNORED = {"hidden": "hidden (names starting with '.')", "outside_classes": "outside class folders",
-            "not_images": "not images (no image extension)"}
+#: Manifest ``ignored`` counts -> what the summary calls one of them, and several.
+_IGNORED = {"hidden": ("hidden (names starting with '.')",) * 2, "outside_classes": ("outside class folders",) * 2,
+            "not_images": ("not an image (no image extension)", "not images (no image extension)")}
 
 
 def _summary(a: argparse.Namespace, report, skipped_status: int = EXIT_SKIPPED) -> int:  # noqa: ANN001
@@ -467,7 +467,7 @@ def _say_done(a: argparse.Namespace, report) -> None:  # noqa: ANN001 - a Conver
     where = f"{format_size(size)}, {plural(len(m.files), 'file')}" if m.files else "one file per image"
     print(f"wrote {plural(m.num_samples, 'image')} in {plural(len(m.classes), 'class')} to {a.dst} ({m.format}, "
           f"{where}) in {report.seconds:.1f} s = {report.rate:.0f} img/s")
-    ignored = [f"{n} {_IGNORED.get(k, k)}" for k, n in m.ignored.items() if n]
+    ignored = [f"{n} {_IGNORED.get(k, (k, k))[n != 1]}" for k, n in m.ignored.items() if n]
     if ignored:
         _say(f"ignored: {', '.join(ignored)}")
     small = getattr(report, "left_small", 0)
