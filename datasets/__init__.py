@@ -17,6 +17,7 @@ from packer.description.registry import (
     shard_format,
     shard_suffixes,
 )
+from packer.description.samples import TABLE_NAME
 from packer.errors import UnfinishedDatasetError
 from packer.layouts import explain_missing_manifest
 from packer.storage.remote import is_url
@@ -158,6 +159,7 @@ def listed_format(files: Sequence[str], format: str | None) -> str:
     found: dict[str | None, list[str]] = {}
     for f in files:
         found.setdefault(shard_format(os.path.basename(f)), []).append(os.path.basename(f))
+    _refuse_companions(found)
     known = [k for k in found if k is not None]
     if len(known) > 1:
         parts = "; ".join(f"{len(v)} {k} ({v[0]}{', ...' if len(v) > 1 else ''})" for k, v in found.items() if k)
@@ -173,6 +175,24 @@ def listed_format(files: Sequence[str], format: str | None) -> str:
         raise ShardSpecError(f"cannot tell the format of {found[None][0]} from its name (shard endings: {endings}); "
                              f"pass format= ({sharded})")
     return known[0]
+
+
+def _refuse_companions(found: dict[str | None, list[str]]) -> None:
+    """ShardSpecError for a listed file that is not a shard but lies beside shards: an index file
+    (``shard-000000.pkidx`` or ``.idx`` next to ``shard-000000.tar``: what ``glob("shard-*")``
+    catches) or a packed dataset's own manifest or sample table."""
+    shards = {n.split(".", 1)[0]: n for k, names in found.items() if k is not None for n in names}
+    for name in found.get(None, []):
+        if name in (MANIFEST_NAME, TABLE_NAME):
+            raise ShardSpecError(f"{name} is a packed dataset's own file, not a shard; open the dataset's folder, "
+                                 f"or list only its data files")
+        shard = shards.get(name.split(".", 1)[0])
+        if shard is not None:
+            stem, suffix = shard.split(".", 1)
+            pattern = (stem.rsplit("-", 1)[0] + "-" if "-" in stem else "") + "*." + suffix
+            raise ShardSpecError(f"{name} is not a shard but the index file beside {shard}; list only the data "
+                                 f"files: a pattern that ends with their suffix ({pattern}), or the list "
+                                 f"`packer info --shards DIR` prints")
 
 
 def _open_url(url: str, format: str | None, *, storage_options: dict[str, Any] | None = None,

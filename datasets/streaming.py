@@ -37,6 +37,7 @@ from packer.checks import check_int
 from packer.description.registry import shard_suffixes
 from packer.storage.remote import is_url
 from packer.storage.shardspec import resolve_paths
+from packer.wording import plural
 
 from .mixture import MixOptions, Mixture
 from .partition import (
@@ -517,15 +518,15 @@ class StreamingDataset(IterableDataset):
                 return
             _REPORTED.add(key)
         if counts.padded:
-            msg = (f"{self._take} samples do not divide over {size} ranks: each epoch "
-                   f"repeats {counts.padded} samples so every rank reads {counts.per_rank} "
+            msg = (f"{plural(self._take, 'sample')} do not divide over {size} ranks: each epoch "
+                   f"repeats {plural(counts.padded, 'sample')} so every rank reads {counts.per_rank} "
                    f"(partition='pad'; 'drop' leaves them out instead)")
         elif counts.per_rank:
-            msg = (f"{self._take} samples do not divide over {size} ranks: each epoch "
-                   f"leaves out {counts.dropped} samples so every rank reads {counts.per_rank} "
+            msg = (f"{plural(self._take, 'sample')} do not divide over {size} ranks: each epoch "
+                   f"leaves out {plural(counts.dropped, 'sample')} so every rank reads {counts.per_rank} "
                    f"(partition='drop'; 'pad' repeats samples instead)")
         else:
-            msg = (f"every epoch is empty: {self._take} samples over {size} ranks with "
+            msg = (f"every epoch is empty: {plural(self._take, 'sample')} over {size} ranks with "
                    f"partition={self.options.partition!r}")
         warnings.warn(f"{self.root}: {msg}", UserWarning, stacklevel=3)
 

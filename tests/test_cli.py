@@ -109,7 +109,9 @@ def test_bad_images_are_skipped_listed_and_exit_3(messy_folder, tmp_path, capsys
     rc, _, err = convert(capsys, messy_folder, tmp_path / "out")
     assert rc == 3
     assert {line.split(" ", 1)[1].split(":")[0] for line in err if line.startswith("skipped ")} == BAD
-    assert err[-1] == "4 file(s) skipped; exit status 3"
+    assert err[-1] == ('4 files skipped: 2 for "OpenCV could not decode this jpeg file (corrupt or truncated)"; '
+                       '1 for "not a recognised image format (no JPEG, PNG, GIF, WebP, BMP, TIFF or PNM signature)"; '
+                       '1 for "empty file (0 bytes)"; exit status 3')
     m = read_manifest(tmp_path / "out")
     assert {s.path for s in m.skipped} == BAD and m.num_samples == 3
 
@@ -283,7 +285,7 @@ def test_last_lines_count_ignored_left_small_and_empty_classes(tmp_path, capsys)
     assert err == [
         "ignored: 4 hidden (names starting with '.'), 2 not images (no image extension), 2 outside class folders",
         "left small: 2 images below --resize shorter:48 kept their size (--upscale enlarges them)",
-        "warning: 2 empty class(es), no image has their label: also empty, empty",
+        "warning: 2 empty classes, no image has their label: also empty, empty",
     ]
     ds = open_dataset(tmp_path / "out")
     stored = {ds.read_record(i).key: (ds.read_record(i).height, ds.read_record(i).width) for i in range(len(ds))}
@@ -312,3 +314,64 @@ def test_convert_help_lists_the_exit_statuses(capsys):
         main(["convert", "--help"])
     text = " ".join(capsys.readouterr().out.split())
     assert "3 done with skipped files, 130 interrupted (Ctrl-C), 143 terminated (SIGTERM)" in text
+
+
+# -- messages a user can act on ------------------------------------------------------------------
+def test_a_list_where_nothing_converts_names_the_reasons(messy_folder, tmp_path, capsys):
+    """Every row skipped: one error line that counts the skips by reason and names the first
+    files of each, not a bare count; nothing at DST."""
+    lst = tmp_path / "val.csv"
+    rows = [f"gone{i}.jpg,a" for i in range(4)] + ["messy/a/zero.jpg,a", "messy/a/text.png,b"]
+    lst.write_text("path,label\n" + "\n".join(rows) + "\n")
+    rc, out, err = run(capsys, "convert", "list", "lmdb", lst, tmp_path / "out", "--workers", "1", "--no-shuffle")
+    assert rc == 1 and out == "" and len(err) == 1
+    assert err[0] == (f'packer: error: no image in {lst} could be converted; all 6 were skipped: 4 for "cannot read: '
+                      f'No such file or directory" (gone0.jpg, gone1.jpg, gone2.jpg, ...); 1 for "empty file (0 bytes)" '
+                      '(messy/a/zero.jpg); 1 for "not a recognised image format (no JPEG, PNG, GIF, WebP, '
+                      'BMP, TIFF or PNM signature)" (messy/a/text.png)')
+    assert not (tmp_path / "out").exists()
+    lst.write_text("path,label\ngone.jpg,a\n")
+    rc, _, err = run(capsys, "convert", "list", "tar", lst, tmp_path / "out", "--workers", "1")
+    assert rc == 1 and err == [f"packer: error: no image in {lst} could be converted; the only one, gone.jpg, was "
+                               f"skipped: cannot read: No such file or directory"]
+
+
+def test_an_image_folder_where_nothing_converts_names_the_reasons(messy_folder, tmp_path, capsys):
+    for ok in ("a/ok1.jpg", "a/ok2.png", "b/ok3.jpg"):
+        os.remove(os.path.join(messy_folder, ok))
+    rc, _, err = convert(capsys, messy_folder, tmp_path / "out", "--no-shuffle")
+    assert rc == 1 and len(err) == 1
+    assert err[0].startswith(f'packer: error: no image in {messy_folder} could be converted; all 4 were skipped: '
+                             f'2 for "OpenCV could not decode this jpeg file (corrupt or truncated)" (b/')
+    assert '1 for "empty file (0 bytes)" (a/zero.jpg)' in err[0]
+
+
+def test_counts_in_the_summary_are_singular_or_plural(tmp_path, capsys):
+    make_folder(str(tmp_path / "one"), {"only": [("x.png", 20, 20)]})
+    (tmp_path / "one" / "only" / "bad.jpg").write_bytes(b"")
+    (tmp_path / "one" / "only" / "notes.txt").write_text("not an image")
+    os.makedirs(tmp_path / "one" / "none")
+    rc, out, err = convert(capsys, tmp_path / "one", tmp_path / "out", "--resize", "shorter:48", fmt="lmdb")
+    assert rc == 3 and out.startswith(f"wrote 1 image in 2 classes to {tmp_path / 'out'} (lmdb, ")
+    assert err == ["ignored: 1 not an image (no image extension)",
+                   "left small: 1 image below --resize shorter:48 kept its size (--upscale enlarges it)",
+                   "warning: 1 empty class, no image has its label: none",
+                   "skipped only/bad.jpg: empty file (0 bytes)",
+                   '1 file skipped: 1 for "empty file (0 bytes)"; exit status 3']
+    rc, out, _ = run(capsys, "verify", tmp_path / "out")
+    assert rc == 0 and "1/1 sample decoded" in out
+
+
+def test_quiet_prints_only_warnings_and_skips(tmp_path, capsys):
+    """-q: no summary, no notes; the warnings, the skipped files and their count stay."""
+    make_folder(str(tmp_path / "src"), {"a": [("x.png", 20, 20), ("y.png", 30, 30)]})
+    (tmp_path / "src" / "a" / "bad.jpg").write_bytes(b"")
+    os.makedirs(tmp_path / "src" / "b")
+    rc, out, err = convert(capsys, tmp_path / "src", tmp_path / "out", "--resize", "shorter:48", "-q")
+    assert rc == 3 and out == ""
+    assert err == ["warning: 1 empty class, no image has its label: b", "skipped a/bad.jpg: empty file (0 bytes)",
+                   '1 file skipped: 1 for "empty file (0 bytes)"; exit status 3']
+    os.remove(tmp_path / "src" / "a" / "bad.jpg")
+    os.rmdir(tmp_path / "src" / "b")
+    rc, out, err = convert(capsys, tmp_path / "src", tmp_path / "ok", "-q")
+    assert (rc, out, err) == (0, "", [])

@@ -47,6 +47,16 @@ def folder(tmp_path):
     return root
 
 
+BAD_REASON = '"not a recognised image format (no JPEG, PNG, GIF, WebP, BMP, TIFF or PNM signature)"'
+BAD_SKIP = "skipped dog/z-bad.jpg: " + BAD_REASON.strip('"')
+
+
+def packer_lines(stderr: str) -> list[str]:
+    """What packer printed on stderr, without torchrun's own banner."""
+    return [line for line in stderr.splitlines()
+            if line.strip() and not line.startswith(("*", "Setting OMP_NUM_THREADS", "W1", "W0"))]
+
+
 def samples(path):
     ds = open_dataset(str(path))
     try:
@@ -65,8 +75,9 @@ def check_same_as_one_process(folder, tmp_path, fmt, *extra):
     encode = () if "--encode" in extra else ("--encode", "jpeg:90")  # as the reference (--resize none keeps bytes)
     out = torchrun(2, fmt, folder, str(tmp_path / "dst"), "--seed", "3", "--workers", "2", "-q", *encode, *extra)
     assert out.returncode == 0, out.stdout + out.stderr
-    assert out.stdout.splitlines()[0].startswith("packer: torchrun detected: rank ")
-    assert "skipped dog/z-bad.jpg" in out.stderr
+    assert out.stdout == ""  # -q: no banner, no summary, on any rank
+    assert packer_lines(out.stderr) == ["warning: 1 empty class, no image has its label: fox", BAD_SKIP,
+                                        f"1 file skipped: 1 for {BAD_REASON}; exit status 0"]
     assert samples(tmp_path / "dst") == samples(tmp_path / "ref")
     got, want = read_manifest(str(tmp_path / "dst")).to_json(), ref.manifest.to_json()
     if fmt in ("lmdb", "hdf5"):  # one file, rewritten record by record: the same bytes as one process
@@ -116,9 +127,9 @@ def test_torchrun_resume_keeps_finished_parts(folder, tmp_path):
     assert out.returncode != 0 and "rank 1 of 2 failed" in out.stderr and "--resume" in out.stderr
     assert not os.path.exists(dst)
     os.rmdir(blocker)
-    out = torchrun(2, "hdf5", folder, dst, "--workers", "1", "-q", "--resume")
+    out = torchrun(2, "hdf5", folder, dst, "--workers", "1", "--resume")
     assert out.returncode == 0, out.stderr
-    assert "kept the parts of rank(s) 0" in out.stderr and leftovers(tmp_path) == []
+    assert "kept the parts of rank 0" in out.stderr and leftovers(tmp_path) == []
     pack(folder, str(tmp_path / "ref"), "hdf5", encode="keep")  # the CLI default with --resize none
     assert samples(dst) == samples(tmp_path / "ref")
 
@@ -134,6 +145,26 @@ def test_torchrun_more_ranks_than_images(tmp_path):
     assert out.returncode == 0, out.stderr
     m = read_manifest(str(tmp_path / "dst"))
     assert m.num_samples == 1 and [s.path for s in m.skipped] == ["a/y.jpg"]
+
+
+def test_torchrun_prints_the_summary_of_one_process_once(folder, tmp_path):
+    """Without -q: rank 0 prints what one process prints (images, classes, left small, empty
+    classes, skips by reason), once; only the exit status of a run with skips differs (0, as
+    torchrun takes any other for a failed job)."""
+    # a short --rank-timeout makes the ranks look at each other more often: a quicker test
+    args = ["--resize", "shorter:32", "--workers", "1", "--shard-samples", "4", "--rank-timeout", "20"]
+    one = subprocess.run([sys.executable, "-m", "packer", "convert", "imagefolder", "tar", folder,
+                          str(tmp_path / "one"), *args], capture_output=True, text=True, timeout=120, cwd=ROOT)
+    out = torchrun(2, "tar", folder, str(tmp_path / "dst"), *args)
+    assert (one.returncode, out.returncode) == (3, 0), out.stderr
+    left = "left small: 12 images below --resize shorter:32 kept their size (--upscale enlarges them)"
+    assert packer_lines(one.stderr) == [left, "warning: 1 empty class, no image has its label: fox", BAD_SKIP,
+                                        f"1 file skipped: 1 for {BAD_REASON}; exit status 3"]
+    assert packer_lines(out.stderr) == packer_lines(one.stderr)[:-1] + [
+        f"1 file skipped: 1 for {BAD_REASON}; exit status 0"]
+    wrote = [line for line in out.stdout.splitlines() if line.startswith("wrote ")]
+    assert len(wrote) == 1 and wrote[0].startswith(f"wrote 12 images in 4 classes to {tmp_path / 'dst'} (tar, ")
+    assert one.stdout.startswith(f"wrote 12 images in 4 classes to {tmp_path / 'one'} (tar, ")
 
 
 def test_part_range_and_launch():
@@ -159,14 +190,14 @@ def test_torchrun_environment_in_process(folder, tmp_path, monkeypatch, capsys):
     for k, v in {"RANK": "0", "WORLD_SIZE": "1", "LOCAL_RANK": "0", "MASTER_ADDR": "127.0.0.1",
                  "MASTER_PORT": str(free_port())}.items():
         monkeypatch.setenv(k, v)
-    assert main(["convert", "imagefolder", "tfrecord", folder, str(tmp_path / "dst"), "--workers", "1", "-q",
+    assert main(["convert", "imagefolder", "tfrecord", folder, str(tmp_path / "dst"), "--workers", "1",
                  "--encode", "jpeg:90"]) == 0
     out = capsys.readouterr().out
     assert out.startswith("packer: torchrun detected: rank 0 of 1 (local rank 0, master 127.0.0.1:")
     ref = pack(folder, str(tmp_path / "ref"), "tfrecord")
     assert samples(tmp_path / "dst") == samples(tmp_path / "ref") and leftovers(tmp_path) == []
     assert read_manifest(str(tmp_path / "dst")).skipped == ref.manifest.skipped
-    assert main(["convert", "imagefolder", "lmdb", folder, str(tmp_path / "one"), "--no-torchrun", "-q"]) == 3
+    assert main(["convert", "imagefolder", "lmdb", folder, str(tmp_path / "one"), "--no-torchrun"]) == 3
     assert capsys.readouterr().out.startswith("wrote 12 images")
 
 
@@ -206,7 +237,7 @@ def test_torchrun_two_nodes_match_one_process(folder, tmp_path):
     each) convert to the same DST; the result holds the one-process samples and manifest facts."""
     ref = pack(folder, str(tmp_path / "ref"), "tar", seed=3)
     port = str(free_port())
-    cmd, env = torchrun_command(1, "tar", folder, str(tmp_path / "dst"), "--seed", "3", "--workers", "1", "-q",
+    cmd, env = torchrun_command(1, "tar", folder, str(tmp_path / "dst"), "--seed", "3", "--workers", "1",
                                 "--encode", "jpeg:90", "--shard-samples", "4")
     at = cmd.index("--nproc_per_node=1") + 1
     launches = [subprocess.Popen(cmd[:at] + ["--nnodes=2", f"--node_rank={node}", "--master_addr=127.0.0.1",

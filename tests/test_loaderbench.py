@@ -62,7 +62,7 @@ def test_bench_table_shows_median_and_spread_and_says_why(tiny_folder, tmp_path,
                "--collate", "default", "--samples", "6", "--crop", "24", "--repeats", "4"])
     assert rc == 0
     out = capsys.readouterr().out
-    assert "4 round(s) per setting, interleaved" in out
+    assert "4 rounds per setting, interleaved" in out
     assert "| images/s (median) | spread (IQR) |" in out
     table = [line for line in out.splitlines() if line.startswith("| none |")]
     assert len(table) == 2 and all(line.count("|") == 12 for line in table)

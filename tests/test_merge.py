@@ -120,7 +120,7 @@ def test_merge_cli(items, tmp_path, capsys):
     assert rc == 0, err
     assert f"labels of {tmp_path / 'a'}: unchanged" in out
     assert f"labels of {tmp_path / 'b'}: 'dog' 0 -> 1, 'eel' 1 -> 2" in out
-    assert "merged 7 images in 3 classes from 2 part(s)" in out
+    assert "merged 7 images in 3 classes from 2 parts" in out
     rc = main(["merge", str(tmp_path / "m"), str(tmp_path / "a")])
     assert rc == 1 and "destination exists" in capsys.readouterr().err
     assert main(["merge", str(tmp_path / "m"), str(tmp_path / "a"), "--overwrite"]) == 0

@@ -217,8 +217,53 @@ def test_csv_list_with_class_names_and_metadata(photos, tmp_path):
     report = convert_list(lst, str(tmp_path / "d"), "lmdb", ConvertOptions(workers=1, shuffle=False))
     ds = open_dataset(str(tmp_path / "d"), fields=("key", "label", "meta"))
     assert ds.classes == ["cat", "dog"] and report.manifest.source["kind"] == "list"
-    assert ds[0] == ("cat/0.png", 0, {"exposure": "0.0"})  # an empty cell is left out; CSV values are text
-    assert ds[4] == ("dog/1.png", 1, {"photographer": "ph4", "exposure": "6.0"})
+    assert ds[0] == ("cat/0.png", 0, {"exposure": 0.0})  # an empty cell is left out; a column of numbers is numbers
+    assert ds[4] == ("dog/1.png", 1, {"photographer": "ph4", "exposure": 6.0})
+
+
+TYPED_ROWS = [  # score: numbers; n: integers; ok: booleans; code: leading zeros; note: one text cell; big: past int64
+    ("0.5", "3", "true", "007", "x", "12345678901234567890"),
+    ("2", "-4", "False", "012", "", "1"),
+    ("1e3", "+5", "TRUE", "100", "7", "2"),
+    ("-.25", "0", "false", "3", "8", ""),
+]
+
+
+@pytest.mark.parametrize("sep", [",", "\t"])
+def test_csv_and_tsv_metadata_is_typed_by_column(photos, tmp_path, sep):
+    """A column whose every non-empty cell is an integer, a number or true/false is stored as one
+    (the same type in every sample); one text cell, a leading zero or an integer past int64 keeps
+    the column text; metadata_types="text" keeps every cell a string."""
+    root, paths = photos
+    suffix = ".csv" if sep == "," else ".tsv"
+    lines = [sep.join(["path", "label", "score", "n", "ok", "code", "note", "big"])] + [
+        sep.join([os.path.relpath(paths[i], root), "cat", *cells]) for i, cells in enumerate(TYPED_ROWS)]
+    lst = _write(os.path.join(root, "typed" + suffix), "\n".join(lines) + "\n")
+    convert_list(lst, str(tmp_path / "d"), "tar", ConvertOptions(workers=1, shuffle=False))
+    metas = [m for _, m in open_dataset(str(tmp_path / "d"), fields=("key", "meta"))]
+    assert metas[0] == {"score": 0.5, "n": 3, "ok": True, "code": "007", "note": "x", "big": "12345678901234567890"}
+    assert metas[1] == {"score": 2.0, "n": -4, "ok": False, "code": "012", "big": "1"}
+    assert metas[2] == {"score": 1000.0, "n": 5, "ok": True, "code": "100", "note": "7", "big": "2"}
+    assert metas[3] == {"score": -0.25, "n": 0, "ok": False, "code": "3", "note": "8"}
+    assert all(type(m["n"]) is int and type(m["score"]) is float for m in metas)
+    text = read_list(lst, metadata_types="text")
+    assert [meta for _, _, meta in text.items][1] == {"score": "2", "n": "-4", "ok": "False", "code": "012", "big": "1"}
+    with pytest.raises(ValueError, match="metadata types must be one of auto, text, not 'typed'"):
+        read_list(lst, metadata_types="typed")
+
+
+def test_cli_metadata_types(photos, tmp_path):
+    root, paths = photos
+    lst = _write(str(tmp_path / "l.csv"), "path,label,n\n" + "".join(f"{p},cat,{i}\n" for i, p in enumerate(paths)))
+    r = _cli("convert", "list", "lmdb", lst, str(tmp_path / "a"), "--root", root, "--no-shuffle", "-q")
+    assert r.returncode == 0, r.stderr
+    assert open_dataset(str(tmp_path / "a"), fields=("meta",))[1] == ({"n": 1},)
+    r = _cli("convert", "list", "lmdb", lst, str(tmp_path / "b"), "--root", root, "--no-shuffle", "-q",
+             "--metadata-types", "text")
+    assert r.returncode == 0, r.stderr
+    assert open_dataset(str(tmp_path / "b"), fields=("meta",))[1] == ({"n": "1"},)
+    r = _cli("convert", "imagefolder", "lmdb", root, str(tmp_path / "c"), "--metadata-types", "text")
+    assert r.returncode == 2 and "--metadata-types applies to a list source only" in r.stderr
 
 
 def test_tsv_multi_label_and_jsonl_number_lists(photos, tmp_path):
@@ -315,7 +360,7 @@ def test_cli_list_source_is_shuffled_with_its_seed_and_classes_pinned(photos, tm
     assert r.returncode == 0 and open_dataset(str(tmp_path / "e")).classes == ["zebra", "dog", "cat"]
     _write(names, "cat\n")
     r = _cli("convert", "list", "tar", lst, str(tmp_path / "f"), "--root", root, "--classes-from", names, "-q")
-    assert r.returncode == 1 and "val.csv:5: class 'dog' is not in the pinned class list (1 classes)" in r.stderr
+    assert r.returncode == 1 and "val.csv:5: class 'dog' is not in the pinned class list (1 class)" in r.stderr
     assert "Traceback" not in r.stderr and not os.path.exists(tmp_path / "f")
 
 

@@ -213,7 +213,7 @@ def test_the_command_line_converts_to_reads_from_and_verifies_urls(s3, tmp_path)
             "--storage-option", f"client_kwargs.endpoint_url={endpoint}",
             "--storage-option", "client_kwargs.region_name=us-east-1", "--cache-dir", str(tmp_path / "cache")]
     url = "s3://data/cli/tar"
-    r = _cli("convert", "imagefolder", "tar", src, url, "--encode", "png", "--shard-samples", "4", "-q", *opts)
+    r = _cli("convert", "imagefolder", "tar", src, url, "--encode", "png", "--shard-samples", "4", *opts)
     assert r.returncode == 0 and f"uploaded to {url}" in r.stdout, r.stderr
     r = _cli("convert", "imagefolder", "tar", src, url, "--encode", "png", *opts)
     assert r.returncode == 1 and "already holds a packed dataset" in r.stderr and "Traceback" not in r.stderr

@@ -121,6 +121,24 @@ def test_files_without_a_known_ending_need_format(tmp_path):
 
 
 # -- packer's own shards ---------------------------------------------------------------------------
+@pytest.mark.parametrize(("fmt", "index"), [("tar", ".pkidx"), ("tfrecord", ".idx")])
+def test_a_glob_that_catches_the_index_files_says_so(tiny_folder, tmp_path, fmt, index):
+    """glob("train-*") also lists each shard's index file, glob("*") the manifest: an error naming the
+    file and the pattern that lists the shards, not "pass format=" (which would read an index as data)."""
+    import glob
+
+    src, _ = tiny_folder
+    out = str(tmp_path / "out")
+    pack(src, out, fmt, writer={"shard_samples": 5, "prefix": "train"})
+    with pytest.raises(ShardSpecError, match=rf"train-000000\{index} is not a shard but the index file beside "
+                                             rf"train-000000\.{fmt}; list only the data files: a pattern that ends "
+                                             rf"with their suffix \(train-\*\.{fmt}\)"):
+        open_dataset(sorted(glob.glob(os.path.join(out, "train-*"))), format=fmt)
+    with pytest.raises(ShardSpecError, match="manifest.json is a packed dataset's own file, not a shard"):
+        open_dataset(sorted(glob.glob(os.path.join(out, "*"))))
+    assert len(open_dataset(sorted(glob.glob(os.path.join(out, f"train-*.{fmt}"))))) == 14
+
+
 def test_all_of_a_packer_datasets_shards_open_the_dataset(tiny_folder, tmp_path):
     src, _ = tiny_folder
     pack(src, tmp_path / "out", "tar", writer={"shard_samples": 5})
@@ -174,9 +192,9 @@ def test_ambiguous_lists_are_one_clear_error(wds_shards, tiny_folder, tmp_path, 
     pack(src, tmp_path / "a", "tar")
     pack(src, tmp_path / "b", "lmdb")
     shard = os.path.join(root, "shard-000000.tar")
-    with pytest.raises(ShardSpecError, match=r"1 files \(.*shard-000000.tar\) and 1 datasets .*give one or the other"):
+    with pytest.raises(ShardSpecError, match=r"1 file \(.*shard-000000.tar\) and 1 dataset .*give one or the other"):
         open_dataset([shard, str(tmp_path / "a")])
-    with pytest.raises(ShardSpecError, match=r"1 files .* and 1 datasets"):
+    with pytest.raises(ShardSpecError, match=r"1 file .* and 1 dataset "):
         StreamingDataset([shard, str(tmp_path / "a")])
     with pytest.raises(ShardSpecError, match="matches nothing: no file .*shard-000007.tar"):
         open_dataset(os.path.join(root, "shard-{000007..000009}.tar"))

@@ -137,7 +137,7 @@ def test_ranks_and_workers_read_the_epoch_exactly(packed, world_size, workers, p
 
 def test_padding_and_dropping_are_reported_once(lmdb_packed, monkeypatch):
     monkeypatch.setattr(streaming_module, "_REPORTED", set())
-    with pytest.warns(UserWarning, match="repeats 1 samples so every rank reads 12"):
+    with pytest.warns(UserWarning, match="repeats 1 sample so every rank reads 12"):
         ds = StreamingDataset(lmdb_packed, world=World(0, 2))
     assert (len(ds), ds.padded, ds.dropped) == (12, 1, 0)
     with pytest.warns(UserWarning, match="leaves out 2 samples so every rank reads 7"):

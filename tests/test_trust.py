@@ -1411,7 +1411,7 @@ def test_list_rows_outside_the_root_are_refused_naming_them(tmp_path, capsys):
     for extra in ([], ["--root", root]):  # the list's own folder is the root when none is given
         assert main(["convert", "list", "tar", lst, dst, "--workers", "1", "-q", *extra]) == 1
         err = capsys.readouterr().err.strip().splitlines()
-        assert len(err) == 1 and "2 row(s) lie outside" in err[0] and "Traceback" not in err[0], err
+        assert len(err) == 1 and "2 rows lie outside" in err[0] and "Traceback" not in err[0], err
         assert err[0].count(lst) == 1 and "line 4: '../secret.png'" in err[0] and f"line 5: '{secret}'" in err[0] and "line 6" not in err[0]
         assert "--allow-outside-root" in err[0] and not os.path.exists(dst)
     assert main(["convert", "list", "tar", lst, dst, "--workers", "1", "-q", "--allow-outside-root"]) == 0

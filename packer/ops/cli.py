@@ -20,6 +20,7 @@ from collections.abc import Callable, Iterator, Sequence
 from .. import __version__
 from ..description.registry import format_names, formats_taking, get_format
 from ..errors import PackerError, UnfinishedDatasetError
+from ..wording import describe_skips, noun, plural
 from .importers import IMPORT_FORMATS
 
 __all__ = ["main", "convert_options", "convert_from_args", "convert_arguments", "EXIT_OK", "EXIT_ERROR", "EXIT_USAGE", "EXIT_SKIPPED", "EXIT_INTERRUPTED", "EXIT_TERMINATED",
@@ -81,7 +82,9 @@ def _add_convert(p: argparse.ArgumentParser) -> None:
     g.add_argument("--checkpoint-samples", type=int, default=None, metavar="N",
                    help="lmdb, hdf5: commit (a point --resume continues from) every N samples "
                         "(default: 1024 lmdb, 8192 hdf5); tar and tfrecord checkpoint at every shard")
-    g.add_argument("--quiet", "-q", action="store_true", help="no progress bar or progress lines")
+    g.add_argument("--quiet", "-q", action="store_true",
+                   help="print only errors, warnings and skips (the skipped files and their count): no progress, no "
+                        "summary; under torchrun the same on every rank")
     g.add_argument("--log-interval", type=float, default=None, metavar="SECONDS",
                    help="when stderr is not a terminal (nohup, SLURM, CI): seconds between plain progress lines "
                         "(count, rate, ETA; default: 30)")
@@ -93,18 +96,22 @@ def _add_convert(p: argparse.ArgumentParser) -> None:
                         "it (default: PACKER_TORCHRUN_TIMEOUT, else 1800); a live rank is waited for however long "
                         "its part takes")
     _add_list_options(p)
-    g = p.add_argument_group("COCO sources")
-    g.add_argument("--images", metavar="DIR", help="coco source: the folder of the file's images (file_name is "
-                                                   "relative to it)")
-    g.add_argument("--masks", choices=["semantic", "instance"], default=None,
-                   help="coco source: also store a mask rasterised from the annotations (semantic: category index "
-                        "+ 1 per pixel; instance: annotation number + 1; 0: background)")
+    _add_coco_options(p)
     g = p.add_argument_group("shards (tar, tfrecord)")
     g.add_argument("--shard-size", default=None, help="max bytes per shard, e.g. 256MB, 1GiB")
     g.add_argument("--shard-samples", type=int, default=None, help="max samples per shard")
     g.add_argument("--gzip", action="store_true", help="gzip-compress TFRecord files")
     g.add_argument("--prefix", default=None, help="shard file names PREFIX-000000.tar, ... (default: shard)")
     _add_storage(p)
+
+
+def _add_coco_options(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("COCO sources")
+    g.add_argument("--images", metavar="DIR", help="coco source: the folder of the file's images (file_name is "
+                                                   "relative to it)")
+    g.add_argument("--masks", choices=["semantic", "instance"], default=None,
+                   help="coco source: also store a mask rasterised from the annotations (semantic: category index "
+                        "+ 1 per pixel; instance: annotation number + 1; 0: background)")
 
 
 def _add_list_options(p: argparse.ArgumentParser) -> None:
@@ -137,6 +144,11 @@ def _add_list_options(p: argparse.ArgumentParser) -> None:
                                                          "x1, y1] in source pixels (in CSV/TSV a JSON string)")
     g.add_argument("--box-labels-column", metavar="COL",
                    help="list source: the column of box labels, a JSON list of class names or numbers, one per box")
+    g.add_argument("--metadata-types", choices=["auto", "text"], default=None,
+                   help="list source, CSV/TSV: auto stores a metadata column as integers, numbers or booleans (true/"
+                        "false) when every non-empty cell of it is one (a column with one text cell stays text; "
+                        "integers with leading zeros are text); text keeps every cell a string (default: auto; JSON "
+                        "Lines keep their JSON types)")
 
 
 #: WriterOptions field -> its flag, and what to say when a format does not take it.
@@ -283,7 +295,8 @@ def _run_convert(a: argparse.Namespace) -> int:
     if launch is None:
         return _summary(a, report)
     if launch.rank != 0:
-        print(f"rank {launch.rank}: part converted; rank 0 merged the parts into {a.dst}")
+        if not a.quiet:
+            print(f"rank {launch.rank}: part converted; rank 0 merged the parts into {a.dst}")
         return EXIT_OK
     # Done with skipped files is status 0 under torchrun: torchrun reports any other status as a
     # failed job (the skips are printed and listed in the manifest).
@@ -318,7 +331,8 @@ def convert_from_args(a: argparse.Namespace, launch=None):  # noqa: ANN001, ANN2
 
 #: The flags that only some sources take, and the sources that take each: list only, imported
 #: (mds, litdata, parquet) only, both, coco only.
-_LIST_ONLY = ("root", "path_column", "allow_outside_root", "mask_column", "boxes_column", "box_labels_column")
+_LIST_ONLY = ("root", "path_column", "allow_outside_root", "mask_column", "boxes_column", "box_labels_column",
+              "metadata_types")
 _IMPORT_ONLY = ("drop_column",)
 _LIST_OR_IMPORT = ("label_column", "image_column")
 _COCO_ONLY = ("images", "masks")
@@ -391,7 +405,8 @@ def _convert_to_url(a: argparse.Namespace):  # noqa: ANN202 - ConvertReport
             from ..description.manifest import read_manifest
 
             uploader.finish(a.dst, read_manifest(a.dst))
-            print(f"uploaded to {url}")
+            if not a.quiet:
+                print(f"uploaded to {url}")
             report.output = url
             return report
         except BaseException as e:
@@ -426,7 +441,8 @@ def _convert_local(a: argparse.Namespace):  # noqa: ANN202 - ConvertReport
                                   label_column=a.label_column, label_kind=a.label_kind, label_sep=a.label_sep,
                                   allow_outside_root=bool(a.allow_outside_root), mask_column=a.mask_column,
                                   image_columns=a.image_column or (), boxes_column=a.boxes_column,
-                                  box_labels_column=a.box_labels_column)
+                                  box_labels_column=a.box_labels_column,
+                                  metadata_types=a.metadata_types or "auto")
         except ValueError as e:  # metadata that cannot be stored, named by its item
             from ..errors import SourceError
 
@@ -478,50 +494,62 @@ def _warn_partial_output(a: argparse.Namespace) -> None:
     dropped = interrupted_samples(a.dst)
     if dropped is not None:
         _say(f"packer: starting over: deleting the partial output of an interrupted conversion in "
-             f"{temp_dir_for(a.dst)} ({dropped} samples written); --resume continues from it instead")
+             f"{temp_dir_for(a.dst)} ({plural(dropped, 'sample')} written); --resume continues from it instead")
 
 
-#: Manifest ``ignored`` counts -> what the summary calls them.
-_IGNORED = {"hidden": "hidden (names starting with '.')", "outside_classes": "outside class folders",
-            "not_images": "not images (no image extension)"}
+#: Manifest ``ignored`` counts -> what the summary calls one of them, and several.
+_IGNORED = {"hidden": ("hidden (names starting with '.')",) * 2, "outside_classes": ("outside class folders",) * 2,
+            "not_images": ("not an image (no image extension)", "not images (no image extension)")}
 
 
 def _summary(a: argparse.Namespace, report, skipped_status: int = EXIT_SKIPPED) -> int:  # noqa: ANN001
     """Print what a conversion (a ConvertReport) did; the exit status (``skipped_status`` when it
-    skipped files). Its last lines: what was ignored, left small, skipped, and empty classes."""
-    from ..sizes import format_size
-
+    skipped files). Its last lines: what was ignored, left small, skipped (each file, then the count
+    by reason), and empty classes. ``--quiet`` leaves out all but the warnings and the skips."""
     m = report.manifest
+    if not a.quiet:
+        _say_done(a, report)
     if getattr(report, "already_complete", False):
-        print(f"{a.dst} is already complete ({m.num_samples} images, same source and options); nothing to do")
         return EXIT_OK
-    for note in getattr(report, "notes", []):
-        _say(f"packer: {note}")
-    if getattr(report, "resumed", None):
-        _say(f"packer: resumed: kept {report.resumed['written']} samples written before the interruption")
-    size = sum(f.bytes for f in m.files)
-    where = f"{format_size(size)}, {len(m.files)} file(s)" if m.files else "one file per image"
-    print(f"wrote {m.num_samples} images in {len(m.classes)} classes to {a.dst} ({m.format}, "
-          f"{where}) in {report.seconds:.1f} s = {report.rate:.0f} img/s")
-    ignored = [f"{n} {_IGNORED.get(k, k)}" for k, n in m.ignored.items() if n]
-    if ignored:
-        _say(f"ignored: {', '.join(ignored)}")
-    small = getattr(report, "left_small", 0)
-    if small:
-        _say(f"left small: {small} images below --resize {m.processing.get('resize')} kept their size "
-             f"(--upscale enlarges them)")
     empty = m.source.get("empty_classes") or []
     if empty:
-        _say(f"warning: {len(empty)} empty class(es), no image has their label: " + ", ".join(map(str, empty[:20]))
-             + (f", ... ({len(empty)} in all)" if len(empty) > 20 else ""))
+        _say(f"warning: {plural(len(empty), 'empty class')}, no image has {noun(len(empty), 'its')} label: "
+             + ", ".join(map(str, empty[:20])) + (f", ... ({len(empty)} in all)" if len(empty) > 20 else ""))
     if report.skipped:
         for s in report.skipped[:20]:
             _say(f"skipped {s.path}: {s.reason}")
         if len(report.skipped) > 20:
             _say(f"... and {len(report.skipped) - 20} more (all listed in {a.dst}/manifest.json)")
-        _say(f"{len(report.skipped)} file(s) skipped; exit status {skipped_status}")
+        by_reason = describe_skips(((s.path, s.reason) for s in report.skipped), examples=0)
+        _say(f"{plural(len(report.skipped), 'file')} skipped: {by_reason}; exit status {skipped_status}")
         return skipped_status
     return EXIT_OK
+
+
+def _say_done(a: argparse.Namespace, report) -> None:  # noqa: ANN001 - a ConvertReport
+    """The summary lines of a conversion that ``--quiet`` leaves out: what was written, notes,
+    what was ignored and what was left small."""
+    from ..sizes import format_size
+
+    m = report.manifest
+    if getattr(report, "already_complete", False):
+        print(f"{a.dst} is already complete ({plural(m.num_samples, 'image')}, same source and options); nothing to do")
+        return
+    for note in getattr(report, "notes", []):
+        _say(f"packer: {note}")
+    if getattr(report, "resumed", None):
+        _say(f"packer: resumed: kept {plural(report.resumed['written'], 'sample')} written before the interruption")
+    size = sum(f.bytes for f in m.files)
+    where = f"{format_size(size)}, {plural(len(m.files), 'file')}" if m.files else "one file per image"
+    print(f"wrote {plural(m.num_samples, 'image')} in {plural(len(m.classes), 'class')} to {a.dst} ({m.format}, "
+          f"{where}) in {report.seconds:.1f} s = {report.rate:.0f} img/s")
+    ignored = [f"{n} {_IGNORED.get(k, (k, k))[n != 1]}" for k, n in m.ignored.items() if n]
+    if ignored:
+        _say(f"ignored: {', '.join(ignored)}")
+    small = getattr(report, "left_small", 0)
+    if small:
+        _say(f"left small: {plural(small, 'image')} below --resize {m.processing.get('resize')} kept "
+             f"{noun(small, 'its')} size (--upscale enlarges {noun(small, 'it')})")
 
 
 def _convert_torchrun(a: argparse.Namespace, launch):  # noqa: ANN001, ANN202 - a distributed.Launch
@@ -532,8 +560,9 @@ def _convert_torchrun(a: argparse.Namespace, launch):  # noqa: ANN001, ANN202 - 
     from ..storage.remote import is_url
     from .distributed import convert_imagefolder_torchrun, rank_timeout
 
-    print(f"packer: torchrun detected: {launch.describe()}; converting one part per rank, rank 0 merges",
-          flush=True)
+    if not a.quiet:
+        print(f"packer: torchrun detected: {launch.describe()}; converting one part per rank, rank 0 merges",
+              flush=True)
     if a.src_format != "imagefolder" or a.dst_format == "imagefolder" or is_url(a.dst):
         raise UsageError("packer convert: under torchrun only an image folder converts in parts, to a local packed "
                          "destination; run other conversions without torchrun")
@@ -713,10 +742,11 @@ def _run_verify(a: argparse.Namespace) -> int:
     for line in report.problems[:50]:
         _say(line)
     if len(report.problems) > 50:
-        _say(f"... and {len(report.problems) - 50} more problems")
-    samples = (f"{report.samples_ok}/{report.samples} samples decoded" if not a.no_decode
+        _say(f"... and {plural(len(report.problems) - 50, 'more problem')}")
+    samples = (f"{report.samples_ok}/{report.samples} {noun(report.samples, 'sample')} decoded" if not a.no_decode
                else "samples not decoded (--no-decode)")
-    print(f"{a.path}: {report.files_ok}/{report.files} files intact, {samples}" + ("" if report.ok else " -- CORRUPT"))
+    print(f"{a.path}: {report.files_ok}/{report.files} {noun(report.files, 'file')} intact, {samples}"
+          + ("" if report.ok else " -- CORRUPT"))
     return EXIT_OK if report.ok else EXIT_ERROR
 
 
@@ -837,7 +867,7 @@ def _run_preview(a: argparse.Namespace) -> int:
     for i, why in sheet.unreadable[:20]:
         _say(f"sample {i} unreadable: {why}")
     h, w = sheet.image.shape[:2]
-    print(f"wrote {a.out}: {len(sheet.indices)} of {total} samples (seed {a.seed}), {w}x{h} pixels")
+    print(f"wrote {a.out}: {len(sheet.indices)} of {plural(total, 'sample')} (seed {a.seed}), {w}x{h} pixels")
     return EXIT_ERROR if sheet.unreadable else EXIT_OK
 
 
@@ -859,9 +889,10 @@ def _run_merge(a: argparse.Namespace) -> int:
     for line in report.mapping_lines(a.parts):
         print(f"labels of {line}")
     m = report.manifest
-    done = (f"{report.copied_files} shard(s) copied, {report.rewritten_files} rewritten"
+    done = (f"{plural(report.copied_files, 'shard')} copied, {report.rewritten_files} rewritten"
             if report.copied_files or report.rewritten_files else "records copied")
-    print(f"merged {m.num_samples} images in {len(m.classes)} classes from {len(a.parts)} part(s) into {a.dst} "
+    print(f"merged {plural(m.num_samples, 'image')} in {plural(len(m.classes), 'class')} from "
+          f"{plural(len(a.parts), 'part')} into {a.dst} "
           f"({m.format}, {format_size(sum(f.bytes for f in m.files))}; {done}) in {report.seconds:.1f} s")
     return EXIT_OK
 

@@ -14,6 +14,8 @@ import time
 import cv2
 import numpy as np
 
+from ..wording import plural
+
 __all__ = ["make_sample_folder", "run_demo"]
 
 _SHAPES = ("circle", "square", "triangle", "cross", "ring", "bars", "dots", "diamond")
@@ -100,7 +102,7 @@ def run_demo(workdir: str | None = None, classes: int = 8, per_class: int = 64, 
         t0 = time.perf_counter()
         make_sample_folder(src, classes, per_class)
         n = classes * per_class
-        print(f"1. made a sample ImageFolder: {n} JPEGs in {classes} classes at {src} "
+        print(f"1. made a sample ImageFolder: {plural(n, 'JPEG')} in {plural(classes, 'class')} at {src} "
               f"({time.perf_counter() - t0:.1f} s)")
         opts = ConvertOptions(
             processing=ProcessOptions(resize=parse_resize("shorter:128"), encoding=parse_encoding("jpeg:90")),
@@ -109,7 +111,8 @@ def run_demo(workdir: str | None = None, classes: int = 8, per_class: int = 64, 
         report = convert_imagefolder(src, dst, "lmdb", opts)
         m = report.manifest
         size = sum(f.bytes for f in m.files)
-        print(f"2. converted to LMDB (resize shorter:128, jpeg:90, {workers} workers): {m.num_samples} images "
+        print(f"2. converted to LMDB (resize shorter:128, jpeg:90, {plural(workers, 'worker')}): "
+              f"{plural(m.num_samples, 'image')} "
               f"in {report.seconds:.2f} s = {report.rate:.0f} img/s, {size / 1e6:.1f} MB at {dst}")
         ds = open_dataset(dst, transform=_CenterCrop(128))
         loader = DataLoader(ds, batch_size=64, shuffle=True, num_workers=workers, pin_memory=False,
@@ -122,7 +125,7 @@ def run_demo(workdir: str | None = None, classes: int = 8, per_class: int = 64, 
         counts = np.bincount(seen, minlength=classes).tolist()
         batches = "in reused shared memory" if slots else f"by torch's default_collate: slots are off, {why}"
         print(f"3. read one epoch through DataLoader(batch_size=64, num_workers={workers}, "
-              f"collate_fn=packer.datasets.collate; batches {batches}): {len(seen)} images "
+              f"collate_fn=packer.datasets.collate; batches {batches}): {plural(len(seen), 'image')} "
               f"in {dt:.2f} s = {len(seen) / dt:.0f} img/s (includes worker start-up), "
               f"batches of {tuple(images.shape)} {images.dtype}")
         print(f"   images per class: {dict(zip(ds.classes, counts))}")

@@ -28,7 +28,15 @@ from ..description.manifest import Manifest, Skipped, read_manifest
 from ..errors import PackerError, SourceError
 from ..files.filesystem import check_destination, claim_destination, sibling_path
 from ..sizes import seconds_from_env
-from .engine import ConvertOptions, ConvertReport, describe_stamp, file_stamp, scan_ordered
+from ..wording import noun, plural
+from .engine import (
+    ConvertOptions,
+    ConvertReport,
+    describe_stamp,
+    file_stamp,
+    nothing_converted,
+    scan_ordered,
+)
 from .items import convert_items
 from .merge import merge
 
@@ -267,9 +275,9 @@ def _run_rank0(src: str, dst: str, fmt: str, options: ConvertOptions, launch: La
         shutil.rmtree(part_path(dst, r, launch.world_size), ignore_errors=True)
     _broadcast_json({"error": None}, peers)
     kept = [str(r) for r, o in enumerate(outcomes) if o.get("kept")]
-    notes = [f"kept the parts of rank(s) {', '.join(kept)}, finished by an earlier run"] if kept else []
+    notes = [f"kept the parts of {noun(len(kept), 'rank')} {', '.join(kept)}, finished by an earlier run"] if kept else []
     return ConvertReport(dst, report.manifest, time.perf_counter() - t0, list(report.manifest.skipped), errors,
-                         notes=notes)
+                         notes=notes, left_small=sum(o.get("left_small", 0) for o in outcomes))
 
 
 def _run_rank(src: str, dst: str, fmt: str, options: ConvertOptions, launch: Launch, t0: float,
@@ -315,7 +323,7 @@ def _source_problem(plan: dict[str, Any], src: str, launch: Launch) -> str | Non
         if found != (size, mtime):
             differ += 1
             first = first or f"{path} is {describe_stamp(found)} there, {describe_stamp((size, mtime))} on rank 0"
-    more = f" (and {differ - 1} more of the {stop - start} files of its share)" if differ > 1 else ""
+    more = f" (and {differ - 1} more of the {plural(stop - start, 'file')} of its share)" if differ > 1 else ""
     return first + more if differ else None
 
 
@@ -335,7 +343,7 @@ def _convert_part(plan: dict[str, Any], src: str, dst: str, fmt: str, options: C
         report = convert_items(items, path, fmt, opts, plan["classes"], root=src, expected_stats=stats,
                                record_files=False)  # the plan is the record; the merged manifest drops it
         kept = bool(report.notes) and report.notes[0].startswith("kept ")
-        return {"error": None, "part": path, "skipped": None, "kept": kept}, None
+        return {"error": None, "part": path, "skipped": None, "kept": kept, "left_small": report.left_small}, None
     except SourceError as e:
         skipped = getattr(e, "skipped", None)
         if skipped is None:
@@ -354,7 +362,7 @@ def _merge_parts(outcomes: list[dict[str, Any]], src: str, dst: str, options: Co
         skipped += read_manifest(o["part"]).skipped if o["part"] else [Skipped(p, r) for p, r in o["skipped"]]
     parts = [o["part"] for o in outcomes if o["part"]]
     if not parts:
-        raise SourceError(f"no image in {src} could be converted ({len(skipped)} skipped)")
+        raise nothing_converted(src, skipped + list(template.skipped))
     facts = {"source": template.source, "ignored": template.ignored, "shuffle_seed": template.shuffle_seed,
              "skipped": skipped + list(template.skipped)}
     return merge(parts, dst, options.overwrite, describe=lambda m: replace(m, **facts), link=True)

@@ -14,6 +14,8 @@ import platform
 import sys
 from typing import Any
 
+from ..wording import plural
+
 __all__ = ["collect", "format_report", "run_doctor"]
 
 _EXTRAS = {"s3": ("fsspec", "s3fs"), "gcs": ("fsspec", "gcsfs"), "http": ("fsspec", "aiohttp")}
@@ -139,7 +141,7 @@ def _bytes(n: int | None) -> str:
 def format_report(info: dict[str, Any]) -> str:
     """The one-screen text form of :func:`collect`'s result."""
     build = info["torch_cuda_build"]
-    cuda = f"CUDA {build}, {info['gpus']} GPU(s) visible" if info["cuda_available"] else (
+    cuda = f"CUDA {build}, {plural(info['gpus'], 'GPU')} visible" if info["cuda_available"] else (
         f"CUDA build {build}, no GPU visible" if build else "CPU build")
     slots = "on" if info["collate_slots"] else f"OFF ({info['collate_slots_off_because']}): collate is default_collate"
     jpeg = (f"TurboJPEG through simplejpeg {info['simplejpeg']}, OpenCV {info['opencv']} for the rest"

@@ -69,6 +69,7 @@ from ..files.journal import (
 )
 from ..images.imageproc import ProcessedImage, ProcessOptions, Resize, process_image
 from ..progress import LOG_INTERVAL, Progress
+from ..wording import describe_skips, plural
 from .pool import ordered_map
 from .scan import Sample, scan_imagefolder
 
@@ -86,6 +87,7 @@ __all__ = [
     "process_data",
     "scan_ordered",
     "left_small",
+    "nothing_converted",
     "interrupted_samples",
     "differences",
     "Stamp",
@@ -426,9 +428,7 @@ class _Run:
                     self.checkpoint(self.pos)
                 bar.update(1)
         if self.index == 0:
-            error = SourceError(f"no image in {self.source or self.dst} could be converted ({len(self.skipped)} skipped)")
-            error.skipped = [k for _, k in self.skipped]  # type: ignore[attr-defined]  # for a caller making parts
-            raise error
+            raise nothing_converted(self.source or self.dst, [k for _, k in self.skipped] + list(self.template.skipped))
 
     def fields_mismatch(self, image: ProcessedImage) -> str | None:
         """Why a sample cannot be stored with the dataset's fields (writers rely on every sample
@@ -570,7 +570,7 @@ def pin_classes(src: str, samples: list[Sample], found: list[str],
     missing = [c for c in found if c not in index]
     if missing:
         shown = ", ".join(repr(c) for c in missing[:5]) + (f" and {len(missing) - 5} more" if len(missing) > 5 else "")
-        raise SourceError(f"{src}: class {shown} is not in the pinned class list ({len(pinned)} classes); "
+        raise SourceError(f"{src}: class {shown} is not in the pinned class list ({plural(len(pinned), 'class')}); "
                           f"the labels would not line up")
     relabel = [index[c] for c in found]
     present = {relabel[s.label] for s in samples}
@@ -606,6 +606,21 @@ def _convert_imagefolder_claimed(src: str, dst: str, fmt: str, options: ConvertO
 
 
 # -- what a user is told ---------------------------------------------------------------------------
+def nothing_converted(source: str, skipped: Sequence[Skipped]) -> SourceError:
+    """The error of a conversion of ``source`` that skipped every image: the skips counted by
+    reason, with the first files of each, on one line; its ``skipped`` attribute lists them (for a
+    caller making parts)."""
+    if len(skipped) == 1:
+        why = f"; the only one, {skipped[0].path}, was skipped: {skipped[0].reason}"
+    elif skipped:
+        why = f"; all {len(skipped)} were skipped: " + describe_skips((s.path, s.reason) for s in skipped)
+    else:
+        why = " (it holds none)"
+    error = SourceError(f"no image in {source} could be converted{why}")
+    error.skipped = list(skipped)  # type: ignore[attr-defined]
+    return error
+
+
 def left_small(image: ProcessedImage, resize: Resize, upscale: bool) -> bool:
     """Whether ``image`` was stored smaller than ``resize`` asks: ``shorter:N``/``longer:N`` never
     enlarge without ``upscale``, so a smaller source stays as it was (``WxH`` and ``none`` always hold)."""
@@ -645,7 +660,7 @@ def differences(dst: str, fmt: str, samples: Sequence[Sample], template: Manifes
             out.append(f"other {k}")
     sources = len(samples) + len(template.skipped)
     if m.num_samples + len(m.skipped) != sources:
-        out.append(f"{m.num_samples} samples + {len(m.skipped)} skipped, the source has {sources} files")
+        out.append(f"{plural(m.num_samples, 'sample')} + {len(m.skipped)} skipped, the source has {plural(sources, 'file')}")
     written = os.stat(os.path.join(dst, MANIFEST_NAME)).st_mtime_ns
     newer = next((s.path for s in samples if _mtime_ns(s.path) > written), None)
     if newer is not None:

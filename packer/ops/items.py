@@ -23,6 +23,7 @@ from ..errors import ImageError, PackerError
 from ..files.filesystem import claim_destination, recover_publish
 from ..files.journal import digest
 from ..images.imageproc import ProcessOptions
+from ..wording import plural
 from .engine import (
     NO_STAMP,
     ConvertOptions,
@@ -65,7 +66,7 @@ def item_classes(labels: Sequence[str | int], classes: Sequence[str] | None) -> 
     for i, x in enumerate(labels):
         label = _label_number(x, to_label)
         if not 0 <= label < len(names):
-            raise ValueError(f"item {i}: label {x!r} is not one of the {len(names)} classes")
+            raise ValueError(f"item {i}: label {x!r} is not one of the {plural(len(names), 'class')}")
         out.append(label)
     return names, out
 
@@ -156,7 +157,7 @@ class _Rows:
     def _number(self, i: int, label: Any, what: str = "label") -> int:
         number = _label_number(label, self.to_label)
         if not 0 <= number < self.count:
-            raise ValueError(f"item {i}: {what} {label!r} is not one of the {self.count} classes")
+            raise ValueError(f"item {i}: {what} {label!r} is not one of the {plural(self.count, 'class')}")
         return number
 
     def checked_fields(self, i: int) -> tuple[ItemFields, FieldFiles] | None:
@@ -399,7 +400,7 @@ def convert_items(
             raise FileExistsError(f"destination exists: {dst} (use --overwrite to replace it)")
         counts: dict[str, int] = {}
         manifest, resumed, notes = write_packed_result(dst, fmt, stream, template, options, len(rows),
-                                                       f"the {len(rows)} items", fingerprint, counts)
+                                                       _shown_source(template.source, len(rows)), fingerprint, counts)
     return ConvertReport(dst, manifest, time.perf_counter() - t0, list(manifest.skipped), resumed=resumed, notes=notes,
                          left_small=counts["left_small"])
 
@@ -415,6 +416,11 @@ def _item_class_names(seq: Sequence[Any], classes: Sequence[str] | None, label_k
     else:
         labels = (_checked(i, seq[i])[1] for i in range(len(seq)))
     return _class_names(itertools.chain(labels, _box_label_names(seq)))
+
+
+def _shown_source(source: dict[str, Any], n: int) -> str:
+    """What the user is told the items came from: the list file they were read from, if any."""
+    return str(source["path"]) if isinstance(source.get("path"), str) else f"the {plural(n, 'item')}"
 
 
 def _finished(dst: str, fingerprint: str) -> Manifest | None:

@@ -13,7 +13,8 @@ The check is on the path as written; symlinks inside the folder are followed whe
 as in an image folder (the folder is the user's own; the list may be someone else's).
 The label column holds a class name or number (``class``), several classes (``multi``: a JSON list
 in JSON Lines, or names separated by ``label_sep`` in CSV/TSV), or a number (``number``). Columns
-may also name a mask, extra images and boxes per row (:class:`FieldColumns`).
+may also name a mask, extra images and boxes per row (:class:`FieldColumns`). CSV/TSV metadata is
+typed column by column (:func:`column_types`) unless ``metadata_types="text"``.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ import io
 import json
 import math
 import os
+import re
 import sys
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
@@ -32,13 +34,21 @@ from ..description.samples import LABEL_KINDS, MAX_META_BYTES, MAX_META_DEPTH, e
 from ..errors import SourceError
 from ..files.fileio import NotReadableError, open_source_file
 from ..images.fields import check_field_name
+from ..wording import plural
 
-__all__ = ["ListSource", "FieldColumns", "read_list", "convert_list", "LIST_FORMATS"]
+__all__ = ["ListSource", "FieldColumns", "read_list", "convert_list", "column_types", "LIST_FORMATS", "METADATA_TYPES"]
 
 #: List file suffixes and the format each means.
 LIST_FORMATS = {".csv": "csv", ".tsv": "tsv", ".tab": "tsv", ".jsonl": "jsonl", ".ndjson": "jsonl"}
 PATH_COLUMNS = ("path", "file", "filename", "image")
 LABEL_COLUMNS = ("label", "labels", "class", "target")
+#: How CSV/TSV metadata cells are stored: ``auto`` (a column typed as a whole, :func:`column_types`)
+#: or ``text`` (every cell a string, as written).
+METADATA_TYPES = ("auto", "text")
+_DIGITS = re.compile(r"[+-]?[0-9]+")
+_INT = re.compile(r"[+-]?(0|[1-9][0-9]{0,18})")  # no leading zeros: "007" is a code, not the number 7
+_FLOAT = re.compile(r"[+-]?((0|[1-9][0-9]*)(\.[0-9]*)?|\.[0-9]+)([eE][+-]?[0-9]+)?")
+_INT64 = (-(2**63), 2**63 - 1)
 #: The longest line a list may have: a path, a label and the most metadata a sample may carry, with room.
 MAX_LINE_CHARS = 16 * MAX_META_BYTES
 
@@ -82,7 +92,7 @@ class ListSource:
                       *box_labels]:
                 if (isinstance(c, int) and not 0 <= c < len(classes)) or (isinstance(c, str) and c not in names):
                     raise SourceError(f"{path}:{line}: class {c!r} is not in the pinned class list "
-                                      f"({len(classes)} classes); the labels would not line up")
+                                      f"({plural(len(classes), 'class')}); the labels would not line up")
 
 
 def _list_format(path: str) -> str:
@@ -186,7 +196,8 @@ def _outside_error(path: str, base: str, root_given: bool, outside: list[tuple[i
     shown = ", ".join(f"line {n}: {rel!r}" for n, rel in outside[:5])
     more = f", ... ({len(outside)} rows in all)" if len(outside) > 5 else ""
     what = f"--root {base}" if root_given else f"the list's folder {base} (no --root given)"
-    return SourceError(f"{path}: {len(outside)} row(s) lie outside {what}: {shown}{more}; pass the folder that "
+    lie = "lies" if len(outside) == 1 else "lie"
+    return SourceError(f"{path}: {plural(len(outside), 'row')} {lie} outside {what}: {shown}{more}; pass the folder that "
                        f"holds them as --root, or --allow-outside-root if the list means it")
 
 
@@ -253,6 +264,37 @@ def _class_value(value: str | int, fmt: str) -> str | int:
     return value
 
 
+def _cell_type(cell: str) -> str:
+    """The narrowest type a CSV/TSV cell holds as written: ``int`` (within int64, no leading
+    zeros; other digit strings are ``str``: codes and identifiers), ``float`` (finite), ``bool``
+    (``true``/``false`` in any case) or ``str``."""
+    if _DIGITS.fullmatch(cell):  # an integer as written, or text: never a float
+        return "int" if _INT.fullmatch(cell) and _INT64[0] <= int(cell) <= _INT64[1] else "str"
+    if _FLOAT.fullmatch(cell) and len(cell) <= 64 and math.isfinite(float(cell)):
+        return "float"
+    return "bool" if cell.lower() in ("true", "false") else "str"
+
+
+def column_types(rows: Sequence[dict[str, Any]], columns: Sequence[str]) -> dict[str, str]:
+    """The type of each of ``columns`` in CSV/TSV ``rows``, decided over the whole column so that
+    every sample's value has the same type: ``int`` when every non-empty cell is an integer,
+    ``float`` when every one is a number (integers among them become floats), ``bool`` when every
+    one is ``true`` or ``false`` (any case), else ``str`` (one cell of text keeps the whole column
+    text). A column with no non-empty cell is ``str``."""
+    out = {}
+    for col in columns:
+        seen = {_cell_type(r[col]) for r in rows if isinstance(r.get(col), str) and r[col] != ""}
+        out[col] = seen.pop() if len(seen) == 1 else "float" if seen == {"int", "float"} else "str"
+    return out
+
+
+def _typed(cell: Any, kind: str) -> Any:
+    """A CSV/TSV cell as its column's type (:func:`column_types`)."""
+    if not isinstance(cell, str) or cell == "" or kind == "str":
+        return cell
+    return int(cell) if kind == "int" else float(cell) if kind == "float" else cell.lower() == "true"
+
+
 def read_list(
     path: str | os.PathLike[str],
     *,
@@ -266,13 +308,15 @@ def read_list(
     image_columns: Sequence[str] = (),
     boxes_column: str | None = None,
     box_labels_column: str | None = None,
+    metadata_types: str = "auto",
 ) -> ListSource:
     """Parse a CSV, TSV or JSON Lines list into convert_items' items.
 
     ``path_column`` / ``label_column`` default to the first of ``path, file, filename, image`` /
-    ``label, labels, class, target`` present. Every other column is the sample's metadata (CSV and
-    TSV values are strings; JSON Lines values keep their JSON types; empty CSV cells are left
-    out). ``label_kind``: ``auto`` (a list is multi-label, a number with a fraction in JSON Lines
+    ``label, labels, class, target`` present. Every other column is the sample's metadata: JSON
+    Lines values keep their JSON types; CSV and TSV cells are typed by column with
+    ``metadata_types="auto"`` (integers, numbers or booleans when the whole column is, see
+    :func:`column_types`) or kept as text with ``"text"``; empty CSV cells are left out. ``label_kind``: ``auto`` (a list is multi-label, a number with a fraction in JSON Lines
     is ``number``, else ``class``), or ``class``, ``multi``, ``number``. SourceError names the file
     and line of anything it cannot use, and every row whose path leads outside ``root`` (default:
     the list's folder) unless ``allow_outside_root``; a JSON key or CSV/TSV column named twice, a
@@ -288,6 +332,8 @@ def read_list(
     path = os.fspath(path)
     if label_kind != "auto" and label_kind not in LABEL_KINDS:
         raise ValueError(f"label kind must be auto or one of {LABEL_KINDS}, not {label_kind!r}")
+    if metadata_types not in METADATA_TYPES:
+        raise ValueError(f"metadata types must be one of {', '.join(METADATA_TYPES)}, not {metadata_types!r}")
     fmt = _list_format(path)
     rows = _rows(path, fmt)
     if not rows:
@@ -299,6 +345,8 @@ def read_list(
     kind = _kind([r.get(lcol) for _, r in rows], fmt) if label_kind == "auto" else label_kind
     base = os.path.abspath(os.fspath(root) if root is not None else os.path.dirname(os.path.abspath(path)))
     parsed = _ParsedRows(path, fmt, base, kind, label_sep)
+    if fmt != "jsonl" and metadata_types == "auto":
+        parsed.types = column_types([r for _, r in rows], [c for c in rows[0][1] if c not in (pcol, lcol, *cols.names())])
     for n, row in rows:
         parsed.add(n, row, pcol, lcol, cols)
     if parsed.outside and not allow_outside_root:
@@ -335,6 +383,7 @@ class _ParsedRows:
         self.lines: list[int] = []
         self.outside: list[tuple[int, str]] = []
         self.seen: dict[str, tuple[int, Any]] = {}  # each file's first line and label
+        self.types: dict[str, str] = {}  # CSV/TSV metadata columns' types (column_types)
 
     def file(self, n: int, row: dict[str, Any], col: str) -> str:
         """The row's path in column ``col``, joined to the root (noted when it leads outside)."""
@@ -352,7 +401,8 @@ class _ParsedRows:
         full = self.file(n, row, pcol)
         label = _label(row.get(lcol), self.kind, self.fmt, self.label_sep, where)
         skip = (pcol, lcol, *cols.names())
-        meta = {k: v for k, v in row.items() if k not in skip and not (self.fmt != "jsonl" and v == "")}
+        meta = {k: _typed(v, self.types.get(k, "str")) for k, v in row.items()
+                if k not in skip and not (self.fmt != "jsonl" and v == "")}
         try:
             encode_meta(meta, f"{where}: metadata")
         except ValueError as e:

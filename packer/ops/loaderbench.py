@@ -29,6 +29,7 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader, Subset
 
+from ..wording import plural
 from .preview import caption_text, write_png
 
 __all__ = ["BenchRow", "CenterCropPad", "Decision", "MIN_ROUNDS", "SAME_COLLATE", "collate_slots", "round_order",
@@ -276,7 +277,7 @@ def decide(rows: list[BenchRow]) -> Decision:
     if rounds < MIN_ROUNDS:
         tied = [r for r in ranked if r.images_per_s >= 0.95 * best.images_per_s]
         pick = min(tied, key=_cost)
-        reason = (f"{rounds} round(s) per setting, so the spread is unknown and no setting is shown to be faster; "
+        reason = (f"{plural(rounds, 'round')} per setting, so the spread is unknown and no setting is shown to be faster; "
                   f"this is the cheapest of the {len(tied)} within 5% of the fastest single pass "
                   f"(use --repeats {MIN_ROUNDS} or more)")
         return Decision(pick, False, tied, best, nxt, reason)
@@ -334,7 +335,7 @@ def format_report(rows: list[BenchRow], decision: Decision, *, crop: int, slots:
     rounds = min(len(r.samples) for r in rows)
     return "\n".join(
         ([note, ""] if note else [])
-        + [f"{rounds} round(s) per setting, interleaved; images/s is the median of the rounds, spread their "
+        + [f"{plural(rounds, 'round')} per setting, interleaved; images/s is the median of the rounds, spread their "
            f"interquartile range (IQR)", "", format_table(rows, decision), "",
            ("recommended" if decision.clear else "no setting is shown faster; the cheapest of the tied")
            + f": DataLoader(num_workers={best.num_workers}, pin_memory={best.pin_memory}, "

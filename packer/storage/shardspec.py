@@ -19,6 +19,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from ..errors import PackerError
+from ..wording import plural
 
 __all__ = ["ShardSpecError", "ShardList", "has_braces", "expand_braces", "resolve_paths"]
 
@@ -148,7 +149,8 @@ def resolve_paths(spec: str | os.PathLike[str] | Sequence[str | os.PathLike[str]
         raise ShardSpecError(f"{where}{len(missing)} of {len(paths)} paths do not exist: {_shown(missing)}")
     if kinds["file"] and kinds["dataset"]:
         raise ShardSpecError(
-            f"{len(kinds['file'])} files ({_shown(kinds['file'], 2)}) and {len(kinds['dataset'])} datasets "
+            f"{plural(len(kinds['file']), 'file')} ({_shown(kinds['file'], 2)}) and "
+            f"{plural(len(kinds['dataset']), 'dataset')} "
             f"({_shown(kinds['dataset'], 2)}): a list of shard files is one dataset, a list of datasets (folders, "
             f"URLs or patterns) is a mixture; give one or the other")
     dup = next((p for p, n in Counter(paths).items() if n > 1), None)
