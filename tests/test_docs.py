@@ -92,9 +92,15 @@ _MARKER = re.compile(r"^\s*<!--\s*docs-test:\s*(.*?)\s*-->\s*$")
 
 
 def blocks_of(doc: str) -> list[Block]:
-    """Every fenced block of ``doc`` in order (indented fences too, their indent removed)."""
+    """Every fenced block of ``doc`` (a path relative to the repository root), in order."""
     with open(os.path.join(ROOT, doc), encoding="utf-8") as f:
-        lines = f.read().splitlines()
+        return parse_blocks(doc, f.read())
+
+
+def parse_blocks(doc: str, text: str) -> list[Block]:
+    """Every fenced block of the Markdown ``text`` in order (indented fences too, their indent
+    removed), each with the docs-test marker on the line before it or one blank line above."""
+    lines = text.splitlines()
     found, i = [], 0
     while i < len(lines):
         m = _FENCE.match(lines[i])
@@ -315,6 +321,20 @@ def test_block_runs_as_written(block, sessions, request):
         session.done[block.line] = str(e).splitlines()[0]
         raise
     session.done[block.line] = None
+
+
+def test_fences_markers_and_prompts_are_read():
+    text = ("Intro.\n\n<!-- docs-test: skip (needs a GPU) -->\n```python\nimport torch\n```\n\n"
+            "- a list item:\n\n  ```bash\n  echo hi\n  ```\n\n```text\nout\n```\n\n"
+            "<!-- docs-test: file run.py -->\n\n```console\n$ python run.py\noutput\n```\n")
+    blocks = parse_blocks("x.md", text)
+    assert [(b.line, b.lang, b.marker) for b in blocks] == [
+        (4, "python", "skip (needs a GPU)"), (10, "bash", ""), (14, "text", ""), (20, "console", "file run.py")]
+    assert blocks[1].text == "echo hi\n" and _console_script(blocks[3].text) == "python run.py\n"
+    assert _skip_reason(blocks[0]) == "needs a GPU" and _skip_reason(blocks[1]) is None
+    for marker in ("skip (slow)", "skp (needs a GPU)"):
+        with pytest.raises(AssertionError):  # only a GPU, a cluster or the internet excuse a block
+            _skip_reason(Block("x.md", 1, "bash", "true\n", marker))
 
 
 def test_blocks_are_found():
