@@ -41,11 +41,13 @@
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import io
 import os
 import re
 import shutil
+import signal
 import socket
 import subprocess
 import sys
@@ -273,10 +275,18 @@ def run_block(block: Block, session: Session, s3_server: Callable[[], S3Server])
     else:
         text = _console_script(block.text) if block.lang == "console" else block.text
         argv = ["bash", "-e", "-o", "pipefail", "-c", text]
-    out = subprocess.run(argv, cwd=session.home, env=_environment(session.home, extra), capture_output=True,
-                         text=True, timeout=TIMEOUT, stdin=subprocess.DEVNULL)
-    assert out.returncode == 0, (f"{block.id} ({block.lang}) exited {out.returncode}:\n{block.text}\n"
-                                 f"--- stdout\n{out.stdout[-6000:]}\n--- stderr\n{out.stderr[-6000:]}")
+    proc = subprocess.Popen(argv, cwd=session.home, env=_environment(session.home, extra), stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, stdin=subprocess.DEVNULL, text=True, start_new_session=True)
+    try:
+        stdout, stderr = proc.communicate(timeout=TIMEOUT)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)  # the block's whole process group: torchrun ranks, workers
+        stdout, stderr = proc.communicate()
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)  # nothing the block started outlives it
+    assert proc.returncode == 0, (f"{block.id} ({block.lang}) exited {proc.returncode}:\n{block.text}\n"
+                                  f"--- stdout\n{stdout[-6000:]}\n--- stderr\n{stderr[-6000:]}")
 
 
 @pytest.fixture(scope="session")
