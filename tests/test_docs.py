@@ -198,6 +198,7 @@ class S3Server:
 
 @pytest.fixture(scope="session")
 def s3_server(start_home):
+    import_optional("s3fs", "s3:// blocks need s3fs: pip install 'packer[s3]'")
     moto_server = import_optional("moto.server", "s3:// blocks need moto's server: pip install 'moto[server]'")
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -246,7 +247,11 @@ def _skip_reason(block: Block) -> str | None:
         return reason
     m = re.fullmatch(r"needs ([\w.]+)", block.marker)
     if m:
-        if importlib.util.find_spec(m.group(1).split(".")[0]) is None:
+        try:
+            found = importlib.util.find_spec(m.group(1)) is not None  # imports the parents, not the module
+        except ImportError:
+            found = False
+        if not found:
             import_optional(m.group(1), f"{block.id} needs {m.group(1)} (an optional extra)")
         return None
     assert re.fullmatch(r"file [\w./-]+", block.marker), f"{block.id}: unknown docs-test marker {block.marker!r}"
