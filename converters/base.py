@@ -59,6 +59,8 @@ class Writer(abc.ABC):
     """
 
     format: ClassVar[str]
+    #: The writer stores samples' fields besides the image (masks, extra images; version 3).
+    writes_fields: ClassVar[bool] = False
 
     def __init__(self, directory: str, options: WriterOptions) -> None:
         self.directory = directory

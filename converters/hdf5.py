@@ -14,6 +14,7 @@ keeps an append-only log, ``.data.h5.log``, fsynced at each checkpoint: each sam
 payload bytes not yet in a whole chunk. ``resume`` reads the checkpoint's samples back from those
 chunks and the log (CRC checked) and replays them into a fresh file through the same blocks, so a
 resumed file is byte-identical to an uninterrupted one. The log is deleted when the file is done.
+Samples with fields (version 3) log each mask or extra image as /images is logged, and their boxes.
 """
 
 
@@ -21,6 +22,7 @@ resumed file is byte-identical to an uninterrupted one. The log is deleted when 
 from __future__ import annotations
 
 import ctypes
+import dataclasses
 import errno
 import functools
 import json
@@ -38,8 +40,16 @@ from packer.description.placement import file_id, place_seed
 from packer.errors import ResumeError
 from packer.files.filesystem import fsync_dir
 from packer.images.codecs import CODEC_IDS, CODEC_NAMES
-from packer.images.imageproc import ProcessedImage
-from packer.layouts.hdf5 import CHUNK_BYTES, DATA_FILE, LAYOUT_VERSION, LIBVER
+from packer.images.imageproc import ProcessedField, ProcessedImage
+from packer.layouts.hdf5 import (
+    CHUNK_BYTES,
+    DATA_FILE,
+    FIELDS_GROUP,
+    FIELDS_LAYOUT_VERSION,
+    LAYOUT_VERSION,
+    LIBVER,
+    field_group,
+)
 
 from .base import Writer, WriterOptions, no_room
 
@@ -58,6 +68,45 @@ _RESUME_SOURCE = ".data.h5.resume"
 _REC = struct.Struct("<cQ")
 _SAMPLE = struct.Struct("<qIIIBQH")  # label, height, width, payload crc, codec id, payload length, key length
 _CHUNKS = struct.Struct("<II")  # generation, first chunk number; then uint64 addresses
+# Version 3 only: after each sample's record, per field _FIELD (payload crc, codec id, channels,
+# bits, height, width, payload length), then with boxes a uint32 count, the float32 boxes and int32
+# labels. Records b"c" (_FIELD_CHUNKS, then uint64 addresses) and b"t" (field number, then its tail).
+_FIELD = struct.Struct("<IBBBIIQ")
+_FIELD_CHUNKS = struct.Struct("<HI")  # field number, first chunk number
+_FIELD_NO = struct.Struct("<H")
+_BOX_COUNT = struct.Struct("<I")
+
+
+class _FieldStream:
+    """One mask or extra image while writing: its flat /fields/NAME/images and per-sample rows."""
+
+    def __init__(self, name: str, kind: str) -> None:
+        self.name, self.kind, self.group = name, kind, field_group(name)
+        self.channels: int | None = None  # fixed by the first sample
+        self.codec_ids = bytearray()  # one per sample
+        self.depths = bytearray()  # one per sample
+        self.pending: list[tuple[bytes, int, int, int]] = []  # payload, height, width, crc
+        self.carry = bytearray()  # payload bytes not yet written (less than a chunk)
+        self.written = 0  # bytes in images
+        self.end = 0  # offset after the last payload added
+        self.chunk_addrs: list[int] = []  # file address of each whole chunk
+        self.logged_chunks = 0
+
+    def take(self, key: str, f: ProcessedField, seed: int) -> bytes:
+        """Buffer sample ``key``'s field ``f``; return its resume-log entry."""
+        if f.name != self.name:
+            raise ValueError(f"sample {key!r} has field {f.name!r} where the dataset has {self.name!r}")
+        if self.channels is None:
+            self.channels = f.channels
+        if f.channels != self.channels or f.depth not in (8, 16):
+            raise ValueError(f"sample {key!r}: field {f.name!r} has {f.channels} channels of {f.depth} bits, "
+                             f"the dataset's earlier samples {self.channels}")
+        payload = bytes(f.payload)
+        crc, codec_id = crc32c.crc32c(payload, seed), CODEC_IDS[f.codec]
+        self.pending.append((payload, f.height, f.width, crc))
+        self.codec_ids.append(codec_id)
+        self.depths.append(f.depth)
+        return _FIELD.pack(crc, codec_id, f.channels, f.depth, f.height, f.width, len(payload))
 
 
 def _key_text(key: str) -> str:
@@ -126,10 +175,58 @@ def _le(a: np.ndarray) -> bytes:
     return a.astype(a.dtype.newbyteorder("<"), copy=False).tobytes()
 
 
+_ZERO_OFFSET_CRC = crc32c.crc32c(_le(np.zeros(1, np.uint64)))  # an /offsets holding only its first 0
+
+
+def _group(f: h5py.File, path: str) -> h5py.Group:
+    """A new group at ``path`` without modification times (identical input, identical bytes)."""
+    gcpl = h5py.h5p.create(h5py.h5p.GROUP_CREATE)
+    gcpl.set_obj_track_times(False)
+    h5py.h5g.create(f.id, path.encode("utf-8"), gcpl=gcpl)
+    return f[path]
+
+
+def _write_chunks(images: h5py.Dataset, carry: bytearray, written: int, final: bool) -> int:
+    """Append the whole chunks of ``carry`` (all of it when ``final``) to the flat ``images``,
+    which holds ``written`` bytes; ``carry`` keeps the rest. Returns the bytes now written."""
+    n = len(carry) if final else len(carry) // CHUNK_BYTES * CHUNK_BYTES
+    if n:
+        images.resize(written + n, axis=0)
+        images[written:] = np.frombuffer(carry, np.uint8, n)
+        del carry[:n]
+    return written + n
+
+
+def _note_chunks(images: h5py.Dataset, rows_written: int, addrs: list[int], path: str) -> None:
+    """Append to ``addrs`` the file address of every chunk of ``images`` completed since."""
+    per_chunk = images.chunks[0]
+    zeros = (0,) * (images.ndim - 1)
+    for c in range(len(addrs), rows_written // per_chunk):
+        info = images.id.get_chunk_info_by_coord((c * per_chunk, *zeros))
+        if info.byte_offset is None:
+            raise OSError(f"HDF5 did not allocate chunk {c} of /{images.name.lstrip('/')} in {path}")
+        addrs.append(int(info.byte_offset))
+
+
+def _codec_name(ids: bytearray) -> str:
+    """The codec of samples with codec ``ids``: one name, ``mixed`` or ``none`` (no samples)."""
+    codecs = sorted(set(ids))
+    return CODEC_NAMES[codecs[0]] if len(codecs) == 1 else ("mixed" if codecs else "none")
+
+
+def _codecs_dataset(parent: h5py.Group, ids: bytearray) -> int:
+    """Write ``codecs`` (one id per sample, with the id -> name map) into ``parent``; its CRC."""
+    a = np.frombuffer(bytes(ids), np.uint8)
+    d = parent.create_dataset("codecs", data=a, track_times=False)
+    d.attrs["names"] = json.dumps({str(v): k for k, v in CODEC_IDS.items()})
+    return crc32c.crc32c(_le(a))
+
+
 class HDF5Writer(Writer):
     """Writes ``data.h5`` into the output directory (see the module docstring for the layout)."""
 
     format = "hdf5"
+    writes_fields = True
     resumable = True
 
     def __init__(self, directory: str, options: WriterOptions) -> None:
@@ -165,6 +262,11 @@ class HDF5Writer(Writer):
         self._after_journal: list[str] = []  # deleted at the checkpoint after the next one
         self._delete_now: list[str] = []
         self._due = False
+        # version 3 (fields): a stream per mask or extra image, and the boxes
+        self._streams: list[_FieldStream] = []
+        self._boxes = False
+        self._box_pending: list[tuple[np.ndarray, np.ndarray]] = []
+        self._box_end = 0
 
     # -- file handling ---------------------------------------------------------------------------
     def _partial(self, generation: int | None = None) -> str:
@@ -180,7 +282,7 @@ class HDF5Writer(Writer):
             f.create_dataset("images", (0,), np.uint8, chunks=(CHUNK_BYTES,), maxshape=(None,), **opts)
             d = f.create_dataset("offsets", (1,), np.uint64, chunks=(_META_CHUNK,), maxshape=(None,), **opts)
             d[0] = 0
-            self._crcs["offsets"] = crc32c.crc32c(_le(np.zeros(1, np.uint64)))
+            self._crcs["offsets"] = _ZERO_OFFSET_CRC
         else:
             h, w = self._shape
             k = max(1, CHUNK_BYTES // (h * w * 3))
@@ -192,10 +294,31 @@ class HDF5Writer(Writer):
         f.create_dataset("keys", (0,), _STR, chunks=(_META_CHUNK,), maxshape=(None,), **opts)
         for name in _META_NAMES:
             self._crcs[name] = 0
+        if self._streams or self._boxes:
+            self._create_fields(opts)
         self._storage = storage
         self._written = 0
         self._payload_written = 0
         self._chunk_addrs = []
+
+    def _create_fields(self, opts: dict[str, Any]) -> None:
+        """Version 3: a group per mask or extra image (flat images, offsets, shapes, crc32c), and
+        the boxes datasets."""
+        f = self._f
+        assert f is not None
+        _group(f, FIELDS_GROUP)
+        for s in self._streams:
+            g = _group(f, s.group)
+            g.create_dataset("images", (0,), np.uint8, chunks=(CHUNK_BYTES,), maxshape=(None,), **opts)
+            g.create_dataset("offsets", (1,), np.uint64, chunks=(_META_CHUNK,), maxshape=(None,), **opts)[0] = 0
+            g.create_dataset("shapes", (0, 2), np.uint32, chunks=(_META_CHUNK, 2), maxshape=(None, 2), **opts)
+            g.create_dataset("crc32c", (0,), np.uint32, chunks=(_META_CHUNK,), maxshape=(None,), **opts)
+            self._crcs.update({f"{s.group}/offsets": _ZERO_OFFSET_CRC, f"{s.group}/shapes": 0, f"{s.group}/crc32c": 0})
+        if self._boxes:
+            f.create_dataset("boxes", (0, 4), np.float32, chunks=(_META_CHUNK, 4), maxshape=(None, 4), **opts)
+            f.create_dataset("box_offsets", (1,), np.uint64, chunks=(_META_CHUNK,), maxshape=(None,), **opts)[0] = 0
+            f.create_dataset("box_labels", (0,), np.int32, chunks=(_META_CHUNK,), maxshape=(None,), **opts)
+            self._crcs.update({"boxes": 0, "box_offsets": _ZERO_OFFSET_CRC, "box_labels": 0})
 
     @staticmethod
     def _append(d: h5py.Dataset, rows: np.ndarray) -> None:
@@ -210,8 +333,12 @@ class HDF5Writer(Writer):
 
     # -- adding samples --------------------------------------------------------------------------
     def begin(self, info: dict[str, Any]) -> None:
-        """Keep the manifest facts for the file's ``manifest`` attribute and ``/classes``."""
+        """Keep the manifest facts for the file's ``manifest`` attribute and ``/classes``; note the
+        samples' fields (version 3)."""
         self._info = dict(info)
+        fields = info.get("fields") or []
+        self._streams = [_FieldStream(f["name"], f["kind"]) for f in fields if f["kind"] != "boxes"]
+        self._boxes = any(f["kind"] == "boxes" for f in fields)
 
     def add(self, index: int, key: str, label: int, image: ProcessedImage) -> None:
         """Buffer one sample; a full block (``checkpoint_samples`` samples or 16 MB) is written at
@@ -222,40 +349,57 @@ class HDF5Writer(Writer):
             raise ValueError(f"raw payload of {len(payload)} bytes for a {image.height}x{image.width}x3 image ({key})")
         if self._storage is None:
             self._shape = raw_shape
-            self._create("array" if image.codec == "raw" else "flat")
+            # With fields (version 3) always flat: a switch from "array" (_to_flat) rewrites /images only.
+            self._create("array" if image.codec == "raw" and not (self._streams or self._boxes) else "flat")
         elif self._storage == "array" and (image.codec != "raw" or raw_shape != self._shape):
             self._to_flat()
         text = _key_text(key)
         kraw = text.encode("utf-8")
         if index == 0:
             self._fid = file_id(0, text, payload)
-        crc, kcrc = crc32c.crc32c(payload, place_seed(self._fid, index)), crc32c.crc32c(kraw)
+        seed = place_seed(self._fid, index)
+        crc, kcrc = crc32c.crc32c(payload, seed), crc32c.crc32c(kraw)
         codec_id = CODEC_IDS[image.codec]
+        entry = _SAMPLE.pack(int(label), image.height, image.width, crc, codec_id, len(payload), len(kraw)) + kraw
+        if self._streams or self._boxes:
+            entry += self._add_fields(key, image, seed)
         self._codec_ids.append(codec_id)
         self._pending.append((text, int(label), image.height, image.width, crc, kcrc))
         self._pending_payloads.append(payload)
         self._pending_bytes += len(payload)
-        self._unlogged.append(_SAMPLE.pack(int(label), image.height, image.width, crc, codec_id, len(payload),
-                                           len(kraw)) + kraw)
+        self._unlogged.append(entry)
         self._count += 1
         if self._pending_bytes >= _BLOCK_BYTES or len(self._pending) >= self._block_samples:
             self._flush()
             self._sync_chunks()
             self._due = True
 
+    def _add_fields(self, key: str, image: ProcessedImage, seed: int) -> bytes:
+        """Buffer sample ``key``'s masks, extra images (each CRC seeded with ``seed``, its place)
+        and boxes; return their resume-log entry."""
+        if [f.name for f in image.fields] != [s.name for s in self._streams]:
+            raise ValueError(f"sample {key!r} has the fields {[f.name for f in image.fields]}, "
+                             f"the dataset {[s.name for s in self._streams]}")
+        parts = [s.take(key, f, seed) for s, f in zip(self._streams, image.fields)]
+        self._pending_bytes += sum(len(s.pending[-1][0]) for s in self._streams)
+        if self._boxes:
+            if image.boxes is None:
+                raise ValueError(f"sample {key!r} has no boxes (every sample of a dataset with boxes has a list)")
+            b = np.asarray(image.boxes, "<f4").reshape(-1, 4)
+            lab = np.full(len(b), -1, "<i4") if image.box_labels is None else np.asarray(image.box_labels, "<i4")
+            if lab.shape != (len(b),):
+                raise ValueError(f"sample {key!r}: {lab.size} box labels for {len(b)} boxes")
+            self._box_pending.append((b, lab))
+            parts.append(_BOX_COUNT.pack(len(b)) + b.tobytes() + lab.tobytes())
+        return b"".join(parts)
+
     def _sync_chunks(self) -> None:
         """Flush HDF5's caches to the file and note the address of every new whole chunk."""
         assert self._f is not None
         self._f.flush()
-        images = self._f["images"]
-        per_chunk = images.chunks[0]
-        whole = self._payload_written // per_chunk
-        zeros = (0,) * (images.ndim - 1)
-        for c in range(len(self._chunk_addrs), whole):
-            info = images.id.get_chunk_info_by_coord((c * per_chunk, *zeros))
-            if info.byte_offset is None:
-                raise OSError(f"HDF5 did not allocate chunk {c} of /images in {self._partial()}")
-            self._chunk_addrs.append(int(info.byte_offset))
+        _note_chunks(self._f["images"], self._payload_written, self._chunk_addrs, self._partial())
+        for s in self._streams:
+            _note_chunks(self._f[f"{s.group}/images"], s.written, s.chunk_addrs, self._partial())
 
     def _ensure_space(self, nbytes: int) -> None:
         """Refuse to start a write HDF5 would fail for lack of space: HDF5 2.0 cannot recover from
@@ -274,7 +418,8 @@ class HDF5Writer(Writer):
         if self._f is None:
             return
         self._ensure_space(self._pending_bytes + len(self._carry) + sum(len(r) for r in self._rows)
-                           + 64 * len(self._pending) + sum(len(p[0]) for p in self._pending))
+                           + 64 * len(self._pending) + sum(len(p[0]) for p in self._pending)
+                           + sum(len(s.carry) for s in self._streams) + 20 * sum(len(b) for b, _ in self._box_pending))
         if self._pending:
             keys, labels, hs, ws, crcs, kcrcs = zip(*self._pending)
             self._f["keys"].resize(self._written + len(keys), axis=0)
@@ -296,12 +441,7 @@ class HDF5Writer(Writer):
             self._pending_bytes = 0
         images = self._f["images"]
         if self._storage == "flat":
-            n = len(self._carry) if final else len(self._carry) // CHUNK_BYTES * CHUNK_BYTES
-            if n:
-                images.resize(self._payload_written + n, axis=0)
-                images[self._payload_written :] = np.frombuffer(self._carry, np.uint8, n)
-                self._payload_written += n
-                del self._carry[:n]
+            self._payload_written = _write_chunks(images, self._carry, self._payload_written, final)
         else:
             k = images.chunks[0]
             n = len(self._rows) if final else len(self._rows) // k * k
@@ -312,6 +452,33 @@ class HDF5Writer(Writer):
                 images[self._payload_written :] = block
                 self._payload_written += n
                 del self._rows[:n]
+        if self._streams or self._boxes:
+            self._flush_fields(final)
+
+    def _flush_fields(self, final: bool) -> None:
+        """Write the buffered fields' rows and whole chunks (all of it when ``final``), and the boxes."""
+        f = self._f
+        assert f is not None
+        for s in self._streams:
+            if s.pending:
+                payloads, hs, ws, crcs = zip(*s.pending)
+                ends = s.end + np.cumsum([len(p) for p in payloads], dtype=np.uint64)
+                self._append_meta(f"{s.group}/offsets", ends.astype(np.uint64))
+                self._append_meta(f"{s.group}/shapes", np.stack([np.array(hs, np.uint32), np.array(ws, np.uint32)], 1))
+                self._append_meta(f"{s.group}/crc32c", np.array(crcs, np.uint32))
+                s.end = int(ends[-1])
+                s.carry += b"".join(payloads)
+                s.pending.clear()
+            s.written = _write_chunks(f[f"{s.group}/images"], s.carry, s.written, final)
+        if self._box_pending:
+            boxes = np.concatenate([b for b, _ in self._box_pending]).astype(np.float32)
+            ends = self._box_end + np.cumsum([len(b) for b, _ in self._box_pending], dtype=np.uint64)
+            if len(boxes):
+                self._append_meta("boxes", boxes)
+                self._append_meta("box_labels", np.concatenate([lab for _, lab in self._box_pending]).astype(np.int32))
+            self._append_meta("box_offsets", ends.astype(np.uint64))
+            self._box_end = int(ends[-1])
+            self._box_pending.clear()
 
     def _to_flat(self) -> None:
         """Switch from "array" to "flat" storage (a raw sample of another shape, or an encoded one
@@ -376,6 +543,13 @@ class HDF5Writer(Writer):
             self._logged_chunks = len(self._chunk_addrs)
         tail = bytes(self._carry) if self._storage == "flat" else b"".join(self._rows)
         records.append(_REC.pack(b"T", len(tail)) + tail)
+        for j, s in enumerate(self._streams):  # version 3: each field's new chunks and tail
+            if len(s.chunk_addrs) > s.logged_chunks:
+                new = s.chunk_addrs[s.logged_chunks :]
+                body = _FIELD_CHUNKS.pack(j, s.logged_chunks) + struct.pack(f"<{len(new)}Q", *new)
+                records.append(_REC.pack(b"c", len(body)) + body)
+                s.logged_chunks = len(s.chunk_addrs)
+            records.append(_REC.pack(b"t", _FIELD_NO.size + len(s.carry)) + _FIELD_NO.pack(j) + bytes(s.carry))
         self._log.write(b"".join(records))
         self._log.flush()
         os.fsync(self._log.fileno())
@@ -426,28 +600,46 @@ class HDF5Writer(Writer):
         if len(log) != int(state["log_bytes"]) or not os.path.exists(src_path):
             raise ResumeError(f"cannot resume: {partial} or its log is shorter than the journal says; "
                               f"run without --resume to start over")
-        samples, chunks, tail = _parse_log(log, generation)
-        if len(samples) < want:
-            raise ResumeError(f"cannot resume: the HDF5 log holds {len(samples)} samples, the journal {want}; "
+        log_ = _parse_log(log, generation, len(self._streams), self._boxes)
+        if len(log_.samples) < want:
+            raise ResumeError(f"cannot resume: the HDF5 log holds {len(log_.samples)} samples, the journal {want}; "
                               f"run without --resume to start over")
-        names = CODEC_NAMES
         storage, shape = state.get("storage"), tuple(state.get("shape") or (0, 0))
         with open(src_path, "rb") as src:
-            reader = _PayloadSource(src, storage, shape, chunks, tail)
+            reader = _PayloadSource(src, storage, shape, log_.chunks, log_.tail)
+            fields = [_PayloadSource(src, "flat", (0, 0), log_.field_chunks.get(j, []), log_.field_tails.get(j, b""))
+                      for j in range(len(self._streams))]
             for i in range(want):
-                label, h, w, crc, codec_id, plen, key = samples[i]
+                label, h, w, crc, codec_id, plen, key, extra = log_.samples[i]
                 payload = reader.take(plen)
                 fid = file_id(0, key, payload) if i == 0 else self._fid
-                if crc32c.crc32c(payload, place_seed(fid, i)) != crc or codec_id not in names:
+                if crc32c.crc32c(payload, place_seed(fid, i)) != crc or codec_id not in CODEC_NAMES:
                     raise ResumeError(f"cannot resume: sample {i} in {partial} does not match its checksum; "
                                       f"run without --resume to start over")
-                self.add(i, key, label, ProcessedImage(names[codec_id], payload, h, w))
+                image = ProcessedImage(CODEC_NAMES[codec_id], payload, h, w)
+                if extra is not None:
+                    image = self._replayed(image, extra, fields, place_seed(fid, i), f"sample {i} in {partial}")
+                self.add(i, key, label, image)
                 if self._due:
                     self.checkpoint()
         if self._written != want:
             raise ResumeError(f"cannot resume: replaying {want} samples did not end on a block "
                               f"(different checkpoint_samples?); run without --resume to start over")
         self._after_journal = [src_path, old_log]
+
+    def _replayed(self, image: ProcessedImage, extra: _Extra, sources: list[_PayloadSource], seed: int,
+                  where: str) -> ProcessedImage:
+        """``image`` with the fields and boxes the log holds for it, read back from ``sources``."""
+        fields = []
+        for s, src, (crc, codec_id, channels, depth, h, w, n) in zip(self._streams, sources, extra.fields):
+            payload = src.take(n)
+            if crc32c.crc32c(payload, seed) != crc or codec_id not in CODEC_NAMES:
+                raise ResumeError(f"cannot resume: field {s.name!r} of {where} does not match its checksum; "
+                                  f"run without --resume to start over")
+            fields.append(ProcessedField(s.name, CODEC_NAMES[codec_id], payload, h, w, channels, depth))
+        boxes = None if extra.boxes is None else tuple(map(tuple, extra.boxes.tolist()))
+        labels = None if extra.box_labels is None else tuple(extra.box_labels.tolist())
+        return dataclasses.replace(image, fields=tuple(fields), boxes=boxes, box_labels=labels)
 
     # -- finishing -------------------------------------------------------------------------------
     def close(self) -> tuple[list[FileEntry], dict[str, Any]]:
@@ -457,22 +649,20 @@ class HDF5Writer(Writer):
         self._flush(final=True)
         f = self._f
         assert f is not None
-        codecs = sorted(set(self._codec_ids))
-        names = CODEC_NAMES
-        codec = names[codecs[0]] if len(codecs) == 1 else ("mixed" if codecs else "none")
+        codec = _codec_name(self._codec_ids)
         if codec == "mixed":
-            ids = np.frombuffer(bytes(self._codec_ids), np.uint8)
-            d = f.create_dataset("codecs", data=ids, track_times=False)
-            d.attrs["names"] = json.dumps({str(v): k for k, v in CODEC_IDS.items()})
-            self._crcs["codecs"] = crc32c.crc32c(_le(ids))
+            self._crcs["codecs"] = _codecs_dataset(f, self._codec_ids)
+        for s in self._streams:
+            self._close_field(f[s.group], s)
         for name, crc in self._crcs.items():
             f[name].attrs["crc32c"] = np.uint32(crc)
         classes = self._info.get("classes")
         if classes is not None:
             f.create_dataset("classes", data=np.array(list(classes), dtype=object), dtype=_STR, track_times=False)
+        version = FIELDS_LAYOUT_VERSION if self._streams or self._boxes else LAYOUT_VERSION
         layout: dict[str, Any] = {
             "file": DATA_FILE,
-            "layout_version": LAYOUT_VERSION,
+            "layout_version": version,
             "storage": self._storage,
             "codec": codec,
             "chunk_bytes": CHUNK_BYTES,
@@ -480,7 +670,7 @@ class HDF5Writer(Writer):
         }
         if self._storage == "array":
             layout["image_shape"] = [*self._shape, 3]
-        attrs = {"packer_layout": LAYOUT_VERSION, "storage": self._storage, "codec": codec,
+        attrs = {"packer_layout": version, "storage": self._storage, "codec": codec,
                  "num_samples": self._count, "chunk_bytes": CHUNK_BYTES, "file_id": self._fid}
         for k, v in attrs.items():
             f.attrs[k] = v
@@ -499,6 +689,21 @@ class HDF5Writer(Writer):
         self._close_log()
         fsync_dir(self.directory)
         return [FileEntry(DATA_FILE, self._count, os.path.getsize(final), file_sha256(final), id=self._fid)], layout
+
+    def _close_field(self, g: h5py.Group, s: _FieldStream) -> None:
+        """A field group's attributes, and its ``codecs`` / ``depths`` when they differ by sample."""
+        codec = _codec_name(s.codec_ids)
+        if codec == "mixed":
+            self._crcs[f"{s.group}/codecs"] = _codecs_dataset(g, s.codec_ids)
+        depths = sorted(set(s.depths))
+        if len(depths) > 1:
+            a = np.frombuffer(bytes(s.depths), np.uint8)
+            g.create_dataset("depths", data=a, track_times=False)
+            self._crcs[f"{s.group}/depths"] = crc32c.crc32c(_le(a))
+        channels = s.channels if s.channels is not None else (1 if s.kind == "mask" else 3)
+        depth = depths[0] if len(depths) == 1 else (0 if depths else 8)
+        for k, v in {"kind": s.kind, "codec": codec, "channels": channels, "depth": depth}.items():
+            g.attrs[k] = v
 
     def forget_checkpoints(self) -> None:
         """Delete the resume log, earlier generations and resume sources (after the final journal)."""
@@ -543,12 +748,54 @@ class HDF5Writer(Writer):
             self._f = None
 
 
-def _parse_log(log: bytes, generation: int) -> tuple[list[tuple[int, int, int, int, int, int, str]], list[int], bytes]:
-    """Samples, chunk addresses of ``generation`` and the last payload tail in a resume log."""
-    samples: list[tuple[int, int, int, int, int, int, str]] = []
-    chunks: list[int] = []
+@dataclasses.dataclass
+class _Extra:
+    """A version 3 sample's fields (the _FIELD tuples) and boxes, as its log entry holds them."""
+
+    fields: list[tuple[int, ...]]
+    boxes: np.ndarray | None = None
+    box_labels: np.ndarray | None = None
+
+
+@dataclasses.dataclass
+class _Log:
+    """What a resume log holds: samples (label, height, width, crc, codec id, payload length, key,
+    _Extra or None), /images chunk addresses and tail, and each field's (by field number)."""
+
+    samples: list[tuple[int, int, int, int, int, int, str, _Extra | None]]
+    chunks: list[int]
+    tail: bytes
+    field_chunks: dict[int, list[int]]
+    field_tails: dict[int, bytes]
+
+
+def _parse_samples(body: memoryview, nfields: int, boxes: bool) -> list[tuple[Any, ...]]:
+    """The sample entries of one b"M" record (version 3: with ``nfields`` fields and ``boxes``)."""
+    out: list[tuple[Any, ...]] = []
+    p = 0
+    while p < len(body):
+        label, h, w, crc, codec, plen, klen = _SAMPLE.unpack_from(body, p)
+        p += _SAMPLE.size
+        key = bytes(body[p : p + klen]).decode("utf-8")
+        p += klen
+        extra = None
+        if nfields or boxes:
+            extra = _Extra([_FIELD.unpack_from(body, p + k * _FIELD.size) for k in range(nfields)])
+            p += nfields * _FIELD.size
+        if boxes:
+            (n,) = _BOX_COUNT.unpack_from(body, p)
+            p += _BOX_COUNT.size
+            extra.boxes = np.frombuffer(body, "<f4", 4 * n, p).reshape(n, 4)
+            extra.box_labels = np.frombuffer(body, "<i4", n, p + 16 * n)
+            p += 20 * n
+        out.append((label, h, w, crc, codec, plen, key, extra))
+    return out
+
+
+def _parse_log(log: bytes, generation: int, nfields: int = 0, boxes: bool = False) -> _Log:
+    """Samples, chunk addresses of ``generation`` and the last payload tails in a resume log."""
+    out = _Log([], [], b"", {}, {})
     chunk_gen = -1
-    tail = b""
     pos = 0
     try:
         while pos < len(log):
@@ -558,30 +805,32 @@ def _parse_log(log: bytes, generation: int) -> tuple[list[tuple[int, int, int, i
                 raise ValueError("record runs past the end")
             pos += _REC.size + n
             if kind == b"M":
-                p = 0
-                while p < n:
-                    label, h, w, crc, codec, plen, klen = _SAMPLE.unpack_from(body, p)
-                    p += _SAMPLE.size
-                    key = bytes(body[p : p + klen]).decode("utf-8")
-                    p += klen
-                    samples.append((label, h, w, crc, codec, plen, key))
+                out.samples += _parse_samples(body, nfields, boxes)
             elif kind == b"C":
                 gen, first = _CHUNKS.unpack_from(body, 0)
                 addrs = struct.unpack_from(f"<{(n - _CHUNKS.size) // 8}Q", body, _CHUNKS.size)
                 if gen != chunk_gen:
-                    chunks, chunk_gen = [], gen
-                if first != len(chunks):
+                    out.chunks, chunk_gen = [], gen
+                if first != len(out.chunks):
                     raise ValueError("chunk records out of order")
-                chunks.extend(addrs)
+                out.chunks.extend(addrs)
+            elif kind == b"c":
+                j, first = _FIELD_CHUNKS.unpack_from(body, 0)
+                chunks = out.field_chunks.setdefault(j, [])
+                if first != len(chunks):
+                    raise ValueError("field chunk records out of order")
+                chunks.extend(struct.unpack_from(f"<{(n - _FIELD_CHUNKS.size) // 8}Q", body, _FIELD_CHUNKS.size))
             elif kind == b"T":
-                tail = bytes(body)
+                out.tail = bytes(body)
+            elif kind == b"t":
+                out.field_tails[_FIELD_NO.unpack_from(body, 0)[0]] = bytes(body[_FIELD_NO.size :])
             else:
                 raise ValueError(f"unknown record {kind!r}")
     except (struct.error, ValueError, UnicodeDecodeError) as e:
         raise ResumeError(f"cannot resume: the HDF5 resume log is damaged ({e}); run without --resume") from None
     if chunk_gen not in (-1, generation):
-        chunks = []
-    return samples, chunks, tail
+        out.chunks = []
+    return out
 
 
 class _PayloadSource:

@@ -43,6 +43,7 @@ class LMDBWriter(Writer):
     """Writes a packed LMDB environment into the output directory."""
 
     format = "lmdb"
+    writes_fields = True
     resumable = True
 
     def __init__(self, directory: str, options: WriterOptions) -> None:
@@ -58,6 +59,11 @@ class LMDBWriter(Writer):
         self._committed = 0
         self._fid = ""  # the file's identity, from its first sample (packer.description.placement)
         self._due = False
+        self._fields = False  # version 3: every record is PKS3, with its masks and extra images
+
+    def begin(self, info: dict[str, Any]) -> None:
+        """Note whether the samples have fields (a version 3 dataset: ``PKS3`` records)."""
+        self._fields = bool(info.get("fields"))
 
     def _open(self) -> lmdb.Environment:
         if self._env is None:
@@ -75,7 +81,8 @@ class LMDBWriter(Writer):
         if index == 0:
             self._fid = file_id(0, key, image.payload)
         seed = place_seed(self._fid, index)
-        self._put(index, pack_record(key, label, image.codec, image.height, image.width, image.payload, seed))
+        self._put(index, pack_record(key, label, image.codec, image.height, image.width, image.payload, seed,
+                                     image.fields if self._fields else None))
 
     def _put(self, index: int, value: bytes) -> None:
         self._open()

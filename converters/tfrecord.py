@@ -11,6 +11,8 @@ from packer.description.manifest import FileEntry
 from packer.description.placement import place_seed
 from packer.images.imageproc import ProcessedImage
 from packer.layouts.tfrecord import (
+    BOX_FEATURES,
+    BOX_LABEL_FEATURE,
     GZIP_HEADER,
     GZIP_LEVEL,
     GZIP_SUFFIX,
@@ -18,6 +20,7 @@ from packer.layouts.tfrecord import (
     PLACE_FEATURE,
     TFRECORD_SUFFIX,
     ZINDEX_SUFFIX,
+    field_prefix,
     frame_record,
     image_example,
     pack_zindex,
@@ -36,6 +39,7 @@ class TFRecordWriter(ShardedWriter):
     packer.layouts.tfrecord."""
 
     format = "tfrecord"
+    writes_fields = True
 
     def __init__(self, directory: str, options: WriterOptions) -> None:
         super().__init__(directory, options)
@@ -46,6 +50,15 @@ class TFRecordWriter(ShardedWriter):
         self._zoffsets = array("Q")
         self._zcrc = 0
         self._z: Any = None
+        self._field_features: list[str] = []  # version 3: the fields' feature names, for the layout
+
+    def begin(self, info: dict[str, Any]) -> None:
+        """Note the samples' fields (version 3), whose features the manifest's layout lists."""
+        for f in info.get("fields") or []:
+            if f["kind"] == "boxes":
+                self._field_features += [*BOX_FEATURES, *([BOX_LABEL_FEATURE] if f.get("labels") else [])]
+            else:
+                self._field_features += [field_prefix(f["name"]) + "encoded", field_prefix(f["name"]) + "format"]
 
     def add(self, index: int, key: str, label: int, image: ProcessedImage) -> None:
         """Append one record, starting a new file first when this one is full."""
@@ -91,7 +104,8 @@ class TFRecordWriter(ShardedWriter):
                      + (", uncompressed offsets" if self._gzip else "") + ")",
             "gzip": self._gzip,
             "features": ["image/encoded", "image/format", "image/class/label", "image/height",
-                         "image/width", "image/channels", "image/filename", PLACE_FEATURE],
+                         "image/width", "image/channels", "image/filename", *self._field_features,
+                         PLACE_FEATURE],
             **self.limits.to_json(),
         }
         if self._gzip:

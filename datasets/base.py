@@ -33,6 +33,17 @@ from packer.storage.datasetdir import DatasetDir
 
 from .cache import SharedCache
 from .crops import Crop, as_crop
+from .fields import (
+    FieldTuple,
+    apply_transforms,
+    check_fields,
+    cut_mask,
+    dataset_fields,
+    decode_mask,
+    field_output,
+    move_boxes,
+    tv_tensor_types,
+)
 from .skips import SkipCounter
 from .worker_memory import settle_worker
 
@@ -41,11 +52,14 @@ __all__ = ["PackedDataset", "OUTPUTS", "FIELDS"]
 _META = struct.Struct("<IIq")  # decoded-cache entry header: height, width, label
 
 #: What ``__getitem__`` returns as the image: uint8 CHW tensor, HWC numpy array, PIL image, or the
-#: stored bytes still encoded (decoded later, on the GPU: :mod:`packer.datasets.encoded`).
-OUTPUTS = ("tensor", "numpy", "pil", "encoded")
+#: stored bytes still encoded (decoded later, on the GPU: :mod:`packer.datasets.encoded`), or
+#: torchvision's ``tv_tensors`` (the image an ``Image``, masks ``Mask``, boxes ``BoundingBoxes``).
+OUTPUTS = ("tensor", "numpy", "pil", "encoded", "tv_tensors")
 #: What a sample can hold, for ``fields=``: the image (with ``output="encoded"``, the stored bytes),
 #: the label (as the dataset's label kind has it), the source key, the metadata object, the
-#: sample's index, and ``info``: ``(height, width, codec, index)`` of the stored image.
+#: sample's index, and ``info``: ``(height, width, codec, index)`` of the stored image. Datasets
+#: with fields add their own (:func:`~packer.datasets.fields.dataset_fields`): ``mask``, extra
+#: images by name, ``boxes`` and ``box_labels``.
 FIELDS = ("image", "label", "key", "meta", "index", "info")
 DEFAULT_FIELDS = ("image", "label")
 #: ``output="encoded"``'s default: what :func:`~packer.datasets.encoded.collate_encoded` batches.
@@ -59,10 +73,13 @@ class PackedDataset(Dataset):
         path: the packed dataset directory (must hold a finished manifest).
         transform: applied to the image (as torchvision's ``transform``).
         target_transform: applied to the label.
-        output: ``"tensor"`` (uint8, C x H x W, RGB; the fast default), ``"numpy"`` (uint8 H x W x C)
-            or ``"pil"`` (a PIL RGB image, so a torchvision pipeline written for ImageFolder runs
-            unchanged). ``"encoded"`` skips the decode: each sample is ``(payload, target, (height,
-            width, codec, index))``, ``payload`` a 1-D uint8 tensor of the stored bytes, batched by
+        output: ``"tensor"`` (uint8, C x H x W, RGB; the fast default), ``"numpy"`` (uint8 H x W x C),
+            ``"pil"`` (a PIL RGB image, so a torchvision pipeline written for ImageFolder runs
+            unchanged) or ``"tv_tensors"`` (torchvision's ``tv_tensors.Image``; masks ``Mask``,
+            boxes ``BoundingBoxes`` in XYXY with the image's canvas size, so that a
+            ``torchvision.transforms.v2`` pipeline moves them together). ``"encoded"`` skips the
+            decode: each sample is ``(payload, target, (height, width, codec, index))``,
+            ``payload`` a 1-D uint8 tensor of the stored bytes, batched by
             :func:`~packer.datasets.encoded.collate_encoded` and decoded by
             ``prefetch_to_device(..., decode=True)``; it takes no ``transform`` and no decoded cache.
         verify: check per-sample checksums on read (cheap next to decoding).
@@ -93,6 +110,16 @@ class PackedDataset(Dataset):
             (``(height, width, codec, index)`` of the stored image). Default ``("image", "label")``;
             with ``output="encoded"``, ``("image", "label", "info")``, the image being the stored bytes. Keys, labels and metadata come from the sample table, never
             from an image read; ``ds.targets`` and ``ds.keys`` give them for every sample.
+            A dataset with fields adds its own names: ``"mask"`` (H x W uint8 or uint16 label
+            map), each extra image's name (decoded like the image), ``"boxes"`` (N x 4 float32,
+            ``[x0, y0, x1, y1]`` in the returned image's pixels) and ``"box_labels"`` (N int64,
+            -1 where a box has none); with ``output="encoded"`` masks and extra images are their
+            stored bytes. A name the dataset lacks is a ValueError naming the ones it has.
+        as_dict: return each sample as a dict keyed by ``fields`` instead of a tuple.
+        transforms: one callable over the whole sample (torchvision ``VisionDataset``'s
+            ``transforms``), applied last, after ``transform`` and ``target_transform``: called
+            with the dict of fields under ``as_dict=True`` (and returning one), else with the
+            fields as arguments (``transforms(image, mask, boxes)``, returning them as a tuple).
     """
 
     format: str = ""
@@ -115,11 +142,8 @@ class PackedDataset(Dataset):
         fields: Sequence[str] | None = None,
         crop: Crop | int | Sequence[int] | None = None,
         as_dict: bool = False,
+        transforms: Callable[..., Any] | None = None,
     ) -> None:
-        if fields is None:
-            fields = ENCODED_FIELDS if output == "encoded" else DEFAULT_FIELDS
-        if isinstance(fields, str) or not fields or any(f not in FIELDS for f in fields):
-            raise ValueError(f"fields must be a non-empty sequence of {FIELDS}, not {fields!r}")
         if output not in OUTPUTS:
             raise ValueError(f"output must be one of {OUTPUTS}, not {output!r}")
         if output == "encoded" and crop is not None:
@@ -137,11 +161,23 @@ class PackedDataset(Dataset):
                 f"{self.root} holds a {self.manifest.format!r} dataset, not {self.format!r}; "
                 f"use packer.datasets.open_dataset to pick the reader from the manifest"
             )
+        if fields is None:
+            fields = ENCODED_FIELDS if output == "encoded" else DEFAULT_FIELDS
+        fields = check_fields(fields, FIELDS, self.manifest, self.root)
+        #: The requested names that are the dataset's own fields (read by :meth:`_load_fields`).
+        self._own = tuple(f for f in fields if f in dataset_fields(self.manifest))
+        stored = set(self.manifest.stored_fields)
+        if cache == "decoded" and stored.intersection(fields):
+            raise ValueError(f"cache='decoded' keeps the image's pixels only; {sorted(stored.intersection(fields))} "
+                             f"are read from the records: use cache='encoded' (it keeps them with the image)")
+        if output == "tv_tensors":
+            tv_tensor_types()  # torchvision installed, or ImportError now rather than in a worker
+        self.transforms = transforms
         self.transform = transform
         self.target_transform = target_transform
         self.crop = as_crop(crop)
         self.output = output
-        self.fields = tuple(fields)
+        self.fields = fields
         if as_dict and len(set(self.fields)) != len(self.fields):
             raise ValueError(f"as_dict=True: fields must not repeat a name, not {fields!r}")
         self.as_dict = bool(as_dict)
@@ -379,21 +415,24 @@ class PackedDataset(Dataset):
         return self._decode_payload(rec.payload, rec.codec, rec.height, rec.width, index)
 
     def _decode_payload(self, payload: bytes | memoryview, codec: str, height: int, width: int,
-                        index: int | None, path: str | None = None) -> np.ndarray:
+                        index: int | None, path: str | None = None,
+                        window: Callable[[int, int], Any] | None = None) -> np.ndarray:
         """A payload's pixels as the reader returns them: whole, or the crop's (only its window
-        decoded where the payload allows); errors name ``path`` (default: the dataset)."""
+        decoded where the payload allows; ``window`` instead of the crop's own draw); errors name
+        ``path`` (default: the dataset)."""
         crop, path = self.crop, path or self.root
         if crop is None:
             return decode_payload(payload, codec, height, width, path=path, sample=index)
-        return crop.finish(decode_payload_window(payload, codec, height, width, crop.window, path=path,
+        return crop.finish(decode_payload_window(payload, codec, height, width, window or crop.window, path=path,
                                                  sample=index))
 
-    def _cropped(self, rgb: np.ndarray, index: int | None) -> np.ndarray:
-        """Whole decoded pixels (a decoded cache's) cut as ``crop`` cuts them."""
+    def _cropped(self, rgb: np.ndarray, index: int | None, window: Callable[[int, int], Any] | None = None) -> np.ndarray:
+        """Whole decoded pixels (a decoded cache's) cut as ``crop`` cuts them (in ``window``
+        instead of the crop's own draw)."""
         crop = self.crop
         if crop is None:
             return rgb
-        return crop.finish(crop_window(rgb, crop.window, path=self.root, sample=index))
+        return crop.finish(crop_window(rgb, window or crop.window, path=self.root, sample=index))
 
     def load(self, index: int) -> tuple[np.ndarray, int]:
         """Sample ``index`` as (RGB uint8 H x W x 3 array, label), before output conversion."""
@@ -436,7 +475,7 @@ class PackedDataset(Dataset):
         its record."""
         if self.cache_mode == "decoded":
             return _META.pack(rgb.shape[0], rgb.shape[1], rec.label), rgb
-        return pack_record(rec.key, rec.label, rec.codec, rec.height, rec.width, bytes(rec.payload))
+        return _cache_record(rec)
 
     def load_record(self, index: int) -> Record:
         """Sample ``index``'s record, payload still encoded, through the encoded cache when there is one."""
@@ -449,14 +488,111 @@ class PackedDataset(Dataset):
         if view is not None:
             return unpack_record(view, verify=False)
         rec = self.read_record(index)
-        cache.put(index, pack_record(rec.key, rec.label, rec.codec, rec.height, rec.width, bytes(rec.payload)))
+        cache.put(index, _cache_record(rec))
         return rec
+
+    def _whole_pixels(self, index: int) -> tuple[np.ndarray, int]:
+        """(whole decoded pixels the caller owns, label) of sample ``index`` through the decoded
+        cache (filling it on a miss)."""
+        cache = self.cache
+        assert cache is not None
+        view = cache.get(index)
+        if view is not None:
+            h, w, label = _META.unpack_from(view, 0)
+            return np.frombuffer(view, np.uint8, offset=_META.size).reshape(h, w, 3).copy(), label
+        rec = self.read_record(index)
+        whole = decode_payload(rec.payload, rec.codec, rec.height, rec.width, path=self.root, sample=index)
+        cache.put(index, self._cache_entry(rec, whole))
+        return whole, rec.label
+
+    def _load_fields(self, index: int) -> tuple[dict[str, np.ndarray], int, Record | None, tuple[int, int]]:
+        """Sample ``index``'s image (when asked for) and own fields, decoded and cut by one crop
+        window; its label, its record (None from a decoded cache) and the (height, width) of the
+        image returned."""
+        if self._cache_request is not None:
+            self._ensure_cache()
+        rec, whole = None, None
+        if self.cache is not None and self.cache_mode == "decoded":
+            whole, label = self._whole_pixels(index)
+            height, width = whole.shape[:2]
+        else:
+            rec = self.load_record(index)
+            label, height, width = rec.label, rec.height, rec.width
+        window = self._draw_window(height, width, index)
+        values: dict[str, np.ndarray] = {}
+        if "image" in self.fields:
+            if whole is not None:
+                values["image"] = np.ascontiguousarray(self._cropped(whole, index, _fixed(window)))
+            else:
+                assert rec is not None
+                values["image"] = self._decode_payload(rec.payload, rec.codec, height, width, index,
+                                                       window=_fixed(window))
+        self._own_values(index, rec, window, values)
+        crop = self.crop
+        return values, label, rec, crop.output_size(window) if crop is not None and window else (height, width)
+
+    def _draw_window(self, height: int, width: int, index: int) -> tuple[int, int, int, int] | None:
+        """The crop's window for a ``height`` x ``width`` sample, drawn once and checked to fit
+        (ValueError naming the sample); None without a crop."""
+        crop = self.crop
+        if crop is None:
+            return None
+        drawn: list[tuple[int, int, int, int]] = []
+
+        def draw(h: int, w: int) -> Any:
+            drawn.append(crop.window(h, w))
+            return drawn[0]
+
+        crop_window(np.broadcast_to(np.uint8(0), (height, width)), draw, path=self.root, sample=index)
+        top, left, h, w = (int(v) for v in drawn[0])
+        return top, left, h, w
+
+    def _own_values(self, index: int, rec: Record | None, window: tuple[int, int, int, int] | None,
+                    values: dict[str, np.ndarray]) -> None:
+        """Decode the requested masks and extra images of ``rec`` and look up the boxes, cut by
+        ``window``, into ``values``."""
+        crop = self.crop
+        for name in self._own:
+            kind = self.manifest.field_kind(name)
+            if kind == "mask":
+                mask = decode_mask(self._stored_field(rec, name, index), self.root, index)
+                values[name] = cut_mask(mask, crop, window)
+            elif kind == "image":
+                f = self._stored_field(rec, name, index)
+                values[name] = self._decode_payload(f.payload, f.codec, f.height, f.width, index, window=_fixed(window))
+        if "boxes" in self._own or "box_labels" in self._own:
+            boxes, labels = self._boxes(index, rec)
+            if crop is not None and window is not None:
+                boxes, labels = move_boxes(boxes, labels, window, crop.output_size(window))
+            values["boxes"], values["box_labels"] = boxes, labels
+
+    def _stored_field(self, rec: Record | None, name: str, index: int) -> Any:
+        """The stored field ``name`` of sample ``index``'s record, or CorruptDataError."""
+        for f in rec.fields if rec is not None else ():
+            if f.name == name:
+                return f
+        raise CorruptDataError(f"the sample has no {name!r} field, which the manifest lists", path=self.root,
+                               sample=index)
+
+    def _boxes(self, index: int, rec: Record | None) -> tuple[np.ndarray, np.ndarray]:
+        """Sample ``index``'s boxes (N x 4 float32) and box labels (N int64): the sample table's,
+        or else the record's (other tools' data)."""
+        table = self.sample_table()
+        if table is not None and table.has_boxes:
+            return table.boxes_of(index)
+        if rec is None or rec.boxes is None:
+            raise CorruptDataError("the samples' boxes are missing (the sample table has no boxes section)",
+                                   path=self.root, sample=index)
+        labels = rec.box_labels if rec.box_labels is not None else [-1] * len(rec.boxes)
+        return np.array(rec.boxes, np.float32).reshape(-1, 4), np.array(labels, np.int64)
 
     def _to_output(self, rgb: np.ndarray) -> Any:
         if self.output == "tensor":
             return torch.from_numpy(rgb).permute(2, 0, 1)
         if self.output == "numpy":
             return rgb
+        if self.output == "tv_tensors":
+            return field_output("image", rgb, self.output, rgb.shape[:2])
         from PIL import Image
 
         return Image.fromarray(rgb, mode="RGB") if rgb.ndim == 3 else Image.fromarray(rgb)
@@ -504,25 +640,34 @@ class PackedDataset(Dataset):
 
     def __getitem__(self, index: int) -> tuple[Any, ...] | dict[str, Any]:
         item = self._sample(index)
-        return dict(zip(self.fields, item)) if self.as_dict else item
+        return apply_transforms(self.transforms, dict(zip(self.fields, item)) if self.as_dict else item, self.fields)
 
     def _sample(self, index: int) -> tuple[Any, ...]:
         """Sample ``index`` as the tuple of ``fields`` (what ``__getitem__`` returns, or puts in a dict)."""
         if self.output == "encoded":
-            return self._encoded_item(self._index(index))
+            return FieldTuple.of(self._encoded_item(self._index(index)), self.fields)
+        if self._own:
+            i, (values, label, rec, canvas) = self._load_or_skip(self._index(index),
+                                                                 lambda j: (j, self._load_fields(j)))
+            return FieldTuple.of(self._fields_item(i, values.get("image"), label, rec, (values, canvas)), self.fields)
         if self.fields == DEFAULT_FIELDS and self.manifest.label_kind == "class":
             rgb, label = self._load_or_skip(self._index(index))
             return self._item(rgb, label)
         i, (rgb, label) = self._load_or_skip(self._index(index), lambda j: (j, self.load(j)))
         return self._fields_item(i, rgb, label)
 
-    def _fields_item(self, index: int, image: Any, label: int, rec: Record | None = None) -> tuple[Any, ...]:
-        """One sample as ``fields`` asks for it: ``image`` decoded pixels (or, with ``rec``, the
-        stored bytes as a tensor, returned as they are)."""
+    def _fields_item(self, index: int, image: Any, label: int, rec: Record | None = None,
+                     own: tuple[dict[str, np.ndarray], tuple[int, int]] | None = None) -> tuple[Any, ...]:
+        """One sample as ``fields`` asks for it: ``image`` decoded pixels (or, with encoded output,
+        the stored bytes as a tensor, returned as they are); ``own`` the dataset's own fields as
+        :meth:`_load_fields` decoded them, with the returned image's (height, width)."""
         out: list[Any] = []
+        encoded = self.output == "encoded"
         for name in self.fields:
-            if name == "image":
-                if rec is None:
+            if name in self._own:
+                out.append(self._own_output(name, index, rec, own))
+            elif name == "image":
+                if not encoded:
                     image = self._to_output(image)
                     out.append(self.transform(image) if self.transform is not None else image)
                 else:
@@ -542,6 +687,18 @@ class PackedDataset(Dataset):
             else:
                 out.append(index)
         return tuple(out)
+
+    def _own_output(self, name: str, index: int, rec: Record | None,
+                    own: tuple[dict[str, np.ndarray], tuple[int, int]] | None) -> Any:
+        """The dataset's own field ``name`` as ``output`` returns it; with encoded output, the
+        stored bytes of a mask or an extra image as a 1-D uint8 tensor (boxes as tensors)."""
+        kind = "box_labels" if name == "box_labels" else self.manifest.field_kind(name)
+        if own is not None:
+            return field_output(str(kind), own[0][name], self.output, own[1])
+        boxes = self._boxes(index, rec) if kind in ("boxes", "box_labels") else None
+        if boxes is not None:
+            return torch.from_numpy(boxes[0] if kind == "boxes" else boxes[1])
+        return torch.from_numpy(np.frombuffer(self._stored_field(rec, name, index).payload, np.uint8).copy())
 
     def _item(self, rgb: np.ndarray, label: int) -> tuple[Any, Any]:
         """(image, target) of decoded pixels: output conversion, then the transforms."""
@@ -572,7 +729,7 @@ class PackedDataset(Dataset):
         cache's lock). A sample that fails to read or decode goes through ``self[i]`` itself, so
         the skip policy treats it exactly as a single read would. Datasets with encoded output or
         their own ``load`` (HDF5) read sample by sample."""
-        if (self.output == "encoded" or type(self).load is not PackedDataset.load
+        if (self.output == "encoded" or type(self).load is not PackedDataset.load or self.transforms is not None
                 or self.fields != DEFAULT_FIELDS or self.manifest.label_kind != "class"):
             return [self[i] for i in indices]
         if self._cache_request is not None:
@@ -662,3 +819,14 @@ class PackedDataset(Dataset):
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def _fixed(window: tuple[int, int, int, int] | None) -> Callable[[int, int], Any] | None:
+    """A crop-window function that gives ``window`` whatever the size (None for None)."""
+    return None if window is None else (lambda height, width: window)
+
+
+def _cache_record(rec: Record) -> bytes:
+    """What the encoded cache keeps of a record: unseeded, with its masks and extra images."""
+    return pack_record(rec.key, rec.label, rec.codec, rec.height, rec.width, bytes(rec.payload),
+                       fields=rec.fields or None)

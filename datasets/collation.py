@@ -20,10 +20,11 @@ import gc
 import itertools
 import multiprocessing
 import os
+import sys
 import threading
 import warnings
 import weakref
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from multiprocessing import reduction, util
 from typing import Any
 
@@ -33,6 +34,7 @@ import torch
 from torch.multiprocessing.reductions import reduce_tensor
 from torch.utils.data import default_collate, get_worker_info
 
+from .fields import PER_SAMPLE
 from .shm import SharedRegion, SlotTable
 from .worker_memory import settle_worker
 
@@ -243,6 +245,8 @@ reduction.ForkingPickler.register(_SlotTensor, _reduce_slot_tensor)
 
 
 def _stack_into_slot(batch: list[torch.Tensor], *, collate_fn_map: dict | None = None) -> torch.Tensor:
+    if any(type(x) not in (torch.Tensor, _SlotTensor) for x in batch):  # tv_tensors stack to plain tensors too
+        batch = [x.as_subclass(torch.Tensor) if type(x) is not _SlotTensor else x for x in batch]
     elem = batch[0]
     pool = _pool
     plain = (
@@ -309,6 +313,33 @@ def _collate_ints(batch: list[int], *, collate_fn_map: dict | None = None) -> to
 _COLLATE_MAP = {} if _TORCH is None else {**_TORCH[2], torch.Tensor: _stack_into_slot,
                                             int: _collate_ints}
 
+def _per_sample(value: Any) -> bool:
+    """Whether ``value`` is a field with a count per sample: torchvision's ``BoundingBoxes``."""
+    tv = sys.modules.get("torchvision.tv_tensors")
+    return tv is not None and isinstance(value, tv.BoundingBoxes)
+
+
+def _collate_fields(batch: list[Any], inner: Callable[[list[Any]], Any]) -> Any:
+    """``inner(batch)``, except that boxes (dict keys in :data:`~packer.datasets.fields.PER_SAMPLE`,
+    the positions a reader's tuple marks, and ``BoundingBoxes`` anywhere in a dict or tuple
+    sample) come as a list with one entry per sample, left as the samples hold them."""
+    elem = batch[0] if batch else None
+    if isinstance(elem, Mapping):
+        listed = {k for k, v in elem.items() if k in PER_SAMPLE or _per_sample(v)}
+        if listed:
+            out = {k: [d[k] for d in batch] if k in listed else inner([d[k] for d in batch]) for k in elem}
+            try:
+                return type(elem)(out)  # type: ignore[call-arg]
+            except TypeError:
+                return out
+    elif isinstance(elem, tuple) and not hasattr(elem, "_fields"):
+        listed = {k for k, v in enumerate(elem) if _per_sample(v)} | set(getattr(elem, "per_sample", ()))
+        if listed:
+            if any(len(item) != len(elem) for item in batch):
+                raise RuntimeError("each element in list of batch should be of equal size")
+            return [list(column) if k in listed else inner(list(column)) for k, column in enumerate(zip(*batch))]
+    return inner(batch)
+
 
 def collate(batch: list[Any]) -> Any:
     """Drop-in for ``torch.utils.data.default_collate`` that reuses shared memory across batches.
@@ -321,19 +352,25 @@ def collate(batch: list[Any]) -> Any:
     process, and where the import-time self-test failed (:func:`slots_available` says why), it is
     ``default_collate`` itself.
 
+    Images and masks of one size are stacked (in slots); boxes, whose count differs from sample
+    to sample, come as a list of the samples' tensors: a dict's ``"boxes"`` and ``"box_labels"``
+    (``as_dict=True``), and torchvision ``BoundingBoxes`` (``output="tv_tensors"``) in dicts and
+    tuples alike, and the readers' ``"boxes"`` and ``"box_labels"`` in tuples too (a reader's
+    tuple marks their places).
+
     Args:
         batch: the list of samples the DataLoader's sampler selected.
     """
     if get_worker_info() is None:
-        return default_collate(batch)
+        return _collate_fields(batch, default_collate)
     if not _AVAILABLE:
         settle_worker()
-        return default_collate(batch)
+        return _collate_fields(batch, default_collate)
     pool = _worker_pool()
     pool.begin()
     ok = False
     try:
-        result = _TORCH[0](batch, collate_fn_map=_COLLATE_MAP)  # type: ignore[index]
+        result = _collate_fields(batch, lambda part: _TORCH[0](part, collate_fn_map=_COLLATE_MAP))  # type: ignore[index]
         ok = True
         return result
     finally:

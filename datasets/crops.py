@@ -11,7 +11,8 @@ of the image the window leaves out (docs/benchmarks.md, section 7).
 * :class:`RandomResizedCrop`: a window of random area and aspect ratio, resized to the output size
   (``RandomResizedCrop``'s window; the resize is OpenCV's, see the class).
 
-The reader returns the cropped image to ``transform`` (which then no longer crops). Random windows
+The same window cuts the mask and extra images (:meth:`Crop.finish_mask` resizes masks by nearest
+neighbour) and moves the boxes. The reader returns the cropped image to ``transform`` (which then no longer crops). Random windows
 are drawn from Python's ``random`` module, which the DataLoader seeds in each worker from the
 main process's torch seed (``torch.manual_seed`` makes them repeatable; packer's
 ``worker_init_fn`` seeds it too). An image smaller than a fixed-size crop raises ValueError naming
@@ -56,6 +57,15 @@ class Crop:
     def finish(self, pixels: np.ndarray) -> np.ndarray:
         """The output made of the window's H x W x 3 pixels (as they are, by default)."""
         return pixels
+
+    def finish_mask(self, mask: np.ndarray) -> np.ndarray:
+        """The output made of the window's H x W mask (a label map): as :meth:`finish`, but
+        a resize is nearest-neighbour, so that no value appears that the mask does not hold."""
+        return mask
+
+    def output_size(self, window: Window) -> tuple[int, int]:
+        """(height, width) of :meth:`finish`'s output for ``window`` (the window's, by default)."""
+        return window[2], window[3]
 
 
 class _FixedSize(Crop):
@@ -138,6 +148,15 @@ class RandomResizedCrop(Crop):
             return pixels
         shrink = h >= th and w >= tw
         return cv2.resize(pixels, (tw, th), interpolation=cv2.INTER_AREA if shrink else cv2.INTER_LINEAR)
+
+    def finish_mask(self, mask: np.ndarray) -> np.ndarray:
+        th, tw = self.size
+        if mask.shape[:2] == (th, tw):
+            return mask
+        return cv2.resize(mask, (tw, th), interpolation=cv2.INTER_NEAREST)
+
+    def output_size(self, window: Window) -> tuple[int, int]:
+        return self.size
 
     def __repr__(self) -> str:
         return f"RandomResizedCrop(size={self.size}, scale={self.scale}, ratio={self.ratio})"

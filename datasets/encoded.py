@@ -51,8 +51,10 @@ def collate_encoded(batch: list[tuple[torch.Tensor, Any, tuple[int, int, str, in
         raise ValueError("collate_encoded: an empty batch")
     for item in batch:
         if not (isinstance(item, tuple) and len(item) == 3 and isinstance(item[0], torch.Tensor)):
-            raise TypeError("collate_encoded takes samples of a reader with output='encoded' "
-                            f"((payload, target, (height, width, codec, index))), not {type(item).__name__}")
+            raise TypeError("collate_encoded takes samples of a reader with output='encoded' and its default "
+                            "fields ((payload, target, (height, width, codec, index))), not "
+                            f"{type(item).__name__} of {len(item) if isinstance(item, tuple) else 1}; batch "
+                            f"other fields (masks, extra images, boxes) with your own collate_fn")
     payloads = [item[0].reshape(-1) for item in batch]
     lengths = torch.tensor([p.numel() for p in payloads], dtype=torch.int64)
     offsets = torch.zeros(len(batch), dtype=torch.int64)

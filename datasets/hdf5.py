@@ -18,8 +18,9 @@ from packer.description.placement import place_seed
 from packer.description.record import Record
 from packer.errors import CorruptDataError
 from packer.images.codecs import CODEC_IDS, CODEC_NAMES
+from packer.images.imageproc import ProcessedField
 from packer.images.placeholder import file_placeholder_reason
-from packer.layouts.hdf5 import LAYOUT_VERSIONS
+from packer.layouts.hdf5 import FIELDS_LAYOUT_VERSION, LAYOUT_VERSIONS, field_group
 
 from .base import PackedDataset
 from .shm import SharedRegion, region_views
@@ -63,12 +64,18 @@ class _Meta:
     loaded, the pages shared), or sent to spawn/forkserver workers in one shared region
     (:meth:`share`): the index exists once per node, not once per worker."""
 
-    #: The per-sample (and per-chunk) arrays; the rest of the attributes are small.
-    ARRAYS = ("labels", "shapes", "crcs", "key_crcs", "codecs", "offsets", "table")
+    #: The per-sample (and per-chunk) arrays; the rest of the attributes are small. ``f_*``: the
+    #: fields' (version 3), one row per mask or extra image.
+    ARRAYS = ("labels", "shapes", "crcs", "key_crcs", "codecs", "offsets", "table",
+              "f_offsets", "f_shapes", "f_crcs", "f_codecs", "f_depths")
 
-    def __init__(self, path: str, num_samples: int, verify: bool, fd: int | None = None) -> None:
+    def __init__(self, path: str, num_samples: int, verify: bool, fd: int | None = None,
+                 fields: tuple[str, ...] | None = None) -> None:
+        """The index of ``path``; ``fields``: the stored fields a version 3 manifest lists (None
+        before version 3)."""
         self.path = path
         self.fd = fd
+        self.fields = fields
         try:
             f = _h5open(path, fd)
         except Exception as e:  # noqa: BLE001 - any h5py/HDF5 failure to open is a bad file
@@ -156,6 +163,9 @@ class _Meta:
         version = f.attrs.get("packer_layout")
         if version not in LAYOUT_VERSIONS:
             raise CorruptDataError(f"HDF5 layout version {version!r} is not one of {LAYOUT_VERSIONS}", path=self.path)
+        if (version == FIELDS_LAYOUT_VERSION) != (self.fields is not None):
+            raise CorruptDataError(f"HDF5 layout version {version} in a version {3 if self.fields is not None else 2} "
+                                   f"dataset (the file and the manifest disagree on fields)", path=self.path)
         self.file_id = str(f.attrs.get("file_id", ""))
         self.storage = str(f.attrs["storage"])
         for name in ("labels", "shapes", "crc32c", "offsets", "codecs", "key_crc32c", "images"):
@@ -203,48 +213,96 @@ class _Meta:
         if needed > self._stored_limit(images, "images"):
             raise CorruptDataError(f"the samples need {needed} bytes of /images, but they are not stored in the "
                                    f"file ({images.id.get_storage_size()} bytes stored)", path=self.path)
-        self._locate(images, needed)
+        self.base, self.table, self.chunk = _where(images, needed)
+        self._load_fields(f, n, verify)
 
-    def _locate(self, images: h5py.Dataset, needed: int) -> None:
-        """File addresses of /images: one base (contiguous), a chunk table covering the ``needed``
-        bytes, or None (use h5py: filters, small chunks, other dtypes)."""
-        self.base: int | None = None
-        self.table: np.ndarray | None = None
-        self.chunk = 0
-        dcpl = images.id.get_create_plist()
-        layout = dcpl.get_layout()
-        if dcpl.get_nfilters() or images.dtype != np.uint8:
-            return
-        if layout == h5py.h5d.CONTIGUOUS:
-            self.base = images.id.get_offset()
-            return
-        if layout != h5py.h5d.CHUNKED or images.chunks is None:
-            return
-        chunks = images.chunks
-        if any(c != s for c, s in zip(chunks[1:], images.shape[1:])):
-            return  # chunks split a row: not a plain byte range
-        rows = chunks[0]
-        chunk = int(np.prod(chunks))
-        if chunk < _MIN_TABLE_CHUNK:
-            return
-        self.chunk = chunk
-        nchunks = -(-needed // chunk)  # needed <= the bytes stored in the file (_load)
-        table = np.full(nchunks, -1, np.int64)
+    def _load_fields(self, f: h5py.File, n: int, verify: bool) -> None:
+        """Version 3: each stored field's offsets, shapes, checksums, codecs, bits and where its
+        bytes lie, checked as /images's are."""
+        names = self.field_names = self.fields or ()
+        k = len(names)
+        self.f_offsets = np.zeros((k, n + 1), np.int64)
+        self.f_shapes = np.zeros((k, n, 2), np.uint32)
+        self.f_crcs = np.zeros((k, n), np.uint32)
+        self.f_codecs = np.zeros((k, n), np.uint8)
+        self.f_depths = np.zeros((k, n), np.uint8)
+        self.f_channels: list[int] = []
+        self.f_where: list[tuple[int | None, np.ndarray | None, int]] = []
+        for j, name in enumerate(names):
+            self._load_field(f, j, field_group(name), n, verify)
 
-        def visit(info: Any) -> None:
-            c = info.chunk_offset[0] // rows
-            if c < nchunks and info.size == self.chunk:
+    def _load_field(self, f: h5py.File, j: int, p: str, n: int, verify: bool) -> None:
+        g = f.get(p)
+        images = g.get("images") if isinstance(g, h5py.Group) else None
+        if not isinstance(images, h5py.Dataset) or images.ndim != 1 or images.dtype != np.uint8:
+            raise CorruptDataError(f"/{p} is not a group with a flat uint8 /{p}/images (the manifest lists the field)",
+                                   path=self.path)
+        offsets = self._rows(f, f"{p}/offsets", n + 1, verify).astype(np.int64)
+        if offsets[0] != 0 or offsets[-1] > images.shape[0] or np.any(np.diff(offsets) < 0):
+            raise CorruptDataError(f"/{p}/offsets inconsistent with /{p}/images", path=self.path)
+        shapes = self._rows(f, f"{p}/shapes", n, verify)
+        if shapes.shape != (n, 2):
+            raise CorruptDataError(f"/{p}/shapes has shape {shapes.shape}, expected ({n}, 2)", path=self.path)
+        self.f_offsets[j], self.f_shapes[j] = offsets, shapes
+        self.f_crcs[j] = self._rows(f, f"{p}/crc32c", n, verify)
+        codec, depth, channels = (_plain(g.attrs.get(a)) for a in ("codec", "depth", "channels"))
+        codecs = self._rows(f, f"{p}/codecs", n, verify) if codec == "mixed" else CODEC_IDS.get(str(codec))
+        depths = self._rows(f, f"{p}/depths", n, verify) if depth == 0 else depth
+        if codecs is None or not np.isin(codecs, list(_CODEC_NAMES)).all() or not np.isin(depths, (8, 16)).all():
+            raise CorruptDataError(f"/{p} has codec {codec!r} and depth {depth!r}: not a known codec of 8 or 16 bits",
+                                   path=self.path)
+        if channels not in (1, 3):
+            raise CorruptDataError(f"/{p} has {channels!r} channels, expected 1 or 3", path=self.path)
+        self.f_codecs[j], self.f_depths[j] = codecs, depths
+        self.f_channels.append(int(channels))
+        needed = int(offsets[-1])
+        if needed > self._stored_limit(images, f"{p}/images"):
+            raise CorruptDataError(f"the samples need {needed} bytes of /{p}/images, but they are not stored in the "
+                                   f"file ({images.id.get_storage_size()} bytes stored)", path=self.path)
+        self.f_where.append(_where(images, needed))
+
+
+def _plain(value: Any) -> Any:
+    """An attribute's value as Python has it (a NumPy scalar's ``item()``), for messages."""
+    return value.item() if isinstance(value, np.generic) else value
+
+
+def _where(images: h5py.Dataset, needed: int) -> tuple[int | None, np.ndarray | None, int]:
+    """Where the bytes of ``images`` lie in the file: (base, None, 0) when contiguous, (None, a
+    chunk table covering the ``needed`` bytes, chunk size) when chunked, or (None, None, 0): read
+    through h5py (filters, small chunks, other dtypes)."""
+    dcpl = images.id.get_create_plist()
+    layout = dcpl.get_layout()
+    if dcpl.get_nfilters() or images.dtype != np.uint8:
+        return None, None, 0
+    if layout == h5py.h5d.CONTIGUOUS:
+        return images.id.get_offset(), None, 0
+    if layout != h5py.h5d.CHUNKED or images.chunks is None:
+        return None, None, 0
+    chunks = images.chunks
+    if any(c != s for c, s in zip(chunks[1:], images.shape[1:])):
+        return None, None, 0  # chunks split a row: not a plain byte range
+    rows = chunks[0]
+    chunk = int(np.prod(chunks))
+    if chunk < _MIN_TABLE_CHUNK:
+        return None, None, 0
+    nchunks = -(-needed // chunk)  # needed <= the bytes stored in the file (_load)
+    table = np.full(nchunks, -1, np.int64)
+
+    def visit(info: Any) -> None:
+        c = info.chunk_offset[0] // rows
+        if c < nchunks and info.size == chunk:
+            table[c] = info.byte_offset
+
+    try:
+        images.id.chunk_iter(visit)
+    except (AttributeError, NotImplementedError):  # HDF5 < 1.12.3: one B-tree lookup per chunk
+        zeros = (0,) * (images.ndim - 1)
+        for c in range(nchunks):
+            info = images.id.get_chunk_info_by_coord((c * rows, *zeros))
+            if info.byte_offset is not None and info.size == chunk:
                 table[c] = info.byte_offset
-
-        try:
-            images.id.chunk_iter(visit)
-        except (AttributeError, NotImplementedError):  # HDF5 < 1.12.3: one B-tree lookup per chunk
-            zeros = (0,) * (images.ndim - 1)
-            for c in range(nchunks):
-                info = images.id.get_chunk_info_by_coord((c * rows, *zeros))
-                if info.byte_offset is not None and info.size == self.chunk:
-                    table[c] = info.byte_offset
-        self.table = table
+    return None, table, chunk
 
 
 class HDF5Dataset(PackedDataset):
@@ -255,6 +313,7 @@ class HDF5Dataset(PackedDataset):
     _file: Any = None  # raw binary file object of data.h5 (os.pread on its descriptor)
     _h5: h5py.File | None = None  # only when /images must be read through h5py
     _keys: dict[int, list[str]] | None = None
+    _file_boxes: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None  # /box_offsets, /boxes, /box_labels
     #: ``packer verify`` sets this: every key is read from /keys (checked against /key_crc32c),
     #: so damage there is found, though the sample table holds the same keys.
     audit = False
@@ -288,13 +347,14 @@ class HDF5Dataset(PackedDataset):
         if inherited is not None and inherited.path == path and inherited.size == os.fstat(fd).st_size:
             meta = inherited.reopened(fd)
         else:
-            meta = _Meta(path, len(self), self.verify, fd)
+            fields = tuple(self.manifest.stored_fields) if self.manifest.fields else None
+            meta = _Meta(path, len(self), self.verify, fd, fields)
             self._shared_meta = None  # of the index loaded before, if any
         self._fid = self.manifest.files[0].id if self.manifest.files else ""
         if self._fid != meta.file_id:  # the file's identity, cheap to check at open
             raise CorruptDataError(f"{path} is another file than the manifest names (file id "
                                    f"{meta.file_id or 'none'}, the manifest says {self._fid or 'none'})", path=path)
-        if meta.base is None and meta.table is None:
+        if any(b is None and t is None for b, t, _ in [(meta.base, meta.table, 0), *meta.f_where]):
             self._h5 = _h5open(path, self._file.fileno())
         self._meta = meta
         self._keys = {}
@@ -307,13 +367,13 @@ class HDF5Dataset(PackedDataset):
                     handle.close()
                 except Exception:  # noqa: BLE001 - an inherited handle may already be unusable
                     pass
-        self._file = self._h5 = self._meta = self._keys = None
+        self._file = self._h5 = self._meta = self._keys = self._file_boxes = None
 
     def _close(self) -> None:
         self._drop()
 
     def _handle_attrs(self) -> tuple[str, ...]:
-        return ("_meta", "_file", "_h5", "_keys", "_shared_meta")
+        return ("_meta", "_file", "_h5", "_keys", "_shared_meta", "_file_boxes")
 
     # -- the index for spawn / forkserver workers -----------------------------------------------
     def __getstate__(self) -> dict[str, Any]:
@@ -332,26 +392,27 @@ class HDF5Dataset(PackedDataset):
             self._meta = _Meta.from_shared(*shared)  # taken over by _open in this process
 
     # -- reading ---------------------------------------------------------------------------------
-    def _pread(self, start: int, end: int, index: int) -> tuple[bytes | memoryview, int]:
-        """Bytes [start, end) of the logical /images byte stream (in a new writable buffer), and
-        the file offset of ``start``."""
+    def _pread(self, start: int, end: int, index: int, field: int | None = None) -> tuple[bytes | memoryview, int]:
+        """Bytes [start, end) of the logical /images byte stream (with ``field``, of that field's
+        images) in a new writable buffer, and the file offset of ``start``."""
         m = self._meta
         fd = self._file.fileno()
-        if m.base is not None:
-            parts = [(m.base + start, end - start)]
-        elif m.table is not None:
+        base, table, chunk = (m.base, m.table, m.chunk) if field is None else m.f_where[field]
+        if base is not None:
+            parts = [(base + start, end - start)]
+        elif table is not None:
             parts = []
             pos = start
             while pos < end:
-                c = pos // m.chunk
-                addr = int(m.table[c]) if c < len(m.table) else -1
+                c = pos // chunk
+                addr = int(table[c]) if c < len(table) else -1
                 if addr < 0:
-                    raise CorruptDataError("/images chunk not stored", path=self._path, sample=index)
-                n = min(end, (c + 1) * m.chunk) - pos
-                parts.append((addr + pos - c * m.chunk, n))
+                    raise CorruptDataError(f"{self._images(field)} chunk not stored", path=self._path, sample=index)
+                n = min(end, (c + 1) * chunk) - pos
+                parts.append((addr + pos - c * chunk, n))
                 pos += n
         else:
-            return self._h5_bytes(start, end, index), -1
+            return self._h5_bytes(start, end, index, field), -1
         for off, n in parts:
             if off < 0 or off + n > m.size:
                 raise CorruptDataError(f"sample data at {off}..{off + n} lies outside the file ({m.size} bytes; "
@@ -370,15 +431,30 @@ class HDF5Dataset(PackedDataset):
             pos += n
         return buf, (parts[0][0] if parts else -1)
 
-    def _h5_bytes(self, start: int, end: int, index: int) -> bytes:
-        images = self._h5["images"]
+    def _images(self, field: int | None) -> str:
+        """The path of /images, or of field number ``field``'s images."""
+        return "/images" if field is None else f"/{field_group(self._meta.field_names[field])}/images"
+
+    def _h5_bytes(self, start: int, end: int, index: int, field: int | None = None) -> bytes:
+        name = self._images(field)
+        images = self._h5[name]
         try:
-            if self._meta.storage == "flat":
+            if self._meta.storage == "flat" or field is not None:
                 return images[start:end].tobytes()
             return images[index].tobytes()
         except Exception as e:  # noqa: BLE001 - h5py reports damage as OSError, ValueError, RuntimeError, ...
-            raise CorruptDataError(f"cannot read /images ({type(e).__name__}: {e})", path=self._path,
+            raise CorruptDataError(f"cannot read {name} ({type(e).__name__}: {e})", path=self._path,
                                    sample=index) from None
+
+    def _check_crc(self, payload: bytes | memoryview, stored: int, index: int, offset: int, what: str) -> None:
+        """CorruptDataError unless ``payload``'s CRC32C seeded with sample ``index``'s place is ``stored``."""
+        actual = crc32c.crc32c(payload, place_seed(self._fid, index))
+        if actual != stored:
+            raise CorruptDataError(
+                f"{what} checksum mismatch (stored {stored:08x}, computed {actual:08x}; damaged, or a "
+                f"sample from another place)",
+                path=self._path, sample=index, offset=offset if offset >= 0 else None,
+            )
 
     def _payload(self, index: int) -> tuple[bytes, str, int, int]:
         """(payload, codec, height, width) of sample ``index``, CRC checked when ``verify``."""
@@ -389,14 +465,7 @@ class HDF5Dataset(PackedDataset):
             start, end = index * m.row, (index + 1) * m.row
         payload, offset = self._pread(start, end, index)
         if self.verify:
-            actual = crc32c.crc32c(payload, place_seed(self._fid, index))
-            stored = int(m.crcs[index])
-            if actual != stored:
-                raise CorruptDataError(
-                    f"payload checksum mismatch (stored {stored:08x}, computed {actual:08x}; damaged, or a "
-                    f"sample from another place)",
-                    path=self._path, sample=index, offset=offset if offset >= 0 else None,
-                )
+            self._check_crc(payload, int(m.crcs[index]), index, offset, "payload")
         codec = m.codec if m.codec is not None else _CODEC_NAMES[int(m.codecs[index])]
         h, w = m.shapes[index]
         return payload, codec, int(h), int(w)
@@ -439,9 +508,53 @@ class HDF5Dataset(PackedDataset):
         assert self._meta is not None
         return np.array(self._meta.labels, np.int64)
 
+    def _field(self, index: int, j: int) -> ProcessedField:
+        """Field number ``j`` (a mask or extra image) of sample ``index`` as stored: one read, its
+        checksum (bound to the sample's place) checked when ``verify``."""
+        m = self._meta
+        name = m.field_names[j]
+        start, end = int(m.f_offsets[j, index]), int(m.f_offsets[j, index + 1])
+        payload, offset = self._pread(start, end, index, j)
+        if self.verify:
+            self._check_crc(payload, int(m.f_crcs[j, index]), index, offset, f"field {name!r}")
+        h, w = m.f_shapes[j, index]
+        return ProcessedField(name, _CODEC_NAMES[int(m.f_codecs[j, index])], payload, int(h), int(w),
+                              m.f_channels[j], int(m.f_depths[j, index]))
+
+    def _stored_boxes(self, index: int) -> tuple[tuple[tuple[float, ...], ...], tuple[int, ...]]:
+        """Sample ``index``'s boxes and labels as /boxes, /box_offsets and /box_labels hold them
+        (read by ``packer verify``: packer's readers take boxes from the sample table)."""
+        if self._file_boxes is None:
+            m = self._meta
+            try:
+                with _h5open(self._path, self._file.fileno()) as f:
+                    ends = m._rows(f, "box_offsets", len(self) + 1, True).astype(np.int64)
+                    if ends[0] != 0 or np.any(np.diff(ends) < 0):
+                        raise CorruptDataError("/box_offsets is not an ascending list from 0", path=self._path)
+                    labels = m._rows(f, "box_labels", int(ends[-1]), True)
+                    boxes = m._stored_rows(f, "boxes", int(ends[-1]))[()]
+                    stored = int(f["boxes"].attrs.get("crc32c", -1))
+            except CorruptDataError:
+                raise
+            except Exception as e:  # noqa: BLE001 - h5py reports damage as OSError, KeyError, ...
+                raise CorruptDataError(f"cannot read /boxes ({type(e).__name__}: {e})", path=self._path) from None
+            if boxes.shape != (len(labels), 4) or boxes.dtype.kind != "f" or crc32c.crc32c(
+                    boxes.astype("<f4", copy=False).tobytes()) != stored:
+                raise CorruptDataError(f"/boxes ({boxes.dtype} {boxes.shape}) does not match its checksum",
+                                       path=self._path)
+            self._file_boxes = ends, boxes, labels
+        ends, boxes, labels = self._file_boxes
+        a, b = int(ends[index]), int(ends[index + 1])
+        return tuple(map(tuple, boxes[a:b].tolist())), tuple(labels[a:b].tolist())
+
     def _read(self, index: int) -> Record:
         payload, codec, h, w = self._payload(index)
-        return Record(codec, int(self._meta.labels[index]), h, w, self._key(index), payload)
+        fields = tuple(self._field(index, j) for j in range(len(self._meta.field_names)))
+        boxes = labels = None
+        if self.audit and self.manifest.field_kind("boxes") is not None:
+            boxes, labels = self._stored_boxes(index)
+        return Record(codec, int(self._meta.labels[index]), h, w, self._key(index), payload, fields=fields,
+                      boxes=boxes, box_labels=labels)
 
     def load(self, index: int) -> tuple[np.ndarray, int]:
         """Sample ``index`` as (RGB uint8 H x W x 3 array, label); the fast path skips the key."""

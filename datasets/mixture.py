@@ -16,6 +16,8 @@ from typing import Any
 
 from packer.checks import check_int
 
+from .fields import FieldTuple, apply_transforms
+
 __all__ = ["MixOptions", "Mixture", "apportion"]
 
 _CLASS_MODES = ("source", "union")
@@ -83,10 +85,11 @@ class Mixture:
 
     def __init__(self, readers: list[Any], options: MixOptions,
                  target_transform: Callable[[int], Any] | None, fields: Sequence[str] | None = None, *,
-                 as_dict: bool = False) -> None:
+                 as_dict: bool = False, transforms: Callable[..., Any] | None = None) -> None:
         """``fields``: what a sample returns (as the readers' ``fields=``, plus ``"source"``, the
         source's index in the list); None: ``(image, label[, ...], source if return_source)``.
-        ``as_dict``: each sample a dict keyed by those names instead of a tuple."""
+        ``as_dict``: each sample a dict keyed by those names instead of a tuple. ``transforms``:
+        the readers' whole-sample transforms, applied here to the mixture's sample."""
         sizes = [len(r) for r in readers]
         weights = options.weights if options.weights is not None else sizes
         if len(weights) != len(readers):
@@ -101,6 +104,7 @@ class Mixture:
         self.readers, self.options = readers, options
         self.firsts = [sum(sizes[:s]) for s in range(len(sizes))]
         self.target_transform = target_transform
+        self.transforms = transforms
         self.union: list[str] | None = None
         self.label_maps: list[list[int]] | None = None
         self.fields = tuple(fields) if fields is not None else None
@@ -149,7 +153,7 @@ class Mixture:
                 if self.target_transform is not None:
                     value = self.target_transform(value)
             out.append(value)
-        return tuple(out)
+        return FieldTuple.of(out, self.fields or ())
 
     def fingerprint(self, one: Callable[[Any], str]) -> str:
         """A short digest of the sources' fingerprints, in order."""
@@ -158,7 +162,9 @@ class Mixture:
 
     def __getitem__(self, index: int) -> tuple[Any, ...] | dict[str, Any]:
         item = self._sample(index)
-        return dict(zip(self.names, item)) if self.names is not None else item
+        names = self.names or self.fields or ()
+        return apply_transforms(self.transforms, dict(zip(self.names, item)) if self.names is not None else item,
+                                names)
 
     def _sample(self, index: int) -> tuple[Any, ...]:
         s = bisect.bisect_right(self.firsts, index) - 1

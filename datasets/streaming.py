@@ -406,6 +406,7 @@ class StreamingDataset(IterableDataset):
             raise ValueError("subset is for one dataset; a mixture takes weights and "
                              "epoch_samples")
         target_transform = kwargs.pop("target_transform")
+        transforms = kwargs.pop("transforms", None)  # over the mixture's samples, "source" and dicts included
         as_dict = bool(kwargs.pop("as_dict", False))
         fields = kwargs.pop("fields", None)
         if fields is not None:
@@ -415,7 +416,7 @@ class StreamingDataset(IterableDataset):
             kwargs["fields"] = tuple(f for f in fields if f != "source")
         readers = [open_dataset(p, target_transform=None, **kwargs) for p in paths]
         self.reader = readers[0]
-        self._mix = Mixture(readers, mix, target_transform, fields, as_dict=as_dict)
+        self._mix = Mixture(readers, mix, target_transform, fields, as_dict=as_dict, transforms=transforms)
         blocks = [_block_sizes(r.shard_sizes, self.options.block_samples) for r in readers]
         self._sources = [len(b) for b in blocks]
         self._sizes = np.concatenate(blocks)

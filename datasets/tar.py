@@ -16,26 +16,30 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from typing import Any
 
 import crc32c
 import numpy as np
 
-from packer.description.manifest import FileEntry
+from packer.description.manifest import FIELDS_VERSION, FileEntry
 from packer.description.record import Record
 from packer.description.samples import MAX_META_BYTES
 from packer.errors import CorruptDataError, ManifestError
 from packer.images.codecs import CODEC_NAMES
+from packer.images.fields import mask_shape
+from packer.images.imageproc import ProcessedField
 from packer.images.placeholder import placeholder_reason
 from packer.layouts import compressed_tar_note
 from packer.layouts.tar import (
+    FIELD_ENTRY,
     IMAGE_EXTENSIONS,
     TAR_SUFFIX,
     index_name,
+    json_boxes,
     npy_payload,
+    read_index,
     scan_shard,
-    unpack_index,
 )
 
 from .shards import ShardedDataset, foreign_manifest, listed_shards
@@ -43,6 +47,9 @@ from .shards import ShardedDataset, foreign_manifest, listed_shards
 __all__ = ["TarDataset", "IMAGE_EXTENSIONS"]
 
 _CODEC_NAMES = CODEC_NAMES
+#: The columns of a version 3 index's field entries the reader keeps.
+FIELD_COLUMNS = ("offset", "size", "height", "width", "crc", "codec", "channels", "depth")
+
 class TarDataset(ShardedDataset):
     """Map-style dataset over tar shards (see :class:`PackedDataset` for the options).
 
@@ -78,6 +85,17 @@ class TarDataset(ShardedDataset):
         self._keys: bytes = cols["keys"]
         self._has_crc: bool = bool(cols["has_crc"])
         self._extras: tuple[np.ndarray, list[str], np.ndarray, np.ndarray] | None = cols.get("extras")
+        # Version 3: the stored fields (names in stored order) and their members, F per sample.
+        self._field_names: list[str] = cols.get("field_names", [])
+        fields = cols.get("fields", {})  # one column each, so large ones go to workers in shared memory
+        self._f_offset: np.ndarray | None = fields.get("offset")
+        self._f_size: np.ndarray | None = fields.get("size")
+        self._f_height: np.ndarray | None = fields.get("height")
+        self._f_width: np.ndarray | None = fields.get("width")
+        self._f_crc: np.ndarray | None = fields.get("crc")
+        self._f_codec: np.ndarray | None = fields.get("codec")
+        self._f_channels: np.ndarray | None = fields.get("channels")
+        self._f_depth: np.ndarray | None = fields.get("depth")
         if len(self._offset) != len(self):
             raise ManifestError(f"{self.root}: index lists {len(self._offset)} samples, manifest {len(self)}")
 
@@ -124,7 +142,8 @@ class TarDataset(ShardedDataset):
     # -- index --------------------------------------------------------------------------------
     def _load_index(self, entries: list[FileEntry]) -> dict[str, Any]:
         names = {f.name for f in self.manifest.files}
-        parts, keys, key_base = [], [], 0
+        parts, keys, key_base, fields = [], [], 0, []
+        stored = self.manifest.stored_fields
         for s, f in enumerate(entries):
             idx_name = index_name(f.name, names)
             path = os.path.join(self.root, idx_name)
@@ -132,7 +151,7 @@ class TarDataset(ShardedDataset):
                 raise ManifestError(f"{self.root}: manifest lists {f.name} without its index {idx_name}")
             data = self._read_small_file(idx_name, "tar index file")
             try:
-                first, e, k = unpack_index(data, path)
+                first, e, k, field_names, field_rows = read_index(data, path)
             except CorruptDataError:
                 why = placeholder_reason(data[:256])
                 if why:
@@ -145,6 +164,8 @@ class TarDataset(ShardedDataset):
                 )
             if len(e) and int(np.max(e["offset"] + e["size"])) > f.bytes:
                 raise CorruptDataError("tar index points past the end of its shard", path=path)
+            _check_fields(path, self.manifest.version, stored, field_names, field_rows, f.bytes)
+            fields.append(field_rows)
             parts.append((s, e, key_base))
             keys.append(k)
             key_base += len(k)
@@ -160,6 +181,10 @@ class TarDataset(ShardedDataset):
             pos += len(e)
         cols["keys"] = b"".join(keys)
         cols["has_crc"] = True
+        if self.manifest.version >= FIELDS_VERSION:
+            rows = np.concatenate(fields) if fields else np.zeros(0, FIELD_ENTRY)
+            cols["field_names"] = stored
+            cols["fields"] = {name: np.ascontiguousarray(rows[name]) for name in FIELD_COLUMNS}
         return cols
 
     @classmethod
@@ -212,19 +237,14 @@ class TarDataset(ShardedDataset):
         return cls(root, manifest=manifest, index=cols, **kwargs)
 
     # -- reading ------------------------------------------------------------------------------
-    def _read(self, index: int) -> Record:
+    def _read(self, index: int, fields: Collection[str] | None = None) -> Record:
+        """Sample ``index``'s record; with ``fields`` (names of stored fields), only those of its
+        masks and extra images are read (None: all of them), each with one ``pread``."""
         shard = int(self._shard[index])
         offset = int(self._offset[index])
         buf = self._pread(shard, int(self._size[index]), offset, index)
         if self.verify and self._has_crc:
-            stored = int(self._crc[index])
-            actual = crc32c.crc32c(buf, self._seed(shard, index))
-            if actual != stored:
-                raise CorruptDataError(
-                    f"image data checksum mismatch (stored {stored:08x}, computed {actual:08x}; damaged, or a "
-                    f"sample from another place)",
-                    path=self._shard_paths[shard], sample=index, offset=offset,
-                )
+            self._check_crc(buf, int(self._crc[index]), shard, index, offset, "image data")
         codec = _CODEC_NAMES[self._codec[index]]
         height, width = int(self._height[index]), int(self._width[index])
         payload: bytes | memoryview = buf
@@ -234,7 +254,69 @@ class TarDataset(ShardedDataset):
         # Other tools' member names need not be UTF-8: such bytes read as U+FFFD (a backslash escape
         # would be a path separator when unpacked), so the key is valid UTF-8 for every destination.
         key = self._keys[start : int(self._key_end[index])].decode("utf-8", "replace")
-        return Record(codec, int(self._label[index]), height, width, key, payload)
+        if self._extras is not None:  # another tool's shards: a mask member, boxes in the .json
+            return Record(codec, int(self._label[index]), height, width, key, payload,
+                          **self._foreign_fields(index, shard, fields))
+        stored = self._read_fields(index, shard, fields) if self._field_names else ()
+        return Record(codec, int(self._label[index]), height, width, key, payload, fields=stored)
+
+    def _foreign_fields(self, index: int, shard: int, wanted: Collection[str] | None) -> dict[str, Any]:
+        """Another tool's sample's ``KEY.mask.png`` member as its mask field, and ``boxes`` (with
+        ``box_labels``) from its ``KEY.json`` object, where it has them (the JSON read only when
+        ``wanted`` holds ``boxes``, or is None)."""
+        samples, exts, offsets, sizes = self._extras  # type: ignore[misc]
+        lo, hi = int(np.searchsorted(samples, index)), int(np.searchsorted(samples, index, "right"))
+        out: dict[str, Any] = {}
+        for j in range(lo, hi):
+            if exts[j] == "mask.png" and (wanted is None or "mask" in wanted):
+                buf = self._pread(shard, int(sizes[j]), int(offsets[j]), index)
+                h, w, channels, depth = mask_shape(buf) or (0, 0, 1, 8)
+                out["fields"] = (ProcessedField("mask", "png", buf, h, w, channels, depth),)  # type: ignore[arg-type]
+            elif exts[j] == "json" and (wanted is None or "boxes" in wanted) and int(sizes[j]) <= MAX_META_BYTES:
+                out.update(json_boxes(bytes(self._pread(shard, int(sizes[j]), int(offsets[j]), index))))
+        return out
+
+    def _check_crc(self, buf: memoryview, stored: int, shard: int, index: int, offset: int, what: str) -> None:
+        actual = crc32c.crc32c(buf, self._seed(shard, index))
+        if actual != stored:
+            raise CorruptDataError(
+                f"{what} checksum mismatch (stored {stored:08x}, computed {actual:08x}; damaged, or a "
+                f"sample from another place)",
+                path=self._shard_paths[shard], sample=index, offset=offset,
+            )
+
+    def _read_fields(self, index: int, shard: int, wanted: Collection[str] | None) -> tuple[ProcessedField, ...]:
+        """The stored fields of sample ``index`` named in ``wanted`` (all for None), CRC checked."""
+        out = []
+        count = len(self._field_names)
+        for j, name in enumerate(self._field_names):
+            if wanted is not None and name not in wanted:
+                continue
+            k = index * count + j
+            offset, size = int(self._f_offset[k]), int(self._f_size[k])  # type: ignore[index]
+            buf = self._pread(shard, size, offset, index)
+            if self.verify:
+                self._check_crc(buf, int(self._f_crc[k]), shard, index, offset, f"{name} member")  # type: ignore[index]
+            codec = _CODEC_NAMES[int(self._f_codec[k])]  # type: ignore[index]
+            height, width = int(self._f_height[k]), int(self._f_width[k])  # type: ignore[index]
+            payload: memoryview = buf
+            if codec == "raw":
+                payload, height, width = npy_payload(buf, height, width, self._shard_paths[shard], index, offset)
+            out.append(ProcessedField(name, codec, payload, height, width,  # type: ignore[arg-type]
+                                      int(self._f_channels[k]), int(self._f_depth[k])))  # type: ignore[index]
+        return tuple(out)
+
+
+def _check_fields(path: str, version: int, stored: list[str], names: list[str], rows: np.ndarray,
+                  shard_bytes: int) -> None:
+    """A shard index agrees with the manifest's stored fields and stays inside its shard."""
+    if version >= FIELDS_VERSION and names != stored:
+        raise CorruptDataError(f"tar index lists the fields {names}, the manifest {stored} (an index of "
+                               f"{'an older version' if not names else 'another dataset'}?)", path=path)
+    if version < FIELDS_VERSION and names:
+        raise CorruptDataError(f"tar index lists the fields {names} in a version {version} dataset", path=path)
+    if len(rows) and int(np.max(rows["offset"] + rows["size"])) > shard_bytes:
+        raise CorruptDataError("tar index points a field past the end of its shard", path=path)
 
 
 def _empty_columns(n: int) -> dict[str, Any]:

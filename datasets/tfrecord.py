@@ -21,7 +21,7 @@ from __future__ import annotations
 import os
 import struct
 import zlib
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from typing import Any
 
 import numpy as np
@@ -194,7 +194,9 @@ class TFRecordDataset(ShardedDataset):
         self._ensure_open()
         return self._read(index, want_meta=True).meta or {}
 
-    def _read(self, index: int, want_meta: bool = False) -> Record:
+    def _read(self, index: int, want_meta: bool = False, fields: Collection[str] | None = None) -> Record:
+        """Sample ``index``'s record (its masks and extra images: those named in ``fields``, all
+        for None; the record is read whole, its checksums cover them all)."""
         buf, shard, offset = self._record(index)
         n = len(buf)
         length, length_crc = HEAD.unpack_from(buf)
@@ -210,8 +212,9 @@ class TFRecordDataset(ShardedDataset):
                 raise CorruptDataError("record data checksum mismatch", path=self._shard_paths[shard],
                                        sample=index, offset=offset + 12)
         place = self._seed(shard, index) if self._fids[shard] and self.verify else None
+        stored = [name for name in self.manifest.stored_fields if fields is None or name in fields]
         return image_record(example_class(), mv[12 : n - 4], self._shard_paths[shard], index, offset + 12, place,
-                            want_meta, foreign=bool(self.manifest.layout.get("foreign")))
+                            want_meta, foreign=bool(self.manifest.layout.get("foreign")), stored=stored)
 
 
 def _empty_columns(n: int) -> dict[str, np.ndarray]:

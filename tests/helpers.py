@@ -103,3 +103,54 @@ def tree(root) -> dict[str, bytes]:
             with open(p, "rb") as f:
                 out[os.path.relpath(p, root)] = f.read()
     return out
+
+
+def fields_sources(n: int = 6, seed: int = 0, sizes=((48, 64), (40, 30), (33, 57))):
+    """``n`` samples with fields, made in memory: (key, PNG image bytes, label, source RGB, 8-bit
+    mask array, extra image ``left`` RGB (same size), boxes in source pixels, box labels)."""
+    import cv2
+
+    rng = np.random.default_rng(seed)
+    out = []
+    for i in range(n):
+        h, w = sizes[i % len(sizes)]
+        rgb, left = draw(rng, h, w), draw(rng, h, w)
+        mask = ((np.arange(h)[:, None] // 3 + np.arange(w)[None, :] // 5 + i) % 7).astype(np.uint8)
+        mask[: h // 3, : w // 4] = 255  # an "ignore" region, as segmentation datasets mark it
+        boxes = [[1.0, 2.0, w / 2, h / 2], [w / 4, h / 5, w - 1.5, h - 0.5]][: i % 3]
+        png = cv2.imencode(".png", cv2.cvtColor(rgb, cv2.COLOR_RGB2BGR))[1].tobytes()
+        out.append((f"s{i:03d}.png", png, i % 2, rgb, mask, left, boxes, [(i + k) % 2 for k in range(len(boxes))]))
+    return out
+
+
+def write_fields_dataset(dst, fmt: str, n: int = 6, resize: str = "shorter:24", encode: str = "png",
+                         mask: bool = True, images=("left",), boxes: bool = True, seed: int = 0, classes=("a", "b"),
+                         **writer):
+    """A version 3 dataset of ``fmt`` at ``dst`` (masks, extra images named ``images``, boxes with
+    labels) from :func:`fields_sources`, through packer's own processing and writer. Returns the
+    sources, for the test to compare against."""
+    import cv2
+
+    from packer.converters.base import WriterOptions
+    from packer.description.manifest import FIELDS_VERSION, Manifest
+    from packer.images.fields import FieldSources, process_sample
+    from packer.images.imageproc import ProcessOptions, parse_encoding, parse_resize
+    from packer.ops.engine import ConvertOptions, write_packed
+
+    opts = ProcessOptions(resize=parse_resize(resize), encoding=parse_encoding(encode))
+    src = fields_sources(n, seed)
+
+    def png(a):
+        return cv2.imencode(".png", a if a.ndim == 2 else cv2.cvtColor(a, cv2.COLOR_RGB2BGR))[1].tobytes()
+
+    items = []
+    for key, data, label, _rgb, m, left, bx, bl in src:
+        fs = FieldSources(png(m) if mask else None, tuple((name, png(left)) for name in images),
+                          bx if boxes else None, bl if boxes else None)
+        items.append((key, label, process_sample(data, opts, fs), None))
+    declared = ([{"name": "mask", "kind": "mask"}] if mask else []) + [{"name": x, "kind": "image"} for x in images]
+    declared += [{"name": "boxes", "kind": "boxes", "labels": True}] if boxes else []
+    template = Manifest(format=fmt, num_samples=0, classes=list(classes), processing=opts.to_json(), files=[],
+                        version=FIELDS_VERSION, fields=declared, source={"kind": "test"})
+    write_packed(str(dst), fmt, items, template, ConvertOptions(processing=opts, writer=WriterOptions(**writer)))
+    return src

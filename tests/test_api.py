@@ -114,7 +114,7 @@ def test_a_finished_pack_is_kept_by_resume(tmp_path):
 
 
 def _with_mask(i: int) -> dict:
-    return {"image": np.zeros((4, 4, 3), np.uint8), "label": 0, "mask": np.zeros((4, 4), np.uint8)}
+    return {"image": np.zeros((4, 4, 3), np.uint8), "label": 0, "mask": np.zeros((4, 4, 3), np.uint8)}
 
 
 def _bad_array(i: int) -> dict:
@@ -147,7 +147,7 @@ def test_pack_takes_paths_and_bytes_and_refuses_bad_samples(tiny_folder, tmp_pat
     assert ds[13] == ("from-bytes", {"note": "given as bytes"})
     assert ds[0][0] == paths[1].replace(os.sep, "/")
     assert not [n for n in os.listdir(tmp_path) if n.startswith(".out.pack-")]  # the spool is gone
-    with pytest.raises(ValueError, match=r"input 0: 'mask' is reserved for masks and boxes"):
+    with pytest.raises(ValueError, match=r"input 0: a mask array must be H x W uint8 or uint16 \(a label map\), not 4x4x3"):
         packer.pack([0], tmp_path / "m", "lmdb", fn=_with_mask, workers=1)
     with pytest.raises(ValueError, match=r"input 0: an image array must be H x W x 3 uint8 \(RGB\), not 4x4 float32"):
         packer.pack([0], tmp_path / "m", "lmdb", fn=_bad_array, workers=1)

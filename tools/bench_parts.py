@@ -10,6 +10,7 @@ Markdown tables; docs/benchmarks.md quotes them with the command of each figure.
 from __future__ import annotations
 
 import argparse
+import functools
 import gc
 import inspect
 import io
@@ -1799,6 +1800,103 @@ def _distributed_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--merge-samples", type=int, default=3000, help="samples per part (2 parts)")
 
 
+# -- fields: what reading a mask with the image costs --------------------------------------------------
+def _region_mask(bgr: np.ndarray) -> np.ndarray:
+    """A segmentation-like label map of a photo: large regions (blurred gray, 8 levels), 255 at the border."""
+    gray = cv2.GaussianBlur(cv2.cvtColor(bgr, cv2.COLOR_BGR2GRAY), (0, 0), 6)
+    mask = (gray // 32).astype(np.uint8)
+    mask[:4], mask[-4:], mask[:, :4], mask[:, -4:] = 255, 255, 255, 255
+    return mask
+
+
+def fields_dataset(src: str, dst: str, count: int, fmt: str) -> None:
+    """``count`` images of the image folder ``src`` with region masks, packed to ``dst`` (shorter:256, jpeg:90)."""
+    from packer.description.manifest import FIELDS_VERSION, Manifest
+    from packer.images.fields import FieldSources, process_sample
+    from packer.images.imageproc import ProcessOptions, parse_encoding, parse_resize
+    from packer.ops.engine import ConvertOptions, write_packed
+
+    opts = ProcessOptions(resize=parse_resize("shorter:256"), encoding=parse_encoding("jpeg:90"))
+    paths = sorted(os.path.join(d, f) for d, _, fs in os.walk(src) for f in fs)[:count]
+
+    def items() -> Any:
+        for k, path in enumerate(paths):
+            with open(path, "rb") as f:
+                data = f.read()
+            mask = _region_mask(cv2.imdecode(np.frombuffer(data, np.uint8), cv2.IMREAD_COLOR))
+            png = cv2.imencode(".png", mask)[1].tobytes()
+            yield os.path.relpath(path, src), k % 2, process_sample(data, opts, FieldSources(mask=png)), None
+
+    template = Manifest(format=fmt, num_samples=0, classes=["a", "b"], processing=opts.to_json(), files=[],
+                        version=FIELDS_VERSION, fields=[{"name": "mask", "kind": "mask"}])
+    write_packed(dst, fmt, items(), template, ConvertOptions(processing=opts))
+
+
+def _read_all(path: str, fields: tuple[str, ...]) -> float:
+    """CPU seconds of this process to read every sample of ``path`` with ``fields``."""
+    from packer.datasets import open_dataset
+
+    with open_dataset(path, fields=fields) as ds:
+        c0 = cpu_seconds()
+        for i in range(len(ds)):
+            ds[i]
+        return cpu_seconds() - c0
+
+
+def _mask_decodes(path: str) -> float:
+    """CPU seconds to decode every stored mask PNG of ``path`` alone (cv2, as the reader does)."""
+    from packer.datasets import open_dataset
+
+    with open_dataset(path) as ds:
+        payloads = [bytes(ds.read_record(i).fields[0].payload) for i in range(len(ds))]
+    c0 = cpu_seconds()
+    for p in payloads:
+        torch.from_numpy(cv2.imdecode(np.frombuffer(p, np.uint8), cv2.IMREAD_UNCHANGED))
+    return cpu_seconds() - c0
+
+
+def fields(a: argparse.Namespace) -> int:
+    """What reading a mask with the image costs: image alone, image + mask, and the mask's PNG decode alone.
+
+    Packs ``--count`` images of ``--src`` (shorter:256, jpeg:90) with a region mask each (a
+    label map of large regions, like a segmentation dataset's) into each ``--formats``, then, in
+    ``--rounds`` interleaved rounds, reads every sample in this process with
+    ``fields=("image", "label")`` and ``fields=("image", "mask", "label")``, and decodes the
+    stored mask PNGs alone. The target: image + mask costs at most image + mask decode, i.e.
+    the ratio of the last column is at most 1 (within the rounds' spread).
+    """
+    cv2.setNumThreads(1)
+    torch.set_num_threads(1)
+    work = tempfile.mkdtemp(prefix="bench-fields-")
+    try:
+        paths = {}
+        for fmt in a.formats:
+            paths[fmt] = os.path.join(work, f"f.{fmt}")
+            fields_dataset(a.src, paths[fmt], a.count, fmt)
+        header("format", "image (us/sample)", "image + mask", "mask PNG decode alone", "(image + mask) / (image + decode)")
+        for fmt, path in paths.items():
+            runs: dict[str, list[float]] = {"image": [], "both": [], "decode": []}
+            for turn in range(a.rounds):
+                jobs = {"image": functools.partial(_read_all, path, ("image", "label")),
+                        "both": functools.partial(_read_all, path, ("image", "mask", "label")),
+                        "decode": functools.partial(_mask_decodes, path)}
+                for name in turns(list(jobs), turn):
+                    runs[name].append(jobs[name]() / a.count * 1e6)
+            med = {k: statistics.median(v) for k, v in runs.items()}
+            row(fmt, f"{med['image']:.0f}", f"{med['both']:.0f}", f"{med['decode']:.0f}",
+                f"{med['both'] / (med['image'] + med['decode']):.2f}")
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    return 0
+
+
+def _fields_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--src", required=True, help="an image folder of photos")
+    p.add_argument("--count", type=int, default=1000)
+    p.add_argument("--rounds", type=int, default=5)
+    p.add_argument("--formats", nargs="+", default=list(FORMATS), choices=FORMATS)
+
+
 # -- the command line ---------------------------------------------------------------------------------
 #: subcommand -> (what it runs, what adds its arguments); the help is the first line of the docstring.
 SUBCOMMANDS: dict[str, tuple[Callable[[argparse.Namespace], int], Callable[[argparse.ArgumentParser], None]]] = {
@@ -1810,6 +1908,7 @@ SUBCOMMANDS: dict[str, tuple[Callable[[argparse.Namespace], int], Callable[[argp
     "scale": (scale, _scale_args),
     "distributed": (distributed, _distributed_args),
     "versions": (versions, _versions_args),
+    "fields": (fields, _fields_args),
 }
 
 

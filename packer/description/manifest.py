@@ -22,6 +22,8 @@ from .placement import is_file_id
 __all__ = [
     "MANIFEST_NAME",
     "MANIFEST_VERSION",
+    "FIELDS_VERSION",
+    "FIELD_KINDS",
     "FileEntry",
     "Skipped",
     "Manifest",
@@ -37,8 +39,15 @@ __all__ = [
 
 MANIFEST_NAME = "manifest.json"
 MANIFEST_VERSION = 2
-#: Versions this packer reads: 1 (packer 0.1), 2 (payload files carry ids that bind samples to their place).
-READABLE_VERSIONS = (1, 2)
+#: The version of datasets whose samples have fields besides the image (masks, extra images,
+#: boxes); a dataset without any is written in :data:`MANIFEST_VERSION`, which readers of
+#: packer 0.2 before fields read.
+FIELDS_VERSION = 3
+#: Versions this packer reads: 1 (packer 0.1), 2 (payload files carry ids that bind samples to
+#: their place), 3 (samples may have a mask, extra images and boxes: ``fields``).
+READABLE_VERSIONS = (1, 2, 3)
+#: What a field of ``fields`` can be.
+FIELD_KINDS = ("mask", "image", "boxes")
 MAX_MANIFEST_BYTES = 1 << 30  # a manifest lists every file and skip: ~100 bytes each
 
 
@@ -90,6 +99,25 @@ class Manifest:
     #: ``class`` (one class index per sample), ``multi`` (a list of them) or ``number``
     #: (packer.description.samples); written as ``"labels": {"kind": ...}`` when not ``class``.
     label_kind: str = "class"
+    #: Version 3: what each sample has besides its image and label, in stored order:
+    #: ``{"name": "mask", "kind": "mask"}``, ``{"name": NAME, "kind": "image"}`` (extra images)
+    #: and ``{"name": "boxes", "kind": "boxes", "labels": bool}``. Empty in versions 1 and 2.
+    fields: list[dict[str, Any]] = field(default_factory=list)
+
+    @property
+    def field_names(self) -> list[str]:
+        """The names of the samples' fields besides image and label (``mask``, extra images' names,
+        ``boxes``), in stored order."""
+        return [f["name"] for f in self.fields]
+
+    def field_kind(self, name: str) -> str | None:
+        """The kind of field ``name`` (``mask``, ``image``, ``boxes``), or None when samples have none."""
+        return next((f["kind"] for f in self.fields if f["name"] == name), None)
+
+    @property
+    def stored_fields(self) -> list[str]:
+        """The names of the fields stored as payloads (masks and extra images), in stored order."""
+        return [f["name"] for f in self.fields if f["kind"] != "boxes"]
 
     @property
     def class_to_idx(self) -> dict[str, int]:
@@ -114,6 +142,8 @@ class Manifest:
         }
         if self.label_kind != "class":
             d["labels"] = {"kind": self.label_kind}
+        if self.fields:
+            d["fields"] = self.fields
         return d
 
     def dumps(self) -> bytes:
@@ -150,6 +180,7 @@ class Manifest:
                 created_by=_typed(d.get("created_by", ""), str, "created_by"),
                 version=version,
                 label_kind=_label_kind(d.get("labels", {"kind": "class"})),
+                fields=_fields(d.get("fields", []), version),
             )
         except (TypeError, ValueError) as e:
             raise ManifestError(f"{path}: malformed manifest ({e})") from None
@@ -189,6 +220,25 @@ _PROCESSING_TYPES: dict[str, type | tuple[type, ...]] = {
     "max_pixels": int,
 }
 _LAYOUT_TYPES: dict[str, type | tuple[type, ...]] = {"foreign": bool, "gzip": bool}
+
+
+def _fields(value: Any, version: int) -> list[dict[str, Any]]:
+    """The ``fields`` list checked: version 3 has at least one, earlier versions none; unique
+    names, known kinds, ``mask`` and ``boxes`` named so."""
+    out = [dict(_typed(f, dict, f"fields[{i}]")) for i, f in enumerate(_typed(value, list, "fields"))]
+    if (version >= FIELDS_VERSION) != bool(out):
+        raise ValueError(f"a version {version} manifest has {'no' if not out else ''} fields"
+                         f"{'' if not out else ' (only version 3 has them)'}")
+    names = [_typed(_field(f, "name", "fields.name"), str, "fields.name") for f in out]
+    for f, name in zip(out, names):
+        kind = _typed(_field(f, "kind", "fields.kind"), str, "fields.kind")
+        if kind not in FIELD_KINDS:
+            raise ValueError(f"field {name!r} has kind {kind!r}, not one of {', '.join(FIELD_KINDS)}")
+        if (kind in ("mask", "boxes")) != (name in ("mask", "boxes")) or (kind == "mask") != (name == "mask"):
+            raise ValueError(f"field {name!r} of kind {kind!r}: the mask is named mask, the boxes boxes")
+    if len(set(names)) != len(names):
+        raise ValueError(f"field {next(n for n in names if names.count(n) > 1)!r} is listed twice")
+    return out
 
 
 def _label_kind(value: Any) -> str:

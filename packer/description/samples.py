@@ -50,6 +50,8 @@ MAX_META_BYTES = 64 * 1024
 MAX_META_DEPTH = 64
 TABLE_NAME = "samples.table"
 TABLE_VERSION = 1
+#: The table of a dataset with boxes: version 1 followed by the boxes section (docs/FORMATS.md).
+BOXES_TABLE_VERSION = 2
 _MAGIC = b"PKST"
 # magic, version, label kind, zero, N, M (multi-label ids), K (key blob), E (meta blob), CRC of the body
 _HEAD = struct.Struct("<4sHBBQQQQI")
@@ -198,21 +200,22 @@ class SampleTableWriter:
     ``samples.table`` from them and lists it after the writer's files. Checkpoints and resume
     cover the spill files, so a resumed conversion writes the same table."""
 
-    _PARTS = ("fixed", "keys", "meta", "multi")
+    _PARTS = ("fixed", "keys", "meta", "multi", "boxcount", "boxes", "boxlabels")
 
-    def __init__(self, writer: Any, label_kind: str = "class") -> None:
+    def __init__(self, writer: Any, label_kind: str = "class", boxes: bool = False) -> None:
         if label_kind not in LABEL_KINDS:
             raise ValueError(f"label kind must be one of {LABEL_KINDS}, not {label_kind!r}")
         self.writer = writer
         self.kind = label_kind
+        self.boxes = boxes
         self.resumable = getattr(writer, "resumable", False)
         self._files: dict[str, Any] = {}
         self._count = 0
-        # spill lengths after each row since the last checkpoint, one group of four per row (row
-        # ``_base + i`` ends at ``_lengths[4 * i : 4 * i + 4]``): a writer's checkpoint may hold
-        # fewer samples than were added (a sharded writer counts finished shards only)
+        # spill lengths after each row since the last checkpoint, one group per row (row
+        # ``_base + i`` ends at ``_lengths[P * i : P * i + P]``, P parts): a writer's checkpoint
+        # may hold fewer samples than were added (a sharded writer counts finished shards only)
         self._base = 0
-        self._lengths = array("Q", (0, 0, 0, 0))
+        self._lengths = array("Q", bytes(8 * len(self._PARTS)))
 
     def _spill(self, part: str) -> str:
         return self.writer.path(f".{TABLE_NAME}.{part}")
@@ -230,10 +233,10 @@ class SampleTableWriter:
 
     def add(self, index: int, key: str, label: int, image: Any) -> None:
         """Record the sample's table row, then hand it to the writer."""
-        self._row(key, label)
+        self._row(key, label, getattr(image, "boxes", None), getattr(image, "box_labels", None))
         self.writer.add(index, key, label, image)
 
-    def _row(self, key: str, label: int) -> None:
+    def _row(self, key: str, label: int, boxes: Any = None, box_labels: Any = None) -> None:
         meta = getattr(label, "meta", None)
         k = key.encode("utf-8")
         m = encode_meta(meta, f"sample {key!r}") if meta else b""
@@ -253,9 +256,24 @@ class SampleTableWriter:
         self._files["fixed"].write(_ROW.pack(value, len(k), len(m)))
         self._files["keys"].write(k)
         self._files["meta"].write(m)
+        if self.boxes:
+            self._box_row(key, boxes, box_labels)
+        elif boxes is not None:
+            raise ValueError(f"sample {key!r} has boxes, but the dataset was begun without them")
         self._count += 1
         if self.resumable:  # pruned at each checkpoint
             self._lengths.extend(f.tell() for f in self._files.values())
+
+    def _box_row(self, key: str, boxes: Any, box_labels: Any) -> None:
+        if boxes is None:
+            raise ValueError(f"sample {key!r} has no boxes (every sample of a dataset with boxes has a list, maybe empty)")
+        b = np.asarray(boxes, "<f4").reshape(-1, 4)
+        lab = np.full(len(b), -1, "<i4") if box_labels is None else np.asarray(box_labels, "<i4")
+        if len(lab) != len(b):
+            raise ValueError(f"sample {key!r}: {len(lab)} box labels for {len(b)} boxes")
+        self._files["boxcount"].write(struct.pack("<I", len(b)))
+        self._files["boxes"].write(b.tobytes())
+        self._files["boxlabels"].write(lab.tobytes())
 
     def checkpoint(self) -> dict[str, Any]:
         """The writer's checkpoint, with the spill files made durable and their lengths recorded."""
@@ -264,8 +282,9 @@ class SampleTableWriter:
         for f in self._files.values():
             f.flush()
             os.fsync(f.fileno())
-        at = 4 * (done - self._base)
-        state["table"] = dict(zip(self._PARTS, self._lengths[at:at + 4]))
+        p = len(self._PARTS)
+        at = p * (done - self._base)
+        state["table"] = dict(zip(self._PARTS, self._lengths[at:at + p]))
         del self._lengths[:at]
         self._base = done
         return state
@@ -280,11 +299,11 @@ class SampleTableWriter:
             self._open("ab")
         for part, f in self._files.items():
             f.flush()
-            f.truncate(int(lengths[part]))
+            f.truncate(int(lengths.get(part, 0)))
             f.seek(0, os.SEEK_END)
         self._count = int(state["samples"])
         self._base = self._count
-        self._lengths = array("Q", (int(lengths[p]) for p in self._PARTS))
+        self._lengths = array("Q", (int(lengths.get(p, 0)) for p in self._PARTS))
         self.writer.resume({k: v for k, v in state.items() if k != "table"})
 
     def close(self) -> tuple[list[FileEntry], dict[str, Any]]:
@@ -295,7 +314,8 @@ class SampleTableWriter:
         for f in self._files.values():
             f.close()
         path = self.writer.path(TABLE_NAME)
-        tid = write_table(path, self.kind, *(self._spill(p) for p in self._PARTS))
+        tid = write_table(path, self.kind, *(self._spill(p) for p in self._PARTS[:4]),
+                          boxes=tuple(self._spill(p) for p in self._PARTS[4:]) if self.boxes else None)
         return [*files, table_file_entry(path, tid)], layout
 
     def forget_checkpoints(self) -> None:
@@ -325,10 +345,12 @@ def table_file_entry(path: str, tid: str) -> FileEntry:
     return FileEntry(os.path.basename(path), 0, os.path.getsize(path), file_sha256(path), 0, tid)
 
 
-def write_table(path: str, kind: str, fixed_path: str, keys_path: str, meta_path: str, multi_path: str) -> str:
+def write_table(path: str, kind: str, fixed_path: str, keys_path: str, meta_path: str, multi_path: str,
+                boxes: tuple[str, str, str] | None = None) -> str:
     """Write a sample table at ``path`` (via a temporary name) from the four spill files, a
     chunk of rows at a time, so memory does not grow with the number of samples; return its id
-    (:func:`table_id`)."""
+    (:func:`table_id`). With ``boxes`` (the box count, box and box-label spill files) the table
+    is version 2, with its boxes section."""
     n = os.path.getsize(fixed_path) // _FIXED.itemsize
     fixed = np.memmap(fixed_path, _FIXED, mode="r", shape=(n,)) if n else np.zeros(0, _FIXED)
     chunk = 1 << 20
@@ -340,11 +362,6 @@ def write_table(path: str, kind: str, fixed_path: str, keys_path: str, meta_path
             out = np.cumsum(fixed[column][a:b], dtype="<u8") + np.uint64(total)
             total = int(out[-1])
             yield out
-
-    def copy(src: str) -> Any:
-        with open(src, "rb") as f:
-            while data := f.read(1 << 20):
-                yield data
 
     tmp = path + ".partial"
     crc, totals = 0, {}
@@ -364,7 +381,7 @@ def write_table(path: str, kind: str, fixed_path: str, keys_path: str, meta_path
             m = int(last[-1]) if len(last) else 0
             if os.path.getsize(multi_path) != 4 * m:
                 raise CorruptDataError(f"{multi_path}: {os.path.getsize(multi_path) // 4} labels, the samples claim {m}")
-            for data in copy(multi_path):
+            for data in _chunks(multi_path):
                 put(data)
             put(bytes(4 * (m % 2)))  # keep 8-byte alignment
         else:
@@ -379,9 +396,12 @@ def write_table(path: str, kind: str, fixed_path: str, keys_path: str, meta_path
             if os.path.getsize(blob) != totals[column]:
                 raise CorruptDataError(f"{path}: the spill files do not match their row counts")
         for blob in (keys_path, meta_path):
-            for data in copy(blob):
+            for data in _chunks(blob):
                 put(data)
-        head = _header(kind, n, m, totals["keylen"], totals["metalen"], crc)
+        if boxes is not None:
+            put(bytes(-(totals["keylen"] + totals["metalen"]) % 8))
+            _put_boxes(put, n, *boxes)
+        head = _header(kind, n, m, totals["keylen"], totals["metalen"], crc, boxes is not None)
         out.seek(0)
         out.write(head)
         out.flush()
@@ -390,32 +410,55 @@ def write_table(path: str, kind: str, fixed_path: str, keys_path: str, meta_path
     return table_id(head)
 
 
-def _header(kind: str, n: int, m: int, k: int, e: int, body_crc: int) -> bytes:
+def _chunks(path: str) -> Iterator[bytes]:
+    """A file's bytes, 1 MiB at a time."""
+    with open(path, "rb") as f:
+        while data := f.read(1 << 20):
+            yield data
+
+
+def _put_boxes(put: Any, n: int, count_path: str, boxes_path: str, labels_path: str) -> None:
+    """The boxes section: u64 B, then N u64 end offsets, B x 4 float32, B int32 labels, padding."""
+    counts = np.fromfile(count_path, "<u4") if os.path.getsize(count_path) else np.zeros(0, "<u4")
+    ends = np.cumsum(counts, dtype="<u8")
+    b = int(ends[-1]) if len(ends) else 0
+    if len(counts) != n or os.path.getsize(boxes_path) != 16 * b or os.path.getsize(labels_path) != 4 * b:
+        raise CorruptDataError(f"{boxes_path}: the box spill files do not match their row counts")
+    put(struct.pack("<Q", b))
+    put(ends.astype("<u8"))
+    for p in (boxes_path, labels_path):
+        for data in _chunks(p):
+            put(data)
+    put(bytes(4 * (b % 2)))
+
+
+def _header(kind: str, n: int, m: int, k: int, e: int, body_crc: int, boxes: bool = False) -> bytes:
     """The table's 48 header bytes: the fields, then the CRC32C of the fields."""
-    head = _HEAD.pack(_MAGIC, TABLE_VERSION, LABEL_KINDS.index(kind), 0, n, m, k, e, body_crc)
+    version = BOXES_TABLE_VERSION if boxes else TABLE_VERSION
+    head = _HEAD.pack(_MAGIC, version, LABEL_KINDS.index(kind), 0, n, m, k, e, body_crc)
     return head + struct.pack("<I", crc32c.crc32c(head))
 
 
-def build_table(path: str, kind: str, rows: Iterator[tuple[str, int]]) -> str:
+def build_table(path: str, kind: str, rows: Iterator[tuple[Any, ...]], boxes: bool = False) -> str:
     """Write a sample table at ``path`` from ``(key, label)`` rows (labels as :class:`Label` for the
     ``multi`` and ``number`` kinds or with metadata), for tools that assemble datasets from parts;
-    return its id (:func:`table_id`)."""
+    with ``boxes``, rows are ``(key, label, boxes, box_labels)``. Return its id (:func:`table_id`)."""
     directory = os.path.dirname(path)
 
     class _Dir:
         def path(self, name: str) -> str:
             return os.path.join(directory, name)
 
-    spill = SampleTableWriter(_Dir(), kind)
+    spill = SampleTableWriter(_Dir(), kind, boxes)
     spill._open("wb")
     try:
-        for key, label in rows:
-            spill._row(key, label)
+        for row in rows:
+            spill._row(*row)
     finally:
         spill._drop()
     parts = [spill._spill(p) for p in SampleTableWriter._PARTS]
     try:
-        return write_table(path, kind, *parts)
+        return write_table(path, kind, *parts[:4], boxes=tuple(parts[4:]) if boxes else None)
     finally:
         for p in parts:
             os.remove(p)
@@ -468,7 +511,7 @@ class SampleTable:
         self.id = table_id(buf)
         if entry is not None and entry.id and entry.id != self.id:
             raise _not_this_datasets(path, f"its id is {self.id}, the manifest's {entry.id}")
-        if version != TABLE_VERSION or kind >= len(LABEL_KINDS):
+        if version not in (TABLE_VERSION, BOXES_TABLE_VERSION) or kind >= len(LABEL_KINDS):
             raise CorruptDataError(f"sample table version {version} / label kind {kind} is not one this packer reads",
                                    path=path, offset=4)
         if num_samples is not None and n != num_samples:
@@ -477,6 +520,11 @@ class SampleTable:
         multi = self.kind == "multi"
         label_bytes = 8 * n + (4 * (m + m % 2) if multi else 0)
         want = _HEADER_BYTES + label_bytes + 16 * n + k + e
+        if version == BOXES_TABLE_VERSION:
+            want += -(k + e) % 8
+            b = struct.unpack_from("<Q", buf, want)[0] if size >= want + 8 else 0
+            self._box_at, self._box_total = want, b
+            want += 8 + 8 * n + 20 * b + 4 * (b % 2) if b < size else size + 1
         if size != want:
             raise CorruptDataError(f"sample table is {size} bytes, its header implies {want}", path=path)
         if crc32c.crc32c(buf[_HEADER_BYTES:]) != body_crc:
@@ -500,6 +548,26 @@ class SampleTable:
         self.keys = _Strings(buf[off:off + k], key_ends)
         self._meta = _Strings(buf[off + k:off + k + e], meta_ends)
         self.num_samples = n
+        self.has_boxes = version == BOXES_TABLE_VERSION
+        if self.has_boxes:
+            self._open_boxes(n)
+
+    def _open_boxes(self, n: int) -> None:
+        at, b = self._box_at + 8, self._box_total
+        self._box_ends = np.frombuffer(self._map, "<u8", n, at)
+        if n and (int(self._box_ends[-1]) != b or bool(np.any(np.diff(self._box_ends.astype(np.int64)) < 0))):
+            raise CorruptDataError("sample table's box offsets are inconsistent", path=self.path, offset=at)
+        self._boxes = np.frombuffer(self._map, "<f4", 4 * b, at + 8 * n).reshape(b, 4)
+        self._box_labels = np.frombuffer(self._map, "<i4", b, at + 8 * n + 16 * b)
+
+    def boxes_of(self, i: int) -> tuple[np.ndarray, np.ndarray]:
+        """Sample ``i``'s boxes (N x 4 float32, ``[x0, y0, x1, y1]`` in stored pixels) and their
+        labels (N int64; -1 where boxes have none), as new arrays."""
+        if not self.has_boxes:
+            raise KeyError(f"{self.path}: the samples have no boxes")
+        start = int(self._box_ends[i - 1]) if i else 0
+        end = int(self._box_ends[i])
+        return np.array(self._boxes[start:end], np.float32), self._box_labels[start:end].astype(np.int64)
 
     @property
     def targets(self) -> np.ndarray | list[list[int]]:
@@ -544,9 +612,9 @@ def _not_this_datasets(path: str, why: str) -> CorruptDataError:
 
 
 def table_fields(root: str, manifest: Any) -> Any:
-    """A function of a global sample index giving :func:`sample_fields`'s dict from the sample
-    table of the dataset in ``root`` whose manifest is ``manifest`` (for tools that rebuild a
-    sample's bytes); ``{}`` for every sample when the dataset has no table or the table cannot be
+    """A function of a global sample index giving :func:`sample_fields`'s dict (and in version 3
+    ``boxes`` and ``box_labels``, as lists) from the sample table of the dataset in ``root`` whose
+    manifest is ``manifest`` (for tools that rebuild a sample's bytes); ``{}`` for every sample when the dataset has no table or the table cannot be
     read or is not the manifest's (the caller's own check then reports it)."""
     entry = table_entry(manifest)
     if entry is None:
@@ -572,6 +640,12 @@ def table_fields(root: str, manifest: Any) -> Any:
         meta = table.meta(i)
         if meta:
             out["meta"] = meta
+        if table.has_boxes:  # version 3: boxes, and their labels where the manifest says they have them
+            boxes, labels = table.boxes_of(i)
+            out["boxes"] = [[float(v) for v in b] for b in boxes]
+            if box_labels:
+                out["box_labels"] = [int(v) for v in labels]
         return out
 
+    box_labels = any(f.get("kind") == "boxes" and f.get("labels") for f in getattr(manifest, "fields", []))
     return fields

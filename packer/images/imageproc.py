@@ -42,6 +42,7 @@ __all__ = [
     "Encoding",
     "ProcessOptions",
     "ProcessedImage",
+    "ProcessedField",
     "CODECS",
     "parse_resize",
     "parse_encoding",
@@ -135,14 +136,33 @@ class ProcessOptions:
 
 
 @dataclass(frozen=True)
+class ProcessedField:
+    """A field of a sample besides its image (:mod:`packer.images.fields`): a mask (``png``, 1
+    channel, ``depth`` 8 or 16 bits) or an extra image (3 channels, 8 bits), as stored."""
+
+    name: str
+    codec: str
+    payload: bytes
+    height: int
+    width: int
+    channels: int = 3
+    depth: int = 8
+
+
+@dataclass(frozen=True)
 class ProcessedImage:
-    """One processed sample: payload bytes in ``codec``, and the stored pixel size."""
+    """One processed sample: payload bytes in ``codec``, and the stored pixel size; with its
+    other fields (masks, extra images), and boxes (``[x0, y0, x1, y1]`` in stored pixels) with
+    their labels, when it has them."""
 
     codec: str
     payload: bytes
     height: int
     width: int
     channels: int = 3
+    fields: tuple[ProcessedField, ...] = ()
+    boxes: tuple[tuple[float, float, float, float], ...] | None = None
+    box_labels: tuple[int, ...] | None = None
 
 
 def parse_resize(text: str) -> Resize:
@@ -219,12 +239,11 @@ def reduction_factor(width: int, height: int, target_width: int, target_height: 
     return 1
 
 
-def _decode_flag(info: ImageInfo, opts: ProcessOptions) -> int:
-    """Pick full or DCT-reduced decoding (:func:`reduction_factor`)."""
+def _decode_flag(info: ImageInfo, opts: ProcessOptions, tw: int, th: int) -> int:
+    """Pick full or DCT-reduced decoding (:func:`reduction_factor`) for a ``tw`` x ``th`` target."""
     if not opts.reduced_decode or info.format != "jpeg" or opts.resize.mode == "none":
         return cv2.IMREAD_COLOR_BGR
     w, h = (info.height, info.width) if info.orientation >= 5 else (info.width, info.height)
-    tw, th = target_size(w, h, opts.resize, opts.upscale)
     return _REDUCED.get(reduction_factor(w, h, tw, th), cv2.IMREAD_COLOR_BGR)
 
 
@@ -254,8 +273,10 @@ def _encode(bgr: np.ndarray, codec: str, quality: int) -> bytes:
     return buf.tobytes()
 
 
-def process_image(data: bytes, opts: ProcessOptions) -> ProcessedImage:
-    """Turn one source file's bytes into a stored sample. Raises ImageError with the reason."""
+def process_image(data: bytes, opts: ProcessOptions, size: tuple[int, int] | None = None) -> ProcessedImage:
+    """Turn one source file's bytes into a stored sample, resized as ``opts`` say or to ``size``
+    (width, height: an extra image made the size of its sample's image). Raises ImageError with
+    the reason."""
     info = sniff(data)
     if info is None:
         raise ImageError(describe_non_image(data))
@@ -270,18 +291,18 @@ def process_image(data: bytes, opts: ProcessOptions) -> ProcessedImage:
         _refuse_truncated(data, opts.keep_damaged_jpeg)
     # Size after EXIF orientation (OpenCV applies it), before any DCT reduction.
     full_w, full_h = (info.height, info.width) if info.orientation >= 5 else (info.width, info.height)
-    tw, th = target_size(full_w, full_h, opts.resize, opts.upscale)
+    tw, th = size or target_size(full_w, full_h, opts.resize, opts.upscale)
     if tw * th > opts.max_pixels:  # --upscale can ask for more than any source has
         raise ImageError(f"the output would be {tw}x{th} = {tw * th} pixels, above the limit of {opts.max_pixels}; "
                          f"raise --max-pixels to allow it")
     buf = np.frombuffer(data, np.uint8)
     if info.format == "jpeg" and not opts.keep_damaged_jpeg:
         with libjpeg_warnings() as warnings:
-            bgr = cv2.imdecode(buf, _decode_flag(info, opts))
+            bgr = cv2.imdecode(buf, _decode_flag(info, opts, tw, th))
         if warnings:
             raise ImageError(f"damaged JPEG: libjpeg warns {warnings[0]!r} (--keep-damaged-jpeg keeps such files)")
     else:
-        bgr = cv2.imdecode(buf, _decode_flag(info, opts))
+        bgr = cv2.imdecode(buf, _decode_flag(info, opts, tw, th))
     if bgr is None or bgr.size == 0:
         raise ImageError(f"OpenCV could not decode this {info.format} file (corrupt or truncated)")
     h, w = bgr.shape[:2]

@@ -261,7 +261,7 @@ class LMDBFile:
         if len(value) < 32 or value[:4] not in MAGICS:
             raise self._bad(f"LMDB value is not a packer record (magic {value[:4]!r})", index, where)
         klen, plen = _KLEN.unpack_from(value, 6)[0], _PLEN.unpack_from(value, 24)[0]
-        if 32 + klen + plen != len(value):
+        if 32 + klen + plen != len(value) and not (value[:4] == b"PKS3" and 32 + klen + plen < len(value)):
             raise self._bad(f"record header says {32 + klen + plen} bytes, the LMDB node {len(value)}", index, where)
         return value
 
@@ -274,6 +274,6 @@ def identify(directory: str, files: set[str]) -> str | None:
     from . import read_head
 
     head = read_head(os.path.join(directory, DATA_FILE), 1 << 20)
-    if b"PKS1" in head or b"PKS2" in head:
+    if b"PKS1" in head or b"PKS2" in head or b"PKS3" in head:
         return ""
     return "an LMDB environment not written by packer (no packer records in data.mdb)"

@@ -12,7 +12,7 @@ import os
 import re
 import struct
 import tarfile
-from collections.abc import Callable, Container
+from collections.abc import Callable, Container, Sequence
 from typing import Any
 
 import crc32c
@@ -24,6 +24,7 @@ from packer.description.placement import place_seed
 from packer.description.samples import table_fields
 from packer.errors import CorruptDataError
 from packer.images.codecs import CODEC_IDS, CODEC_NAMES, MEMBER_CODECS, TAR_EXTENSIONS
+from packer.images.fields import mask_shape
 from packer.images.placeholder import file_placeholder_reason
 
 __all__ = [
@@ -43,8 +44,14 @@ __all__ = [
     "tar_header",
     "npy_header",
     "npy_payload",
+    "FIELDS_INDEX_VERSION",
+    "FIELD_ENTRY",
     "pack_index",
     "unpack_index",
+    "read_index",
+    "field_member",
+    "field_offsets",
+    "json_boxes",
     "sample_key",
     "sample_members",
     "final_size",
@@ -72,7 +79,9 @@ RECORD = 20 * BLOCK  # tar's default blocking factor: archives are padded to a m
 
 INDEX_MAGIC = b"PKTI"
 INDEX_VERSION = 2
-INDEX_VERSIONS = (1, 2)  # readable
+#: The index of a version 3 dataset (samples with fields): version 2's, then the field section.
+FIELDS_INDEX_VERSION = 3
+INDEX_VERSIONS = (1, 2, 3)  # readable
 #: magic, version, entry size, N samples, first sample's global index, key blob bytes K, and the
 #: CRC32C of header bytes [0, 28), the entries and the key blob: 32 bytes.
 INDEX_HEADER = struct.Struct("<4sHHQQII")
@@ -81,6 +90,15 @@ INDEX_ENTRY = np.dtype([
     ("crc", "<u4"), ("key_end", "<u4"), ("codec", "u1"), ("channels", "u1"), ("pad", "V6"),
 ])  # 48 bytes; crc: of the image member's data, seeded with the sample's place (packer.description.placement);
 # key_end: where the sample's key ends in the key blob (it starts where the previous one ends)
+
+#: One stored field (mask or extra image) of one sample, in the version 3 index's field section:
+#: its member's data offset and size in the tar (raw: the whole ``.npy``), stored height and
+#: width, CRC32C of the data seeded with the sample's place, codec id, channels, bits per channel.
+FIELD_ENTRY = np.dtype([
+    ("offset", "<u8"), ("size", "<u8"), ("height", "<u4"), ("width", "<u4"), ("crc", "<u4"),
+    ("codec", "u1"), ("channels", "u1"), ("depth", "u1"), ("pad", "V1"),
+])  # 32 bytes
+_FIELD_HEAD = struct.Struct("<HH")  # F field names, FIELD_ENTRY size
 
 _ZEROS = bytes(RECORD)
 
@@ -141,16 +159,33 @@ def npy_header(height: int, width: int, channels: int = 3) -> bytes:
     return b"\x93NUMPY\x01\x00" + struct.pack("<H", len(text)) + text.encode("latin-1")
 
 
-def pack_index(first: int, entries: np.ndarray, keys: bytes, version: int = INDEX_VERSION) -> bytes:
-    """Serialise a shard index (layout in docs/FORMATS.md; ``version`` 1 only to rebuild old ones)."""
+def pack_index(first: int, entries: np.ndarray, keys: bytes, version: int = INDEX_VERSION,
+               fields: tuple[list[str], np.ndarray] | None = None) -> bytes:
+    """Serialise a shard index (layout in docs/FORMATS.md; ``version`` 1 only to rebuild old ones).
+    With ``fields`` (the stored fields' names and every sample's FIELD_ENTRY rows, sample by
+    sample), a version 3 index with its field section."""
     body = entries.astype(INDEX_ENTRY, copy=False).tobytes() + keys
+    if fields is not None:
+        names, rows = fields
+        version = FIELDS_INDEX_VERSION
+        encoded = [n.encode("utf-8") for n in names]
+        body += b"".join([_FIELD_HEAD.pack(len(names), FIELD_ENTRY.itemsize),
+                          *(bytes((len(n),)) + n for n in encoded),
+                          rows.astype(FIELD_ENTRY, copy=False).tobytes()])
     head = INDEX_HEADER.pack(INDEX_MAGIC, version, INDEX_ENTRY.itemsize, len(entries), first, len(keys), 0)
     crc = crc32c.crc32c(body, crc32c.crc32c(head[:28]))
     return head[:28] + struct.pack("<I", crc) + body
 
 
 def unpack_index(data: bytes, path: str) -> tuple[int, np.ndarray, bytes]:
-    """Parse and check a shard index; return (first sample, entries, key blob).
+    """Parse and check a shard index; return (first sample, entries, key blob) (see :func:`read_index`)."""
+    first, entries, keys, _names, _fields = read_index(data, path)
+    return first, entries, keys
+
+
+def read_index(data: bytes, path: str) -> tuple[int, np.ndarray, bytes, list[str], np.ndarray]:
+    """Parse and check a shard index; return (first sample, entries, key blob, stored field names,
+    field entries: N x F FIELD_ENTRY rows, sample by sample; no names and no rows before version 3).
 
     Raises CorruptDataError naming ``path`` for a bad magic, version, size or checksum.
     """
@@ -162,9 +197,10 @@ def unpack_index(data: bytes, path: str) -> tuple[int, np.ndarray, bytes]:
     if version not in INDEX_VERSIONS or entry_size != INDEX_ENTRY.itemsize:
         raise CorruptDataError(
             f"tar index version {version} with {entry_size}-byte entries is not supported (this packer "
-            f"reads version {INDEX_VERSION}); upgrade packer or re-convert", path=path, offset=4,
+            f"reads versions {', '.join(map(str, INDEX_VERSIONS))}); upgrade packer or re-convert", path=path, offset=4,
         )
-    if len(data) != INDEX_HEADER.size + n * INDEX_ENTRY.itemsize + klen:
+    end = INDEX_HEADER.size + n * INDEX_ENTRY.itemsize + klen
+    if len(data) < end or (version < FIELDS_INDEX_VERSION and len(data) != end):
         raise CorruptDataError(
             f"tar index is {len(data)} bytes, its header promises {n} entries and {klen} key bytes",
             path=path, offset=8,
@@ -174,10 +210,37 @@ def unpack_index(data: bytes, path: str) -> tuple[int, np.ndarray, bytes]:
         raise CorruptDataError(f"tar index checksum mismatch (stored {crc:08x}, computed {actual:08x})",
                                path=path, offset=28)
     entries = np.frombuffer(data, INDEX_ENTRY, count=n, offset=INDEX_HEADER.size)
-    keys = data[INDEX_HEADER.size + n * INDEX_ENTRY.itemsize :]
+    keys = data[INDEX_HEADER.size + n * INDEX_ENTRY.itemsize : end]
     if n and (int(entries["key_end"][-1]) != klen or np.any(np.diff(entries["key_end"].astype(np.int64)) < 0)):
         raise CorruptDataError("tar index key offsets are inconsistent", path=path, offset=INDEX_HEADER.size)
-    return first, entries, keys
+    names: list[str] = []
+    rows = np.zeros(0, FIELD_ENTRY)
+    if version >= FIELDS_INDEX_VERSION:
+        names, rows = _field_section(data, end, n, path)
+    return first, entries, keys, names, rows
+
+
+def _field_section(data: bytes, at: int, n: int, path: str) -> tuple[list[str], np.ndarray]:
+    """The names and N x F entries of a version 3 index's field section, which starts at ``at``."""
+    def bad(why: str, where: int) -> CorruptDataError:
+        return CorruptDataError(f"tar index field section {why}", path=path, offset=where)
+
+    if len(data) < at + _FIELD_HEAD.size:
+        raise bad("is missing", at)
+    count, entry_size = _FIELD_HEAD.unpack_from(data, at)
+    if entry_size != FIELD_ENTRY.itemsize:
+        raise bad(f"has {entry_size}-byte entries, not {FIELD_ENTRY.itemsize}", at + 2)
+    pos, names = at + _FIELD_HEAD.size, []
+    for _ in range(count):
+        size = data[pos] if pos < len(data) else 0
+        if not size or pos + 1 + size > len(data):
+            raise bad("has a cut or empty field name", pos)
+        names.append(data[pos + 1 : pos + 1 + size].decode("utf-8", "replace"))
+        pos += 1 + size
+    if len(data) != pos + n * count * FIELD_ENTRY.itemsize:
+        raise bad(f"is {len(data) - pos} bytes after its names, {n} samples x {count} fields need "
+                  f"{n * count * FIELD_ENTRY.itemsize}", pos)
+    return names, np.frombuffer(data, FIELD_ENTRY, count=n * count, offset=pos)
 
 
 def final_size(size: int) -> int:
@@ -191,23 +254,66 @@ def end_of_archive(size: int) -> bytes:
     return _ZEROS[: final_size(size) - size]
 
 
+def field_member(stem: str, name: str, codec: str) -> str:
+    """The member name of field ``name`` of sample ``stem``: ``STEM.mask.png``, ``STEM.NAME.<ext>``."""
+    return f"{stem}.{name}.{TAR_EXTENSIONS[codec]}"
+
+
+def field_offsets(payload_size: int, sizes: list[int]) -> list[int]:
+    """Where in :func:`sample_members`' bytes the data of each field member starts, from the
+    image member's data size and the fields' member data sizes (the fields follow the image)."""
+    out, pos = [], BLOCK + payload_size + (-payload_size % BLOCK)
+    for size in sizes:
+        out.append(pos + BLOCK)
+        pos += BLOCK + size + (-size % BLOCK)
+    return out
+
+
+def _short(value: float) -> float:
+    """A float32 box coordinate as the shortest decimal that reads back as the same float32."""
+    return float(str(np.float32(value)))
+
+
 def sample_members(index: int, key: str, label: int, codec: str, height: int, width: int, payload: bytes,
-                   extra: dict[str, Any] | None = None) -> bytes:
+                   extra: dict[str, Any] | None = None,
+                   fields: Sequence[tuple[str, str, bytes]] = ()) -> bytes:
     """The tar members of one sample, padded: ``KEY.<ext>`` holding ``payload`` (for raw, the whole
-    ``.npy`` file), ``KEY.cls`` (single-label datasets only: WebDataset reads it with ``int()``)
+    ``.npy`` file), each of ``fields`` (name, codec, member data: ``KEY.mask.png``,
+    ``KEY.NAME.<ext>``), ``KEY.cls`` (single-label datasets only: WebDataset reads it with ``int()``)
     and ``KEY.json``, which also holds ``extra`` (``labels``, ``target``, ``meta``: see
-    packer.description.samples.sample_fields). The image data starts at byte 512. ``packer verify`` rebuilds
-    these bytes from the index and the sample table to say which sample a bad byte is in."""
+    packer.description.samples.sample_fields; ``boxes``, written as float32 values, and
+    ``box_labels`` in version 3). The image
+    data starts at byte 512. ``packer verify`` rebuilds these bytes from the index and the sample
+    table to say which sample a bad byte is in."""
     stem = sample_key(index)
     extra = extra or {}
-    fields: dict[str, Any] = {"key": key, "label": label, "height": height, "width": width, **extra}
-    meta = json.dumps(fields, ensure_ascii=False, separators=(",", ":")).encode("utf-8")
+    if "boxes" in extra:
+        extra = {**extra, "boxes": [[_short(v) for v in b] for b in extra["boxes"]]}
+    head: dict[str, Any] = {"key": key, "label": label, "height": height, "width": width, **extra}
+    meta = json.dumps(head, ensure_ascii=False, separators=(",", ":")).encode("utf-8")
     members = [tar_header(f"{stem}.{TAR_EXTENSIONS[codec]}", len(payload)), payload, _padding(len(payload))]
+    for name, field_codec, data in fields:
+        members += [tar_header(field_member(stem, name, field_codec), len(data)), data, _padding(len(data))]
     if "labels" not in extra and "target" not in extra:
         cls = b"%d" % label
         members += [tar_header(f"{stem}.cls", len(cls)), cls, _padding(len(cls))]
     members += [tar_header(f"{stem}.json", len(meta)), meta, _padding(len(meta))]
     return b"".join(members)
+
+
+def json_boxes(data: bytes) -> dict[str, Any]:
+    """``boxes`` (and ``box_labels``, one int per box) from a sample's ``.json`` member, as a
+    Record takes them; nothing when it has none or they are not a list of ``[x0, y0, x1, y1]``."""
+    try:
+        value = json.loads(data)
+        boxes = value["boxes"]
+        out: dict[str, Any] = {"boxes": tuple((float(a), float(b), float(c), float(d)) for a, b, c, d in boxes)}
+    except (ValueError, TypeError, KeyError):
+        return {}
+    labels = value.get("box_labels")
+    if isinstance(labels, list) and len(labels) == len(out["boxes"]) and all(isinstance(v, int) for v in labels):
+        out["box_labels"] = tuple(labels)
+    return out
 
 
 #: Member extensions read as the image of a foreign sample, in order of preference -> codec.
@@ -346,22 +452,30 @@ def locate_damage(root: str, m: Manifest, f: FileEntry, intact: set[str], report
 def _locate_in_shard(path: str, root: str, idx_name: str, file_id: str, report: Report,
                      fields: Callable[[int], dict[str, Any]]) -> None:
     """Compare a shard, sample by sample, with the members its intact index implies."""
-    first, entries, keys = unpack_index(read_all(os.path.join(root, idx_name)), idx_name)
+    first, entries, keys, names, rows = read_index(read_all(os.path.join(root, idx_name)), idx_name)
     data = read_all(path)
     stem = _first_stem(data, first)
-    pos, key_start = 0, 0
+    pos, key_start, count = 0, 0, len(names)
     for j, e in enumerate(entries):
         off, size = int(e["offset"]), int(e["size"])
         payload = data[off : off + size]
         key = keys[key_start : int(e["key_end"])].decode("utf-8")
         key_start = int(e["key_end"])
+        mine = rows[j * count : (j + 1) * count]
+        stored = [(n, CODEC_NAMES[int(r["codec"])], data[int(r["offset"]) : int(r["offset"]) + int(r["size"])])
+                  for n, r in zip(names, mine)]
         want = sample_members(stem + j, key, int(e["label"]), CODEC_NAMES[int(e["codec"])], int(e["height"]),
-                              int(e["width"]), payload, fields(first + j))
+                              int(e["width"]), payload, fields(first + j), stored)
         bad = byte_diff(data[pos : pos + len(want)], want)
+        seed = place_seed(file_id, j)
         if len(bad):
             report(path, first + j, pos + int(bad[0]), "bytes differ from what the index implies")
-        elif crc32c.crc32c(payload, place_seed(file_id, j)) != int(e["crc"]):
+        elif crc32c.crc32c(payload, seed) != int(e["crc"]):
             report(path, first + j, off, "image data checksum mismatch")
+        else:
+            damaged = [(n, r) for (n, _, d), r in zip(stored, mine) if crc32c.crc32c(d, seed) != int(r["crc"])]
+            if damaged:
+                report(path, first + j, int(damaged[0][1]["offset"]), f"{damaged[0][0]} member checksum mismatch")
         pos += len(want)
     bad = byte_diff(data[pos:], end_of_archive(pos))
     if len(bad):
@@ -376,9 +490,11 @@ def _first_stem(data: bytes, first: int) -> int:
     return int(stem) if stem.isdigit() and len(stem) == len(sample_key(0)) else first
 
 
-def _index_from_shard(shard: str, file_id: str, first: int, version: int) -> tuple[bytes, np.ndarray]:
-    """The index an intact shard implies, and the end of each sample's key in its key blob."""
-    rows, blob = [], []
+def _index_from_shard(shard: str, file_id: str, first: int, version: int,
+                      names: list[str]) -> tuple[bytes, np.ndarray]:
+    """The index an intact shard implies (version 3: with the field section of the stored fields
+    ``names``), and the end of each sample's key in its key blob."""
+    rows, blob, field_rows = [], [], []
     key_end = 0
     for j, (_stem, members) in enumerate(tar_samples(shard)):
         meta = json.loads(members["json"][1])
@@ -388,19 +504,34 @@ def _index_from_shard(shard: str, file_id: str, first: int, version: int) -> tup
         key_end += len(k)
         blob.append(k)
         codec = MEMBER_CODECS.get(ext, ext)
-        rows.append((off, len(payload), int(meta["label"]), int(meta["height"]), int(meta["width"]),
-                     crc32c.crc32c(payload, place_seed(file_id, j)), key_end, CODEC_IDS[codec], 3, b""))
+        seed = place_seed(file_id, j)
+        h, w = int(meta["height"]), int(meta["width"])
+        rows.append((off, len(payload), int(meta["label"]), h, w, crc32c.crc32c(payload, seed), key_end,
+                     CODEC_IDS[codec], 3, b""))
+        for name in names:
+            member = next(x for x in members if x.startswith(name + "."))
+            at, data = members[member]
+            shape = mask_shape(data) if name == "mask" else None
+            field_rows.append((at, len(data), h, w, crc32c.crc32c(data, seed), CODEC_IDS[MEMBER_CODECS[member[len(name) + 1:]]],
+                               1 if name == "mask" else 3, shape[3] if shape else 8, b""))
     entries = np.array(rows, dtype=INDEX_ENTRY)
-    return pack_index(first, entries, b"".join(blob), version=version), entries["key_end"].astype(np.int64)
+    fields = (names, np.array(field_rows, dtype=FIELD_ENTRY)) if version >= FIELDS_INDEX_VERSION else None
+    return (pack_index(first, entries, b"".join(blob), version=version, fields=fields),
+            entries["key_end"].astype(np.int64))
 
 
 def _locate_in_index(path: str, root: str, tar_name: str, m: Manifest, first: int, report: Report) -> None:
     """Compare an index with the one its intact shard implies; report each sample once. A byte of
-    the header, or past the key blob, belongs to no sample."""
+    the header, of the field section's names, or past the key blob in an index without fields,
+    belongs to no sample."""
     file_id = next((e.id for e in m.files if e.name == tar_name), "")
-    want, ends = _index_from_shard(os.path.join(root, tar_name), file_id, first, 2 if m.version >= 2 else 1)
+    version = FIELDS_INDEX_VERSION if m.version >= 3 else 2 if m.version >= 2 else 1
+    names = m.stored_fields
+    want, ends = _index_from_shard(os.path.join(root, tar_name), file_id, first, version, names)
     entries_end = INDEX_HEADER.size + len(ends) * INDEX_ENTRY.itemsize
     key_bytes = int(ends[-1]) if len(ends) else 0
+    fields_at = entries_end + key_bytes + _FIELD_HEAD.size + sum(1 + len(n.encode("utf-8")) for n in names)
+    per_sample = FIELD_ENTRY.itemsize * len(names)
     reported: set[int | None] = set()
     for b in byte_diff(read_all(path), want):
         b = int(b)
@@ -408,9 +539,12 @@ def _locate_in_index(path: str, root: str, tar_name: str, m: Manifest, first: in
             sample = None
         elif b < entries_end:
             sample = first + (b - INDEX_HEADER.size) // INDEX_ENTRY.itemsize
+        elif b < entries_end + key_bytes:
+            sample = first + int(np.searchsorted(ends, b - entries_end, side="right"))
+        elif version >= FIELDS_INDEX_VERSION and per_sample and b >= fields_at:
+            sample = first + (b - fields_at) // per_sample
         else:
-            k = b - entries_end
-            sample = first + int(np.searchsorted(ends, k, side="right")) if k < key_bytes else None
+            sample = None
         if sample not in reported:
             reported.add(sample)
             report(path, sample, b, "index bytes differ from what the shard implies")

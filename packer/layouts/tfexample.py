@@ -10,13 +10,18 @@ import struct
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-__all__ = ["FeatureValue", "encode_example", "parse_example", "example_class"]
+__all__ = ["FeatureValue", "Floats", "encode_example", "parse_example", "example_class"]
 
 #: What a feature holds: one bytes value or int, or a list of bytes, ints or floats (an empty list is
 #: written as an empty int64 list).
 FeatureValue = bytes | int | Sequence[bytes] | Sequence[int] | Sequence[float]
 
 _U64 = (1 << 64) - 1
+
+
+class Floats(tuple):
+    """Values written as a float list, also when there are none (an empty plain list is written
+    as an int64 list): a feature that readers parse as floats whatever its length."""
 
 
 def _varint(n: int) -> bytes:
@@ -42,7 +47,7 @@ def _feature(value: FeatureValue) -> bytes:
         return _field(b"\x1a", _field(b"\x0a", _varint(value & _U64)))
     values = list(value)
     if not values:  # no type to go by: an empty int64 list (the type of every list packer writes empty, labels)
-        return _field(b"\x1a", b"")
+        return _field(b"\x12" if isinstance(value, Floats) else b"\x1a", b"")
     if all(isinstance(v, (bytes, bytearray, memoryview)) for v in values):
         return _field(b"\x0a", b"".join(_field(b"\x0a", bytes(v)) for v in values))  # type: ignore[arg-type]
     if all(isinstance(v, int) for v in values):

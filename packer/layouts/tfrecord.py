@@ -24,9 +24,10 @@ from packer.description.record import Record
 from packer.description.samples import decode_meta, encode_meta, sample_fields
 from packer.errors import CorruptDataError
 from packer.images.codecs import TF_FORMAT_CODECS
-from packer.images.imageproc import ProcessedImage
+from packer.images.fields import mask_shape
+from packer.images.imageproc import ProcessedField, ProcessedImage
 from packer.images.placeholder import file_placeholder_reason, placeholder_reason
-from packer.layouts.tfexample import encode_example
+from packer.layouts.tfexample import Floats, encode_example
 
 __all__ = [
     "identify",
@@ -37,6 +38,11 @@ __all__ = [
     "ZINDEX_MAGIC",
     "FOREIGN_SUFFIXES",
     "PLACE_FEATURE",
+    "MASK_PREFIX",
+    "BOX_FEATURES",
+    "BOX_LABEL_FEATURE",
+    "field_prefix",
+    "field_features",
     "GZIP_HEADER",
     "GZIP_LEVEL",
     "HEAD",
@@ -83,17 +89,46 @@ def frame_record(data: bytes) -> bytes:
 
 PLACE_FEATURE = "packer/place"
 META_FEATURE = "packer/meta"
+#: The mask's features (DeepLab's names); an extra image NAME's are ``image/NAME/encoded`` and ``/format``.
+MASK_PREFIX = "image/segmentation/class/"
+#: Boxes, normalised to [0, 1] by the stored width and height, and their labels (the TensorFlow
+#: Object Detection API's names).
+BOX_FEATURES = ("image/object/bbox/xmin", "image/object/bbox/ymin", "image/object/bbox/xmax", "image/object/bbox/ymax")
+BOX_LABEL_FEATURE = "image/object/class/label"
+
+
+def field_prefix(name: str) -> str:
+    """The feature name prefix of a stored field: ``image/segmentation/class/`` for the mask,
+    ``image/NAME/`` for an extra image; ``encoded`` and ``format`` follow it."""
+    return MASK_PREFIX if name == "mask" else f"image/{name}/"
+
+
+def field_features(image: ProcessedImage) -> dict[str, Any]:
+    """The features of a sample's masks, extra images and boxes (none for a sample without)."""
+    out: dict[str, Any] = {}
+    for f in image.fields:
+        out[field_prefix(f.name) + "encoded"] = f.payload
+        out[field_prefix(f.name) + "format"] = f.codec.encode("ascii")
+    if image.boxes is not None:
+        for i, name in enumerate(BOX_FEATURES):
+            scale = image.width if i % 2 == 0 else image.height
+            out[name] = Floats(b[i] / scale for b in image.boxes)
+        if image.box_labels is not None:
+            out[BOX_LABEL_FEATURE] = list(image.box_labels)
+    return out
 
 
 def image_example(key: str, label: int, image: ProcessedImage, place: int | None = None) -> bytes:
     """The serialised Example of one sample: ``image/encoded``, ``image/format``,
     ``image/class/label``, ``image/height``, ``image/width``, ``image/channels``,
-    ``image/filename`` and, with ``place`` (the sample's place seed), ``packer/place``. A
+    ``image/filename``, the fields' features (:func:`field_features`) and, with ``place`` (the
+    sample's place seed), ``packer/place``. A
     multi-label sample's ``image/class/label`` lists its classes; a number label is
     ``image/target`` (float32; the exact float64 is in the sample table) with class label -1;
     metadata is ``packer/meta`` (compact JSON). Keys are sorted, so ``packer/place`` is the last
     4 bytes and can be patched once the sample's shard is known."""
     extra = {PLACE_FEATURE: _U32.pack(place)} if place is not None else {}
+    extra.update(field_features(image))
     fields = sample_fields(label)
     if "target" in fields:
         extra["image/target"] = [fields["target"]]
@@ -202,12 +237,13 @@ def example_meta(msg: Any, read: Collection[str] = ()) -> dict[str, Any]:
 
 def image_record(
     example_cls: Any, data: memoryview, path: str, index: int | str, offset: int, place: int | None = None,
-    want_meta: bool = False, foreign: bool = False,
+    want_meta: bool = False, foreign: bool = False, stored: Sequence[str] = (),
 ) -> Record:
     """The sample in a serialised Example (CorruptDataError when it is not an image Example, or,
     with ``place``, when its ``packer/place`` feature is not that seed: a sample from another place).
     ``foreign``: a file written by another tool, whose label must be one int64 and whose features
-    may have the names in :data:`FOREIGN_ALIASES`."""
+    may have the names in :data:`FOREIGN_ALIASES` (its mask and boxes, where it has them, are read
+    too). ``stored``: the names of the dataset's stored fields (version 3), read into ``fields``."""
     msg = example_cls()
     try:
         msg.ParseFromString(data)
@@ -246,7 +282,43 @@ def image_record(
     w = v[0] if v else 0
     v = name.bytes_list.value if name is not None else ()
     key = v[0].decode("utf-8", "replace") if v else f"{os.path.basename(path)}:{index}"
-    return Record(codec, target, h, w, key, payload, meta=example_meta(msg, set(aliases.values())) if want_meta else None)
+    parts = _example_fields(get, stored, foreign, h, w, (path, index, offset)) if stored or foreign else {}
+    read = set(aliases.values()) | set(parts.pop("read", ()))
+    return Record(codec, target, h, w, key, payload, meta=example_meta(msg, read) if want_meta else None, **parts)
+
+
+def _example_fields(get: Any, stored: Sequence[str], foreign: bool, height: int, width: int,
+                    where: tuple[str, int | str, int]) -> dict[str, Any]:
+    """``fields`` (and for another tool's Example, ``boxes`` and ``box_labels``) of a Record, and
+    ``read``: the feature names they came from. CorruptDataError (naming ``where``: path, sample,
+    offset) when a stored field is missing."""
+    names = list(stored) or (["mask"] if foreign and get(MASK_PREFIX + "encoded") is not None else [])
+    fields, read = [], []
+    for name in names:
+        prefix = field_prefix(name)
+        encoded, fmt = get(prefix + "encoded"), get(prefix + "format")
+        value = encoded.bytes_list.value if encoded is not None else ()
+        if not value:
+            path, sample, offset = where
+            raise CorruptDataError(f"record has no {prefix}encoded bytes (the sample's {name!r})", path=path,
+                                   sample=sample, offset=offset)
+        token = fmt.bytes_list.value if fmt is not None else ()
+        codec = FORMAT_CODECS.get(token[0], "jpeg") if token else ("png" if name == "mask" else "jpeg")
+        shape = mask_shape(value[0]) if name == "mask" else None
+        h, w, channels, depth = shape or (height, width, 1 if name == "mask" else 3, 8)
+        fields.append(ProcessedField(name, codec, value[0], h, w, channels, depth))
+        read += [prefix + "encoded", prefix + "format"]
+    out: dict[str, Any] = {"fields": tuple(fields), "read": read}
+    if foreign and get(BOX_FEATURES[0]) is not None and height and width:
+        coords = [list(get(n).float_list.value) if get(n) is not None else [] for n in BOX_FEATURES]
+        if all(len(c) == len(coords[0]) for c in coords):
+            scale = (width, height, width, height)
+            out["boxes"] = tuple(tuple(float(c[k]) * scale[i] for i, c in enumerate(coords)) for k in range(len(coords[0])))
+            labels = get(BOX_LABEL_FEATURE)
+            values = list(labels.int64_list.value) if labels is not None else []
+            out["box_labels"] = tuple(int(v) for v in values) if len(values) == len(coords[0]) else None
+            read += [*BOX_FEATURES, BOX_LABEL_FEATURE]
+    return out
 
 
 #: Other tools' names for the features packer reads, used in their files where packer's is absent:

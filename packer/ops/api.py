@@ -11,12 +11,13 @@ import tempfile
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
+from ..images.fields import check_field_name
 from .cli import UsageError, convert_arguments, convert_from_args, convert_options
 from .engine import ConvertReport
 
 __all__ = ["convert", "pack", "RESERVED_FIELDS"]
 
-#: Sample dict names kept for masks and boxes, which :func:`pack` does not store yet.
+#: Sample dict names that are fields, never metadata: the mask, the boxes and their labels.
 RESERVED_FIELDS = ("mask", "boxes", "box_labels")
 
 #: ``packer convert`` options that :func:`pack` takes (the rest name a source or a destination URL).
@@ -53,7 +54,8 @@ def convert(src_format: str, dst_format: str, src: str | os.PathLike[str], dst: 
 
 
 def pack(inputs: Iterable[Any], dst: str | os.PathLike[str], format: str, fn: Callable[[Any], dict[str, Any]] | None = None,
-         *, classes: Sequence[str] | None = None, label_kind: str = "class", **options: Any) -> ConvertReport:
+         *, classes: Sequence[str] | None = None, label_kind: str = "class", images: Sequence[str] = (),
+         **options: Any) -> ConvertReport:
     """Pack a dataset of ``format`` (lmdb, hdf5, tar, tfrecord) at ``dst`` from ``inputs``, each
     made a sample by ``fn`` (or given as samples when ``fn`` is None), and return the report.
 
@@ -66,9 +68,16 @@ def pack(inputs: Iterable[Any], dst: str | os.PathLike[str], format: str, fn: Ca
       with ``"number"``; see :func:`~packer.ops.items.convert_items`);
     - ``"key"`` (optional): the sample's name (default: the path, or ``item-N`` for bytes and
       arrays, N the input's position);
+    - ``"mask"`` (optional): a label map, as a file path, a file's bytes or an H x W uint8 or
+      uint16 array (stored as a lossless PNG; resized by nearest neighbour with the image);
+    - ``"boxes"`` (optional): ``[[x0, y0, x1, y1], ...]`` (or an N x 4 array) in the image's
+      pixels, with optional ``"box_labels"``: a class name or number per box (the same class list
+      as the labels);
+    - the keys named in ``images``: extra images (path, bytes or H x W x 3 uint8 RGB array, as
+      ``"image"``), processed like the image and stored under their key's name;
     - every other key: per-sample metadata (JSON values), read back by ``fields=("meta", ...)``.
 
-    ``mask``, ``boxes`` and ``box_labels`` are reserved for masks and boxes and refused for now.
+    Every sample must have the same fields (ValueError naming the first input that differs).
     Images are then processed as ``packer convert`` does (the same keyword ``options``:
     ``resize``, ``encode``, ``workers``, ``shard_size``, ``no_shuffle``, ``seed``, ``strict``,
     ...); bad images are skipped and listed in the report. Bytes and arrays go through a
@@ -84,6 +93,7 @@ def pack(inputs: Iterable[Any], dst: str | os.PathLike[str], format: str, fn: Ca
 
     if fn is not None and not callable(fn):
         raise TypeError(f"packer.pack(): fn must be callable, not {type(fn).__name__}")
+    images = _image_names(images)
     a = convert_arguments("list", format, "<inputs>", dst, options, caller="packer.pack", accepted=_PACK_OPTIONS)
     if format == "imagefolder":
         raise ValueError("packer.pack(): format must be a packed format (lmdb, hdf5, tar, tfrecord), not imagefolder")
@@ -97,9 +107,10 @@ def pack(inputs: Iterable[Any], dst: str | os.PathLike[str], format: str, fn: Ca
     os.makedirs(parent, exist_ok=True)
     spool = tempfile.mkdtemp(prefix=f".{os.path.basename(dst)}.pack-", dir=parent)
     try:
-        work = functools.partial(_make_samples, fn=fn, spool=spool)
+        work = functools.partial(_make_samples, fn=fn, spool=spool, images=images)
         numbered = _Numbered(values)
         samples = list(ordered_map(work, numbered, opts.workers, lambda i: f"input {i}"))
+        _check_same_fields(samples)
         order = range(len(samples))
         if opts.shuffle:
             import numpy as np
@@ -129,10 +140,37 @@ class _Numbered(Sequence[tuple[int, Any]]):
         return i, self.values[i]
 
 
-def _make_samples(chunk: Sequence[tuple[int, Any]], fn: Callable[[Any], Any] | None,
-                  spool: str) -> list[tuple[str, str, Any, dict[str, Any] | None]]:
+def _image_names(images: Sequence[str]) -> tuple[str, ...]:
+    """``pack``'s ``images`` checked: valid extra image names, each once; ValueError/TypeError."""
+    if isinstance(images, str):
+        images = (images,)
+    out = tuple(images)
+    for name in out:
+        try:
+            check_field_name(name)
+        except ValueError as e:
+            raise ValueError(f"packer.pack(): images: {e}") from None
+    if len(set(out)) != len(out):
+        raise ValueError(f"packer.pack(): images names {next(n for n in out if out.count(n) > 1)!r} twice")
+    return out
+
+
+def _check_same_fields(samples: Sequence[tuple[Any, ...]]) -> None:
+    """ValueError naming the first input whose fields are not those of input 0."""
+    def have(fields: dict[str, Any] | None) -> list[str]:
+        return sorted((fields or {}).keys() - {"images"}) + sorted((fields or {}).get("images", {}))
+
+    first = have(samples[0][4]) if samples else []
+    for i, sample in enumerate(samples):
+        if have(sample[4]) != first:
+            raise ValueError(f"input {i}: the sample has the fields {have(sample[4]) or 'none'}, input 0 "
+                             f"{first or 'none'}: every sample must have the same (mask, boxes, box_labels, images)")
+
+
+def _make_samples(chunk: Sequence[tuple[int, Any]], fn: Callable[[Any], Any] | None, spool: str,
+                  images: tuple[str, ...] = ()) -> list[tuple[str, str, Any, dict[str, Any] | None, Any]]:
     """In a worker: ``fn`` over a chunk of inputs, each sample as ``(key, image path, label,
-    metadata)``, images given as bytes or arrays written into ``spool``."""
+    metadata, fields)``, images and masks given as bytes or arrays written into ``spool``."""
     out = []
     for i, value in chunk:
         if fn is None:
@@ -144,7 +182,7 @@ def _make_samples(chunk: Sequence[tuple[int, Any]], fn: Callable[[Any], Any] | N
                 if not _rebuildable(e):
                     raise
                 raise type(e)(f"input {i}: fn raised {type(e).__name__}: {e}") from e
-        out.append(_sample_item(i, sample, spool))
+        out.append(_sample_item(i, sample, spool, images))
     return out
 
 
@@ -156,52 +194,105 @@ def _rebuildable(e: Exception) -> bool:
         return False
 
 
-def _sample_item(i: int, sample: Any, spool: str) -> tuple[str, str, Any, dict[str, Any] | None]:
-    """One sample dict checked and made an item; TypeError/ValueError naming the input."""
+def _sample_item(i: int, sample: Any, spool: str,
+                 images: tuple[str, ...] = ()) -> tuple[str, str, Any, dict[str, Any] | None, Any]:
+    """One sample dict checked and made an item (with its fields, or None); TypeError/ValueError
+    naming the input."""
     if not isinstance(sample, dict):
         raise TypeError(f"input {i}: a sample must be a dict with 'image' and 'label', not {type(sample).__name__}")
-    reserved = [k for k in RESERVED_FIELDS if k in sample]
-    if reserved:
-        raise ValueError(f"input {i}: {reserved[0]!r} is reserved for masks and boxes, which packer.pack does not "
-                         f"store yet; give the value another name to keep it as metadata")
-    missing = [k for k in ("image", "label") if k not in sample]
+    missing = [k for k in ("image", "label", *images) if k not in sample]
     if missing:
         raise ValueError(f"input {i}: the sample has no {missing[0]!r} (it has {', '.join(map(repr, sample)) or 'nothing'})")
     image, key = sample["image"], sample.get("key")
     if key is not None and not isinstance(key, str):
         raise TypeError(f"input {i}: 'key' must be a string, not {type(key).__name__}")
-    if isinstance(image, (str, os.PathLike)):
-        path = os.path.abspath(os.fspath(image))
-        key = key if key is not None else os.fspath(image).replace(os.sep, "/")
-    else:
-        path = os.path.join(spool, f"{i:010d}")
-        data = _image_bytes(i, image)
-        with open(path, "wb") as f:
-            f.write(data)
-        # A conversion knows a file by its size and modification time: set the time from the
-        # content, so the same sample made again (a resumed pack) is the same file to it.
-        stamp = int.from_bytes(hashlib.sha256(data).digest()[:7], "little")
-        os.utime(path, ns=(stamp, stamp))
-        key = key if key is not None else f"item-{i:010d}"
-    meta = {k: v for k, v in sample.items() if k not in ("image", "label", "key")}
-    return key, path, sample["label"], meta or None
+    path = _spooled(i, "", image, spool, _image_bytes)
+    if key is None:
+        key = os.fspath(image).replace(os.sep, "/") if isinstance(image, (str, os.PathLike)) else f"item-{i:010d}"
+    taken = ("image", "label", "key", *RESERVED_FIELDS, *images)
+    meta = {k: v for k, v in sample.items() if k not in taken}
+    return key, path, sample["label"], meta or None, _sample_fields(i, sample, spool, images)
 
 
-def _image_bytes(i: int, image: Any) -> bytes:
-    """An image given as bytes or an H x W x 3 uint8 RGB array, as the bytes of an image file."""
-    if isinstance(image, (bytes, bytearray, memoryview)):
-        return bytes(image)
+def _spooled(i: int, name: str, value: Any, spool: str, to_bytes: Callable[[int, Any, str], bytes]) -> str:
+    """A sample's file: a path as given (made absolute), or bytes or an array (made a file's bytes
+    by ``to_bytes``) written into ``spool``."""
+    if isinstance(value, (str, os.PathLike)):
+        return os.path.abspath(os.fspath(value))
+    path = os.path.join(spool, f"{i:010d}{'.' + name if name else ''}")
+    write_spooled(path, to_bytes(i, value, name or "image"))
+    return path
+
+
+def write_spooled(path: str, data: bytes) -> None:
+    """Write an image's bytes to ``path`` in a spool folder. A conversion knows a file by its size
+    and modification time: the time is set from the content, so the same sample spooled again (a
+    resumed conversion) is the same file to it."""
+    with open(path, "wb") as f:
+        f.write(data)
+    stamp = int.from_bytes(hashlib.sha256(data).digest()[:7], "little")
+    os.utime(path, ns=(stamp, stamp))
+
+
+def _sample_fields(i: int, sample: dict[str, Any], spool: str, images: tuple[str, ...]) -> dict[str, Any] | None:
+    """The sample's mask, extra images and boxes as convert_items' fields (None: it has none)."""
+    from .itemfields import item_fields
+
+    fields: dict[str, Any] = {}
+    if sample.get("mask") is not None:
+        fields["mask"] = _spooled(i, "mask", sample["mask"], spool, _mask_bytes)
+    if images:
+        fields["images"] = {n: _spooled(i, n, sample[n], spool, _image_bytes) for n in images}
+    for k in ("boxes", "box_labels"):
+        if sample.get(k) is not None:
+            fields[k] = sample[k].tolist() if hasattr(sample[k], "tolist") else sample[k]
+    try:
+        item_fields(i, fields)
+    except (TypeError, ValueError) as e:
+        raise type(e)(str(e).replace(f"item {i}:", f"input {i}:", 1)) from None
+    return fields or None
+
+
+def _mask_bytes(i: int, mask: Any, what: str = "mask") -> bytes:
+    """A mask given as bytes or an H x W uint8 or uint16 array, as the bytes of a PNG file."""
     import numpy as np
 
-    if not isinstance(image, np.ndarray):
-        raise TypeError(f"input {i}: 'image' must be a path, bytes or an H x W x 3 uint8 array, "
-                        f"not {type(image).__name__}")
-    if image.dtype != np.uint8 or image.ndim != 3 or image.shape[2] != 3 or 0 in image.shape:
-        raise ValueError(f"input {i}: an image array must be H x W x 3 uint8 (RGB), not {'x'.join(map(str, image.shape))} "
-                         f"{image.dtype}")
+    from ..images.fields import encode_mask
+
+    array = _array(i, mask, "'mask'", "an H x W uint8 or uint16 array")
+    if array is None:
+        return bytes(mask)
+    if array.dtype not in (np.uint8, np.uint16) or array.ndim != 2 or 0 in array.shape:
+        raise ValueError(f"input {i}: a mask array must be H x W uint8 or uint16 (a label map), not "
+                         f"{'x'.join(map(str, array.shape))} {array.dtype}")
+    return encode_mask(np.ascontiguousarray(array))
+
+
+def _image_bytes(i: int, image: Any, what: str = "image") -> bytes:
+    """An image given as bytes or an H x W x 3 uint8 RGB array, as the bytes of an image file."""
+    import numpy as np
+
+    array = _array(i, image, repr(what), "an H x W x 3 uint8 array")
+    if array is None:
+        return bytes(image)
+    if array.dtype != np.uint8 or array.ndim != 3 or array.shape[2] != 3 or 0 in array.shape:
+        what = "an image array" if what == "image" else f"the {what!r} array"
+        raise ValueError(f"input {i}: {what} must be H x W x 3 uint8 (RGB), not {'x'.join(map(str, array.shape))} "
+                         f"{array.dtype}")
     import cv2
 
-    ok, buf = cv2.imencode(".png", np.ascontiguousarray(image[:, :, ::-1]), [cv2.IMWRITE_PNG_COMPRESSION, 1])
+    ok, buf = cv2.imencode(".png", np.ascontiguousarray(array[:, :, ::-1]), [cv2.IMWRITE_PNG_COMPRESSION, 1])
     if not ok:
         raise ValueError(f"input {i}: OpenCV could not encode the array as PNG")
     return buf.tobytes()
+
+
+def _array(i: int, value: Any, what: str, array: str) -> Any:
+    """None for bytes, ``value`` for a NumPy array, else TypeError naming the input."""
+    import numpy as np
+
+    if isinstance(value, (bytes, bytearray, memoryview)):
+        return None
+    if not isinstance(value, np.ndarray):
+        raise TypeError(f"input {i}: {what} must be a path, bytes or {array}, not {type(value).__name__}")
+    return value

@@ -20,6 +20,7 @@ from collections.abc import Callable, Iterator, Sequence
 from .. import __version__
 from ..description.registry import format_names, formats_taking, get_format
 from ..errors import PackerError, UnfinishedDatasetError
+from .importers import IMPORT_FORMATS
 
 __all__ = ["main", "convert_options", "convert_from_args", "convert_arguments", "EXIT_OK", "EXIT_ERROR", "EXIT_USAGE", "EXIT_SKIPPED", "EXIT_INTERRUPTED", "EXIT_TERMINATED",
            "Terminated"]
@@ -48,8 +49,10 @@ def _add_convert(p: argparse.ArgumentParser) -> None:
                 "(Ctrl-C), 143 terminated (SIGTERM); after 130 or 143 the partial output (once past its first "
                 "checkpoint) is kept and --resume continues it")
     fmts = format_names()
-    p.add_argument("src_format", choices=["imagefolder", "list", *fmts],
-                   help="format of SRC (list: a .csv, .tsv or .jsonl file naming images, labels and metadata)")
+    p.add_argument("src_format", choices=["imagefolder", "list", "coco", *fmts, *IMPORT_FORMATS],
+                   help="format of SRC (list: a .csv, .tsv or .jsonl file naming images, labels and metadata; coco: "
+                        "a COCO instances_*.json, its images in --images DIR; mds, litdata, parquet: a MosaicML "
+                        "Streaming, LitData or Parquet dataset to import)")
     p.add_argument("dst_format", choices=[*fmts, "imagefolder"], help="format to write")
     p.add_argument("src", help="source folder, list file or packed dataset (a packed SRC may be a URL); tar and "
                                "tfrecord: also a brace pattern of shard files, dir/shard-{000000..000009}.tar")
@@ -90,6 +93,12 @@ def _add_convert(p: argparse.ArgumentParser) -> None:
                         "it (default: PACKER_TORCHRUN_TIMEOUT, else 1800); a live rank is waited for however long "
                         "its part takes")
     _add_list_options(p)
+    g = p.add_argument_group("COCO sources")
+    g.add_argument("--images", metavar="DIR", help="coco source: the folder of the file's images (file_name is "
+                                                   "relative to it)")
+    g.add_argument("--masks", choices=["semantic", "instance"], default=None,
+                   help="coco source: also store a mask rasterised from the annotations (semantic: category index "
+                        "+ 1 per pixel; instance: annotation number + 1; 0: background)")
     g = p.add_argument_group("shards (tar, tfrecord)")
     g.add_argument("--shard-size", default=None, help="max bytes per shard, e.g. 256MB, 1GiB")
     g.add_argument("--shard-samples", type=int, default=None, help="max samples per shard")
@@ -109,12 +118,25 @@ def _add_list_options(p: argparse.ArgumentParser) -> None:
                         "elsewhere); refused by default")
     g.add_argument("--path-column", help="list source: the column of image paths (default: path, file, filename "
                                          "or image)")
-    g.add_argument("--label-column", help="list source: the label column (default: label, labels, class or target)")
+    g.add_argument("--label-column", help="list, mds, litdata and parquet sources: the label column (default: label, "
+                                          "labels, class or target)")
+    g.add_argument("--drop-column", action="append", default=None, metavar="NAME",
+                   help="mds, litdata and parquet sources: leave this column out of the metadata (repeatable)")
     g.add_argument("--label-kind", default="auto", choices=["auto", "class", "multi", "number"],
                    help="list source: class (one class per image), multi (several), number; auto: multi for JSON "
                         "lists, number for JSON numbers with a fraction, else class")
     g.add_argument("--label-sep", default="|", help="list source: separator of multi-label classes in CSV/TSV "
                                                     "(default: |)")
+    g.add_argument("--mask-column", metavar="COL", help="list source: the column of mask files (label maps: 8- or "
+                                                        "16-bit, or palette PNG indices; stored as PNG)")
+    g.add_argument("--image-column", action="append", default=None, metavar="COL",
+                   help="list source: a column of EXTRA image files, processed like the image and named after the "
+                        "column (repeatable; the image's own column is --path-column); mds, litdata and parquet "
+                        "sources: THE image column, given once (default: the one column of an image type)")
+    g.add_argument("--boxes-column", metavar="COL", help="list source: the column of boxes, a JSON list of [x0, y0, "
+                                                         "x1, y1] in source pixels (in CSV/TSV a JSON string)")
+    g.add_argument("--box-labels-column", metavar="COL",
+                   help="list source: the column of box labels, a JSON list of class names or numbers, one per box")
 
 
 #: WriterOptions field -> its flag, and what to say when a format does not take it.
@@ -215,6 +237,12 @@ def _keyword_value(caller: str, key: str, value: object, action: argparse.Action
         if not isinstance(value, bool):
             raise TypeError(f"{caller}(): {key} takes True or False, not {value!r}")
         return value
+    if isinstance(action, argparse._AppendAction) and action.dest != "storage_option":  # e.g. --image-column
+        if isinstance(value, str):
+            return [value]
+        if not isinstance(value, (list, tuple)) or not all(isinstance(v, str) for v in value):
+            raise TypeError(f"{caller}(): {key} takes a string or a list of strings, not {value!r}")
+        return list(value)
     if isinstance(action, argparse._AppendAction):  # --storage-option: a dict or KEY=VALUE strings
         if isinstance(value, dict):
             import json
@@ -269,27 +297,49 @@ def convert_from_args(a: argparse.Namespace, launch=None):  # noqa: ANN001, ANN2
     from ..storage.remote import is_url
     from ..storage.shardspec import has_braces
 
-    if launch is not None and a.src_format == "list":
-        raise UsageError("packer convert: a list source converts in one process; under torchrun add --no-torchrun "
-                         "(or split the list and merge the parts: packer merge)")
+    if launch is not None and a.src_format in ("list", "coco", *IMPORT_FORMATS):
+        split = " (or split the list and merge the parts: packer merge)" if a.src_format == "list" else ""
+        raise UsageError(f"packer convert: a {a.src_format} source converts in one process; under torchrun add "
+                         f"--no-torchrun{split}")
     if launch is not None:
         return _convert_torchrun(a, launch)
-    if a.src_format != "list" and any(getattr(a, k) is not None for k in _LIST_ONLY):
-        flag = "--" + next(k for k in _LIST_ONLY if getattr(a, k) is not None).replace("_", "-")
-        raise UsageError(f"packer convert: {flag} applies to a list source only")
+    _check_source_flags(a)
     if is_url(a.src) and has_braces(a.src):
         a.src = _fetched_shards(a, a.src)
-    elif is_url(a.src):
-        if a.src_format in ("imagefolder", "list"):
-            raise UsageError("packer convert: an image folder or list is read from a local path; a URL SRC must be "
-                             "packed")
+    elif is_url(a.src) and a.src_format not in IMPORT_FORMATS:  # an importer reads its URL itself
+        if a.src_format in ("imagefolder", "list", "coco"):
+            raise UsageError("packer convert: an image folder, list or COCO file is read from a local path; a URL "
+                             "SRC must be packed")
         a.src = _fetched(a, a.src)
     if not is_url(a.dst):
         return _convert_local(a)
     return _convert_to_url(a)
 
 
-_LIST_ONLY = ("root", "path_column", "label_column", "allow_outside_root")
+#: The flags that only some sources take, and the sources that take each: list only, imported
+#: (mds, litdata, parquet) only, both, coco only.
+_LIST_ONLY = ("root", "path_column", "allow_outside_root", "mask_column", "boxes_column", "box_labels_column")
+_IMPORT_ONLY = ("drop_column",)
+_LIST_OR_IMPORT = ("label_column", "image_column")
+_COCO_ONLY = ("images", "masks")
+
+
+def _check_source_flags(a: argparse.Namespace) -> None:
+    """UsageError for a flag that the source does not take; a coco source needs --images."""
+    imported = a.src_format in IMPORT_FORMATS
+    takes = {"list": _LIST_ONLY + _LIST_OR_IMPORT, "coco": _COCO_ONLY}.get(
+        a.src_format, _IMPORT_ONLY + _LIST_OR_IMPORT if imported else ())
+    for k in _LIST_ONLY + _IMPORT_ONLY + _LIST_OR_IMPORT + _COCO_ONLY:
+        if getattr(a, k) is not None and k not in takes:
+            what = ("a list source" if k in _LIST_ONLY else "a coco source" if k in _COCO_ONLY else
+                    "mds, litdata and parquet sources" if k in _IMPORT_ONLY else "list, mds, litdata and parquet "
+                    "sources")
+            raise UsageError(f"packer convert: --{k.replace('_', '-')} applies to {what} only")
+    if imported and a.image_column is not None and len(a.image_column) > 1:
+        raise UsageError(f"packer convert: a {a.src_format} source has one image column; --image-column is given "
+                         f"{len(a.image_column)} times")
+    if a.src_format == "coco" and a.images is None:
+        raise UsageError("packer convert: a coco source needs --images DIR, the folder of its images")
 
 
 def pinned_classes(spec: str) -> list[str]:
@@ -359,12 +409,13 @@ def _convert_local(a: argparse.Namespace):  # noqa: ANN202 - ConvertReport
     from .engine import convert_imagefolder
 
     options = convert_options(a)
-    if a.src_format in ("imagefolder", "list") and a.dst_format == "imagefolder":
+    if a.src_format in ("imagefolder", "list", "coco", *IMPORT_FORMATS) and a.dst_format == "imagefolder":
         raise UsageError(f"packer convert: {a.src_format} -> imagefolder is not a conversion")
     if a.classes_from is not None:
-        if a.src_format not in ("imagefolder", "list"):
-            raise UsageError("packer convert: --classes-from applies to imagefolder and list sources (a packed "
-                             "source keeps its classes; packer merge reconciles class lists)")
+        if a.src_format not in ("imagefolder", "list", *IMPORT_FORMATS):
+            raise UsageError("packer convert: --classes-from applies to imagefolder and list sources and to mds, "
+                             "litdata and parquet (a packed source keeps its classes, a COCO file's are its "
+                             "categories; packer merge reconciles class lists)")
         options = replace(options, classes=tuple(pinned_classes(a.classes_from)))
     _warn_partial_output(a)
     if a.src_format == "list":
@@ -373,13 +424,21 @@ def _convert_local(a: argparse.Namespace):  # noqa: ANN202 - ConvertReport
         try:
             report = convert_list(a.src, a.dst, a.dst_format, options, root=a.root, path_column=a.path_column,
                                   label_column=a.label_column, label_kind=a.label_kind, label_sep=a.label_sep,
-                                  allow_outside_root=bool(a.allow_outside_root))
+                                  allow_outside_root=bool(a.allow_outside_root), mask_column=a.mask_column,
+                                  image_columns=a.image_column or (), boxes_column=a.boxes_column,
+                                  box_labels_column=a.box_labels_column)
         except ValueError as e:  # metadata that cannot be stored, named by its item
             from ..errors import SourceError
 
             if isinstance(e, SourceError):  # names the list already
                 raise
             raise SourceError(f"{a.src}: {e}") from None
+    elif a.src_format == "coco":
+        from .coco import convert_coco
+
+        report = convert_coco(a.src, a.dst, a.dst_format, options, images=a.images, masks=a.masks)
+    elif a.src_format in IMPORT_FORMATS:
+        report = _convert_import(a, options)
     elif a.src_format == "imagefolder":
         report = convert_imagefolder(a.src, a.dst, a.dst_format, options)
     else:  # packed -> packed or imagefolder: copy stored bytes unless --resize/--encode ask otherwise
@@ -395,6 +454,18 @@ def _convert_local(a: argparse.Namespace):  # noqa: ANN202 - ConvertReport
         if len(renamed) > 20:
             _say(f"... and {len(renamed) - 20} more renamed")
     return report
+
+
+def _convert_import(a: argparse.Namespace, options):  # noqa: ANN001, ANN202 - ConvertOptions, ConvertReport
+    """Convert an MDS, LitData or Parquet dataset (packer.ops.importers)."""
+    from .importers import open_table
+    from .importers.common import convert_import
+
+    table = open_table(a.src_format, a.src, _storage(a))
+    image_column = a.image_column[0] if a.image_column else None  # one at most (_check_source_flags)
+    return convert_import(table, a.dst, a.dst_format, options, image_column=image_column,
+                          label_column=a.label_column, drop_columns=a.drop_column or (), label_kind=a.label_kind,
+                          classes=options.classes, source_kind=a.src_format)
 
 
 def _warn_partial_output(a: argparse.Namespace) -> None:
@@ -601,6 +672,9 @@ def _run_info(a: argparse.Namespace) -> int:
     print(f"classes     {len(m.classes)}: {shown}")
     if m.label_kind != "class":
         print(f"labels      {m.label_kind}" + (" (a list of classes per sample)" if m.label_kind == "multi" else ""))
+    if m.fields:
+        print("fields      " + ", ".join(f"{f['name']} ({f['kind']})" for f in m.fields)
+              + "; read them with fields=(\"image\", ..., \"label\")")
     print(f"processing  resize {m.processing.get('resize')}, encoding {m.processing.get('encoding')}, "
           f"color {m.processing.get('color')}")
     print("order       " + (f"shuffled at write time, seed {m.shuffle_seed}" if m.shuffle_seed is not None else "source order"))

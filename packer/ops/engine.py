@@ -179,9 +179,11 @@ def stamp_mismatch(path: str, found: Stamp, expected: Stamp) -> SourceError:
                        f"another copy of the source)")
 
 
-def _process_file(path: str, opts: ProcessOptions, stamp: Stamp | None = None) -> Result:
-    """One image file processed. With ``stamp``, the bytes read must come from a file of that size
-    and modification time, else SourceError (never a skip: the file is not the planned one)."""
+def _process_file(path: str, opts: ProcessOptions, stamp: Stamp | None = None,
+                  process: Callable[[bytes, ProcessOptions], Result] | None = None) -> Result:
+    """One image file processed (by ``process``, default :func:`process_data`). With ``stamp``, the
+    bytes read must come from a file of that size and modification time, else SourceError (never a
+    skip: the file is not the planned one)."""
     try:
         data, seen = read_source_file(path, opts.max_source_bytes)
     except OSError as e:
@@ -190,7 +192,7 @@ def _process_file(path: str, opts: ProcessOptions, stamp: Stamp | None = None) -
         return None, str(e)
     if stamp is not None and (seen.st_size, seen.st_mtime_ns) != tuple(stamp):
         raise stamp_mismatch(path, (seen.st_size, seen.st_mtime_ns), stamp)
-    return process_data(data, opts)
+    return (process or process_data)(data, opts)
 
 
 def process_data(data: bytes, opts: ProcessOptions) -> Result:
@@ -372,8 +374,12 @@ class _Run:
 
     def open_writer(self) -> None:
         """Start the writer with the dataset facts; on resume, bring it back to the checkpoint."""
+        if self.template.fields and not getattr(self.writer_class, "writes_fields", False):
+            raise ValueError(f"the {self.fmt} writer cannot store the samples' fields "
+                             f"({', '.join(self.template.field_names)}) yet; convert to lmdb")
         # Every format also gets the sample table (labels, keys, metadata: packer.description.samples).
-        self.writer = SampleTableWriter(self.writer_class(self.tmp, self.options.writer), self.template.label_kind)
+        self.writer = SampleTableWriter(self.writer_class(self.tmp, self.options.writer), self.template.label_kind,
+                                        boxes=self.template.field_kind("boxes") is not None)
         info = self.template.to_json()
         for k in ("num_samples", "files", "layout", "skipped", "ignored"):
             del info[k]
@@ -402,7 +408,10 @@ class _Run:
         close = getattr(stream, "close", None)  # a generator: stop its worker processes on any error
         with bar, contextlib.closing(stream) if close else contextlib.nullcontext():
             for key, label, image, reason in stream:
-                if image is None or not image.payload:  # a 0-byte image is never stored
+                reason = reason if image is None or not image.payload else self.fields_mismatch(image)
+                if reason and image is not None and self.options.strict:
+                    raise ImageError(f"{key}: {reason}")
+                if image is None or not image.payload or reason:  # a 0-byte image is never stored
                     self.skipped.append((self.pos, Skipped(key, reason or "empty image payload (0 bytes)")))
                 else:
                     small = left_small(image, resize, upscale)
@@ -420,6 +429,15 @@ class _Run:
             error = SourceError(f"no image in {self.source or self.dst} could be converted ({len(self.skipped)} skipped)")
             error.skipped = [k for _, k in self.skipped]  # type: ignore[attr-defined]  # for a caller making parts
             raise error
+
+    def fields_mismatch(self, image: ProcessedImage) -> str | None:
+        """Why a sample cannot be stored with the dataset's fields (writers rely on every sample
+        having exactly them, in order), or None. Other tools' data can lack one on some samples."""
+        have = [f.name for f in image.fields] + (["boxes"] if image.boxes is not None else [])
+        want = self.template.stored_fields + (["boxes"] if self.template.field_kind("boxes") else [])
+        if have == want:
+            return None
+        return f"has the fields {', '.join(have) or 'none'}, the dataset's samples {', '.join(want) or 'none'}"
 
     def close_and_publish(self) -> Manifest:
         """Close the writer, make its files durable, write the manifest, publish by rename."""

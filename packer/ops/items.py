@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import functools
 import hashlib
+import itertools
 import json
 import math
 import numbers
@@ -15,7 +16,7 @@ from collections.abc import Iterable, Iterator, Sequence
 from typing import Any, Union
 
 from .. import __version__
-from ..description.manifest import ITEM_RECORDS, Manifest, read_manifest
+from ..description.manifest import FIELDS_VERSION, ITEM_RECORDS, Manifest, read_manifest
 from ..description.registry import writer_class
 from ..description.samples import LABEL_KINDS, Label, encode_meta, sample_fields
 from ..errors import ImageError, PackerError
@@ -35,11 +36,23 @@ from .engine import (
     stamp_mismatch,
     write_packed_result,
 )
+from .itemfields import (
+    FieldFiles,
+    ItemFields,
+    declared_fields,
+    field_processor,
+    fields_entry,
+    item_fields,
+    with_stamps,
+)
 
 __all__ = ["ImageItem", "convert_items", "item_classes"]
 
-#: One image to convert: (a file path or the file's bytes, a class name or label, metadata).
-ImageItem = tuple[Union[str, "os.PathLike[str]", bytes], str | int, dict[str, Any] | None]
+#: One image to convert: (a file path or the file's bytes, a class name or label, metadata), and
+#: optionally its fields (:mod:`packer.ops.itemfields`): a mask, extra images, boxes, box labels.
+_ImageSource = Union[str, "os.PathLike[str]", bytes]
+ImageItem = tuple[_ImageSource, Any, dict[str, Any] | None] | tuple[_ImageSource, Any, dict[str, Any] | None,
+                                                                    dict[str, Any] | None]
 
 
 def item_classes(labels: Sequence[str | int], classes: Sequence[str] | None) -> tuple[list[str], list[int]]:
@@ -89,13 +102,16 @@ def _key(i: int, source: str | os.PathLike[str] | bytes, root: str | None) -> st
     return path.replace(os.sep, "/")
 
 
-def _process_source(source: str | bytes, stamp: Stamp | None, opts: ProcessOptions) -> tuple[Any, str | None]:
-    return process_data(source, opts) if isinstance(source, bytes) else _process_file(source, opts, stamp)
+def _process_source(source: str | bytes, stamp: Stamp | None, files: FieldFiles | None = None, *,
+                    opts: ProcessOptions) -> tuple[Any, str | None]:
+    if files is None:
+        return process_data(source, opts) if isinstance(source, bytes) else _process_file(source, opts, stamp)
+    process = field_processor(files)
+    return process(source, opts) if isinstance(source, bytes) else _process_file(source, opts, stamp, process)
 
 
-def _process_sources(sources: Sequence[tuple[str | bytes, Stamp | None]],
-                     opts: ProcessOptions) -> list[tuple[Any, str | None]]:
-    return [_process_source(s, stamp, opts) for s, stamp in sources]
+def _process_sources(sources: Sequence[tuple[Any, ...]], opts: ProcessOptions) -> list[tuple[Any, str | None]]:
+    return [_process_source(*s, opts=opts) for s in sources]
 
 
 class _Rows:
@@ -105,16 +121,22 @@ class _Rows:
     def __init__(self, items: Sequence[Any], names: list[str], root: str | None, kind: str = "class",
                  keys: Sequence[str] | None = None) -> None:
         self.items, self.root, self.kind, self.keys = items, root, kind, keys
+        #: the first item's fields (every item must have the same), and the extra images' order
+        self.first = item_fields(0, _checked(0, items[0])[3]) if len(items) else None
+        self.image_order = [n for n, _ in self.first.images] if self.first is not None else []
         self.to_label = {c: i for i, c in enumerate(names)}
         self.count = len(names)
         self.stamps = array("q")  # (size, mtime_ns) of each item's file as listed; NO_STAMP for bytes
+        #: the same of each item's field files: (mask, extra images) slots per item, the files by path first
+        self.field_stamps = array("q")
+        self.field_slots = (self.first.mask is not None) + len(self.image_order) if self.first is not None else 0
 
     def __len__(self) -> int:
         return len(self.items)
 
     def row(self, i: int) -> tuple[str | bytes, str, int]:
         """Item ``i`` as (source: path or bytes, key, label number); TypeError/ValueError naming it."""
-        source, label, meta = _checked(i, self.items[i])
+        source, label, meta, _ = _checked(i, self.items[i])
         src = bytes(source) if isinstance(source, (bytes, bytearray, memoryview)) else os.fspath(source)
         if meta:
             encode_meta(meta, f"item {i}: metadata")  # ValueError naming the item
@@ -131,11 +153,27 @@ class _Rows:
         number = self._number(i, label)
         return src, key, Label(number, meta=meta) if meta else number
 
-    def _number(self, i: int, label: Any) -> int:
+    def _number(self, i: int, label: Any, what: str = "label") -> int:
         number = _label_number(label, self.to_label)
         if not 0 <= number < self.count:
-            raise ValueError(f"item {i}: label {label!r} is not one of the {self.count} classes")
+            raise ValueError(f"item {i}: {what} {label!r} is not one of the {self.count} classes")
         return number
+
+    def checked_fields(self, i: int) -> tuple[ItemFields, FieldFiles] | None:
+        """Item ``i``'s fields (None when items have none), and what a worker needs of them: its
+        extra images in the first item's order, box labels as class numbers. ValueError naming
+        the item when it has other fields than the first item."""
+        fields = item_fields(i, _checked(i, self.items[i])[3])
+        have = fields.signature() if fields is not None else None
+        if have != (self.first.signature() if self.first is not None else None):
+            raise ValueError(f"item {i} has {fields.describe() if fields else 'no fields'}, item 0 "
+                             f"{self.first.describe() if self.first else 'no fields'}: every item must have the same fields")
+        if fields is None:
+            return None
+        images = dict(fields.images)
+        labels = tuple(self._number(i, x, "box label") for x in fields.box_labels) \
+            if fields.box_labels is not None else None
+        return fields, FieldFiles(fields.mask, tuple((n, images[n]) for n in self.image_order), fields.boxes, labels)
 
     def sources(self, start: int) -> _Sources:
         """The sources from position ``start`` on, as a lazy sequence for :func:`ordered_map`."""
@@ -144,6 +182,15 @@ class _Rows:
     def stamp(self, i: int) -> Stamp:
         """Item ``i``'s file as :meth:`fingerprint` listed it."""
         return self.stamps[2 * i], self.stamps[2 * i + 1]
+
+    def listed_fields(self, i: int) -> FieldFiles | None:
+        """Item ``i``'s field files, each with the stamp :meth:`fingerprint` listed for it."""
+        checked = self.checked_fields(i)
+        if checked is None:
+            return None
+        at = 2 * self.field_slots * i
+        flat = self.field_stamps[at:at + 2 * len(checked[1].paths)]
+        return with_stamps(checked[1], [(flat[k], flat[k + 1]) for k in range(0, len(flat), 2)])
 
     def fingerprint(self, expected: Sequence[Stamp | None] | None = None) -> tuple[str, list[list[Any]]]:
         """Digest of the items: each key and label, and a file's size and modification time or the
@@ -155,6 +202,7 @@ class _Rows:
         h = hashlib.sha256(b"[")
         records: list[list[Any]] = []
         del self.stamps[:]
+        del self.field_stamps[:]
         for i in range(len(self)):
             source, key, label = self.row(i)
             want = expected[i] if expected is not None else None
@@ -178,6 +226,13 @@ class _Rows:
             fields = sample_fields(label)
             if fields:  # labels of other kinds and metadata (absent for plain items: same digest as before)
                 entry.append(fields)
+            checked = self.checked_fields(i)
+            if checked is not None:  # the mask, extra images and boxes (absent without: same digest as before)
+                files = with_stamps(checked[1])
+                for _, st in files.stamps:
+                    self.field_stamps.extend(st)
+                self.field_stamps.extend(NO_STAMP * (self.field_slots - len(files.stamps)))
+                entry.append({"fields": fields_entry(files)})
             h.update((b"," if i else b"") + json.dumps(entry, sort_keys=True, separators=(",", ":"),
                                                          ensure_ascii=False, default=str).encode("utf-8"))
         h.update(b"]")
@@ -198,16 +253,28 @@ class _Sources(Sequence[str | bytes]):
             return [self._one(self.start + k) for k in range(*i.indices(len(self)))]
         return self._one(self.start + i)
 
-    def _one(self, i: int) -> tuple[str | bytes, Stamp | None]:
-        """Item ``i``'s source, with the stamp its file must still have when it is read."""
+    def _one(self, i: int) -> tuple[Any, ...]:
+        """Item ``i``'s source, with the stamp its file must still have when it is read (and its
+        fields' files, when items have fields)."""
         source = self.rows.row(i)[0]
-        return source, None if isinstance(source, bytes) else self.rows.stamp(i)
+        stamp = None if isinstance(source, bytes) else self.rows.stamp(i)
+        files = self.rows.listed_fields(i) if self.rows.first is not None else None
+        return (source, stamp) if files is None else (source, stamp, files)
 
 
-def _checked(i: int, row: Any) -> tuple[Any, Any, Any]:
-    if not isinstance(row, tuple) or len(row) != 3 or not isinstance(row[2], (dict, type(None))):
-        raise TypeError(f"item {i} must be a (path or bytes, label, metadata dict or None) tuple")
-    return row
+def _checked(i: int, row: Any) -> tuple[Any, Any, Any, Any]:
+    """Item ``i`` as (source, label, metadata, fields or None)."""
+    if not isinstance(row, tuple) or len(row) not in (3, 4) or not isinstance(row[2], (dict, type(None))):
+        raise TypeError(f"item {i} must be a (path or bytes, label, metadata dict or None[, fields dict]) tuple")
+    return (*row, None) if len(row) == 3 else row  # type: ignore[return-value]
+
+
+def _box_label_names(seq: Sequence[Any]) -> Iterator[Any]:
+    """Every item's box labels, in item order (they name classes as the items' labels do)."""
+    for i in range(len(seq)):
+        fields = item_fields(i, _checked(i, seq[i])[3])
+        if fields is not None and fields.box_labels is not None:
+            yield from fields.box_labels
 
 
 def _label_list(i: int, label: Any) -> list[Any]:
@@ -245,8 +312,8 @@ def convert_items(
     A Sequence (a list, or a lazy sequence that makes item ``i`` when asked) is read by position,
     item by item, and never copied: two or three passes (class names when ``classes`` is None,
     the fingerprint, the conversion), so it must give the same items each time; memory then
-    grows with the number of items only by the 16 bytes of each item's stamp and the list of
-    file items the manifest keeps (below). Any other iterable is first made a list.
+    grows with the number of items only by the 16 bytes of each item's stamp (and of each of its
+    field files) and the list of file items the manifest keeps (below). Any other iterable is first made a list.
 
     Labels are class names or numbers (see :func:`item_classes` for ``classes=None``); give the
     full ``classes`` list when parts made separately are to be merged without renumbering. Images
@@ -256,6 +323,19 @@ def convert_items(
     (its manifest's ``source.fingerprint``: a retried task does no work twice). A path's key is the path (relative to ``root``), an
     image given as bytes is ``item-N``. ``metadata`` (a JSON-able dict or None, see
     :mod:`packer.description.samples`) is stored with the sample and returned by ``fields=("meta", ...)``.
+
+    An item may carry a fourth element, its fields (:mod:`packer.ops.itemfields`): ``{"mask":
+    path or bytes, "images": {name: path or bytes}, "boxes": [[x0, y0, x1, y1], ...],
+    "box_labels": [class name or number, ...]}``, any of the keys, the boxes in the source image's
+    pixels. Every item must have the same fields (ValueError naming the first that differs); the
+    dataset is then version 3 and lists them. A mask is a label map (kept unchanged, resized by
+    nearest neighbour, stored as PNG), an extra image is processed like the image, boxes are
+    checked to lie in the image and scaled with it; box labels name classes of the same class
+    list as the labels (inferred from both when ``classes`` is None). A field's file that cannot be
+    read or processed (a mask of another size, a box outside the image) skips the sample, naming
+    the file and the reason. The fields' files (size and modification time, or the bytes' SHA-256)
+    and boxes are part of the items' fingerprint, so ``resume`` notices a changed mask, and a
+    field file must still be as listed when it is read (SourceError otherwise), as the image.
 
     ``label_kind``: ``"class"`` (a class name or number per item), ``"multi"`` (a list of them per
     item; classes are the names found in all lists) or ``"number"`` (a float per item; no classes).
@@ -284,14 +364,7 @@ def convert_items(
     dst = os.fspath(dst)
     options = options if options is not None else ConvertOptions()
     seq = items if isinstance(items, Sequence) else list(items)
-    if label_kind == "number":
-        names = list(classes) if classes is not None else []
-    elif classes is not None:
-        names = list(classes)
-    elif label_kind == "multi":
-        names = _class_names(x for i in range(len(seq)) for x in _label_list(i, _checked(i, seq[i])[1]))
-    else:
-        names = _class_names(_checked(i, seq[i])[1] for i in range(len(seq)))
+    names = _item_class_names(seq, classes, label_kind)
     if keys is not None and len(keys) != len(seq):
         raise ValueError(f"keys has {len(keys)} entries for {len(seq)} items")
     rows = _Rows(seq, names, os.fspath(root) if root is not None else None, label_kind, keys)
@@ -299,6 +372,8 @@ def convert_items(
     template = Manifest(format=fmt, num_samples=0, classes=names, processing=options.processing.to_json(), files=[],
                         source=dict(source or {"kind": "items"}), created_by=f"packer {__version__}",
                         label_kind=label_kind, shuffle_seed=shuffle_seed)
+    if rows.first is not None:
+        template.version, template.fields = FIELDS_VERSION, declared_fields(rows.first, rows.image_order)
 
     def stream(start: int) -> Iterator[Item]:
         fn = functools.partial(_process_sources, opts=options.processing)
@@ -327,6 +402,19 @@ def convert_items(
                                                        f"the {len(rows)} items", fingerprint, counts)
     return ConvertReport(dst, manifest, time.perf_counter() - t0, list(manifest.skipped), resumed=resumed, notes=notes,
                          left_small=counts["left_small"])
+
+
+def _item_class_names(seq: Sequence[Any], classes: Sequence[str] | None, label_kind: str) -> list[str]:
+    """The class list: ``classes``, or the one the items' labels and box labels imply."""
+    if classes is not None:
+        return list(classes)
+    if label_kind == "number":  # no classes of their own: those of the box labels, if any
+        return _class_names(_box_label_names(seq))
+    if label_kind == "multi":
+        labels: Iterable[Any] = (x for i in range(len(seq)) for x in _label_list(i, _checked(i, seq[i])[1]))
+    else:
+        labels = (_checked(i, seq[i])[1] for i in range(len(seq)))
+    return _class_names(itertools.chain(labels, _box_label_names(seq)))
 
 
 def _finished(dst: str, fingerprint: str) -> Manifest | None:

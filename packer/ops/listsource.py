@@ -12,7 +12,8 @@ a row that leads out of it (``../x.jpg``, an absolute path elsewhere) is refused
 The check is on the path as written; symlinks inside the folder are followed wherever they lead,
 as in an image folder (the folder is the user's own; the list may be someone else's).
 The label column holds a class name or number (``class``), several classes (``multi``: a JSON list
-in JSON Lines, or names separated by ``label_sep`` in CSV/TSV), or a number (``number``).
+in JSON Lines, or names separated by ``label_sep`` in CSV/TSV), or a number (``number``). Columns
+may also name a mask, extra images and boxes per row (:class:`FieldColumns`).
 """
 
 from __future__ import annotations
@@ -30,8 +31,9 @@ from typing import Any
 from ..description.samples import LABEL_KINDS, MAX_META_BYTES, MAX_META_DEPTH, encode_meta
 from ..errors import SourceError
 from ..files.fileio import NotReadableError, open_source_file
+from ..images.fields import check_field_name
 
-__all__ = ["ListSource", "read_list", "convert_list", "LIST_FORMATS"]
+__all__ = ["ListSource", "FieldColumns", "read_list", "convert_list", "LIST_FORMATS"]
 
 #: List file suffixes and the format each means.
 LIST_FORMATS = {".csv": "csv", ".tsv": "tsv", ".tab": "tsv", ".jsonl": "jsonl", ".ndjson": "jsonl"}
@@ -41,12 +43,29 @@ LABEL_COLUMNS = ("label", "labels", "class", "target")
 MAX_LINE_CHARS = 16 * MAX_META_BYTES
 
 
+@dataclass(frozen=True)
+class FieldColumns:
+    """The list's columns of fields besides the image: a mask file (a label map), extra image
+    files (each named after its column), boxes (a JSON list of ``[x0, y0, x1, y1]`` in the source
+    image's pixels; in CSV/TSV a JSON string) and their labels (a JSON list of class names or
+    numbers). Paths are relative to the root, as the image's are."""
+
+    mask: str | None = None
+    images: tuple[str, ...] = ()
+    boxes: str | None = None
+    box_labels: str | None = None
+
+    def names(self) -> list[str]:
+        """The columns, in this order."""
+        return [c for c in (self.mask, *self.images, self.boxes, self.box_labels) if c is not None]
+
+
 @dataclass
 class ListSource:
     """A parsed list: the items (source path, label, metadata), the label kind, the folder the
     paths are relative to, and the columns used."""
 
-    items: list[tuple[str, Any, dict[str, Any] | None]]
+    items: list[tuple[Any, ...]]
     label_kind: str
     root: str
     path_column: str
@@ -57,8 +76,10 @@ class ListSource:
     def check_classes(self, path: str, classes: Sequence[str]) -> None:
         """SourceError naming the first line whose class is not in ``classes``."""
         names = set(classes)
-        for line, (_, label, _) in zip(self.lines, self.items):
-            for c in (label if self.label_kind == "multi" else [label]):
+        for line, (_, label, _, *fields) in zip(self.lines, self.items):
+            box_labels = (fields[0].get("box_labels") or []) if fields else []
+            for c in [*(label if self.label_kind == "multi" else [label] if self.label_kind == "class" else []),
+                      *box_labels]:
                 if (isinstance(c, int) and not 0 <= c < len(classes)) or (isinstance(c, str) and c not in names):
                     raise SourceError(f"{path}:{line}: class {c!r} is not in the pinned class list "
                                       f"({len(classes)} classes); the labels would not line up")
@@ -241,6 +262,10 @@ def read_list(
     label_kind: str = "auto",
     label_sep: str = "|",
     allow_outside_root: bool = False,
+    mask_column: str | None = None,
+    image_columns: Sequence[str] = (),
+    boxes_column: str | None = None,
+    box_labels_column: str | None = None,
 ) -> ListSource:
     """Parse a CSV, TSV or JSON Lines list into convert_items' items.
 
@@ -253,7 +278,13 @@ def read_list(
     the list's folder) unless ``allow_outside_root``; a JSON key or CSV/TSV column named twice, a
     file on two rows with different labels, a line over :data:`MAX_LINE_CHARS` characters and JSON
     nested too deeply are errors too. The list must be a regular file (a FIFO or device is refused
-    without blocking); a UTF-8 byte-order mark is skipped."""
+    without blocking); a UTF-8 byte-order mark is skipped.
+
+    The field columns (:class:`FieldColumns`), left out of the metadata: ``mask_column`` (a mask
+    file's path), ``image_columns`` (extra images' paths, each image named after its column),
+    ``boxes_column`` (a JSON list of ``[x0, y0, x1, y1]`` in source pixels; an empty CSV/TSV cell
+    is no boxes) and ``box_labels_column`` (a JSON list of class names or numbers, one per box).
+    Their paths follow the image path's rules (relative to ``root``, inside it)."""
     path = os.fspath(path)
     if label_kind != "auto" and label_kind not in LABEL_KINDS:
         raise ValueError(f"label kind must be auto or one of {LABEL_KINDS}, not {label_kind!r}")
@@ -263,35 +294,121 @@ def read_list(
         raise SourceError(f"{path}: the list has no rows")
     pcol = _column(path, rows, path_column, PATH_COLUMNS, "path")
     lcol = _column(path, rows, label_column, LABEL_COLUMNS, "label")
+    cols = _field_columns(path, rows, FieldColumns(mask_column, tuple(image_columns), boxes_column, box_labels_column),
+                          (pcol, lcol))
     kind = _kind([r.get(lcol) for _, r in rows], fmt) if label_kind == "auto" else label_kind
     base = os.path.abspath(os.fspath(root) if root is not None else os.path.dirname(os.path.abspath(path)))
-    items: list[tuple[str, Any, dict[str, Any] | None]] = []
-    lines: list[int] = []
-    outside: list[tuple[int, str]] = []
-    seen: dict[str, tuple[int, Any]] = {}  # each file's first line and label
+    parsed = _ParsedRows(path, fmt, base, kind, label_sep)
     for n, row in rows:
-        where = f"{path}:{n}"
-        rel = row.get(pcol)
+        parsed.add(n, row, pcol, lcol, cols)
+    if parsed.outside and not allow_outside_root:
+        raise _outside_error(path, base, root is not None, parsed.outside)
+    return ListSource(parsed.items, kind, base, pcol, lcol, parsed.lines)
+
+
+def _field_columns(path: str, rows: list[tuple[int, dict[str, Any]]], cols: FieldColumns,
+                   taken: tuple[str, str]) -> FieldColumns:
+    """``cols`` checked against the list: each present, used once, images' columns valid names."""
+    for c in cols.names():
+        _column(path, rows, c, (), "field")
+    names = [*taken, *cols.names()]
+    twice = next((c for c in names if names.count(c) > 1), None)
+    if twice is not None:
+        raise SourceError(f"{path}: column {twice!r} is given for two uses (path, label, mask, images, boxes)")
+    for c in cols.images:
+        try:
+            check_field_name(c)
+        except ValueError as e:
+            raise SourceError(f"{path}: image column {c!r}: {e} (an extra image is named after its column)") from None
+    if cols.box_labels is not None and cols.boxes is None:
+        raise SourceError(f"{path}: a box labels column ({cols.box_labels!r}) needs a boxes column")
+    return cols
+
+
+class _ParsedRows:
+    """The items of a list, row by row: labels, metadata, paths and fields checked, the rows
+    whose paths lead outside the root collected."""
+
+    def __init__(self, path: str, fmt: str, base: str, kind: str, label_sep: str) -> None:
+        self.path, self.fmt, self.base, self.kind, self.label_sep = path, fmt, base, kind, label_sep
+        self.items: list[tuple[Any, ...]] = []
+        self.lines: list[int] = []
+        self.outside: list[tuple[int, str]] = []
+        self.seen: dict[str, tuple[int, Any]] = {}  # each file's first line and label
+
+    def file(self, n: int, row: dict[str, Any], col: str) -> str:
+        """The row's path in column ``col``, joined to the root (noted when it leads outside)."""
+        rel = row.get(col)
         if not isinstance(rel, str) or not rel:
-            raise SourceError(f"{where}: the {pcol!r} column is empty or not text")
-        label = _label(row.get(lcol), kind, fmt, label_sep, where)
-        meta = {k: v for k, v in row.items() if k not in (pcol, lcol) and not (fmt != "jsonl" and v == "")}
+            raise SourceError(f"{self.path}:{n}: the {col!r} column is empty or not text")
+        full = os.path.normpath(os.path.join(self.base, rel))  # what is checked is what is opened
+        if not _inside(self.base, full):
+            self.outside.append((n, rel))
+        return full
+
+    def add(self, n: int, row: dict[str, Any], pcol: str, lcol: str, cols: FieldColumns) -> None:
+        """Row ``n`` as an item; SourceError naming the line for what cannot be used."""
+        where = f"{self.path}:{n}"
+        full = self.file(n, row, pcol)
+        label = _label(row.get(lcol), self.kind, self.fmt, self.label_sep, where)
+        skip = (pcol, lcol, *cols.names())
+        meta = {k: v for k, v in row.items() if k not in skip and not (self.fmt != "jsonl" and v == "")}
         try:
             encode_meta(meta, f"{where}: metadata")
         except ValueError as e:
             raise SourceError(str(e)) from None
-        full = os.path.normpath(os.path.join(base, rel))  # what is checked is what is opened
-        if not _inside(base, full):
-            outside.append((n, rel))
-        first = seen.setdefault(full, (n, label))
-        if first[0] != n and not _same_label(first[1], label, kind):
-            raise SourceError(f"{where}: {rel!r} is also on line {first[0]} with label {first[1]!r}, here {label!r}; "
-                              f"which label is meant is ambiguous")
-        items.append((full, label, meta or None))
-        lines.append(n)
-    if outside and not allow_outside_root:
-        raise _outside_error(path, base, root is not None, outside)
-    return ListSource(items, kind, base, pcol, lcol, lines)
+        first = self.seen.setdefault(full, (n, label))
+        if first[0] != n and not _same_label(first[1], label, self.kind):
+            raise SourceError(f"{where}: {row[pcol]!r} is also on line {first[0]} with label {first[1]!r}, here "
+                              f"{label!r}; which label is meant is ambiguous")
+        fields = self.fields(n, row, cols)
+        self.items.append((full, label, meta or None) if fields is None else (full, label, meta or None, fields))
+        self.lines.append(n)
+
+    def fields(self, n: int, row: dict[str, Any], cols: FieldColumns) -> dict[str, Any] | None:
+        """The row's fields as convert_items takes them, or None when the list has no field columns."""
+        if not cols.names():
+            return None
+        out: dict[str, Any] = {}
+        if cols.mask is not None:
+            out["mask"] = self.file(n, row, cols.mask)
+        if cols.images:
+            out["images"] = {c: self.file(n, row, c) for c in cols.images}
+        if cols.boxes is not None:
+            out["boxes"] = _boxes_cell(row.get(cols.boxes), f"{self.path}:{n}: column {cols.boxes!r}")
+        if cols.box_labels is not None:
+            labels = _json_cell(row.get(cols.box_labels), f"{self.path}:{n}: column {cols.box_labels!r}")
+            bad = next((v for v in labels if isinstance(v, bool) or not isinstance(v, (str, int))), None)
+            if bad is not None:
+                raise SourceError(f"{self.path}:{n}: box label {bad!r} is not a class name or number")
+            if len(labels) != len(out["boxes"]):
+                raise SourceError(f"{self.path}:{n}: {len(labels)} box labels for {len(out['boxes'])} boxes")
+            out["box_labels"] = labels
+        return out
+
+
+def _json_cell(value: Any, where: str) -> list[Any]:
+    """A cell holding a JSON list (a JSON Lines value, or a CSV/TSV string; empty: no entries)."""
+    if value is None or value == "":
+        return []
+    if isinstance(value, str):
+        try:
+            value = json.loads(value)
+        except ValueError as e:
+            raise SourceError(f"{where}: not a JSON list ({e})") from None
+    if not isinstance(value, list):
+        raise SourceError(f"{where}: not a JSON list, a {type(value).__name__}")
+    return value
+
+
+def _boxes_cell(value: Any, where: str) -> list[list[float]]:
+    """A boxes cell: a JSON list of ``[x0, y0, x1, y1]``, each four finite numbers."""
+    boxes = _json_cell(value, where)
+    for k, b in enumerate(boxes):
+        if not isinstance(b, list) or len(b) != 4 or any(
+                isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) for v in b):
+            raise SourceError(f"{where}: box {k} {b!r} is not [x0, y0, x1, y1] (four finite numbers)")
+    return boxes
 
 
 def convert_list(
@@ -316,7 +433,7 @@ def convert_list(
     source = read_list(listfile, **list_options)
     if classes is None and options.classes is not None:
         classes = list(options.classes)
-    if classes is not None and source.label_kind != "number":
+    if classes is not None:
         source.check_classes(os.fspath(listfile), classes)
     items = source.items
     if options.shuffle:

@@ -39,7 +39,7 @@ from ..files.filesystem import (
     temp_dir_for,
 )
 from ..layouts.tar import INDEX_SUFFIXES as TAR_INDEX_SUFFIXES
-from ..layouts.tar import pack_index, unpack_index
+from ..layouts.tar import pack_index, read_index
 from .engine import ConvertOptions, Item, write_packed
 from .transcode import COPY, _open_source, _reprocess_one
 from .verify import file_problem
@@ -104,9 +104,12 @@ def _read_parts(parts: Sequence[str]) -> list[Manifest]:
         if m.format != m0.format:
             raise SourceError(f"part {p} is {m.format} but part {first} is {m0.format}; merge parts of one format "
                               f"(convert one first)")
-        if m.version != 2:
+        if m.version < 2:
             raise SourceError(f"part {p} is on-disk version {m.version}; merge needs version 2 parts (file ids): "
                               f"convert it with this packer first")
+        if m.fields != m0.fields:
+            raise SourceError(f"part {p} has the fields {m.field_names or 'none'} but part {first} has "
+                              f"{m0.field_names or 'none'}; merge parts whose samples have the same fields")
         if m.label_kind != m0.label_kind:
             raise SourceError(f"part {p} has {m.label_kind} labels but part {first} has {m0.label_kind} labels; "
                               f"merge parts of one label kind")
@@ -192,7 +195,8 @@ def _template(manifests: Sequence[Manifest], classes: list[str]) -> Manifest:
     return Manifest(format=manifests[0].format, num_samples=0, classes=classes, processing=dict(manifests[0].processing),
                     files=[], shuffle_seed=seeds.pop() if len(seeds) == 1 else None,
                     skipped=[s for m in manifests for s in m.skipped], ignored=ignored, source=source,
-                    created_by=f"packer {__version__}", label_kind=manifests[0].label_kind)
+                    created_by=f"packer {__version__}", label_kind=manifests[0].label_kind,
+                    fields=list(manifests[0].fields), version=manifests[0].version)
 
 
 def _stored(ds: Any, part: str, start: int, stop: int, labels: list[int]) -> Iterator[Item]:
@@ -202,7 +206,14 @@ def _stored(ds: Any, part: str, start: int, stop: int, labels: list[int]) -> Ite
         key, label, image, reason = _reprocess_one(ds, i, COPY, copy=True)
         if image is None:
             raise ImageError(f"part {part}: sample {i} ({key}): {reason}")
+        if image.box_labels is not None:
+            image = replace(image, box_labels=tuple(_renumbered(image.box_labels, labels)))
         yield key, carried_label(ds, i, label, labels), image, None
+
+
+def _renumbered(box_labels: Sequence[int], labels: list[int]) -> list[int]:
+    """Box labels (class indices; -1: none) renumbered to the merged class list."""
+    return [labels[int(v)] if 0 <= int(v) < len(labels) else int(v) for v in box_labels]
 
 
 def merge(
@@ -298,7 +309,8 @@ def _merge_shards(paths: Sequence[str], manifests: Sequence[Manifest], dst: str,
             finally:
                 if ds is not None:
                     ds.close()
-        files.append(_merged_table(paths, manifests, tmp, template.label_kind, report.labels))
+        files.append(_merged_table(paths, manifests, tmp, template.label_kind, report.labels,
+                                   template.field_kind("boxes") is not None))
         fsync_dir(tmp)
         manifest = replace(template, num_samples=first, files=files, layout=_merged_layout(manifests))
         write_manifest(tmp, manifest)
@@ -313,21 +325,26 @@ def _merge_shards(paths: Sequence[str], manifests: Sequence[Manifest], dst: str,
 
 
 def _merged_table(paths: Sequence[str], manifests: Sequence[Manifest], tmp: str, kind: str,
-                  labels: list[list[int]]) -> FileEntry:
-    """The merged dataset's sample table: every part's rows in order, class indices renumbered."""
-    def rows() -> Iterator[tuple[str, int]]:
+                  labels: list[list[int]], boxes: bool = False) -> FileEntry:
+    """The merged dataset's sample table: every part's rows in order, class indices (of labels
+    and boxes) renumbered."""
+    def rows() -> Iterator[tuple[Any, ...]]:
         for p, m, lab in zip(paths, manifests, labels):
             ds = _open_source(p, m.format)
             try:
-                keys, targets = ds.keys, ds.targets
+                keys, targets, table = ds.keys, ds.targets, ds.sample_table() if boxes else None
                 for i in range(len(ds)):
                     label = int(targets[i]) if kind == "class" else -1
-                    yield keys[i], carried_label(ds, i, label, lab)
+                    if table is None:
+                        yield keys[i], carried_label(ds, i, label, lab)
+                        continue
+                    b, bl = table.boxes_of(i)
+                    yield keys[i], carried_label(ds, i, label, lab), b, _renumbered(bl, lab)
             finally:
                 ds.close()
 
     path = os.path.join(tmp, TABLE_NAME)
-    return table_file_entry(path, build_table(path, kind, rows()))
+    return table_file_entry(path, build_table(path, kind, rows(), boxes))
 
 
 def _shard_groups(part: str, m: Manifest) -> Iterator[tuple[FileEntry, list[FileEntry]]]:
@@ -380,11 +397,12 @@ def _copy_shard(part: str, data: FileEntry, indexes: list[FileEntry], tmp: str, 
     for f in indexes:
         name = shard_name(number, _suffix(f.name, stem), prefix)
         if name.endswith(TAR_INDEX_SUFFIXES) and data.name.endswith(".tar"):
-            old_first, entries, keys = unpack_index(_read_checked(part, f), os.path.join(part, f.name))
+            old_first, entries, keys, names, rows = read_index(_read_checked(part, f), os.path.join(part, f.name))
             if old_first != data.first or len(entries) != data.samples:
                 raise CorruptDataError(f"part {part}: index {f.name} disagrees with the manifest",
                                        path=os.path.join(part, f.name))
-            out.append(_write_new(tmp, name, pack_index(first, entries, keys), first))
+            fields = (names, rows) if names else None  # a version 3 index keeps its field section
+            out.append(_write_new(tmp, name, pack_index(first, entries, keys, fields=fields), first))
         else:
             out.append(replace(_copy_checked(part, f, os.path.join(tmp, name)), first=first))
     return out
@@ -443,6 +461,7 @@ def _rewrite_shard(ds: Any, part: str, m: Manifest, data: FileEntry, tmp: str, n
     options = WriterOptions(shard_samples=data.samples, gzip=bool(m.layout.get("gzip", False)), prefix=prefix)
     writer = writer_class(m.format)(tmp, options)
     writer.number = number
+    writer.begin({"format": m.format, "classes": m.classes, "fields": m.fields, "version": m.version})
     try:
         for j, (key, label, image, _) in enumerate(_stored(ds, part, data.first, data.first + data.samples, labels)):
             writer.add(first + j, key, label, image)

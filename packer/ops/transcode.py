@@ -19,7 +19,14 @@ from typing import Any
 import cv2
 
 from .. import __version__
-from ..description.manifest import MANIFEST_NAME, Manifest, Skipped, read_manifest
+from ..description.manifest import (
+    FIELDS_VERSION,
+    MANIFEST_NAME,
+    MANIFEST_VERSION,
+    Manifest,
+    Skipped,
+    read_manifest,
+)
 from ..description.record import Record
 from ..description.registry import get_format, writer_class
 from ..description.samples import carried_label
@@ -27,16 +34,17 @@ from ..errors import CorruptDataError, ImageError, ResumeError, SourceError
 from ..files.filesystem import check_destination, claim_destination
 from ..files.journal import digest
 from ..images.codecs import FILE_EXTENSIONS
+from ..images.fields import FieldSources, process_sample
 from ..images.imageproc import (
     CODECS,
     Encoding,
+    ProcessedField,
     ProcessedImage,
     ProcessOptions,
     check_encoded,
     decode_payload,
     parse_encoding,
     parse_resize,
-    process_image,
 )
 from ..storage.shardspec import has_braces
 from .engine import (
@@ -129,21 +137,76 @@ def _worker_source(src: str, src_format: str) -> Any:
     return _WORKER_SOURCES[key]
 
 
-def reprocess(rec: Record, opts: ProcessOptions) -> ProcessedImage:
-    """Process a stored sample again (resize, re-encode) as :func:`process_image` does a source file.
+def reprocess(rec: Record, opts: ProcessOptions, boxes: tuple[Any, Any] | None = None) -> ProcessedImage:
+    """Process a stored sample again (resize, re-encode) as :func:`process_image` does a source
+    file, with its fields (:func:`~packer.images.fields.process_sample`: masks resized by nearest
+    neighbour, extra images to the image's new size) and ``boxes`` (``(boxes, labels)`` in stored
+    pixels, scaled to the new size).
 
     Raw pixels go through a lossless PNG on the way; ``keep`` keeps each sample's codec family
     (raw stays raw, JPEG stays JPEG at quality 90, PNG stays PNG, anything else becomes PNG).
     """
-    if rec.codec == "raw":
-        rgb = decode_payload(rec.payload, "raw", rec.height, rec.width)
-        ok, buf = cv2.imencode(".png", cv2.cvtColor(rgb, cv2.COLOR_RGB2BGR), [cv2.IMWRITE_PNG_COMPRESSION, 1])
-        if not ok:
-            raise ImageError("OpenCV could not re-encode raw pixels")
-        if opts.encoding.codec == "keep":
-            opts = replace(opts, encoding=Encoding("raw", 0))
-        return process_image(buf.tobytes(), opts)
-    return process_image(bytes(rec.payload), opts)
+    if rec.codec == "raw" and opts.encoding.codec == "keep":
+        opts = replace(opts, encoding=Encoding("raw", 0))
+    sources = FieldSources(
+        mask=next((bytes(f.payload) for f in rec.fields if f.name == "mask"), None),
+        images=tuple((f.name, _file_bytes(f.payload, f.codec, f.height, f.width)) for f in rec.fields if f.name != "mask"),
+        boxes=None if boxes is None else boxes[0],
+        box_labels=None if boxes is None or all(v < 0 for v in boxes[1]) else boxes[1],
+    )
+    return process_sample(_file_bytes(rec.payload, rec.codec, rec.height, rec.width), opts, sources)
+
+
+def _file_bytes(payload: bytes | memoryview, codec: str, height: int, width: int) -> bytes:
+    """Stored bytes as an image file's: raw pixels as a lossless PNG, anything else unchanged."""
+    if codec != "raw":
+        return bytes(payload)
+    rgb = decode_payload(payload, "raw", height, width)
+    ok, buf = cv2.imencode(".png", cv2.cvtColor(rgb, cv2.COLOR_RGB2BGR), [cv2.IMWRITE_PNG_COMPRESSION, 1])
+    if not ok:
+        raise ImageError("OpenCV could not re-encode raw pixels")
+    return buf.tobytes()
+
+
+def _stored_boxes(ds: Any, i: int, rec: Record) -> tuple[Any, Any] | None:
+    """Sample ``i``'s boxes and box labels, in stored pixels: from the sample itself (other
+    tools' data) or the dataset's sample table; None when the dataset has none."""
+    if rec.boxes is not None:
+        return rec.boxes, rec.box_labels if rec.box_labels is not None else [-1] * len(rec.boxes)
+    if ds.manifest.field_kind("boxes") is None:
+        return None
+    table = ds.sample_table()
+    if table is None or not table.has_boxes:
+        raise CorruptDataError("the dataset has boxes but its sample table holds none", path=ds.root, sample=i)
+    return table.boxes_of(i)
+
+
+def _source_fields(ds: Any) -> list[dict[str, Any]]:
+    """The fields a conversion of ``ds`` writes: its manifest's, or for other tools' data (whose
+    samples carry a mask or boxes, found by the reader), those of its first sample; a later sample
+    without them is a skip that says so."""
+    if ds.manifest.fields or not ds.manifest.layout.get("foreign"):
+        return list(ds.manifest.fields)
+    try:
+        rec = ds.read_record(0)
+    except (CorruptDataError, OSError):
+        return []
+    out: list[dict[str, Any]] = [{"name": f.name, "kind": "mask" if f.name == "mask" else "image"} for f in rec.fields]
+    if rec.boxes is not None:
+        out.append({"name": "boxes", "kind": "boxes", "labels": rec.box_labels is not None})
+    return out
+
+
+def _copied(rec: Record, boxes: tuple[Any, Any] | None, h: int, w: int) -> ProcessedImage:
+    """The stored sample as it is, fields and boxes included."""
+    fields = tuple(ProcessedField(f.name, f.codec, bytes(f.payload), f.height, f.width, f.channels, f.depth)
+                   for f in rec.fields)
+    if boxes is None:
+        return ProcessedImage(rec.codec, bytes(rec.payload), h, w, fields=fields)
+    labels = tuple(int(v) for v in boxes[1])
+    return ProcessedImage(rec.codec, bytes(rec.payload), h, w, fields=fields,
+                          boxes=tuple(tuple(float(v) for v in b) for b in boxes[0]),
+                          box_labels=None if all(v < 0 for v in labels) else labels)
 
 
 def _read(ds: Any, i: int) -> tuple[Record | None, str | None]:
@@ -169,12 +232,13 @@ def _reprocess_one(ds: Any, i: int, opts: ProcessOptions, copy: bool = False) ->
     if len(rec.payload) == 0:
         return rec.key, rec.label, None, "empty image payload (0 bytes)"
     try:
+        boxes = _stored_boxes(ds, i, rec)
         if copy:
             h, w = rec.height, rec.width
             if ds.manifest.layout.get("foreign") and rec.codec != "raw":
                 h, w = check_encoded(bytes(rec.payload), opts.keep_damaged_jpeg)
-            return rec.key, rec.label, ProcessedImage(rec.codec, bytes(rec.payload), h, w), None
-        return rec.key, rec.label, reprocess(rec, opts), None
+            return rec.key, rec.label, _copied(rec, boxes, h, w), None
+        return rec.key, rec.label, reprocess(rec, opts, boxes), None
     except ImageError as e:
         return rec.key, rec.label, None, str(e)
     except Exception as e:  # noqa: BLE001 - any decoder failure is a skip with the reason
@@ -420,8 +484,9 @@ def _convert_dataset_claimed(
             template = Manifest(
                 format=dst_format, num_samples=0, classes=classes, processing=processing, files=[],
                 shuffle_seed=sm.shuffle_seed, skipped=list(sm.skipped), ignored=dict(sm.ignored), source=source,
-                created_by=f"packer {__version__}", label_kind=sm.label_kind,
+                created_by=f"packer {__version__}", label_kind=sm.label_kind, fields=_source_fields(ds),
             )
+            template.version = FIELDS_VERSION if template.fields else MANIFEST_VERSION
             fingerprint = {"source": _source_fingerprint(ds.root, sm),
                            "options": options_fingerprint(dst_format, template, options)}
             counts: dict[str, int] = {}
@@ -432,9 +497,10 @@ def _convert_dataset_claimed(
             new_skips = manifest.skipped[: len(manifest.skipped) - len(sm.skipped)]
             return TranscodeReport(dst, manifest, time.perf_counter() - t0, list(new_skips), copied=copy,
                                    resumed=resumed, notes=notes, left_small=counts["left_small"])
-        if sm.label_kind != "class":
-            raise SourceError(f"{src} has {sm.label_kind} labels, which class folders cannot hold; convert it to "
-                              f"another packed format instead")
+        if sm.label_kind != "class" or sm.fields:
+            what = f"{sm.label_kind} labels" if sm.label_kind != "class" else f"fields ({', '.join(sm.field_names)})"
+            raise SourceError(f"{src} has {what}, which class folders cannot hold; convert it to another packed "
+                              f"format instead")
         items = _items(ds, src, src_format, options, copy)
         tmp = temp_dir_for(dst)
         if os.path.lexists(tmp):

@@ -1,6 +1,8 @@
 """``packer verify``: every payload file against the manifest's size and SHA-256, then every sample
 read through its format's reader (record, key and index checksums) and decoded.
 
+In a dataset with fields, every mask and extra image is read (its checksum, bound to the sample's
+place, checked by the reader) and decoded, and every sample's boxes are checked against its image.
 A damaged byte anywhere fails its file's SHA-256, so ``verify`` never passes a changed dataset;
 the format's damage locator (packer.description.registry) names the samples wherever the format allows.
 docs/reliability.md ("Damage: detected and named") says, format by format, what gets named.
@@ -14,12 +16,18 @@ import stat
 import struct
 import zlib
 from dataclasses import dataclass, field
+from typing import Any
 
 import crc32c
+import cv2
+import numpy as np
 
 from ..description.manifest import FileEntry, Manifest, file_sha256, read_manifest
+from ..description.record import Record
 from ..description.registry import get_format
+from ..description.samples import SampleTable
 from ..errors import CorruptDataError
+from ..images.imageproc import ProcessedField, decode_payload
 
 __all__ = ["VerifyReport", "verify_dataset", "file_problem"]
 
@@ -126,6 +134,8 @@ def _read_samples(root: str, m: Manifest, check_unique: bool, rep: VerifyReport)
             try:
                 rec = ds.read_record(i)
                 ds.decode(rec, i)
+                if m.fields:
+                    _check_fields(ds, m, rec, i)
             except (CorruptDataError, OSError, ValueError) as e:
                 rep.problems.append(f"sample {i}: {e}")
                 rep._sample(i)
@@ -140,6 +150,69 @@ def _read_samples(root: str, m: Manifest, check_unique: bool, rep: VerifyReport)
                 seen[ident] = i
             rep.samples_ok += 1
     rep.bad_samples.sort()
+
+
+# -- fields (version 3) ---------------------------------------------------------------------------
+def _check_fields(ds: Any, m: Manifest, rec: Record, i: int) -> None:
+    """Sample ``i``'s record ``rec`` (read through ``ds``, its fields' checksums checked there)
+    has the manifest's fields, each at the image's size and decodable, and boxes inside the image;
+    CorruptDataError naming the field otherwise."""
+    holder = next((f.name for f in m.files if f.samples and f.first <= i < f.first + f.samples), "")
+    where = {"path": os.path.join(ds.root, holder), "sample": i}
+    names = [f.name for f in rec.fields]
+    if names != m.stored_fields:
+        raise CorruptDataError(f"has the fields {names}, the manifest lists {m.stored_fields}", **where)
+    for f in rec.fields:
+        _check_field(f, m.field_kind(f.name), (rec.height, rec.width), where)
+    spec = next((f for f in m.fields if f["kind"] == "boxes"), None)
+    if spec is not None:
+        _check_boxes(ds.sample_table(), rec, bool(spec.get("labels")), i)
+
+
+def _check_field(f: ProcessedField, kind: str | None, size: tuple[int, int], where: dict) -> None:
+    """A mask (one channel, 8 or 16 bits, PNG) or extra image (RGB) of the image's ``size`` (h, w),
+    decoding to what its header says."""
+    what = f"field {f.name!r}"
+    mask = kind == "mask"
+    if (f.height, f.width) != size or f.channels != (1 if mask else 3) or f.depth not in ((8, 16) if mask else (8,)):
+        raise CorruptDataError(f"{what} is {f.width}x{f.height}, {f.channels} channels of {f.depth} bits; the "
+                               f"image is {size[1]}x{size[0]} and a {kind} has {1 if mask else 3}", **where)
+    if mask:
+        png = f.codec == "png" and len(f.payload) > 0
+        a = cv2.imdecode(np.frombuffer(f.payload, np.uint8), cv2.IMREAD_UNCHANGED) if png else None
+        ok = a is not None and a.shape == size and a.dtype == (np.uint16 if f.depth == 16 else np.uint8)
+    else:
+        a = decode_payload(f.payload, f.codec, f.height, f.width, path=where["path"], sample=where["sample"])
+        ok = a.shape[:2] == size
+    if not ok:
+        got = "not decodable" if a is None else f"{a.dtype} {a.shape}"
+        raise CorruptDataError(f"{what} ({f.codec}) decodes to {got}, its header says {f.width}x{f.height}", **where)
+
+
+def _check_boxes(table: SampleTable | None, rec: Record, labelled: bool, i: int) -> None:
+    """Sample ``i``'s boxes in the sample table ``table``: inside the stored image, ordered, with
+    labels exactly when the manifest says so, and equal to those the sample itself carries."""
+    if table is None or not table.has_boxes:
+        raise CorruptDataError("the manifest lists boxes, but the dataset has no sample table boxes section", sample=i)
+    boxes, labels = table.boxes_of(i)
+    w, h = rec.width * (1 + 1e-6), rec.height * (1 + 1e-6)
+    x0, y0, x1, y1 = boxes.T.astype(np.float64)
+    bad = ~np.isfinite(boxes).all(axis=1) | (x0 < 0) | (y0 < 0) | (x0 > x1) | (y0 > y1) | (x1 > w) | (y1 > h)
+    where = {"path": table.path, "sample": i}
+    if bad.any():
+        k = int(np.argmax(bad))
+        raise CorruptDataError(f"field 'boxes': box {k} {boxes[k].tolist()} is not an ordered box inside the "
+                               f"stored {rec.width}x{rec.height} image", **where)
+    if bool((labels >= 0).all() if labelled else (labels == -1).all()) is False:
+        raise CorruptDataError(f"field 'boxes': labels {labels.tolist()} where the manifest says the boxes "
+                               f"{'have' if labelled else 'have no'} labels", **where)
+    if rec.boxes is not None:  # the sample's own copy (for other tools; HDF5's /boxes under audit)
+        own = np.asarray(rec.boxes, np.float64).reshape(-1, 4)
+        own_labels = rec.box_labels
+        if own.shape != boxes.shape or not np.allclose(own, boxes, rtol=1e-5, atol=1e-3) or (
+                labelled and own_labels is not None and list(own_labels) != labels.tolist()):
+            raise CorruptDataError(f"field 'boxes': the sample holds {len(own)} boxes {own.tolist()[:4]}, the "
+                                   f"sample table {len(boxes)} {boxes.tolist()[:4]}", **where)
 
 
 # -- locating damage in a file whose checksum failed ------------------------------------------------

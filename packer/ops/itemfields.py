@@ -1,0 +1,253 @@
+"""The fields an item of :func:`packer.ops.items.convert_items` may carry besides its image, as a
+fourth element: ``{"mask": path or bytes, "images": {name: path or bytes}, "boxes": [[x0, y0, x1,
+y1], ...], "box_labels": [class name or number, ...]}`` (any of the keys; boxes in the source
+image's pixels). Checked per item, read and processed with the image in the worker processes."""
+
+from __future__ import annotations
+
+import abc
+import hashlib
+import math
+import numbers
+import os
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, replace
+from typing import Any
+
+from ..errors import ImageError
+from ..files.fileio import NotReadableError, read_source_file
+from ..images.fields import FieldSources, check_field_name, process_sample
+from ..images.imageproc import ProcessOptions
+from .engine import NO_STAMP, Stamp, file_stamp, stamp_mismatch
+
+__all__ = ["FIELD_KEYS", "MadeSource", "ItemFields", "FieldFiles", "item_fields", "declared_fields", "fields_entry", "with_stamps",
+           "process_with_fields", "field_processor"]
+
+#: The keys an item's fields dict may have.
+FIELD_KEYS = ("mask", "images", "boxes", "box_labels")
+
+class MadeSource(abc.ABC):
+    """A field's file made where it is processed, in a worker (a mask drawn from polygons): its
+    bytes on demand, and a digest of everything that decides them (for the fingerprint)."""
+
+    @abc.abstractmethod
+    def data(self) -> bytes:
+        """The file's bytes (an exception is a skip of the sample, with its message)."""
+
+    @abc.abstractmethod
+    def digest(self) -> str:
+        """A digest of what decides :meth:`data`, the same whenever the bytes are the same."""
+
+
+#: A field's source: a file path, the file's bytes, or a file made on demand.
+Source = str | bytes | MadeSource
+
+
+@dataclass(frozen=True)
+class ItemFields:
+    """One item's fields as checked: the mask's source, the extra images' sources by name (in the
+    item's order), the boxes (floats, source pixels) and the box labels as given."""
+
+    mask: Source | None = None
+    images: tuple[tuple[str, Source], ...] = ()
+    boxes: tuple[tuple[float, float, float, float], ...] | None = None
+    box_labels: tuple[str | int, ...] | None = None
+
+    def signature(self) -> tuple[bool, frozenset[str], bool, bool]:
+        """What fields the item has (every item of a conversion must have the same)."""
+        return (self.mask is not None, frozenset(n for n, _ in self.images), self.boxes is not None,
+                self.box_labels is not None)
+
+    def describe(self) -> str:
+        """The fields as a user reads them: ``mask, images left and right, boxes``."""
+        parts = ["mask"] if self.mask is not None else []
+        parts += [f"image {n!r}" for n, _ in self.images]
+        parts += ["boxes"] if self.boxes is not None else []
+        parts += ["box_labels"] if self.box_labels is not None else []
+        return ", ".join(parts) or "no fields"
+
+
+@dataclass(frozen=True)
+class FieldFiles:
+    """What a worker needs to read and process one item's fields: sources (paths or bytes),
+    boxes with their labels already made class numbers, and the ``(size, mtime_ns)`` each file
+    had when the items were listed (by path; a file read must still have it)."""
+
+    mask: Source | None
+    images: tuple[tuple[str, Source], ...]
+    boxes: tuple[tuple[float, float, float, float], ...] | None
+    box_labels: tuple[int, ...] | None
+    stamps: tuple[tuple[str, Stamp], ...] = ()
+
+    @property
+    def paths(self) -> list[str]:
+        """The fields' files given by path: the mask's, then the extra images' in order."""
+        return [s for s in (self.mask, *(src for _, src in self.images)) if isinstance(s, str)]
+
+
+def _source(i: int, what: str, value: Any) -> Source:
+    if isinstance(value, MadeSource):
+        return value
+    if isinstance(value, (bytes, bytearray, memoryview)):
+        return bytes(value)
+    if isinstance(value, (str, os.PathLike)) and os.fspath(value):
+        return os.fspath(value)
+    raise TypeError(f"item {i}: {what} must be a file path or the file's bytes, not {type(value).__name__}")
+
+
+def _boxes(i: int, value: Any) -> tuple[tuple[float, float, float, float], ...]:
+    try:
+        rows = [list(b) for b in value]
+    except TypeError:
+        raise ValueError(f"item {i}: boxes must be a list of [x0, y0, x1, y1], not {type(value).__name__}") from None
+    out = []
+    for k, row in enumerate(rows):
+        if len(row) != 4 or not all(isinstance(v, numbers.Real) and not isinstance(v, bool) for v in row):
+            raise ValueError(f"item {i}: box {k} {row!r} is not four numbers [x0, y0, x1, y1]")
+        b = tuple(float(v) for v in row)
+        if not all(math.isfinite(v) for v in b):
+            raise ValueError(f"item {i}: box {k} {list(b)} is not finite")
+        out.append(b)
+    return tuple(out)  # type: ignore[arg-type]
+
+
+def _box_labels(i: int, value: Any, n: int) -> tuple[str | int, ...]:
+    if isinstance(value, (str, bytes)):
+        raise ValueError(f"item {i}: box_labels must be a list of class names or numbers, not a string")
+    labels = tuple(int(v) if isinstance(v, numbers.Integral) and not isinstance(v, bool) else v for v in value)
+    for v in labels:
+        if isinstance(v, bool) or not isinstance(v, (str, int)):
+            raise ValueError(f"item {i}: box label {v!r} is not a class name or number")
+    if len(labels) != n:
+        raise ValueError(f"item {i}: {len(labels)} box labels for {n} boxes")
+    return labels
+
+
+def item_fields(i: int, value: Any) -> ItemFields | None:
+    """Item ``i``'s fields dict checked (None or empty: no fields); TypeError/ValueError naming it."""
+    if value is None:
+        return None
+    if not isinstance(value, dict):
+        raise TypeError(f"item {i}: fields must be a dict with keys of {', '.join(FIELD_KEYS)}, "
+                        f"not {type(value).__name__}")
+    unknown = [k for k in value if k not in FIELD_KEYS]
+    if unknown:
+        raise ValueError(f"item {i}: unknown field {unknown[0]!r} (an item's fields are {', '.join(FIELD_KEYS)})")
+    if not value:
+        return None
+    images = value.get("images") or {}
+    if not isinstance(images, dict):
+        raise TypeError(f"item {i}: images must be a dict of name: path or bytes, not {type(images).__name__}")
+    named = []
+    for name, src in images.items():
+        try:
+            check_field_name(name)
+        except ValueError as e:
+            raise ValueError(f"item {i}: {e}") from None
+        named.append((name, _source(i, f"image {name!r}", src)))
+    boxes = _boxes(i, value["boxes"]) if value.get("boxes") is not None else None
+    labels = value.get("box_labels")
+    if labels is not None and boxes is None:
+        raise ValueError(f"item {i}: box_labels without boxes")
+    return ItemFields(_source(i, "mask", value["mask"]) if value.get("mask") is not None else None, tuple(named),
+                      boxes, _box_labels(i, labels, len(boxes)) if labels is not None else None)
+
+
+def declared_fields(first: ItemFields, image_order: Sequence[str]) -> list[dict[str, Any]]:
+    """The manifest's ``fields`` for items like ``first``: the mask, the extra images in
+    ``image_order``, the boxes (with ``labels`` when they have them)."""
+    out: list[dict[str, Any]] = [{"name": "mask", "kind": "mask"}] if first.mask is not None else []
+    out += [{"name": n, "kind": "image"} for n in image_order]
+    if first.boxes is not None:
+        out.append({"name": "boxes", "kind": "boxes", "labels": first.box_labels is not None})
+    return out
+
+
+def fields_entry(files: FieldFiles) -> dict[str, Any]:
+    """What an item's fingerprint records of its fields: each file's size and modification time
+    (as ``files.stamps`` has them; the SHA-256 of bytes), the boxes and the box labels' numbers."""
+    stamps = dict(files.stamps)
+
+    def stamp(src: Source) -> Any:
+        if isinstance(src, MadeSource):
+            return {"made": src.digest()}
+        return hashlib.sha256(src).hexdigest() if isinstance(src, bytes) else [src, *stamps.get(src, NO_STAMP)]
+
+    entry: dict[str, Any] = {}
+    if files.mask is not None:
+        entry["mask"] = stamp(files.mask)
+    if files.images:
+        entry["images"] = [[n, stamp(s)] for n, s in files.images]
+    if files.boxes is not None:
+        entry["boxes"] = [list(b) for b in files.boxes]
+    if files.box_labels is not None:
+        entry["box_labels"] = list(files.box_labels)
+    return entry
+
+
+def with_stamps(files: FieldFiles, stamps: Sequence[Stamp] | None = None) -> FieldFiles:
+    """``files`` with the stamps of its files by path: ``stamps`` in :attr:`FieldFiles.paths`'
+    order (what was listed), or looked up now."""
+    paths = files.paths
+    found = list(stamps) if stamps is not None else [file_stamp(p) for p in paths]
+    return replace(files, stamps=tuple((p, tuple(st)) for p, st in zip(paths, found)))  # type: ignore[misc]
+
+
+class _Unreadable(Exception):
+    """A field's file could not be read: the skip's reason."""
+
+
+def _read(src: Source, what: str, opts: ProcessOptions, stamps: dict[str, Stamp]) -> bytes:
+    """A field's bytes; a file must be as listed (SourceError otherwise: not the planned file)."""
+    if isinstance(src, bytes):
+        return src
+    if isinstance(src, MadeSource):
+        try:
+            return src.data()
+        except Exception as e:  # noqa: BLE001 - a file that cannot be made is a skip with the reason
+            raise _Unreadable(f"{what} could not be made: {type(e).__name__}: {e}") from None
+    try:
+        data, seen = read_source_file(src, opts.max_source_bytes)
+    except OSError as e:
+        raise _Unreadable(f"{what} file {src}: cannot read: {e.strerror or e}") from None
+    except NotReadableError as e:
+        raise _Unreadable(f"{what} file {src}: {e}") from None
+    want = stamps.get(src)
+    if want is not None and (seen.st_size, seen.st_mtime_ns) != tuple(want):
+        raise stamp_mismatch(src, (seen.st_size, seen.st_mtime_ns), want)
+    return data
+
+
+def _at_fault(reason: str, files: FieldFiles) -> str:
+    """``reason`` with the file of the field it is about, when that field came from a file."""
+    if reason.startswith("mask") and isinstance(files.mask, str):
+        return f"{reason} (mask file {files.mask})"
+    for name, src in files.images:
+        if reason.startswith(f"image {name!r}") and isinstance(src, str):
+            return f"{reason} (file {src})"
+    return reason
+
+
+def process_with_fields(data: bytes, opts: ProcessOptions, files: FieldFiles) -> tuple[Any, str | None]:
+    """The image's bytes processed with its fields (:func:`~packer.images.fields.process_sample`),
+    or (None, the reason) for a skip, naming the field's file when one is at fault."""
+    stamps = dict(files.stamps)
+    try:
+        sources = FieldSources(_read(files.mask, "mask", opts, stamps) if files.mask is not None else None,
+                               tuple((n, _read(s, f"image {n!r}", opts, stamps)) for n, s in files.images),
+                               files.boxes, files.box_labels)
+    except _Unreadable as e:
+        return None, str(e)
+    try:
+        return process_sample(data, opts, sources), None
+    except ImageError as e:
+        return None, _at_fault(str(e), files)
+    except Exception as e:  # noqa: BLE001 - any decoder failure is a skip with the reason
+        return None, _at_fault(f"{type(e).__name__}: {e}", files)
+
+
+def field_processor(files: FieldFiles) -> Callable[[bytes, ProcessOptions], tuple[Any, str | None]]:
+    """A ``process(data, opts)`` for :func:`packer.ops.engine._process_file` that adds ``files``."""
+    def process(data: bytes, opts: ProcessOptions) -> tuple[Any, str | None]:
+        return process_with_fields(data, opts, files)
+    return process
