@@ -25,7 +25,7 @@ class ExactDistributedSampler(Sampler[int]):
     out, so the ranks' counts differ by at most one (the first ``len(dataset) % world_size``
     ranks get one more). Rank ``r`` reads a consecutive slice of the (optionally shuffled) indices,
     as ``StreamingDataset(partition="exact")`` does. Gather per-rank sums and counts afterwards
-    (README, "Evaluation under DDP"); a DDP training step on unequal counts would hang.
+    (docs/guide.md, "Evaluation under DDP"); a DDP training step on unequal counts would hang.
 
     Args:
         dataset: anything with ``len``.

@@ -2,7 +2,7 @@
 
     python -m torch.distributed.run --nproc_per_node=3 tests/ddp_eval_worker.py --data D --out DIR
 
-Evaluates twice, as README's "Evaluation under DDP" shows: through
+Evaluates twice, as docs/guide.md's "Evaluation under DDP" shows: through
 ``StreamingDataset(partition="exact")`` and through a map-style dataset with
 ``ExactDistributedSampler``. Each rank sums a per-sample "metric" (the sample's number) and
 counts its samples, then ``all_gather_object`` collects every rank's pair. Writes

@@ -266,3 +266,34 @@ def test_rank_timeout_from_the_environment():
     for bad in ("0", "-1", "soon", "nan"):
         with pytest.raises(ValueError, match="PACKER_TORCHRUN_TIMEOUT"):
             rank_timeout({"PACKER_TORCHRUN_TIMEOUT": bad})
+
+
+def test_a_rank_sees_the_last_arrival_long_before_its_next_beat():
+    """Ranks meet before each collective through the store: the one that arrived first sees the
+    last one come within a few polls, not after a whole beat interval (5 s at the default rank
+    timeout, several times per conversion), while a silent rank is still named after the timeout."""
+    import threading
+    from datetime import timedelta
+
+    from torch.distributed import TCPStore
+
+    from packer.ops.distributed import Launch, _Peers
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    master = TCPStore("127.0.0.1", port, 2, True, timeout=timedelta(seconds=30), wait_for_workers=False)
+    worker = TCPStore("127.0.0.1", port, 2, False, timeout=timedelta(seconds=30))
+    timeout = timedelta(minutes=30)  # the default: beats every 5 s
+    first = _Peers(worker, Launch(1, 2, 1, "here"), timeout)
+    last = _Peers(master, Launch(0, 2, 0, "here"), timeout)
+    assert first.interval == 5.0
+    arrived = threading.Thread(target=first.arrive)
+    arrived.start()
+    while int(master.add(f"{first.prefix}at/1", 0)) < 1:  # rank 1 waits in the store
+        threading.Event().wait(0.01)
+    last.arrive()
+    arrived.join(first.interval / 2)
+    assert not arrived.is_alive(), "rank 1 slept through rank 0's arrival"
+    first.close()
+    last.close()

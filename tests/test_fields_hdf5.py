@@ -28,13 +28,13 @@ def _mask(payload) -> np.ndarray:
 @pytest.fixture(scope="module")
 def written(tmp_path_factory):
     root = tmp_path_factory.mktemp("fields-hdf5")
-    src = write_fields_dataset(root / "seg.hdf5", "hdf5")
+    src = write_fields_dataset(root / "fields.hdf5", "hdf5")
     return root, {s[0]: s for s in src}
 
 
 def test_fields_read_back_exactly(written):
     root, src = written
-    ds = open_dataset(str(root / "seg.hdf5"), output="numpy")
+    ds = open_dataset(str(root / "fields.hdf5"), output="numpy")
     table = ds.sample_table()
     for i in range(len(ds)):
         rec = ds.read_record(i)
@@ -57,7 +57,7 @@ def test_plain_h5py_reads_fields_as_the_docs_show(written, monkeypatch):
     monkeypatch.chdir(root)
     scope: dict = {}
     exec(compile(snippet, "FORMATS.md", "exec"), scope)  # noqa: S102 - the documentation's own example
-    ds = open_dataset(str(root / "seg.hdf5"), output="numpy")
+    ds = open_dataset(str(root / "fields.hdf5"), output="numpy")
     rec = ds.read_record(0)
     want = cv2.resize(src[rec.key][4], (rec.width, rec.height), interpolation=cv2.INTER_NEAREST)
     assert np.array_equal(scope["mask"], want)
@@ -70,7 +70,7 @@ def test_damaged_field_byte_names_file_sample_field_and_offset(written, tmp_path
 
     root, _ = written
     dst = tmp_path / "damaged.hdf5"
-    shutil.copytree(root / "seg.hdf5", dst)
+    shutil.copytree(root / "fields.hdf5", dst)
     path = str(dst / "data.h5")
     with h5py.File(path, "r") as f:
         start = int(f["fields/left/offsets"][4])
@@ -221,7 +221,7 @@ def test_spawned_worker_reads_fields_from_the_shared_index(written, monkeypatch)
 
     monkeypatch.setattr(reader, "SHARE_INDEX_BYTES", 1)  # every index array into shared memory
     root, _ = written
-    ds = open_dataset(str(root / "seg.hdf5"), output="numpy")
+    ds = open_dataset(str(root / "fields.hdf5"), output="numpy")
     want = [[(f.name, bytes(f.payload)) for f in ds.read_record(i).fields] for i in range(len(ds))]
     ctx = multiprocessing.get_context("spawn")
     q = ctx.Queue()

@@ -238,6 +238,35 @@ def test_the_command_line_converts_to_reads_from_and_verifies_urls(s3, tmp_path)
     assert r.returncode == 1 and "s3://data/cli/none/manifest.json does not exist" in r.stderr, r.stderr
 
 
+@pytest.mark.parametrize("variable", ["AWS_ENDPOINT_URL", "AWS_ENDPOINT_URL_S3"])
+def test_the_standard_endpoint_variable_serves_every_command(s3, local_sets, tmp_path, variable):
+    """The AWS tools' own endpoint variable, set once, reaches the server from a conversion to a URL,
+    ``info``, ``verify`` and a reader: no ``--storage-option``, nothing packer-specific."""
+    import subprocess
+    import sys
+
+    env = {k: v for k, v in os.environ.items() if not k.startswith("AWS_")}
+    env.update({variable: s3["client_kwargs"]["endpoint_url"], "AWS_ACCESS_KEY_ID": "testing",
+                "AWS_SECRET_ACCESS_KEY": "testing", "AWS_DEFAULT_REGION": "us-east-1",
+                "PACKER_CACHE_DIR": str(tmp_path / "cache")})
+    url = f"s3://data/variable/{variable}"
+
+    def cli(*args):
+        return subprocess.run([sys.executable, "-m", "packer", *args], capture_output=True, text=True, timeout=300,
+                              env=env)
+
+    r = cli("convert", "tar", "tar", local_sets["tar"], url, "-q")
+    assert r.returncode == 0, r.stderr
+    r = cli("info", url)
+    assert r.returncode == 0 and "samples     24" in r.stdout, r.stderr
+    r = cli("verify", url)
+    assert r.returncode == 0 and "24/24 samples decoded" in r.stdout, r.stdout + r.stderr
+    read = subprocess.run([sys.executable, "-c", f"from packer import open_dataset; print(len(open_dataset({url!r})))"],
+                          capture_output=True, text=True, timeout=300, env=env)
+    assert read.returncode == 0 and read.stdout.split() == ["24"], read.stderr
+    _same(open_dataset(local_sets["tar"]), open_dataset(url, storage_options=s3, cache_dir=str(tmp_path / "c2")))
+
+
 def test_a_server_that_stops_gives_a_clear_error_in_bounded_time(local_sets, tmp_path):
     import boto3
 

@@ -1843,15 +1843,27 @@ def _read_all(path: str, fields: tuple[str, ...]) -> float:
         return cpu_seconds() - c0
 
 
-def _mask_decodes(path: str) -> float:
-    """CPU seconds to decode every stored mask PNG of ``path`` alone (cv2, as the reader does)."""
+def _stored_payloads(path: str) -> list[tuple[bytes, str, int, int, bytes]]:
+    """Every sample's stored image (bytes, codec, height, width) and mask PNG."""
     from packer.datasets import open_dataset
 
     with open_dataset(path) as ds:
-        payloads = [bytes(ds.read_record(i).fields[0].payload) for i in range(len(ds))]
+        recs = (ds.read_record(i) for i in range(len(ds)))
+        return [(bytes(r.payload), r.codec, r.height, r.width, bytes(r.fields[0].payload)) for r in recs]
+
+
+def _bare_decodes(payloads: list[tuple[bytes, str, int, int, bytes]], what: str) -> float:
+    """CPU seconds of a bare loop over stored payloads already in memory: decode the ``mask``
+    PNGs alone, the ``image`` alone (packer's decoder), or ``both``, image then mask, sample by
+    sample (the work a reader of both cannot avoid, caches included)."""
+    from packer.images.imageproc import decode_payload
+
     c0 = cpu_seconds()
-    for p in payloads:
-        torch.from_numpy(cv2.imdecode(np.frombuffer(p, np.uint8), cv2.IMREAD_UNCHANGED))
+    for data, codec, h, w, mask in payloads:
+        if what != "mask":
+            torch.from_numpy(decode_payload(data, codec, h, w)).permute(2, 0, 1)
+        if what != "image":
+            torch.from_numpy(cv2.imdecode(np.frombuffer(mask, np.uint8), cv2.IMREAD_UNCHANGED))
     return cpu_seconds() - c0
 
 
@@ -1861,9 +1873,11 @@ def fields(a: argparse.Namespace) -> int:
     Packs ``--count`` images of ``--src`` (shorter:256, jpeg:90) with a region mask each (a
     label map of large regions, like a segmentation dataset's) into each ``--formats``, then, in
     ``--rounds`` interleaved rounds, reads every sample in this process with
-    ``fields=("image", "label")`` and ``fields=("image", "mask", "label")``, and decodes the
-    stored mask PNGs alone. The target: image + mask costs at most image + mask decode, i.e.
-    the ratio of the last column is at most 1 (within the rounds' spread).
+    ``fields=("image", "label")`` and ``fields=("image", "mask", "label")``, and, from payloads
+    already in memory, decodes the mask PNGs alone, the images alone and both, image then mask
+    per sample. The target: image + mask costs at most image + mask decode (the ratio column at
+    most 1). Decoding a JPEG and a PNG in turn costs more than the two apart (caches), which the
+    bare loops measure; the last column is what packer adds per mask beyond that.
     """
     cv2.setNumThreads(1)
     torch.set_num_threads(1)
@@ -1873,18 +1887,24 @@ def fields(a: argparse.Namespace) -> int:
         for fmt in a.formats:
             paths[fmt] = os.path.join(work, f"f.{fmt}")
             fields_dataset(a.src, paths[fmt], a.count, fmt)
-        header("format", "image (us/sample)", "image + mask", "mask PNG decode alone", "(image + mask) / (image + decode)")
+        header("format", "image (us/sample)", "image + mask", "mask PNG decode alone",
+               "(image + mask) / (image + decode)", "bare: image, image + mask decodes", "packer's extra per mask")
         for fmt, path in paths.items():
-            runs: dict[str, list[float]] = {"image": [], "both": [], "decode": []}
+            payloads = _stored_payloads(path)
+            runs: dict[str, list[float]] = {k: [] for k in ("image", "both", "mask", "bare_image", "bare_both")}
             for turn in range(a.rounds):
                 jobs = {"image": functools.partial(_read_all, path, ("image", "label")),
                         "both": functools.partial(_read_all, path, ("image", "mask", "label")),
-                        "decode": functools.partial(_mask_decodes, path)}
+                        "mask": functools.partial(_bare_decodes, payloads, "mask"),
+                        "bare_image": functools.partial(_bare_decodes, payloads, "image"),
+                        "bare_both": functools.partial(_bare_decodes, payloads, "both")}
                 for name in turns(list(jobs), turn):
                     runs[name].append(jobs[name]() / a.count * 1e6)
             med = {k: statistics.median(v) for k, v in runs.items()}
-            row(fmt, f"{med['image']:.0f}", f"{med['both']:.0f}", f"{med['decode']:.0f}",
-                f"{med['both'] / (med['image'] + med['decode']):.2f}")
+            extra = (med["both"] - med["image"]) - (med["bare_both"] - med["bare_image"])
+            row(fmt, f"{med['image']:.0f}", f"{med['both']:.0f}", f"{med['mask']:.0f}",
+                f"{med['both'] / (med['image'] + med['mask']):.2f}", f"{med['bare_image']:.0f}, {med['bare_both']:.0f}",
+                f"{extra:+.0f} us")
     finally:
         shutil.rmtree(work, ignore_errors=True)
     return 0

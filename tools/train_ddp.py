@@ -6,7 +6,7 @@
     python tools/train_ddp.py --data PACKED --epochs 1      # one process, no torchrun needed
     python tools/train_ddp.py --data PACKED --checkpoint ck.pt --resume   # continue a run
 
-It applies every point of README.md's "Using packed data in your DataLoader", each marked
+It applies every point of docs/guide.md's "Using packed data in your DataLoader", each marked
 ``# [n]`` where it is applied (the numbers are the list's there).
 
 Every rank prints its steps, mean loss, samples, throughput and the share of time it waited for

@@ -143,6 +143,7 @@ class _Peers:
         self.store.add(key, 1)
         now = time.monotonic()
         seen = {r: (-1, now) for r in range(n) if r != self.launch.rank}
+        delay = 0.01  # the last rank's arrival is seen within a few ms, then checks back off to the beat
         while int(self.store.add(key, 0)) < n:
             now = time.monotonic()
             for r, (beats, since) in seen.items():
@@ -153,7 +154,8 @@ class _Peers:
                     self.silent = (f"rank {r} of {n} has not answered for {self.timeout:g} s (stopped or hung; "
                                    f"--rank-timeout or PACKER_TORCHRUN_TIMEOUT sets how long a rank may stay silent)")
                     raise DistributedError(self.silent)
-            time.sleep(self.interval)
+            time.sleep(delay)
+            delay = min(self.interval, 2 * delay)
 
 
 def _start_peers(launch: Launch, timeout: timedelta) -> _Peers | None:
