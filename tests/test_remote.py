@@ -550,7 +550,7 @@ def test_a_killed_upload_resumes_without_uploading_again(s3, tmp_path):
     make_folder(src, {c: [(f"{i}.png", 32, 32) for i in range(40)] for c in ("a", "b")})
     url, key = "s3://data/resumed/tar", "data/resumed/tar"
     args = ["convert", "imagefolder", "tar", src, url, "--encode", "png", "--shard-samples", "4", "--workers", "1",
-            "--no-shuffle", "-q"]
+            "--no-shuffle"]  # not -q: the summary says where it uploaded
     fs = s3fs.S3FileSystem(**s3)
     port = int(s3["client_kwargs"]["endpoint_url"].rsplit(":", 1)[1])
     slow = _FaultProxy(port, 503, every=10**9, delay=0.1)  # 0.1 s per request: the upload takes seconds
@@ -607,7 +607,7 @@ def test_a_second_conversion_to_a_url_being_uploaded_is_refused_and_touches_noth
     make_folder(src, {c: [(f"{i}.png", 24, 24) for i in range(6)] for c in ("a", "b")})
     url, cache = f"s3://data/claimed/{first_then}", str(tmp_path / "cache")
     args = ["convert", "imagefolder", "tar", src, url, "--encode", "png", "--shard-samples", "4", "--workers", "1",
-            "--no-shuffle", "-q"]
+            "--no-shuffle"]  # not -q: the summary says where it uploaded
     port = int(s3["client_kwargs"]["endpoint_url"].rsplit(":", 1)[1])
     held = _FaultProxy(port, 503, every=10**9)
     held.uploads.clear()
