@@ -14,7 +14,7 @@ import copy
 import os
 import struct
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from typing import Any
 
 import numpy as np
@@ -166,6 +166,8 @@ class PackedDataset(Dataset):
         fields = check_fields(fields, FIELDS, self.manifest, self.root)
         #: The requested names that are the dataset's own fields (read by :meth:`_load_fields`).
         self._own = tuple(f for f in fields if f in dataset_fields(self.manifest))
+        #: The stored fields (masks, extra images) ``fields`` asks for: the only ones read.
+        self._stored_wanted = tuple(f for f in self._own if f in self.manifest.stored_fields)
         stored = set(self.manifest.stored_fields)
         if cache == "decoded" and stored.intersection(fields):
             raise ValueError(f"cache='decoded' keeps the image's pixels only; {sorted(stored.intersection(fields))} "
@@ -245,8 +247,9 @@ class PackedDataset(Dataset):
     def _close(self) -> None:
         """Close handles opened by :meth:`_open`."""
 
-    def _read(self, index: int) -> Record:
-        """Return sample ``index``'s record; raise CorruptDataError on bad data."""
+    def _read(self, index: int, fields: Collection[str] | None = None) -> Record:
+        """Return sample ``index``'s record with its stored ``fields`` (names; None: all), or with
+        more where the format reads them together; raise CorruptDataError on bad data."""
         raise NotImplementedError
 
     # -- shared machinery ---------------------------------------------------------------------
@@ -404,11 +407,12 @@ class PackedDataset(Dataset):
         assert self._dir is not None, "_open_file outside _open"
         return self._dir.open(name)
 
-    def read_record(self, index: int) -> Record:
-        """The raw record of sample ``index`` (payload still encoded), checksum verified."""
+    def read_record(self, index: int, fields: Collection[str] | None = None) -> Record:
+        """The raw record of sample ``index`` (payload still encoded), checksum verified, with the
+        stored fields named in ``fields`` (None: every one; a format may read more together)."""
         index = self._index(index)
         self._ensure_open()
-        return self._read(index)
+        return self._read(index) if fields is None else self._read(index, fields=fields)
 
     def decode(self, rec: Record, index: int | None = None) -> np.ndarray:
         """Decode a record's payload to an RGB uint8 H x W x 3 array (with ``crop``, the crop)."""
@@ -477,13 +481,14 @@ class PackedDataset(Dataset):
             return _META.pack(rgb.shape[0], rgb.shape[1], rec.label), rgb
         return _cache_record(rec)
 
-    def load_record(self, index: int) -> Record:
-        """Sample ``index``'s record, payload still encoded, through the encoded cache when there is one."""
+    def load_record(self, index: int, fields: Collection[str] | None = None) -> Record:
+        """Sample ``index``'s record, payload still encoded, through the encoded cache when there
+        is one (which keeps whole records); without it, with the stored ``fields`` named (None: all)."""
         if self._cache_request is not None:
             self._ensure_cache()
         cache = self.cache
         if cache is None or self.cache_mode != "encoded":
-            return self.read_record(index)
+            return self.read_record(index, fields)
         view = cache.get(index)
         if view is not None:
             return unpack_record(view, verify=False)
@@ -516,7 +521,7 @@ class PackedDataset(Dataset):
             whole, label = self._whole_pixels(index)
             height, width = whole.shape[:2]
         else:
-            rec = self.load_record(index)
+            rec = self.load_record(index, self._stored_wanted)
             label, height, width = rec.label, rec.height, rec.width
         window = self._draw_window(height, width, index)
         values: dict[str, np.ndarray] = {}

@@ -7,6 +7,7 @@ from __future__ import annotations
 import copy
 import math
 import os
+from collections.abc import Collection
 from multiprocessing.context import get_spawning_popen
 from typing import Any
 
@@ -547,9 +548,10 @@ class HDF5Dataset(PackedDataset):
         a, b = int(ends[index]), int(ends[index + 1])
         return tuple(map(tuple, boxes[a:b].tolist())), tuple(labels[a:b].tolist())
 
-    def _read(self, index: int) -> Record:
+    def _read(self, index: int, fields: Collection[str] | None = None) -> Record:
         payload, codec, h, w = self._payload(index)
-        fields = tuple(self._field(index, j) for j in range(len(self._meta.field_names)))
+        names = self._meta.field_names
+        fields = tuple(self._field(index, j) for j in range(len(names)) if fields is None or names[j] in fields)
         boxes = labels = None
         if self.audit and self.manifest.field_kind("boxes") is not None:
             boxes, labels = self._stored_boxes(index)

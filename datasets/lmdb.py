@@ -4,6 +4,7 @@ packer.layouts.lmdb). Handles are opened lazily in each process and never used a
 from __future__ import annotations
 
 import os
+from collections.abc import Collection
 
 from packer.description.placement import place_seed
 from packer.description.record import Record, unpack_record
@@ -39,7 +40,8 @@ class LMDBDataset(PackedDataset):
     def _handle_attrs(self) -> tuple[str, ...]:
         return ("_file",)
 
-    def _read(self, index: int) -> Record:
+    def _read(self, index: int, fields: Collection[str] | None = None) -> Record:
+        """The record (one LMDB value holds the sample's fields together: all are returned)."""
         f = self._file
         assert f is not None
         value = f.read(index)

@@ -338,3 +338,16 @@ def test_collate_encoded_refuses_encoded_fields_saying_why(fields_lmdb):
     with open_dataset(fields_lmdb[0], output="encoded", fields=("image", "label", "info", "mask")) as ds:
         with pytest.raises(TypeError, match=r"tuple of 4.*masks, extra images, boxes"):
             collate_encoded([ds[0], ds[1]])
+
+
+@pytest.mark.parametrize("fmt", ["lmdb", "hdf5", "tar", "tfrecord"])
+def test_only_the_fields_asked_for_are_read_and_decoded(tmp_path, fmt):
+    """A mask asked for alone: tar and HDF5 read no byte of the extra images, TFRecord reads the
+    record whole but parses only the mask, LMDB's one value holds them all; none is decoded."""
+    write_fields_dataset(tmp_path / "d", fmt, n=3, images=("left", "right"))
+    ds = open_dataset(tmp_path / "d", fields=("mask", "label"), as_dict=True)
+    rec = ds.read_record(1, fields=("mask",))
+    names = [f.name for f in rec.fields]
+    assert names == (["mask", "left", "right"] if fmt == "lmdb" else ["mask"])
+    assert sorted(ds[1]) == ["label", "mask"] and ds[1]["mask"].ndim == 2
+    assert [f.name for f in ds.read_record(1).fields] == ["mask", "left", "right"]
