@@ -244,6 +244,7 @@ def uploaded(gcs, src, tmp_path_factory):
     return url, local
 
 
+@pytest.mark.slow
 def test_transient_gcs_errors_are_retried(gcs, uploaded, tmp_path):
     url, local = uploaded
     gate = _Gate(gcs["endpoint_url"], 503, every=2)  # every second request fails

@@ -191,6 +191,7 @@ def test_sigkilled_process_group_leaves_nothing_in_dev_shm(training_data: str) -
 
 
 @needs_shm
+@pytest.mark.slow
 def test_the_leak_check_sees_a_named_semaphore(training_data: str) -> None:
     """The control: a multiprocessing.Lock (what the epoch clock used to be) is caught."""
     leaked = _kill_training_group(training_data, "fork", "control")

@@ -188,7 +188,11 @@ def _two_datasets(tmp_path, fmt):
     return dst, lambda: pack(b, dst, fmt, encode="png", shuffle=False, overwrite=True)
 
 
-@pytest.mark.parametrize("fmt", FORMATS)
+#: Every format, the slow ones (about 10 s each: workers wait for the overwrite) in the slow suite.
+_LMDB_FAST = [f if f == "lmdb" else pytest.param(f, marks=pytest.mark.slow) for f in FORMATS]
+
+
+@pytest.mark.parametrize("fmt", _LMDB_FAST)
 def test_overwrite_under_an_open_reader_fails_clearly_in_new_workers(tmp_path, fmt):
     import torch
 
@@ -212,7 +216,7 @@ def test_overwrite_under_an_open_reader_fails_clearly_in_new_workers(tmp_path, f
         ds[0]
 
 
-@pytest.mark.parametrize("fmt", FORMATS)
+@pytest.mark.parametrize("fmt", _LMDB_FAST)
 def test_overwrite_under_a_streaming_dataset_fails_clearly(tmp_path, fmt):
     import torch
 
