@@ -8,7 +8,7 @@ import numpy as np
 
 from tools.sample_images import draw, make_folder, write_image
 
-__all__ = ["draw", "write_image", "make_folder", "need_optional", "import_optional", "psnr", "pack", "forge_manifest_sizes", "records_by_key", "place_seed_by_spec", "fixed_image",
+__all__ = ["draw", "write_image", "make_folder", "need_optional", "import_optional", "psnr", "pack", "forge_manifest_sizes", "records_by_key", "place_seed_by_spec", "fixed_image", "moto_s3",
            "tree"]
 
 
@@ -154,3 +154,33 @@ def write_fields_dataset(dst, fmt: str, n: int = 6, resize: str = "shorter:24", 
                         version=FIELDS_VERSION, fields=declared, source={"kind": "test"})
     write_packed(str(dst), fmt, items, template, ConvertOptions(processing=opts, writer=WriterOptions(**writer)))
     return src
+
+
+def moto_s3(*buckets: str):  # noqa: ANN201 - a context manager
+    """A context manager: moto's S3 server on 127.0.0.1 (a free port) holding the empty
+    ``buckets``, as a test starts it; yields its endpoint URL (credentials ``testing``)."""
+    import contextlib
+    import socket
+
+    @contextlib.contextmanager
+    def served():  # noqa: ANN202
+        moto_server = import_optional("moto.server", "s3:// tests need moto's server: pip install 'moto[server]'")
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        server = moto_server.ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
+        server.start()
+        try:
+            endpoint = f"http://127.0.0.1:{port}"
+            if buckets:
+                import boto3
+
+                client = boto3.client("s3", endpoint_url=endpoint, aws_access_key_id="testing",
+                                      aws_secret_access_key="testing", region_name="us-east-1")
+                for b in buckets:
+                    client.create_bucket(Bucket=b)
+            yield endpoint
+        finally:
+            server.stop()
+
+    return served()

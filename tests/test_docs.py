@@ -50,7 +50,6 @@ import os
 import re
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tarfile
@@ -60,7 +59,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import pytest
 
-from tests.helpers import import_optional, make_folder
+from tests.helpers import import_optional, make_folder, moto_s3
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 EXEMPT = {"docs/benchmarks.md"}
@@ -201,16 +200,10 @@ class S3Server:
 @pytest.fixture(scope="session")
 def s3_server(start_home):
     import_optional("s3fs", "s3:// blocks need s3fs: pip install 'packer[s3]'")
-    moto_server = import_optional("moto.server", "s3:// blocks need moto's server: pip install 'moto[server]'")
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    server = moto_server.ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
-    server.start()
-    yield S3Server({"AWS_ENDPOINT_URL": f"http://127.0.0.1:{port}", "AWS_ACCESS_KEY_ID": "testing",
-                    "AWS_SECRET_ACCESS_KEY": "testing", "AWS_DEFAULT_REGION": "us-east-1"},
-                   os.path.join(start_home, "data", "wds"))
-    server.stop()
+    with moto_s3() as endpoint:
+        yield S3Server({"AWS_ENDPOINT_URL": endpoint, "AWS_ACCESS_KEY_ID": "testing",
+                        "AWS_SECRET_ACCESS_KEY": "testing", "AWS_DEFAULT_REGION": "us-east-1"},
+                       os.path.join(start_home, "data", "wds"))
 
 
 # -- running a document --------------------------------------------------------------------------

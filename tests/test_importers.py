@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import subprocess
 import sys
 
@@ -17,7 +16,7 @@ import pytest
 import packer
 from packer.datasets import open_dataset
 from packer.ops.cli import main
-from tests.helpers import import_optional
+from tests.helpers import import_optional, moto_s3
 
 HERE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "data", "importers")
 LABELS = [0, 1, 2, 0, 1, 2]
@@ -155,19 +154,11 @@ def test_a_missing_extra_is_one_line_naming_it(tmp_path):
 def test_mds_read_from_s3(tmp_path):
     """An MDS dataset in object storage (moto's S3 server on 127.0.0.1), read shard by shard."""
     import_optional("s3fs", "s3:// tests need s3fs: pip install 'packer[s3]'")
-    moto_server = import_optional("moto.server", "s3:// tests need moto's server: pip install 'moto[server]'")
     import boto3
 
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    server = moto_server.ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
-    server.start()
-    try:
-        endpoint = f"http://127.0.0.1:{port}"
+    with moto_s3("data") as endpoint:
         client = boto3.client("s3", endpoint_url=endpoint, aws_access_key_id="testing",
                               aws_secret_access_key="testing", region_name="us-east-1")
-        client.create_bucket(Bucket="data")
         src = os.path.join(HERE, "mds-jpeg-zstd")
         for name in os.listdir(src):
             client.upload_file(os.path.join(src, name), "data", f"mds/{name}")
@@ -183,8 +174,6 @@ def test_mds_read_from_s3(tmp_path):
         _check(str(tmp_path / "tar"), "mds-jpeg-zstd")
         assert main(["convert", "mds", "tar", "s3://data/nothing", str(tmp_path / "x"), "-q",
                      "--storage-option", f"client_kwargs.endpoint_url={endpoint}"]) == 1
-    finally:
-        server.stop()
 
 
 @pytest.mark.parametrize("fmt,name,expected", [

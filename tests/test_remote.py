@@ -25,7 +25,7 @@ from packer.storage.remote import (
     read_remote_manifest,
     upload_dataset,
 )
-from tests.helpers import import_optional, make_folder, pack
+from tests.helpers import import_optional, make_folder, moto_s3, pack
 
 import_optional("s3fs", "s3:// tests need s3fs: pip install 'packer[s3]'")
 moto_server = import_optional("moto.server", "s3:// tests need moto's server: pip install 'moto[server]'")
@@ -42,17 +42,9 @@ def _free_port() -> int:
 @pytest.fixture(scope="module")
 def s3():
     """A moto S3 server on 127.0.0.1 with one bucket; yields the storage_options to reach it."""
-    import boto3
-
-    port = _free_port()
-    server = moto_server.ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
-    server.start()
-    endpoint = f"http://127.0.0.1:{port}"
-    creds = {"aws_access_key_id": "testing", "aws_secret_access_key": "testing", "region_name": "us-east-1"}
-    boto3.client("s3", endpoint_url=endpoint, **creds).create_bucket(Bucket="data")
-    yield {"key": "testing", "secret": "testing", "client_kwargs": {"endpoint_url": endpoint,
-                                                                     "region_name": "us-east-1"}}
-    server.stop()
+    with moto_s3("data") as endpoint:
+        yield {"key": "testing", "secret": "testing", "client_kwargs": {"endpoint_url": endpoint,
+                                                                         "region_name": "us-east-1"}}
 
 
 @pytest.fixture(scope="module")
