@@ -7,18 +7,68 @@ batches by their self-test, the decoders by what imported), never inferred from 
 from __future__ import annotations
 
 import importlib.metadata
-import importlib.util
 import json
 import os
 import platform
+import re
 import sys
 from typing import Any
 
 from ..wording import plural
 
-__all__ = ["collect", "format_report", "run_doctor"]
+__all__ = ["collect", "extras_report", "format_report", "run_doctor"]
 
-_EXTRAS = {"s3": ("fsspec", "s3fs"), "gcs": ("fsspec", "gcsfs"), "http": ("fsspec", "aiohttp")}
+_REQUIREMENT = re.compile(r"\s*([A-Za-z0-9][A-Za-z0-9._-]*)\s*(?:\[([^\]]*)\])?[^;]*(?:;\s*(.*))?$")
+_EXTRA_MARKER = re.compile(r"""extra\s*==\s*['"]([^'"]+)['"]""")
+
+
+def _requirements(dist: str) -> list[tuple[str, tuple[str, ...], str | None]]:
+    """(name, its extras, the extra that asks for it or None) for each requirement of ``dist``
+    as installed; ``[]`` where it is not installed or lists none."""
+    try:
+        lines = importlib.metadata.requires(dist) or []
+    except importlib.metadata.PackageNotFoundError:
+        return []
+    out = []
+    for line in lines:
+        m = _REQUIREMENT.match(line)
+        if not m:
+            continue
+        name, extras, marker = m.group(1), m.group(2), m.group(3) or ""
+        extra = _EXTRA_MARKER.search(marker)
+        out.append((name, tuple(e.strip() for e in (extras or "").split(",") if e.strip()),
+                    extra.group(1) if extra else None))
+    return out
+
+
+def _missing(dist: str, extra: str, seen: set[tuple[str, str]] | None = None) -> list[str]:
+    """The distributions that ``pip install 'DIST[EXTRA]'`` would bring and that are not installed
+    (nested extras such as ``dask[distributed]`` followed), in the order the metadata lists them."""
+    seen = set() if seen is None else seen
+    if (dist, extra) in seen:
+        return []
+    seen.add((dist, extra))
+    out: list[str] = []
+    for name, nested, wanted_by in _requirements(dist):
+        if wanted_by != extra:
+            continue
+        if _version(name) is None:
+            out.append(name)
+            continue
+        for sub in nested:
+            out += [m for m in _missing(name, sub, seen) if m not in out]
+    return out
+
+
+def extras_report() -> dict[str, list[str]]:
+    """Every extra that packer's installed metadata declares (``pip install 'packer[NAME]'``),
+    each with the distributions it needs that are not installed (``[]``: all there). Empty where
+    packer runs without being installed (no metadata to read)."""
+    try:
+        names = importlib.metadata.metadata("packer").get_all("Provides-Extra") or []
+    except importlib.metadata.PackageNotFoundError:
+        return {}
+    return {name: _missing("packer", name) for name in names}
 
 
 def _version(dist: str) -> str | None:
@@ -109,6 +159,7 @@ def collect() -> dict[str, Any]:
 
     slots, why = slots_available()
     decoders = _decoders()
+    extras = extras_report()
     return {
         "packer": packer.__version__,
         "packer_path": os.path.dirname(packer.__file__),
@@ -119,8 +170,8 @@ def collect() -> dict[str, Any]:
         "collate_slots": slots,
         "collate_slots_off_because": why or None,
         **decoders,
-        "extras": {name: all(importlib.util.find_spec(m) is not None for m in mods)
-                   for name, mods in _EXTRAS.items()},
+        "extras": {name: not missing for name, missing in extras.items()},
+        "extras_missing": {name: missing for name, missing in extras.items() if missing},
         "dev_shm": _space("/dev/shm"),
         "cgroup_memory_limit": _cgroup_memory_limit(),
         "usable_cpus": _usable_cpus(),
@@ -138,6 +189,22 @@ def _bytes(n: int | None) -> str:
     return str(n)
 
 
+def _wrapped(head: str, items: list[str], width: int = 100) -> list[str]:
+    """``items`` joined by "; " after ``head``, as lines of at most about ``width`` characters,
+    the later ones indented under the first item; no line when there are no items."""
+    lines: list[str] = []
+    line = head
+    for i, item in enumerate(items):
+        piece = item + (";" if i < len(items) - 1 else "")
+        if line.strip() and len(line) + len(piece) + 1 > width and line != head:
+            lines.append(line.rstrip())
+            line = " " * len(head)
+        line += piece + " "
+    if items:
+        lines.append(line.rstrip())
+    return lines
+
+
 def format_report(info: dict[str, Any]) -> str:
     """The one-screen text form of :func:`collect`'s result."""
     build = info["torch_cuda_build"]
@@ -148,7 +215,8 @@ def format_report(info: dict[str, Any]) -> str:
             if info["jpeg_decoder"] == "turbojpeg" else f"OpenCV {info['opencv']} (simplejpeg is not importable)")
     window = (f"built, libjpeg-turbo {info['window_libjpeg_turbo'] or 'version unknown'}" if info["window_decode"]
               else "not built: readers with crop= decode whole images and cut them (same pixels)")
-    extras = ", ".join(f"[{k}] {'yes' if v else 'no'}" for k, v in info["extras"].items())
+    have = " ".join(f"[{k}]" for k, v in info["extras"].items() if v) or "none"
+    lacking = [f"[{k}] needs {', '.join(v)}" for k, v in info.get("extras_missing", {}).items()]
     shm = info["dev_shm"]
     shm_text = f"{_bytes(shm['size'])}, {_bytes(shm['free'])} free" if shm else "missing"
     cache = info["node_cache"]
@@ -160,7 +228,9 @@ def format_report(info: dict[str, Any]) -> str:
         f"collate       shared-memory batches {slots}",
         f"JPEG decode   {jpeg}",
         f"crop windows  {window}",
-        f"extras        {extras}",
+        f"extras        installed: {have}" if info["extras"] else
+        "extras        unknown (packer is not installed: pip install -e .)",
+        *_wrapped("              missing:  ", lacking),
         f"/dev/shm      {shm_text}",
         f"memory limit  {_bytes(info['cgroup_memory_limit']) if info['cgroup_memory_limit'] else 'no cgroup limit'}",
         f"usable CPUs   {info['usable_cpus']:g}",
