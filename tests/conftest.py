@@ -43,3 +43,47 @@ def one_image(tmp_path):
     assert ok
     (tmp_path / "src" / "cls" / "img.png").write_bytes(buf.tobytes())
     return str(tmp_path / "src")
+
+
+# -- running in parallel ------------------------------------------------------------------------
+# `python -m pytest` spreads the tests over worker processes (pytest-xdist; setup.cfg's addopts).
+# A test that reads machine-wide state (the use of /dev/shm, every process's open files) or that
+# must finish under a deadline while the machine is loaded is marked `exclusive`, per file below
+# or with the marker: it runs while no other test runs in any worker, and the others wait.
+EXCLUSIVE_FILES: frozenset[str] = frozenset()
+
+
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        if os.path.basename(str(item.path)) in EXCLUSIVE_FILES:
+            item.add_marker("exclusive")
+
+
+def pytest_xdist_auto_num_workers(config):
+    """``-n auto``: one worker per usable CPU, at most 8 (each test may start processes of its own)."""
+    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    return max(1, min(8, cpus))
+
+
+@pytest.fixture(autouse=True)
+def _exclusive_or_shared(request, tmp_path_factory):
+    """Under xdist, a readers-writer lock over the session's workers (flock on files in the folder
+    they share): an `exclusive` test holds it alone, any other test shares it. A waiting exclusive
+    test holds the turnstile, so new tests queue behind it instead of starving it."""
+    if not os.environ.get("PYTEST_XDIST_WORKER"):
+        yield
+        return
+    import fcntl
+
+    shared_dir = tmp_path_factory.getbasetemp().parent
+    exclusive = request.node.get_closest_marker("exclusive") is not None
+    with open(shared_dir / "tests-turnstile.lock", "a") as turnstile, open(shared_dir / "tests-run.lock", "a") as run:
+        fcntl.flock(turnstile, fcntl.LOCK_EX)
+        try:
+            fcntl.flock(run, fcntl.LOCK_EX if exclusive else fcntl.LOCK_SH)
+        finally:
+            fcntl.flock(turnstile, fcntl.LOCK_UN)
+        try:
+            yield
+        finally:
+            fcntl.flock(run, fcntl.LOCK_UN)
