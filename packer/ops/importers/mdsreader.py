@@ -28,6 +28,7 @@ _LISTS = ("list[pil]", "list[jpeg]", "list[png]", "jpeg_array", "jpegarray")
 #: The most bytes a shard or chunk may decompress to when nothing declares its size: the 4 GiB that
 #: its uint32 offsets can address.
 MAX_INFLATED = 1 << 32
+_STEP = 1 << 20  # decompressed a MiB at a time, so the output never outgrows its bound by more
 
 
 def _too_big(where: str, bound: int, said: str) -> SourceError:
@@ -40,7 +41,9 @@ def _zlib_family(make: Callable[[], Any], data: bytes, bound: int) -> bytes | No
     past ``bound`` bytes; ValueError when the data ends inside a member."""
     out, unzip, rest = bytearray(), make(), data
     while True:
-        out += unzip.decompress(rest, bound + 1 - len(out))
+        want = min(_STEP, bound + 1 - len(out))
+        part = unzip.decompress(rest, want)
+        out += part
         if len(out) > bound:
             return None
         if unzip.eof:
@@ -49,7 +52,7 @@ def _zlib_family(make: Callable[[], Any], data: bytes, bound: int) -> bytes | No
             rest, unzip = unzip.unused_data, make()
             continue
         rest = getattr(unzip, "unconsumed_tail", b"")  # zlib hands back the input it did not read; bz2 keeps it
-        if not rest and getattr(unzip, "needs_input", True):
+        if not rest and len(part) < want and getattr(unzip, "needs_input", True):
             raise ValueError("the compressed data ends early")
 
 
@@ -57,7 +60,7 @@ def _zstd(zstandard: Any, data: bytes, bound: int) -> bytes | None:
     reader = zstandard.ZstdDecompressor().stream_reader(data, read_across_frames=True)
     out = bytearray()
     while len(out) <= bound:
-        part = reader.read(bound + 1 - len(out))
+        part = reader.read(min(_STEP, bound + 1 - len(out)))
         if not part:
             return bytes(out)
         out += part
@@ -85,14 +88,14 @@ def _snappy(snappy: Any, data: bytes, bound: int) -> bytes | None:
 def _brotli(brotli: Any, data: bytes, bound: int) -> bytes | None:
     unzip = brotli.Decompressor()
     try:
-        out = bytearray(unzip.process(data, output_buffer_limit=bound + 1))
+        out = bytearray(unzip.process(data, output_buffer_limit=min(_STEP, bound + 1)))
     except TypeError:  # brotli before 1.1 cannot stop at a size
         raise SourceError("reading br-compressed data with a size bound needs brotli 1.1 or later: "
                           "pip install -U brotli") from None
     while len(out) <= bound and not unzip.is_finished():
         if unzip.can_accept_more_data():
             raise ValueError("the compressed data ends early")
-        out += unzip.process(b"", output_buffer_limit=bound + 1 - len(out))
+        out += unzip.process(b"", output_buffer_limit=min(_STEP, bound + 1 - len(out)))
     return bytes(out) if len(out) <= bound else None
 
 
