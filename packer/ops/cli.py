@@ -119,7 +119,8 @@ def _add_list_options(p: argparse.ArgumentParser) -> None:
     g.add_argument("--classes-from", metavar="DATASET_OR_FILE",
                    help="use this class list (a packed dataset's, e.g. the training set's, or a text file with one "
                         "name per line) so labels line up; a source class not in it is an error")
-    g.add_argument("--root", help="list and parquet sources: the folder its paths are relative to (default: the list's folder)")
+    g.add_argument("--root", help="list and parquet sources: the folder its paths are relative to (default: the "
+                                  "list's or Parquet file's folder)")
     g.add_argument("--allow-outside-root", action="store_true", default=None,
                    help="list and parquet sources: accept rows whose paths lead outside --root (../x.jpg, absolute paths "
                         "elsewhere); refused by default")
