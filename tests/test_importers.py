@@ -264,3 +264,311 @@ def test_resume_finds_the_same_import_and_no_spool_is_left(tmp_path, capsys):
     capsys.readouterr()
     assert main([*args, "--resume"]) == 0
     assert "already complete (6 images, same source and options)" in capsys.readouterr().out
+
+
+# -- LitData's json serializer ----------------------------------------------------------------------
+def test_litdata_lists_and_dicts_become_metadata(tmp_path):
+    """LitData's ``json`` leaves (its compact tagged form, every tag: lists of ints, text, floats,
+    bools, records, nested and mixed lists, empty ones) read back as the values written."""
+    packer.convert("litdata", "lmdb", os.path.join(HERE, "litdata-json"), tmp_path / "out", workers=1, quiet=True)
+    ds = open_dataset(str(tmp_path / "out"), fields=("label", "key", "meta"))
+    assert len(ds) == 6
+    for label, key, meta in ds:
+        i = int(key.rsplit("-", 1)[1])
+        assert label == LABELS[i]
+        assert meta == {"tags": [i, i * 2], "words": ["a", NAMES[LABELS[i]]], "weights": [0.5, i / 4],
+                        "flags": [i % 2 == 0, True], "boxes": [[1, 2, 3, 4 + i]], "mixed": [i, "x", None],
+                        "objects": [{"name": NAMES[LABELS[i]], "area": i, "hidden": None}], "empty": [],
+                        "extra.source": "fixture", "extra.seen": [i]}
+
+
+def test_litdata_json_text_and_damaged_values():
+    """Earlier LitData versions stored a json leaf as JSON text; bytes after a value or an unknown
+    tag are damage, never a guess."""
+    import struct
+
+    from packer.ops.importers.litreader import _json_value
+
+    assert _json_value(b'{"a": [1, 2], "b": null}') == {"a": [1, 2], "b": None}
+    assert _json_value(b"[1.5]") == [1.5]
+    ints = bytes([2]) + struct.pack("<I", 2) + struct.pack("<2q", 7, -1)
+    assert _json_value(ints) == [7, -1]
+    for bad in (ints + b"\0", bytes([2]) + struct.pack("<I", 3) + struct.pack("<2q", 7, -1), bytes([19]),
+                bytes([6]) + struct.pack("<II", 10 ** 9, 0)):  # a billion records of no field
+        with pytest.raises(ValueError):
+            _json_value(bad)
+
+
+# -- decompression bounds ---------------------------------------------------------------------------
+_ZEROS = bytes(10 << 20)
+
+
+def _bomb(codec: str, raw: bytes, repeat: int = 60) -> bytes:
+    """``raw`` compressed, then 600 MB of zeros in the same codec (members or frames appended, as
+    each format allows; brotli and snappy in one stream)."""
+    import bz2
+    import gzip
+
+    import brotli
+    import snappy
+    import zstandard
+
+    if codec == "br":
+        return brotli.compress(raw + _ZEROS * repeat, quality=1)
+    if codec == "snappy":
+        return snappy.compress(raw + _ZEROS * repeat)
+    one = {"zstd": zstandard.ZstdCompressor().compress, "gz": gzip.compress, "bz2": bz2.compress}[codec]
+    zeros = one(_ZEROS)
+    return one(raw) + zeros * repeat
+
+
+def _run_bounded(args: list[str], cwd) -> subprocess.CompletedProcess:
+    """``packer convert ARGS`` in a child whose address space may grow 400 MB past what it has
+    mapped once packer is imported (RLIMIT_AS)."""
+    code = ("import resource, sys\n"
+            "import packer.ops.importers.common, packer.ops.importers.mdsreader, packer.ops.importers.litreader\n"
+            "import zstandard, snappy, brotli, bz2, zlib, cv2, numpy\n"
+            "from packer.ops.cli import main\n"
+            "vm = int(next(l for l in open('/proc/self/status') if l.startswith('VmSize')).split()[1]) * 1024\n"
+            "resource.setrlimit(resource.RLIMIT_AS, (vm + (400 << 20), vm + (400 << 20)))\n"
+            f"sys.exit(main({args!r}))\n")
+    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=cwd, timeout=300)
+
+
+@pytest.mark.parametrize("codec,ext", [("zstd", "zstd"), ("gz", "gz"), ("bz2", "bz2"), ("snappy", "snappy"),
+                                       ("br", "br")])
+def test_an_mds_decompression_bomb_is_refused_within_its_bound(tmp_path, codec, ext):
+    """A shard that inflates to 600 MB where index.json says a few kB is refused once it passes
+    raw_data.bytes, in one line naming it, under a 400 MB memory bound."""
+    import bz2
+    import gzip
+    import shutil
+
+    import brotli
+    import snappy
+    import zstandard
+
+    src = str(tmp_path / "src")
+    shutil.copytree(os.path.join(HERE, f"mds-jpeg-{codec}"), src)
+    shard = os.path.join(src, f"shard.00000.mds.{ext}")
+    unzip = {"zstd": lambda d: zstandard.ZstdDecompressor().decompressobj().decompress(d), "gz": gzip.decompress,
+             "bz2": bz2.decompress, "snappy": snappy.decompress, "br": brotli.decompress}[codec]
+    raw = unzip(open(shard, "rb").read())
+    open(shard, "wb").write(_bomb(codec, raw))
+    run = _run_bounded(["convert", "mds", "lmdb", src, str(tmp_path / "out"), "--workers", "1", "-q"], tmp_path)
+    assert run.returncode == 1, run.stderr
+    assert run.stderr.count("\n") == 1, run.stderr
+    bound = json.load(open(os.path.join(src, "index.json")))["shards"][0]["raw_data"]["bytes"]
+    assert f"{shard}: decompresses to more than {bound} bytes (the size index.json gives it in raw_data.bytes)" \
+        in run.stderr, run.stderr
+
+
+def _framed(data: bytes, frame: int, payload: bytes) -> bytes:
+    """A LitData framed chunk (LDFZ01) with frame ``frame``'s zstd bytes replaced by ``payload``,
+    the frame table's offsets and compressed lengths rewritten, its uncompressed lengths kept."""
+    import struct
+
+    _, _, _, n, _, frames = struct.unpack_from("<8sHHIII", data)
+    table = 24 + 4 * (n + 1)
+    specs = [list(struct.unpack_from("<IIQII", data, table + 24 * f)) for f in range(frames)]
+    bodies = [payload if f == frame else data[s[2]:s[2] + s[3]] for f, s in enumerate(specs)]
+    at = table + 24 * frames
+    head = bytearray(data[:at])
+    for f, (spec, body) in enumerate(zip(specs, bodies)):
+        spec[2], spec[3] = at, len(body)
+        struct.pack_into("<IIQII", head, table + 24 * f, *spec)
+        at += len(body)
+    return bytes(head) + b"".join(bodies)
+
+
+def _per_item(data: bytes, payload: bytes) -> bytes:
+    """A classic LitData chunk with item 0 replaced by ``payload`` and the offsets rewritten."""
+    import struct
+
+    n = struct.unpack_from("<I", data)[0]
+    offsets = list(struct.unpack_from(f"<{n + 1}I", data, 4))
+    items = [payload] + [data[offsets[i]:offsets[i + 1]] for i in range(1, n)]
+    at, new = 4 + 4 * (n + 1), []
+    for item in items:
+        new.append(at)
+        at += len(item)
+    return struct.pack(f"<I{n + 1}I", n, *new, at) + b"".join(items)
+
+
+@pytest.mark.parametrize("level", ["chunk", "batch", "sample"])
+def test_a_litdata_decompression_bomb_is_refused_within_its_bound(tmp_path, level):
+    """A 65 kB-class chunk that inflates to 600 MB: zstd over the whole file (bounded by the chunk's
+    chunk_bytes), a frame of a framed chunk (by the frame table's size) or an item (by twice the
+    chunk size LitData targets, at least 256 MiB), refused in one line under a 400 MB bound."""
+    import shutil
+
+    import zstandard
+
+    src = str(tmp_path / "src")
+    shutil.copytree(os.path.join(HERE, f"litdata-jpeg-zstd-{level}"), src)
+    name = "chunk-0-0.zstd.bin" if level == "chunk" else "chunk-0-0.bin"
+    path = os.path.join(src, name)
+    data = open(path, "rb").read()
+    if level == "chunk":
+        data = _bomb("zstd", zstandard.ZstdDecompressor().decompressobj().decompress(data))
+        said = "the size index.json gives the chunk in chunk_bytes"
+    elif level == "batch":
+        data = _framed(data, 0, _bomb("zstd", b""))
+        said = "the size the chunk's frame table gives frame 0"
+    else:
+        data = _per_item(data, _bomb("zstd", b""))
+        said = "twice the chunk size index.json targets, at least 256 MiB"
+    assert len(data) < 65_000
+    open(path, "wb").write(data)
+    run = _run_bounded(["convert", "litdata", "lmdb", src, str(tmp_path / "out"), "--workers", "1", "-q"], tmp_path)
+    assert run.returncode == 1, run.stderr
+    assert run.stderr.count("\n") == 1, run.stderr
+    assert f"{path}: decompresses to more than" in run.stderr and said in run.stderr, run.stderr
+
+
+def test_a_frame_table_that_declares_too_much_is_refused_before_decompressing(tmp_path):
+    import shutil
+    import struct
+
+    src = str(tmp_path / "src")
+    shutil.copytree(os.path.join(HERE, "litdata-jpeg-zstd-batch"), src)
+    path = os.path.join(src, "chunk-0-0.bin")
+    data = bytearray(open(path, "rb").read())
+    n = struct.unpack_from("<I", data, 12)[0]
+    struct.pack_into("<I", data, 24 + 4 * (n + 1) + 20, 0xFFFFFFFF)  # frame 0's uncompressed length
+    open(path, "wb").write(bytes(data))
+    run = _run_bounded(["convert", "litdata", "lmdb", src, str(tmp_path / "out"), "-q"], tmp_path)
+    assert run.returncode == 1 and run.stderr.count("\n") == 1, run.stderr
+    assert f"{path}: its frame table declares 4294967" in run.stderr, run.stderr
+
+
+def _mds(tmp_path, columns: dict[str, str], samples: list[dict[str, bytes]], name: str = "src",
+         shards: int = 1) -> str:
+    """An uncompressed MDS dataset written byte by byte as Streaming writes it (index.json version
+    2; each sample: the sizes of its variable-size columns, then the columns), ``shards`` copies of
+    the samples in as many shards."""
+    import struct
+
+    fixed = {"int": 8, "int64": 8, "uint8": 1, "float64": 8}
+    out = tmp_path / name
+    out.mkdir()
+    entries = []
+    for k in range(shards):
+        blobs = []
+        for s in samples:
+            sizes = b"".join(struct.pack("<I", len(s[c])) for c, e in columns.items() if e not in fixed)
+            blobs.append(sizes + b"".join(s[c] for c in columns))
+        at = 4 + 4 * (len(blobs) + 1)
+        offsets = []
+        for b in blobs:
+            offsets.append(at)
+            at += len(b)
+        data = struct.pack(f"<I{len(blobs) + 1}I", len(blobs), *offsets, at) + b"".join(blobs)
+        basename = f"shard.{k:05d}.mds"
+        (out / basename).write_bytes(data)
+        entries.append({"column_encodings": list(columns.values()), "column_names": list(columns),
+                        "column_sizes": [fixed.get(e) for e in columns.values()], "compression": None,
+                        "format": "mds", "hashes": [], "raw_data": {"basename": basename, "bytes": len(data),
+                                                                    "hashes": {}},
+                        "samples": len(blobs), "size_limit": 1 << 26, "version": 2, "zip_data": None})
+    (out / "index.json").write_text(json.dumps({"shards": entries, "version": 2}))
+    return str(out)
+
+
+def test_a_large_value_column_is_refused_before_it_is_decoded(tmp_path, capsys):
+    """An 8 MB ndarray per sample: refused at its size, before a list of a million numbers is built."""
+    import struct
+
+    jpeg = _jpegs(1)[0]
+    big = np.zeros(1 << 20, np.float64).tobytes()
+    src = _mds(tmp_path, {"image": "jpeg", "label": "int", "emb": "ndarray:float64:1048576"},
+               [{"image": jpeg, "label": struct.pack("<q", 0), "emb": big}])
+    assert main(["convert", "mds", "lmdb", src, str(tmp_path / "out"), "-q"]) == 1
+    err = capsys.readouterr().err
+    assert len(err.strip().splitlines()) == 1, err
+    assert f"{src}/shard.00000.mds: sample 0: column 'emb' holds {len(big)} bytes, more than metadata can keep" in err
+    assert "--drop-column emb" in err
+    report = packer.convert("mds", "lmdb", src, tmp_path / "kept", drop_column=["emb"], workers=1, quiet=True)
+    assert report.manifest.num_samples == 1
+
+
+# -- MDS shards unlike shard 0 ---------------------------------------------------------------------
+@pytest.mark.parametrize("change,expected", [
+    (lambda s: s.update(column_names=["caption", "extra", "image", "lbl", "score"]),
+     "shard 1 (shard.00001.mds) is unlike shard 0: it has column 'lbl' where shard 0 has 'label'"),
+    (lambda s: s.update(column_encodings=["str", "json", "jpeg", "pkl", "float64"]),
+     "shard 1 (shard.00001.mds) is unlike shard 0: its column 'label' has encoding 'pkl' where shard 0's has 'int'"),
+    (lambda s: s.update(column_encodings=["str", "json", "jpeg", "int"]),
+     "shard 1 (shard.00001.mds): its column_names, column_encodings and column_sizes are missing or do not pair up"),
+])
+def test_a_shard_unlike_shard_0_is_refused_at_open_naming_shard_and_column(tmp_path, capsys, change, expected):
+    import shutil
+
+    src = str(tmp_path / "src")
+    shutil.copytree(os.path.join(HERE, "mds-jpeg-none"), src)
+    index = json.load(open(os.path.join(src, "index.json")))
+    assert len(index["shards"]) > 1
+    change(index["shards"][1])
+    json.dump(index, open(os.path.join(src, "index.json"), "w"))
+    assert main(["convert", "mds", "lmdb", src, str(tmp_path / "out"), "-q"]) == 1
+    err = capsys.readouterr().err
+    assert len(err.strip().splitlines()) == 1, err
+    assert f"{src}/index.json: {expected}" in err, err
+
+
+def test_a_mode_1_image_short_of_bytes_and_numbers_read_as_text_are_refused(tmp_path, capsys):
+    import struct
+
+    # an MDS pil value: width, height, mode length, mode, the pixels (mode 1: rows of packed bits)
+    short = struct.pack("<3I", 16, 4, 1) + b"1" + b"\xff" * 6  # 16x4 at 1 bit needs 8 bytes
+    src = _mds(tmp_path, {"image": "pil", "label": "int"}, [{"image": short, "label": struct.pack("<q", 0)}])
+    assert main(["convert", "mds", "lmdb", src, str(tmp_path / "out"), "-q"]) == 1
+    err = capsys.readouterr().err
+    assert "sample 0, column 'image': a 16x4 mode-1 image needs 8 bytes, not 6" in err, err
+    # int64 labels under a str encoding: NUL bytes, not class names
+    labels = [{"image": j, "label": struct.pack("<q", i)} for i, j in enumerate(_jpegs(2))]
+    src = _mds(tmp_path, {"image": "jpeg", "label": "str"}, labels, name="text")
+    assert main(["convert", "mds", "lmdb", src, str(tmp_path / "o2"), "-q"]) == 1
+    err = capsys.readouterr().err
+    assert len(err.strip().splitlines()) == 1, err
+    assert "sample 0, column 'label' (MDS encoding str): a text value with a NUL byte" in err, err
+
+
+# -- Parquet images by path ------------------------------------------------------------------------
+def test_parquet_paths_outside_the_root_are_refused_unless_allowed(tmp_path, capsys):
+    import shutil
+
+    (tmp_path / "data").mkdir()
+    (tmp_path / "outside").mkdir()
+    shutil.copy(os.path.join(HERE, "images", "0.jpg"), tmp_path / "data" / "0.jpg")
+    shutil.copy(os.path.join(HERE, "images", "1.jpg"), tmp_path / "outside" / "1.jpg")
+    for name, rel in (("up", "../outside/1.jpg"), ("abs", str(tmp_path / "outside" / "1.jpg"))):
+        cells = [{"bytes": None, "path": "0.jpg"}, {"bytes": None, "path": rel}]
+        src = _parquet(tmp_path / "data" / f"{name}.parquet", image=pa.array(cells), label=["a", "b"])
+        assert main(["convert", "parquet", "lmdb", src, str(tmp_path / name), "--workers", "1", "-q"]) == 1
+        err = capsys.readouterr().err
+        assert len(err.strip().splitlines()) == 1, err
+        assert (f"{src}: 1 row lies outside the Parquet file's folder {tmp_path / 'data'} (no --root given): "
+                f"row 1: {rel!r}") in err and "--allow-outside-root" in err, err
+        assert not os.path.exists(tmp_path / name)
+        assert main(["convert", "parquet", "lmdb", src, str(tmp_path / name), "--workers", "1", "-q",
+                     "--allow-outside-root"]) == 0
+        assert len(open_dataset(str(tmp_path / name))) == 2
+    # --root: the folder paths are relative to, and inside which they must lie
+    cells = [{"bytes": None, "path": "data/0.jpg"}, {"bytes": None, "path": "outside/1.jpg"}]
+    src = _parquet(tmp_path / "data" / "rooted.parquet", image=pa.array(cells), label=["a", "b"])
+    report = packer.convert("parquet", "lmdb", src, tmp_path / "rooted", root=str(tmp_path), workers=1, quiet=True)
+    assert report.manifest.num_samples == 2
+    src = str(tmp_path / "data" / "up.parquet")  # its row 1: ../outside/1.jpg
+    assert main(["convert", "parquet", "lmdb", src, str(tmp_path / "r2"), "-q", "--root",
+                 str(tmp_path / "data")]) == 1
+    assert f"outside --root {tmp_path / 'data'}: row 1: '../outside/1.jpg'" in capsys.readouterr().err
+
+
+def test_parquet_text_in_an_image_bytes_field_names_its_column(tmp_path, capsys):
+    cells = pa.array([{"bytes": "0.jpg", "path": None}], pa.struct([("bytes", pa.string()), ("path", pa.string())]))
+    src = _parquet(tmp_path / "x.parquet", image=cells, label=["a"])
+    assert main(["convert", "parquet", "lmdb", src, str(tmp_path / "o"), "-q"]) == 1
+    err = capsys.readouterr().err
+    assert len(err.strip().splitlines()) == 1, err
+    assert f"{src}: row 0, column 'image': its bytes hold text ('0.jpg'), not an image file's bytes" in err, err

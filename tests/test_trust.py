@@ -1425,7 +1425,7 @@ def test_list_rows_outside_the_root_are_refused_naming_them(tmp_path, capsys):
     src = read_list(lst, allow_outside_root=True)
     assert [p for p, _, _ in src.items][2:] == [secret, secret, os.path.join(root, "b", "b0.png")]
     assert main(["convert", "imagefolder", "tar", root, str(tmp_path / "e"), "--allow-outside-root"]) == 2
-    assert "--allow-outside-root applies to a list source only" in capsys.readouterr().err
+    assert "--allow-outside-root applies to list and parquet sources only" in capsys.readouterr().err
 
 
 def test_list_rows_through_a_symlink_in_the_root_are_followed(tmp_path):

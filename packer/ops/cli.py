@@ -119,9 +119,10 @@ def _add_list_options(p: argparse.ArgumentParser) -> None:
     g.add_argument("--classes-from", metavar="DATASET_OR_FILE",
                    help="use this class list (a packed dataset's, e.g. the training set's, or a text file with one "
                         "name per line) so labels line up; a source class not in it is an error")
-    g.add_argument("--root", help="list source: the folder its paths are relative to (default: the list's folder)")
+    g.add_argument("--root", help="list and parquet sources: the folder its paths are relative to (default: the "
+                                  "list's or Parquet file's folder)")
     g.add_argument("--allow-outside-root", action="store_true", default=None,
-                   help="list source: accept rows whose paths lead outside --root (../x.jpg, absolute paths "
+                   help="list and parquet sources: accept rows whose paths lead outside --root (../x.jpg, absolute paths "
                         "elsewhere); refused by default")
     g.add_argument("--path-column", help="list source: the column of image paths (default: path, file, filename "
                                          "or image)")
@@ -336,16 +337,18 @@ _LIST_ONLY = ("root", "path_column", "allow_outside_root", "mask_column", "boxes
 _IMPORT_ONLY = ("drop_column",)
 _LIST_OR_IMPORT = ("label_column", "image_column")
 _COCO_ONLY = ("images", "masks")
+_LIST_OR_PARQUET = ("root", "allow_outside_root")  # of _LIST_ONLY, the flags a parquet source takes too
 
 
 def _check_source_flags(a: argparse.Namespace) -> None:
     """UsageError for a flag that the source does not take; a coco source needs --images."""
     imported = a.src_format in IMPORT_FORMATS
-    takes = {"list": _LIST_ONLY + _LIST_OR_IMPORT, "coco": _COCO_ONLY}.get(
+    takes = {"list": _LIST_ONLY + _LIST_OR_IMPORT, "coco": _COCO_ONLY,
+             "parquet": _IMPORT_ONLY + _LIST_OR_IMPORT + _LIST_OR_PARQUET}.get(
         a.src_format, _IMPORT_ONLY + _LIST_OR_IMPORT if imported else ())
     for k in _LIST_ONLY + _IMPORT_ONLY + _LIST_OR_IMPORT + _COCO_ONLY:
         if getattr(a, k) is not None and k not in takes:
-            what = ("a list source" if k in _LIST_ONLY else "a coco source" if k in _COCO_ONLY else
+            what = ("list and parquet sources" if k in _LIST_OR_PARQUET else "a list source" if k in _LIST_ONLY else "a coco source" if k in _COCO_ONLY else
                     "mds, litdata and parquet sources" if k in _IMPORT_ONLY else "list, mds, litdata and parquet "
                     "sources")
             raise UsageError(f"packer convert: --{k.replace('_', '-')} applies to {what} only")
@@ -477,7 +480,7 @@ def _convert_import(a: argparse.Namespace, options):  # noqa: ANN001, ANN202 - C
     from .importers import open_table
     from .importers.common import convert_import
 
-    table = open_table(a.src_format, a.src, _storage(a))
+    table = open_table(a.src_format, a.src, _storage(a), root=a.root, allow_outside_root=bool(a.allow_outside_root))
     image_column = a.image_column[0] if a.image_column else None  # one at most (_check_source_flags)
     return convert_import(table, a.dst, a.dst_format, options, image_column=image_column,
                           label_column=a.label_column, drop_columns=a.drop_column or (), label_kind=a.label_kind,

@@ -192,13 +192,16 @@ def _inside(base: str, full: str) -> bool:
     return full == base or full.startswith(base.rstrip(os.sep) + os.sep)
 
 
-def _outside_error(path: str, base: str, root_given: bool, outside: list[tuple[int, str]]) -> SourceError:
-    shown = ", ".join(f"line {n}: {rel!r}" for n, rel in outside[:5])
+def _outside_error(path: str, base: str, root_given: bool, outside: list[tuple[int, str]], *, at: str = "line",
+                   source: str = "the list") -> SourceError:
+    """The error for rows of ``source`` (the list, a Parquet file) whose paths lead outside the
+    root, each shown as ``at`` (line, row) and its number."""
+    shown = ", ".join(f"{at} {n}: {rel!r}" for n, rel in outside[:5])
     more = f", ... ({len(outside)} rows in all)" if len(outside) > 5 else ""
-    what = f"--root {base}" if root_given else f"the list's folder {base} (no --root given)"
+    what = f"--root {base}" if root_given else f"{source}'s folder {base} (no --root given)"
     lie = "lies" if len(outside) == 1 else "lie"
     return SourceError(f"{path}: {plural(len(outside), 'row')} {lie} outside {what}: {shown}{more}; pass the folder that "
-                       f"holds them as --root, or --allow-outside-root if the list means it")
+                       f"holds them as --root, or --allow-outside-root if {source} means it")
 
 
 def _column(path: str, rows: list[tuple[int, dict[str, Any]]], given: str | None, candidates: Sequence[str],

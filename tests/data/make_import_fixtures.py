@@ -118,6 +118,16 @@ def _litdata_pickled(i: int) -> dict:
     return {"image": Image.open(os.path.join(IMAGES, f"{i}.jpg")), "label": LABELS[i], "boxes": {1, 2}}
 
 
+def _litdata_json(i: int) -> dict:
+    """Lists and dicts as values: LitData keeps each list as one leaf of its ``json`` serializer."""
+    from PIL import Image
+
+    return {"image": Image.open(os.path.join(IMAGES, f"{i}.jpg")), "label": LABELS[i], "tags": [i, i * 2],
+            "words": ["a", CLASSES[LABELS[i]]], "weights": [0.5, i / 4], "flags": [i % 2 == 0, True],
+            "boxes": [[1, 2, 3, 4 + i]], "objects": [{"name": CLASSES[LABELS[i]], "area": i, "hidden": None}],
+            "mixed": [i, "x", None], "empty": [], "extra": {"source": "fixture", "seen": [i]}}
+
+
 def write_litdata() -> None:
     import functools
 
@@ -135,6 +145,10 @@ def write_litdata() -> None:
     out = os.path.join(HERE, "litdata-arrays")
     shutil.rmtree(out, ignore_errors=True)
     optimize(fn=_litdata_arrays, inputs=list(range(len(LABELS))), output_dir=out, chunk_bytes="64kb",
+             num_workers=1, mode="overwrite")
+    out = os.path.join(HERE, "litdata-json")
+    shutil.rmtree(out, ignore_errors=True)
+    optimize(fn=_litdata_json, inputs=list(range(len(LABELS))), output_dir=out, chunk_bytes="64kb",
              num_workers=1, mode="overwrite")
     out = os.path.join(HERE, "litdata-pickle")
     shutil.rmtree(out, ignore_errors=True)

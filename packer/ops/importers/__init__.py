@@ -9,9 +9,11 @@ __all__ = ["IMPORT_FORMATS", "open_table"]
 IMPORT_FORMATS = {"mds": "mds", "litdata": "mds", "parquet": "parquet"}
 
 
-def open_table(kind: str, src: str, storage_options: dict | None = None):  # noqa: ANN201 - a common.Table
+def open_table(kind: str, src: str, storage_options: dict | None = None, root: str | None = None,  # noqa: ANN201 - a common.Table
+               allow_outside_root: bool = False):
     """The reader of the ``kind`` dataset at ``src`` (mds and litdata: a folder or URL; parquet: a
-    local file or folder of files); SourceError when it cannot be read."""
+    local file or folder of files, its images by path relative to ``root`` and inside it unless
+    ``allow_outside_root``); SourceError when it cannot be read."""
     from ...errors import SourceError
     from ...storage.remote import is_url
 
@@ -27,4 +29,4 @@ def open_table(kind: str, src: str, storage_options: dict | None = None):  # noq
         raise SourceError(f"{src}: Parquet is read from a local file or folder; download it first")
     from .parquetreader import ParquetTable
 
-    return ParquetTable(src)
+    return ParquetTable(src, root, allow_outside_root)

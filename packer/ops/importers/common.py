@@ -11,11 +11,16 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from ...description.samples import MAX_META_BYTES
 from ...errors import PackerError, SourceError
 
-__all__ = ["Column", "Table", "convert_import", "choose_columns", "is_image", "needs", "reading", "LABEL_COLUMNS"]
+__all__ = ["Column", "Table", "convert_import", "choose_columns", "check_value_size", "is_image", "needs", "reading",
+           "text_value", "LABEL_COLUMNS", "MAX_VALUE_BYTES"]
 
 LABEL_COLUMNS = ("label", "labels", "class", "target")
+#: The most stored bytes a value column (number, text, JSON, array) may hold in one sample: four
+#: times what a sample's metadata may take as JSON (its ``MAX_META_BYTES``).
+MAX_VALUE_BYTES = 4 * MAX_META_BYTES
 _MAGIC = (b"\xff\xd8\xff", b"\x89PNG\r\n\x1a\n", b"GIF87a", b"GIF89a", b"BM", b"II*\x00", b"MM\x00*")
 
 
@@ -74,6 +79,27 @@ def reading(where: str) -> Iterator[None]:
     except Exception as e:  # noqa: BLE001 - struct, numpy, zlib, zstandard, snappy, brotli, pyarrow: each its own types
         text = str(e).splitlines()[0] if str(e) else ""
         raise SourceError(f"{where}: damaged or not as its index describes ({type(e).__name__}: {text})") from None
+
+
+def check_value_size(size: int, where: str, column: str) -> None:
+    """SourceError naming ``where`` and ``column`` when a value column's stored bytes are more
+    than :data:`MAX_VALUE_BYTES`: checked before the value is decoded, so a large array or text
+    is refused without building it (no number takes more than 8 bytes and fewer than 2 of JSON,
+    no text fewer bytes of JSON than it has)."""
+    if size > MAX_VALUE_BYTES:
+        raise SourceError(f"{where}: column {column!r} holds {size} bytes, more than metadata can keep (at most "
+                          f"{MAX_META_BYTES} bytes of JSON a sample); leave it out with --drop-column {column} "
+                          f"(drop_column=[...] in Python)")
+
+
+def text_value(data: bytes, where: str) -> str:
+    """``data`` as UTF-8 text; SourceError naming ``where`` when it is not UTF-8 or holds a NUL
+    byte (binary data such as a number under a text encoding, not text)."""
+    text = bytes(data).decode("utf-8")
+    if "\0" in text:
+        raise SourceError(f"{where}: a text value with a NUL byte ({bytes(data[:16])!r}...): binary data, not text; "
+                          f"is the column's declared type right?")
+    return text
 
 
 def is_image(data: Any) -> bool:
@@ -268,6 +294,9 @@ def raw_image_png(mode: str, width: int, height: int, raw: bytes, where: str) ->
 
     channels = {"RGB": 3, "RGBA": 4, "L": 1}.get(mode)
     if mode == "1":
+        if len(raw) != (width + 7) // 8 * height:
+            raise SourceError(f"{where}: a {width}x{height} mode-1 image needs {(width + 7) // 8 * height} bytes, "
+                              f"not {len(raw)}")
         bits = np.unpackbits(np.frombuffer(raw, np.uint8).reshape(height, -1), axis=1)[:, :width]
         pixels = (bits * 255).astype(np.uint8)
     elif channels is None:

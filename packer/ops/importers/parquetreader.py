@@ -53,9 +53,13 @@ def _column(field: Any, feature: Any) -> Column:
 class ParquetTable:
     """A Parquet file, or a folder of them read in name order, read a batch of rows at a time."""
 
-    def __init__(self, src: str | os.PathLike[str]) -> None:
+    def __init__(self, src: str | os.PathLike[str], root: str | os.PathLike[str] | None = None,
+                 allow_outside_root: bool = False) -> None:
         pq = needs("pyarrow.parquet", f"{os.fspath(src)}: reading Parquet", "parquet")
         self.shown = os.path.abspath(os.fspath(src))
+        #: the folder an image's ``path`` is relative to and must lie inside (default: its Parquet file's)
+        self.root = os.path.abspath(os.fspath(root)) if root is not None else None
+        self.allow_outside_root = allow_outside_root
         self.files = _files(self.shown)
         try:
             schema = pq.read_schema(self.files[0])
@@ -72,6 +76,7 @@ class ParquetTable:
 
         images = {c.name for c in self.columns if c.kind == "image"}
         for path in self.files:
+            n = 0  # the row in this file
             with reading(path):
                 batches = pq.ParquetFile(path).iter_batches(batch_size=256, columns=list(dict.fromkeys(names)))
             while True:
@@ -82,17 +87,34 @@ class ParquetTable:
                     break
                 for row in rows:
                     for name in images & row.keys():
-                        row[name] = self._image(path, row[name])
+                        row[name] = self._image(path, row[name], n, name)
+                    n += 1
                     yield row
 
-    @staticmethod
-    def _image(path: str, value: Any) -> bytes | str:
+    def _image(self, path: str, value: Any, n: int, column: str) -> bytes | str:
         """An image cell's bytes (of bytes, or of a ``{bytes, path}`` struct); without bytes, the
-        path of its file (relative to the Parquet file's folder); empty bytes when there is neither
-        (the sample is then skipped as undecodable, named in the report)."""
+        path of its file (relative to the root: the Parquet file's folder unless ``root`` is given;
+        SourceError for one outside it unless ``allow_outside_root``); empty bytes when there is
+        neither (the sample is then skipped as undecodable, named in the report). SourceError
+        naming row ``n`` and ``column`` for text in place of bytes."""
+        from ..listsource import _inside, _outside_error
+
         if isinstance(value, dict):
-            if value.get("bytes") is not None:
-                return value["bytes"]
+            data = value.get("bytes")
+            if isinstance(data, str):
+                raise SourceError(f"{path}: row {n}, column {column!r}: its bytes hold text ({data[:40]!r}), not an "
+                                  f"image file's bytes")
+            if data is not None:
+                return data
             name = value.get("path")
-            return os.path.join(os.path.dirname(path), name) if isinstance(name, str) and name else b""
+            if not isinstance(name, str) or not name:
+                return b""
+            base = self.root or os.path.dirname(path)
+            full = os.path.normpath(os.path.join(base, name))
+            if not self.allow_outside_root and not _inside(base, full):
+                raise _outside_error(path, base, self.root is not None, [(n, name)], at="row",
+                                     source="the Parquet file")
+            return full
+        if isinstance(value, str):
+            raise SourceError(f"{path}: row {n}, column {column!r}: text ({value[:40]!r}), not an image file's bytes")
         return value if isinstance(value, bytes) else b""
