@@ -83,7 +83,8 @@ def pack(inputs: Iterable[Any], dst: str | os.PathLike[str], format: str, fn: Ca
     ...); bad images are skipped and listed in the report. Bytes and arrays go through a
     temporary folder beside ``dst`` (arrays as lossless PNG), so memory does not grow with the
     dataset. ``resume=True`` runs ``fn`` again and continues an interrupted pack of the same
-    samples (or keeps a finished one). ``classes`` pins the class list (label ``i`` is ``classes[i]``).
+    samples (or keeps a finished one). ``classes`` pins the class list (label ``i`` is ``classes[i]``; each name once: ValueError naming a
+    name listed twice).
 
     TypeError for an unknown option; ValueError or TypeError naming the input for a sample
     ``fn`` made wrong. An exception ``fn`` raises comes back, whatever ``workers``, with a message
@@ -91,11 +92,13 @@ def pack(inputs: Iterable[Any], dst: str | os.PathLike[str], format: str, fn: Ca
     the worker's traceback as its cause: as the same type where that type can be built from one
     message, else as :class:`~packer.errors.WorkerError` (``type_name`` holds the original type).
     """
-    from .items import convert_items
+    from .items import check_classes, convert_items
     from .pool import ordered_map
 
     if fn is not None and not callable(fn):
         raise TypeError(f"packer.pack(): fn must be callable, not {type(fn).__name__}")
+    if classes is not None:
+        classes = check_classes(classes, "packer.pack(): classes")  # before fn runs on any input
     images = _image_names(images)
     a = convert_arguments("list", format, "<inputs>", dst, options, caller="packer.pack", accepted=_PACK_OPTIONS)
     if format == "imagefolder":
