@@ -87,7 +87,9 @@ class PackedDataset(Dataset):
             ``"skip"`` returns the next readable sample instead, issues a
             :class:`~packer.datasets.skips.SkippedSampleWarning` naming the sample, and counts the
             skip in ``self.errors``: one count shared by this process and all its DataLoader
-            workers. Only when every sample of the dataset fails in a row does it raise.
+            workers. Only when every sample of the dataset fails in a row does it raise, and from
+            then on each read raises at once, counting nothing more; a dataset that fails its
+            open check raises at once too (nothing was skipped: ``self.errors`` does not grow).
         cache: ``None`` (default), ``"encoded"`` (keep the stored bytes in RAM: no disk reads
             after the first epoch, decode every time) or ``"decoded"`` (keep the decoded pixels:
             no disk read and no decode after the first epoch). One cache in shared memory is
