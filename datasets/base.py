@@ -87,7 +87,9 @@ class PackedDataset(Dataset):
             ``"skip"`` returns the next readable sample instead, issues a
             :class:`~packer.datasets.skips.SkippedSampleWarning` naming the sample, and counts the
             skip in ``self.errors``: one count shared by this process and all its DataLoader
-            workers. Only when every sample of the dataset fails in a row does it raise.
+            workers. Only when every sample of the dataset fails in a row does it raise, and from
+            then on each read raises at once, counting nothing more; a dataset that fails its
+            open check raises at once too (nothing was skipped: ``self.errors`` does not grow).
         cache: ``None`` (default), ``"encoded"`` (keep the stored bytes in RAM: no disk reads
             after the first epoch, decode every time) or ``"decoded"`` (keep the decoded pixels:
             no disk read and no decode after the first epoch). One cache in shared memory is
@@ -105,7 +107,8 @@ class PackedDataset(Dataset):
             created.
         fields: what each sample returns, in order, from :data:`FIELDS`: ``"image"``,
             ``"label"`` (an int for class labels; for multi-label datasets a float32 multi-hot
-            tensor of ``len(classes)``; for number labels a float), ``"key"`` (the source path),
+            vector of ``len(classes)``, a NumPy array with ``output="numpy"``, else a tensor; for
+            number labels a float), ``"key"`` (the source path),
             ``"meta"`` (the per-sample metadata dict, ``{}`` when none), ``"index"`` and ``"info"``
             (``(height, width, codec, index)`` of the stored image). Default ``("image", "label")``;
             with ``output="encoded"``, ``("image", "label", "info")``, the image being the stored bytes. Keys, labels and metadata come from the sample table, never
@@ -188,6 +191,7 @@ class PackedDataset(Dataset):
         self._skips = SkipCounter() if on_error == "skip" else None
         self._pid: int | None = None
         self._open_failure: tuple[int, CorruptDataError] | None = None  # (pid, error) of a failed open check
+        self._unreadable: tuple[int, CorruptDataError] | None = None  # (pid, error): no sample reads (skip mode)
         self._dir: DatasetDir | None = None
         self._remote = remote_files  # a dataset at a URL: its files come through the node cache
         self._lock = threading.Lock()
@@ -343,7 +347,9 @@ class PackedDataset(Dataset):
         return [self.read_record(i).key for i in range(len(self))]
 
     def _target(self, index: int, label: int) -> Any:
-        """Sample ``index``'s label as ``fields`` returns it (before ``target_transform``)."""
+        """Sample ``index``'s label as ``fields`` returns it (before ``target_transform``): the class
+        index (int), the number (float), or the multi-hot float32 vector of ``len(classes)``: a
+        NumPy array with ``output="numpy"``, else a tensor (the one contract of every reader)."""
         kind = self.manifest.label_kind
         if kind == "class":
             return label
@@ -352,9 +358,9 @@ class PackedDataset(Dataset):
             raise CorruptDataError(f"a {kind}-label dataset needs its sample table", path=self.root)
         if kind == "number":
             return table.target_of(index)
-        hot = torch.zeros(len(self.classes), dtype=torch.float32)
+        hot = np.zeros(len(self.classes), np.float32)
         hot[table.labels_of(index)] = 1.0
-        return hot
+        return hot if self.output == "numpy" else torch.from_numpy(hot)
 
     def _ensure_open(self) -> None:
         pid = os.getpid()
@@ -621,19 +627,32 @@ class PackedDataset(Dataset):
     def _load_or_skip(self, index: int, load: Callable[[int], Any] | None = None) -> Any:
         """``load(index)`` (default :meth:`load`); with ``on_error="skip"``, the next sample that
         loads, counting each skip. Raises the last CorruptDataError only when every sample fails in
-        a row."""
+        a row, or at once when the dataset itself failed its open check (no sample can be read:
+        nothing is counted). Once the dataset is known to be unreadable, each read raises that error
+        again without retrying or counting its samples."""
         n = len(self)
         load = self.load if load is None else load
+        pid = os.getpid()
+        if self._skips is not None and self._unreadable is not None and self._unreadable[0] == pid:
+            raise copy.copy(self._unreadable[1])
         for step in range(n):
             try:
                 return load((index + step) % n)
             except CorruptDataError as e:
                 if self._skips is None:
                     raise
-                self._skips.warn(str(e))
-                if step == n - 1:
-                    raise CorruptDataError(f"every sample of {self.root} failed to read; the last: {e}",
-                                           path=e.path, sample=e.sample, offset=e.offset) from e
+                whole = self._open_failure is not None and self._open_failure[0] == pid
+                if whole:
+                    message = f"every sample of {self.root} is unreadable: the dataset failed its open check: {e}"
+                elif step < n - 1:
+                    self._skips.warn(str(e))
+                    continue
+                else:
+                    self._skips.warn(str(e))
+                    message = f"every sample of {self.root} failed to read; the last: {e}"
+                err = CorruptDataError(message, path=e.path, sample=e.sample, offset=e.offset)
+                self._unreadable = (pid, err)
+                raise copy.copy(err) from e
         raise AssertionError("unreachable")  # pragma: no cover
 
     def _encoded_item(self, index: int) -> tuple[Any, ...]:
@@ -797,6 +816,7 @@ class PackedDataset(Dataset):
         state = self.__dict__.copy()
         state["_pid"] = None
         state["_open_failure"] = None
+        state["_unreadable"] = None
         state["_lock"] = None
         state["_dir"] = None
         state["_table"] = None

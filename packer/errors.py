@@ -20,6 +20,7 @@ __all__ = [
     "ResumeError",
     "DestinationBusyError",
     "DatasetChangedError",
+    "WorkerError",
 ]
 
 
@@ -115,6 +116,23 @@ class DatasetChangedError(_PathError, RuntimeError):
     """The dataset directory a reader was opened on now holds another dataset (it was replaced, e.g.
     by a conversion with ``--overwrite``, or deleted). A reader only ever reads the dataset it
     opened: open the new one with a new reader."""
+
+
+class WorkerError(PackerError):
+    """An exception raised in a worker process (a conversion's, or ``packer.pack``'s ``fn``) whose
+    type could not be rebuilt in the caller: its constructor takes other arguments, or its class
+    is not loaded here. The message keeps the original's type name, its message and the input's
+    position; ``type_name`` is the original type (``module.Name``) and ``worker_traceback`` the
+    worker's traceback text (also shown as this error's cause)."""
+
+    def __init__(self, message: str, *, type_name: str | None = None, worker_traceback: str | None = None) -> None:
+        super().__init__(message)
+        self.type_name = type_name
+        self.worker_traceback = worker_traceback
+
+    def __reduce__(self) -> tuple[object, ...]:
+        return _rebuild, (type(self), self.args, {"type_name": self.type_name,
+                                                  "worker_traceback": self.worker_traceback})
 
 
 _WHERE = re.compile(r"CorruptDataError: .*\((?:file (?P<path>.+?))?(?:, )?(?:sample (?P<sample>[^,()]+?))?"

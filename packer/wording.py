@@ -5,8 +5,9 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterable
+from typing import NamedTuple
 
-__all__ = ["plural", "noun", "skip_reasons", "describe_skips"]
+__all__ = ["plural", "noun", "skip_reasons", "describe_skips", "SkipGroup"]
 
 #: Plurals that the spelling rules of :func:`noun` do not make.
 _IRREGULAR = {"is": "are", "was": "were", "has": "have", "this": "these", "its": "their", "it": "them"}
@@ -33,38 +34,54 @@ def plural(n: int, word: str) -> str:
     return f"{n} {noun(n, word)}"
 
 
+#: A path or URL inside a reason (a token with a slash): one file's name, not the kind of skip.
+_PATH = re.compile(r"[^\s\"'(),;]*[/\\][^\s\"'(),;]*")
+
+
 def _reason_key(reason: str) -> str:
-    """What skips of one kind share: the reason with its numbers left out (sizes, pixel counts)."""
-    return re.sub(r"\d+", "N", reason)
+    """What skips of one kind share, their template: the reason with its paths and its numbers
+    (sizes, pixel counts) left out."""
+    return re.sub(r"\d+", "N", _PATH.sub("<path>", reason))
 
 
-def skip_reasons(skips: Iterable[tuple[str, str]], examples: int = 3) -> list[tuple[str, int, list[str]]]:
+class SkipGroup(NamedTuple):
+    """Skips of one template: the first one's reason as it was, how many, their first paths, and
+    whether the group's reasons differ (in their numbers or the paths they name)."""
+
+    reason: str
+    count: int
+    paths: list[str]
+    varied: bool = False
+
+
+def skip_reasons(skips: Iterable[tuple[str, str]], examples: int = 3) -> list[SkipGroup]:
     """Skips (``(path, reason)`` pairs) counted by reason, most frequent first (ties in the order
-    first met): ``(reason, count, first paths)``, at most ``examples`` paths each. Reasons that
-    differ only in their numbers (``5000x4000 = ... pixels``) count as one, shown with ``N`` for
-    the numbers where they differ."""
-    groups: dict[str, list] = {}
+    first met), at most ``examples`` paths each. Reasons of one template (that differ only in their
+    numbers or in the paths they name: ``5000x4000 = ... pixels``) count as one group, shown by the
+    first of them as it was, with ``varied`` set."""
+    groups: dict[str, SkipGroup] = {}
     for path, reason in skips:
-        g = groups.setdefault(_reason_key(reason), [reason, 0, []])
-        if g[0] != reason:
-            g[0] = _reason_key(reason)
-        g[1] += 1
-        if len(g[2]) < examples:
-            g[2].append(path)
-    ordered = sorted(groups.values(), key=lambda g: -g[1])  # stable: ties keep the order first met
-    return [(reason, count, paths) for reason, count, paths in ordered]
+        key = _reason_key(reason)
+        g = groups.get(key)
+        if g is None:
+            g = groups[key] = SkipGroup(reason, 0, [])
+        if len(g.paths) < examples:
+            g.paths.append(path)
+        groups[key] = g._replace(count=g.count + 1, varied=g.varied or reason != g.reason)
+    return sorted(groups.values(), key=lambda g: -g.count)  # stable: ties keep the order first met
 
 
 def describe_skips(skips: Iterable[tuple[str, str]], reasons: int = 5, examples: int = 3) -> str:
     """The skips counted by reason, on one line: ``2 for "cannot read: No such file or directory"
     (a.jpg, b.jpg); 1 for "empty file (0 bytes)" (c.jpg)``: the ``reasons`` most frequent, each with
-    its first ``examples`` files (none with 0), then how many more there were for other reasons."""
+    its first ``examples`` files (none with 0), then how many more there were for other reasons.
+    A group whose reasons differ reads ``3 for reasons like "<the first, as it was>"``."""
     counted = skip_reasons(skips, examples)
     parts = []
-    for reason, count, paths in counted[:reasons]:
-        shown = f" ({', '.join(paths)}{', ...' if count > len(paths) else ''})" if paths else ""
-        parts.append(f'{count} for "{reason}"{shown}')
+    for g in counted[:reasons]:
+        shown = f" ({', '.join(g.paths)}{', ...' if g.count > len(g.paths) else ''})" if g.paths else ""
+        parts.append(f'{g.count} for {"reasons like " if g.varied else ""}"{g.reason}"{shown}')
     rest = counted[reasons:]
     if rest:
-        parts.append(f"{sum(c for _, c, _ in rest)} for {plural(len(rest), 'other reason')}")
+        parts.append(f"{sum(g.count for g in rest)} for {plural(len(rest), 'other reason')}")
     return "; ".join(parts)

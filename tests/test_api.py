@@ -134,6 +134,54 @@ def test_an_error_in_fn_names_the_input(tmp_path):
     assert os.listdir(tmp_path) == []
 
 
+class TwoArgError(Exception):
+    """An exception whose constructor takes two arguments (it cannot be rebuilt from its message)."""
+
+    def __init__(self, code: int, what: str) -> None:
+        super().__init__(f"code {code}: {what}")
+        self.code = code
+
+
+class RowError(ValueError):
+    """A user's own exception type built from one message: it comes back as itself."""
+
+
+def _two_arg_error_on_three(i: int) -> dict:
+    if i == 3:
+        raise TwoArgError(7, "bad row")
+    if i == 4:
+        raise RowError(f"row {i} is short")
+    return make_sample(i)
+
+
+@pytest.mark.parametrize("workers", [1, 2])
+def test_any_exception_in_fn_comes_back_with_its_type_message_and_input(tmp_path, workers):
+    with pytest.raises(packer.WorkerError, match=r"^input 3: fn raised tests\.test_api\.TwoArgError: code 7: bad row$") as e:
+        packer.pack(range(4), tmp_path / "out", "lmdb", fn=_two_arg_error_on_three, workers=workers, quiet=True)
+    assert e.value.type_name == "tests.test_api.TwoArgError"
+    cause = "".join(__import__("traceback").format_exception(e.value))
+    assert 'raise TwoArgError(7, "bad row")' in cause  # the worker's traceback, shown with the error
+    if workers > 1:
+        assert 'raise TwoArgError(7, "bad row")' in e.value.worker_traceback
+    with pytest.raises(RowError, match=r"^input 0: fn raised tests\.test_api\.RowError: row 4 is short$"):
+        packer.pack(range(4, 6), tmp_path / "out", "lmdb", fn=_two_arg_error_on_three, workers=workers, quiet=True)
+    assert os.listdir(tmp_path) == []
+
+
+def test_a_worker_error_is_rebuilt_from_plain_data_only():
+    from packer.ops.pool import error_report, rebuilt_error
+
+    err = rebuilt_error(error_report(FileNotFoundError(2, "No such file", "a.jpg")))
+    assert type(err) is FileNotFoundError and (err.errno, err.filename) == (2, "a.jpg")
+    corrupt = rebuilt_error(error_report(packer.CorruptDataError("bad crc", path="x.tar", sample=3, offset=9)))
+    assert (type(corrupt), corrupt.path, corrupt.sample, corrupt.offset) == (packer.CorruptDataError, "x.tar", 3, 9)
+    # A type whose module is not loaded here is not imported on a worker's say-so.
+    report = ("packer_not_a_module", "Boom", ("x",), "x", {}, "Traceback ...\n")
+    err = rebuilt_error(report)
+    assert type(err) is packer.WorkerError and str(err) == "packer_not_a_module.Boom: x"
+    assert "packer_not_a_module" not in sys.modules and err.worker_traceback == "Traceback ...\n"
+
+
 def test_pack_takes_paths_and_bytes_and_refuses_bad_samples(tiny_folder, tmp_path):
     src, _ = tiny_folder
     paths = sorted(os.path.join(d, n) for d, _, names in os.walk(src) for n in names)

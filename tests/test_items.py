@@ -78,6 +78,34 @@ def test_classes_given_and_refused_labels(folder, tmp_path):
     assert item_classes(["b", "a", "b"], None) == (["a", "b"], [1, 0, 1])
 
 
+def test_a_class_listed_twice_is_refused_in_one_line(folder, tmp_path, capsys):
+    """A pinned class list names each class once (label i is classes[i]: a duplicate gave one class
+    two labels and shifted the rest): convert_items, list sources, packer.pack and --classes-from."""
+    import packer
+    from packer.ops.cli import main
+    from packer.ops.listsource import convert_list
+
+    items = [(os.path.join(folder, "dog", "d0.jpg"), "dog", None), (os.path.join(folder, "cat", "c0.jpg"), "cat", None)]
+    with pytest.raises(ValueError, match=r"^classes: class 'cat' is listed twice$"):
+        convert_items(items, str(tmp_path / "a"), "lmdb", classes=["cat", "cat", "dog"])
+    lst = tmp_path / "l.csv"
+    lst.write_text("path,label\n" + "".join(f"{p},{c}\n" for p, c, _ in items))
+    with pytest.raises(ValueError, match=r"^classes: class 'dog' is listed twice$"):
+        convert_list(str(lst), str(tmp_path / "b"), "tar", classes=["dog", "cat", "dog"])
+    with pytest.raises(ValueError, match=r"^classes: class 'dog' is listed twice$"):
+        convert_list(str(lst), str(tmp_path / "b"), "tar", ConvertOptions(classes=("dog", "dog")))
+    with pytest.raises(ValueError, match=r"^packer.pack\(\): classes: class 'a' is listed twice$"):
+        packer.pack([{"image": items[0][0], "label": "a"}], tmp_path / "c", "lmdb", classes=["a", "a", "b"], quiet=True)
+    with pytest.raises(TypeError, match="a list of class names, not a string"):
+        packer.pack([{"image": items[0][0], "label": "a"}], tmp_path / "c", "lmdb", classes="ab", quiet=True)
+    names = tmp_path / "classes.txt"
+    names.write_text("cat\ndog\ncat\n")
+    rc = main(["convert", "list", "lmdb", str(lst), str(tmp_path / "d"), "--classes-from", str(names), "-q"])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert rc == 2 and err == [f"packer convert: --classes-from {names}: class 'cat' is listed twice"], err
+    assert sorted(os.listdir(tmp_path)) == ["classes.txt", "l.csv", "src"]  # nothing written
+
+
 def test_resume_keeps_a_finished_dataset(folder, tmp_path):
     """A retried call with resume keeps what the same items and options finished; other items or
     options are a new conversion (refused here: the destination exists)."""

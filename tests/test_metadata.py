@@ -80,6 +80,32 @@ def test_multi_label_and_number_kinds(fmt, photos, tmp_path):
     assert ds[5][1] == 0.25 and ds.meta(5) == {"score": 5}
 
 
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_multi_labels_are_one_contract_in_every_reader(fmt, photos, tmp_path):
+    """``ds.targets``: class-index lists; the ``label`` field: a float32 multi-hot vector of
+    ``len(classes)``, a NumPy array with ``output="numpy"``, else a tensor: map-style, batched
+    reads, dicts, streaming and collate alike."""
+    from packer.datasets import StreamingDataset, collate
+
+    root, paths = photos
+    sets = [["cat"], ["cat", "dog"], []]
+    convert_items([(p, sets[i % 3], None) for i, p in enumerate(paths)], str(tmp_path / "m"), fmt, _opts(),
+                  label_kind="multi")
+    want = [np.isin([0, 1], t).astype(np.float32) for t in open_dataset(str(tmp_path / "m")).targets]
+    assert [np.flatnonzero(w).tolist() for w in want] == [[0], [0, 1], [], [0], [0, 1], []]
+    for output, kind in (("tensor", torch.Tensor), ("numpy", np.ndarray), ("pil", torch.Tensor)):
+        ds = open_dataset(str(tmp_path / "m"), output=output)
+        got = [ds[i][1] for i in range(len(ds))] + [s[1] for s in ds.__getitems__([4, 5])]
+        got += [open_dataset(str(tmp_path / "m"), output=output, as_dict=True, fields=("label",))[1]["label"]]
+        stream = StreamingDataset(str(tmp_path / "m"), shuffle=False, output=output)
+        got += [s[1] for s in stream]
+        assert all(type(g) is kind and g.dtype in (np.float32, torch.float32) for g in got), (output, got)
+        assert all(np.array_equal(np.asarray(g), w) for g, w in zip(got, want + want[4:6] + want[1:2] + want))
+    ds = open_dataset(str(tmp_path / "m"), output="numpy", fields=("label", "index"))
+    batch = collate([ds[i] for i in range(3)])[0]  # a B x C float32 tensor, from numpy samples too
+    assert batch.dtype == torch.float32 and torch.equal(batch, torch.from_numpy(np.stack(want[:3])))
+
+
 def test_label_kind_checks_every_label(photos, tmp_path):
     _, paths = photos
     report = convert_items([(p, ["x", "y"][: i % 2 + 1], None) for i, p in enumerate(paths)],

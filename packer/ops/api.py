@@ -83,16 +83,22 @@ def pack(inputs: Iterable[Any], dst: str | os.PathLike[str], format: str, fn: Ca
     ...); bad images are skipped and listed in the report. Bytes and arrays go through a
     temporary folder beside ``dst`` (arrays as lossless PNG), so memory does not grow with the
     dataset. ``resume=True`` runs ``fn`` again and continues an interrupted pack of the same
-    samples (or keeps a finished one). ``classes`` pins the class list (label ``i`` is ``classes[i]``).
+    samples (or keeps a finished one). ``classes`` pins the class list (label ``i`` is ``classes[i]``; each name once: ValueError naming a
+    name listed twice).
 
     TypeError for an unknown option; ValueError or TypeError naming the input for a sample
-    ``fn`` made wrong; an exception ``fn`` raises comes back naming the input.
+    ``fn`` made wrong. An exception ``fn`` raises comes back, whatever ``workers``, with a message
+    naming the input, the original type and its message (``input 3: fn raised KeyError: ...``),
+    the worker's traceback as its cause: as the same type where that type can be built from one
+    message, else as :class:`~packer.errors.WorkerError` (``type_name`` holds the original type).
     """
-    from .items import convert_items
+    from .items import check_classes, convert_items
     from .pool import ordered_map
 
     if fn is not None and not callable(fn):
         raise TypeError(f"packer.pack(): fn must be callable, not {type(fn).__name__}")
+    if classes is not None:
+        classes = check_classes(classes, "packer.pack(): classes")  # before fn runs on any input
     images = _image_names(images)
     a = convert_arguments("list", format, "<inputs>", dst, options, caller="packer.pack", accepted=_PACK_OPTIONS)
     if format == "imagefolder":
@@ -179,19 +185,21 @@ def _make_samples(chunk: Sequence[tuple[int, Any]], fn: Callable[[Any], Any] | N
             try:
                 sample = fn(value)
             except Exception as e:
-                if not _rebuildable(e):
-                    raise
-                raise type(e)(f"input {i}: fn raised {type(e).__name__}: {e}") from e
+                raise _input_error(i, e) from e
         out.append(_sample_item(i, sample, spool, images))
     return out
 
 
-def _rebuildable(e: Exception) -> bool:
-    """The exception's type can be rebuilt from one message (so the input's position can be added)."""
-    try:
-        return type(type(e)(str(e))) is type(e)
-    except Exception:  # noqa: BLE001 - a constructor that takes other arguments
-        return False
+def _input_error(i: int, e: Exception) -> Exception:
+    """What ``fn``'s exception ``e`` for input ``i`` is raised as: the same type with a message that
+    names the input, or, for a type that cannot be built from one message, a WorkerError with it."""
+    from ..errors import WorkerError
+    from .pool import rebuildable, type_name
+
+    message = f"input {i}: fn raised {type_name(e)}: {e}"
+    if rebuildable(e):
+        return type(e)(message)
+    return WorkerError(message, type_name=type_name(e))
 
 
 def _sample_item(i: int, sample: Any, spool: str,

@@ -377,10 +377,12 @@ def pinned_classes(spec: str) -> list[str]:
         raise UsageError(f"packer convert: --classes-from {spec}: {e}") from None
     if not classes:
         raise UsageError(f"packer convert: --classes-from {spec}: no class names")
-    if len(set(classes)) != len(classes):
-        dup = next(c for c in classes if classes.count(c) > 1)
-        raise UsageError(f"packer convert: --classes-from {spec}: class {dup!r} is listed twice")
-    return classes
+    from .items import check_classes
+
+    try:
+        return check_classes(classes, f"packer convert: --classes-from {spec}")
+    except ValueError as e:
+        raise UsageError(str(e)) from None
 
 
 def _convert_to_url(a: argparse.Namespace):  # noqa: ANN202 - ConvertReport

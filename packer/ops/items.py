@@ -47,13 +47,28 @@ from .itemfields import (
     with_stamps,
 )
 
-__all__ = ["ImageItem", "convert_items", "item_classes"]
+__all__ = ["ImageItem", "convert_items", "item_classes", "check_classes"]
 
 #: One image to convert: (a file path or the file's bytes, a class name or label, metadata), and
 #: optionally its fields (:mod:`packer.ops.itemfields`): a mask, extra images, boxes, box labels.
 _ImageSource = Union[str, "os.PathLike[str]", bytes]
 ImageItem = tuple[_ImageSource, Any, dict[str, Any] | None] | tuple[_ImageSource, Any, dict[str, Any] | None,
                                                                     dict[str, Any] | None]
+
+
+def check_classes(classes: Sequence[str], what: str = "classes") -> list[str]:
+    """A pinned class list as a list, each name once (label ``i`` is ``classes[i]``, so a name
+    listed twice would give one class two labels): TypeError for a string, ValueError naming the
+    first name listed twice; ``what`` starts the message."""
+    if isinstance(classes, (str, bytes)):
+        raise TypeError(f"{what}: a list of class names, not a string ({classes!r})")
+    names = list(classes)
+    seen: set[str] = set()
+    for c in names:
+        if c in seen:
+            raise ValueError(f"{what}: class {c!r} is listed twice")
+        seen.add(c)
+    return names
 
 
 def item_classes(labels: Sequence[str | int], classes: Sequence[str] | None) -> tuple[list[str], list[int]]:
@@ -406,9 +421,9 @@ def convert_items(
 
 
 def _item_class_names(seq: Sequence[Any], classes: Sequence[str] | None, label_kind: str) -> list[str]:
-    """The class list: ``classes``, or the one the items' labels and box labels imply."""
+    """The class list: ``classes`` (each name once), or the one the items' labels and box labels imply."""
     if classes is not None:
-        return list(classes)
+        return check_classes(classes)
     if label_kind == "number":  # no classes of their own: those of the box labels, if any
         return _class_names(_box_label_names(seq))
     if label_kind == "multi":

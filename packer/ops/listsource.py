@@ -480,12 +480,14 @@ def convert_list(
     import numpy as np
 
     from .engine import ConvertOptions
-    from .items import convert_items
+    from .items import check_classes, convert_items
 
     options = options if options is not None else ConvertOptions()
-    source = read_list(listfile, **list_options)
     if classes is None and options.classes is not None:
         classes = list(options.classes)
+    if classes is not None:
+        classes = check_classes(classes)  # before the list is read
+    source = read_list(listfile, **list_options)
     if classes is not None:
         source.check_classes(os.fspath(listfile), classes)
     items = source.items

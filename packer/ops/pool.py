@@ -4,6 +4,8 @@ Each worker has a task pipe and a result pipe of its own, and this process keeps
 worker's write end. A worker killed at any moment (OOM killer, segfault, SIGKILL), even halfway
 through writing a large result, shows up as end-of-file on its pipe or as its exited process,
 and the map raises :class:`~packer.errors.PackerError` naming the items it was working on.
+An exception a worker raises crosses as plain text (type name, arguments, message, traceback),
+never as a pickled object, and is rebuilt here by :func:`rebuilt_error`.
 
 Why not ``concurrent.futures.ProcessPoolExecutor``: its workers share one result pipe, so the
 other workers keep that pipe's write end open; a worker killed in the middle of a result leaves a
@@ -17,15 +19,17 @@ import multiprocessing
 import multiprocessing.util
 import os
 import signal
+import sys
 import threading
 import time
+import traceback
 from collections.abc import Callable, Iterator, Sequence
 from multiprocessing.connection import Connection, wait
 from typing import Any, TypeVar
 
-from ..errors import PackerError
+from ..errors import PackerError, WorkerError
 
-__all__ = ["ordered_map", "CHUNK"]
+__all__ = ["ordered_map", "CHUNK", "ErrorReport", "error_report", "rebuilt_error", "rebuildable", "type_name"]
 
 CHUNK = 32  # items per task sent to a worker (32 measured ~2% faster than 16 on 2 cores)
 T = TypeVar("T")
@@ -62,7 +66,7 @@ def ordered_map(
                 pool.collect(lambda j: f"{name(starts[j])} or one of the {chunk - 1} after it")
             result = pool.done.pop(k)
             if isinstance(result, _Failed):
-                raise result.error
+                raise rebuilt_error(result.report)
             yield from result
         finished = True
     finally:
@@ -72,8 +76,80 @@ def ordered_map(
 class _Failed:
     """The exception a chunk raised, kept until the chunks before it have been yielded."""
 
-    def __init__(self, error: BaseException) -> None:
-        self.error = error
+    def __init__(self, report: ErrorReport) -> None:
+        self.report = report
+
+
+#: Plain values only (what an exception's arguments and attributes may be to cross as data).
+_PLAIN = (str, int, float, bool, type(None))
+
+#: An exception as plain data: (module, qualified name, arguments, message, attributes, traceback).
+ErrorReport = tuple[str, str, tuple[Any, ...], str, dict[str, Any], str]
+
+
+def type_name(e: BaseException) -> str:
+    """``e``'s type as users write it: ``KeyError`` for builtins, else ``module.QualName``."""
+    t = type(e)
+    return t.__qualname__ if t.__module__ == "builtins" else f"{t.__module__}.{t.__qualname__}"
+
+
+def error_report(e: BaseException) -> ErrorReport:
+    """``e`` as plain data: its type's module and name, its arguments (when all are plain values;
+    else none), its message, its plain attributes and its traceback text (causes included)."""
+    t = type(e)
+    args = e.args
+    if isinstance(e, OSError) and e.filename is not None and len(args) == 2:
+        args = (*args, e.filename)  # an OSError's file name is not among its args
+    args = args if all(isinstance(a, _PLAIN) for a in args) else ()
+    attrs = {k: v for k, v in vars(e).items() if isinstance(k, str) and isinstance(v, _PLAIN)}
+    text = "".join(traceback.format_exception(e))
+    return t.__module__, t.__qualname__, tuple(args), str(e), attrs, text
+
+
+def rebuildable(e: BaseException) -> bool:
+    """The exception's type can be rebuilt from its message alone (so a position can be added)."""
+    return _construct(type(e), (str(e),)) is not None
+
+
+def _construct(cls: type, args: tuple[Any, ...]) -> BaseException | None:
+    try:
+        err = cls(*args)
+    except Exception:  # noqa: BLE001 - a constructor that takes other arguments
+        return None
+    return err if type(err) is cls else None
+
+
+def rebuilt_error(report: ErrorReport) -> BaseException:
+    """The exception an :func:`error_report` describes, to raise in this process: the same type when
+    its class is already loaded here (no import runs for a worker's say-so) and can be built from
+    the same arguments or the message alone, else :class:`~packer.errors.WorkerError` naming the
+    type and keeping the message. The worker's traceback text is the error's cause."""
+    module, qualname, args, message, attrs, text = report
+    cls: Any = sys.modules.get(module)
+    for part in qualname.split("."):
+        cls = getattr(cls, part, None)
+    err = None
+    if isinstance(cls, type) and issubclass(cls, Exception):
+        err = (_construct(cls, args) if args else None) or _construct(cls, (message,))
+    if err is None:
+        name = qualname if module == "builtins" else f"{module}.{qualname}"
+        err = WorkerError(f"{name}: {message}", type_name=name, worker_traceback=text)
+    else:
+        try:
+            err.__dict__.update(attrs)
+        except (AttributeError, TypeError):
+            pass
+        if isinstance(err, WorkerError) and err.worker_traceback is None:
+            err.worker_traceback = text
+    err.__cause__ = _WorkerTraceback(text)
+    return err
+
+
+class _WorkerTraceback(Exception):
+    """The worker's traceback, as the cause of the error raised here (shown above it)."""
+
+    def __str__(self) -> str:
+        return "the worker's traceback:\n" + str(self.args[0] if self.args else "")
 
 
 class _Worker:
@@ -127,7 +203,7 @@ class _Pool:
                 while w.busy and w.results.poll():
                     status, k, value = w.results.recv()
                     w.busy.popleft()
-                    self.done[k] = _Failed(value) if status == "error" else value
+                    self.done[k] = _Failed(tuple(value)) if status == "error" else value
             except (EOFError, OSError):
                 pass  # end-of-file in or before a message: the worker is gone
             if w.busy and (w.proc.sentinel in ready or not w.proc.is_alive()):
@@ -174,7 +250,7 @@ def _how(exitcode: int | None) -> str:
 
 def _serve(fn: Callable[..., Any], tasks: Connection, results: Connection, parent: int) -> None:
     """A worker's life: take ``(k, chunk)`` tasks until ``None`` or end-of-file, answer each with
-    ``("ok", k, fn(chunk))`` or ``("error", k, exception)``."""
+    ``("ok", k, fn(chunk))`` or ``("error", k, error_report(exception))``."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent handles Ctrl-C and stops us
     signal.signal(signal.SIGTERM, signal.SIG_IGN)  # and a SIGTERM sent to the whole job (preemption)
     threading.Thread(target=_exit_with_parent, args=(parent,), daemon=True, name="packer-orphan-watch").start()
@@ -192,13 +268,14 @@ def _serve(fn: Callable[..., Any], tasks: Connection, results: Connection, paren
         try:
             answer: tuple[str, int, Any] = ("ok", k, fn(chunk))
         except Exception as e:  # noqa: BLE001 - raised again in the parent
-            answer = ("error", k, e)
+            answer = ("error", k, error_report(e))
         try:
             results.send(answer)
         except BrokenPipeError:
             return
-        except Exception as e:  # noqa: BLE001 - an unpicklable result or exception
-            results.send(("error", k, PackerError(f"a worker's answer could not be sent: {type(e).__name__}: {e}")))
+        except Exception as e:  # noqa: BLE001 - an unpicklable result
+            err = PackerError(f"a worker's answer could not be sent: {type_name(e)}: {e}")
+            results.send(("error", k, error_report(err)))
 
 
 def _exit_with_parent(parent: int) -> None:
