@@ -126,7 +126,7 @@ def fields_sources(n: int = 6, seed: int = 0, sizes=((48, 64), (40, 30), (33, 57
 def write_fields_dataset(dst, fmt: str, n: int = 6, resize: str = "shorter:24", encode: str = "png",
                          mask: bool = True, images=("left",), boxes: bool = True, seed: int = 0, classes=("a", "b"),
                          **writer):
-    """A version 3 dataset of ``fmt`` at ``dst`` (masks, extra images named ``images``, boxes with
+    """A dataset with fields (the current version) of ``fmt`` at ``dst`` (masks, extra images named ``images``, boxes with
     labels) from :func:`fields_sources`, through packer's own processing and writer. Returns the
     sources, for the test to compare against."""
     import cv2

@@ -92,7 +92,7 @@ def test_jsonl_list_with_masks_images_and_boxes_converts(src, tmp_path, fmt):
                           image_columns=["left"], boxes_column="boxes", box_labels_column="classes")
     assert report.skipped == []
     m = read_manifest(tmp_path / "out")
-    assert m.version == 3 and m.field_names == ["mask", "left", "boxes"] and m.fields[2]["labels"] is True
+    assert m.version == 4 and m.field_names == ["mask", "left", "boxes"] and m.fields[2]["labels"] is True
     assert m.classes == ["a", "b"]
     _check(tmp_path / "out", samples)
     with open_dataset(tmp_path / "out") as ds:  # the field columns are not metadata
@@ -199,7 +199,7 @@ def test_box_label_names_join_the_inferred_classes(src, tmp_path):
     assert report.manifest.classes == ["a", "b", "zebra"]
     with open_dataset(tmp_path / "out") as ds:
         assert ds.sample_table().boxes_of(0)[1].tolist() == [2]
-        assert report.manifest.version == 3 and report.manifest.field_names == ["boxes"]
+        assert report.manifest.version == 4 and report.manifest.field_names == ["boxes"]
 
 
 def test_items_with_no_fields_are_plain_items(src, tmp_path):

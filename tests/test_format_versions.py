@@ -154,3 +154,10 @@ def test_version_3_masks_of_mixed_dtypes_batch_as_the_widest(archived_v3, fmt):
         np.testing.assert_array_equal(masks.numpy(), want)
     by_dict = open_dataset(str(archived_v3 / fmt), fields=("mask",), as_dict=True)
     assert collate([by_dict[i] for i in range(3)])["mask"].dtype == torch.uint16
+
+
+def test_info_shows_a_version_3_mask_as_stored(archived_v3, capsys):
+    from packer.ops.cli import main
+
+    assert main(["info", str(archived_v3 / "lmdb")]) == 0
+    assert "fields      mask (mask, uint8 or uint16 as each is stored), boxes (boxes)" in capsys.readouterr().out
