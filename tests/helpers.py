@@ -156,6 +156,23 @@ def write_fields_dataset(dst, fmt: str, n: int = 6, resize: str = "shorter:24", 
     return src
 
 
+def run_bounded(code: str, extra_mb: int, tmp_path) -> str:
+    """Run ``code`` in a child Python whose address space may grow ``extra_mb`` past what its imports
+    took (RLIMIT_AS); its stdout, or AssertionError with its output when it fails."""
+    import subprocess
+    import sys
+
+    script = tmp_path / "bounded.py"
+    script.write_text(
+        "import resource\nimport cv2, numpy, torch, packer.images.fields, packer.ops.items\n"
+        "size = int(open('/proc/self/statm').read().split()[0]) * resource.getpagesize()\n"
+        f"resource.setrlimit(resource.RLIMIT_AS, (size + ({extra_mb} << 20), resource.RLIM_INFINITY))\n" + code)
+    r = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=300,
+                       cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    assert r.returncode == 0, r.stdout + r.stderr
+    return r.stdout
+
+
 def moto_s3(*buckets: str):  # noqa: ANN201 - a context manager
     """A context manager: moto's S3 server on 127.0.0.1 (a free port) holding the empty
     ``buckets``, as a test starts it; yields its endpoint URL (credentials ``testing``)."""

@@ -16,6 +16,7 @@ from packer.description.registry import format_names
 from packer.images.imageproc import ProcessOptions, parse_encoding, parse_resize
 from packer.ops.engine import ConvertOptions
 from packer.ops.items import convert_items
+from tests.helpers import run_bounded
 from tests.test_resume import interrupt_after
 
 
@@ -140,3 +141,43 @@ def test_a_mask_stored_wider_than_the_declared_dtype_is_corrupt_data_naming_the_
     with pytest.raises(CorruptDataError, match="stored as uint16, wider than the manifest's uint8") as e:
         ds[2]
     assert e.value.sample == 2
+
+
+# -- a mask's size comes from its header, before anything is decoded --------------------------------
+
+def _png_of_size(width: int, height: int, bits: int, rows: int | None = None) -> bytes:
+    """A grayscale PNG of ``width`` x ``height`` zeros at ``bits`` per pixel, made without an array of
+    its pixels; ``rows``: only the first rows' data (a decoder still sizes its buffer by the header)."""
+    import struct
+    import zlib
+
+    def chunk(kind: bytes, data: bytes) -> bytes:
+        return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data))
+
+    z, row = zlib.compressobj(9), b"\x00" + bytes(width * bits // 8)
+    idat = b"".join(z.compress(row) for _ in range(height if rows is None else rows)) + z.flush()
+    return (b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", struct.pack(">IIBBBBB", width, height, bits, 0, 0, 0, 0))
+            + chunk(b"IDAT", idat) + chunk(b"IEND", b""))
+
+
+def test_a_huge_mask_is_refused_by_its_header_before_decoding_in_bounded_memory(tmp_path):
+    """A 32000 x 32000 16-bit mask (2 GB decoded, a few kB here) is refused by the pixel limit, and a
+    12000 x 12000 one (288 MB) of another size than its 456 x 532 image by its size, in a process
+    allowed 150 MB more than its imports: neither is decoded."""
+    (tmp_path / "bomb.png").write_bytes(_png_of_size(32000, 32000, 16, rows=64))
+    (tmp_path / "other.png").write_bytes(_png_of_size(12000, 12000, 16))
+    out = run_bounded(f"""
+import cv2, numpy as np
+from packer.images.fields import FieldSources, process_sample
+from packer.images.imageproc import ProcessOptions, parse_encoding, parse_resize
+from packer.errors import ImageError
+image = cv2.imencode(".png", np.zeros((532, 456, 3), np.uint8))[1].tobytes()
+opts = ProcessOptions(resize=parse_resize("none"), encoding=parse_encoding("png"))
+for name in ("bomb.png", "other.png"):
+    try:
+        process_sample(image, opts, FieldSources(mask=open({str(tmp_path)!r} + "/" + name, "rb").read()))
+    except ImageError as e:
+        print(name, e)
+""", 150, tmp_path)
+    assert "bomb.png mask: 32000x32000 = 1024000000 pixels is above the limit of 178956970" in out
+    assert "other.png mask is 12000x12000 but the image is 456x532" in out

@@ -23,7 +23,13 @@ import numpy as np
 
 from ..errors import ImageError
 from .imageheader import describe_non_image, sniff
-from .imageproc import ProcessedField, ProcessedImage, ProcessOptions, above_pixel_limit, process_image
+from .imageproc import (
+    ProcessedField,
+    ProcessedImage,
+    ProcessOptions,
+    above_pixel_limit,
+    process_image,
+)
 
 __all__ = ["FieldSources", "RESERVED_NAMES", "check_field_name", "read_mask", "encode_mask", "process_sample",
            "scale_boxes", "mask_shape"]
