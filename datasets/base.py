@@ -113,8 +113,8 @@ class PackedDataset(Dataset):
             (``(height, width, codec, index)`` of the stored image). Default ``("image", "label")``;
             with ``output="encoded"``, ``("image", "label", "info")``, the image being the stored bytes. Keys, labels and metadata come from the sample table, never
             from an image read; ``ds.targets`` and ``ds.keys`` give them for every sample.
-            A dataset with fields adds its own names: ``"mask"`` (H x W uint8 or uint16 label
-            map), each extra image's name (decoded like the image), ``"boxes"`` (N x 4 float32,
+            A dataset with fields adds its own names: ``"mask"`` (H x W label map, as the
+            manifest's declared uint8 or uint16 for every sample), each extra image's name (decoded like the image), ``"boxes"`` (N x 4 float32,
             ``[x0, y0, x1, y1]`` in the returned image's pixels) and ``"box_labels"`` (N int64,
             -1 where a box has none); with ``output="encoded"`` masks and extra images are their
             stored bytes. A name the dataset lacks is a ValueError naming the ones it has.
@@ -566,7 +566,7 @@ class PackedDataset(Dataset):
         for name in self._own:
             kind = self.manifest.field_kind(name)
             if kind == "mask":
-                mask = decode_mask(self._stored_field(rec, name, index), self.root, index)
+                mask = decode_mask(self._stored_field(rec, name, index), self.root, index, self.manifest.mask_dtype)
                 values[name] = cut_mask(mask, crop, window)
             elif kind == "image":
                 f = self._stored_field(rec, name, index)

@@ -24,7 +24,7 @@ import sys
 import threading
 import warnings
 import weakref
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from multiprocessing import reduction, util
 from typing import Any
 
@@ -34,7 +34,7 @@ import torch
 from torch.multiprocessing.reductions import reduce_tensor
 from torch.utils.data import default_collate, get_worker_info
 
-from .fields import PER_SAMPLE
+from .fields import PER_SAMPLE, FieldTuple
 from .shm import SharedRegion, SlotTable
 from .worker_memory import settle_worker
 
@@ -319,10 +319,59 @@ def _per_sample(value: Any) -> bool:
     return tv is not None and isinstance(value, tv.BoundingBoxes)
 
 
+#: Unsigned dtypes that torch cannot promote when it stacks them (uint8 with uint16 raises), by width.
+_UNSIGNED = (torch.uint8, *(getattr(torch, n) for n in ("uint16", "uint32", "uint64") if hasattr(torch, n)))
+
+
+def _widened(column: Sequence[Any]) -> list[Any] | None:
+    """``column`` (one position of every sample) with tensors of mixed unsigned dtypes cast to the
+    widest, values unchanged, or None when it has none: the masks of a dataset written before
+    masks had one declared dtype hold 8-bit and 16-bit PNGs side by side."""
+    first = column[0]
+    if not isinstance(first, torch.Tensor) or first.dtype not in _UNSIGNED:
+        return None
+    dtype = first.dtype
+    if all(isinstance(x, torch.Tensor) and x.dtype is dtype for x in column):
+        return None
+    if not all(isinstance(x, torch.Tensor) and x.dtype in _UNSIGNED for x in column):
+        return None  # torch's own error says what is mixed
+    widest = max((x.dtype for x in column), key=_UNSIGNED.index)
+    return [x.to(widest) for x in column]
+
+
+def _rebuilt(sample: Any, values: list[Any]) -> Any:
+    """A tuple ``sample`` of the same type (a reader's marks kept) holding ``values``."""
+    if hasattr(sample, "_fields"):
+        return type(sample)(*values)
+    out = type(sample)(values)
+    if isinstance(sample, FieldTuple):
+        out.per_sample = sample.per_sample
+    return out
+
+
+def _widen(batch: list[Any]) -> list[Any]:
+    """``batch`` with each position (a dict key, a tuple place, or the samples themselves) that
+    holds tensors of mixed unsigned dtypes widened (:func:`_widened`); the same list when none does."""
+    elem = batch[0] if batch else None
+    if isinstance(elem, torch.Tensor):
+        return _widened(batch) or batch
+    if isinstance(elem, Mapping) and all(isinstance(d, Mapping) and d.keys() == elem.keys() for d in batch):
+        wide = {k: w for k in elem if (w := _widened([d[k] for d in batch])) is not None}
+        return [{**d, **{k: w[i] for k, w in wide.items()}} for i, d in enumerate(batch)] if wide else batch
+    if isinstance(elem, tuple) and all(isinstance(s, tuple) and len(s) == len(elem) for s in batch):
+        wide = {k: w for k, column in enumerate(zip(*batch)) if (w := _widened(column)) is not None}
+        if not wide:
+            return batch
+        return [_rebuilt(s, [wide[k][i] if k in wide else v for k, v in enumerate(s)]) for i, s in enumerate(batch)]
+    return batch
+
+
 def _collate_fields(batch: list[Any], inner: Callable[[list[Any]], Any]) -> Any:
     """``inner(batch)``, except that boxes (dict keys in :data:`~packer.datasets.fields.PER_SAMPLE`,
     the positions a reader's tuple marks, and ``BoundingBoxes`` anywhere in a dict or tuple
-    sample) come as a list with one entry per sample, left as the samples hold them."""
+    sample) come as a list with one entry per sample, left as the samples hold them. Tensors of
+    one position whose unsigned dtypes differ are stacked as the widest (:func:`_widen`)."""
+    batch = _widen(batch)
     elem = batch[0] if batch else None
     if isinstance(elem, Mapping):
         listed = {k for k, v in elem.items() if k in PER_SAMPLE or _per_sample(v)}
@@ -352,7 +401,8 @@ def collate(batch: list[Any]) -> Any:
     process, and where the import-time self-test failed (:func:`slots_available` says why), it is
     ``default_collate`` itself.
 
-    Images and masks of one size are stacked (in slots); boxes, whose count differs from sample
+    Images and masks of one size are stacked (in slots), masks of 8 and 16 bits in one batch (a
+    dataset written before the manifest declared the masks' dtype) as 16-bit; boxes, whose count differs from sample
     to sample, come as a list of the samples' tensors: a dict's ``"boxes"`` and ``"box_labels"``
     (``as_dict=True``), and torchvision ``BoundingBoxes`` (``output="tv_tensors"``) in dicts and
     tuples alike, and the readers' ``"boxes"`` and ``"box_labels"`` in tuples too (a reader's

@@ -1,7 +1,8 @@
 """A sample's fields besides the image, as the readers return them: masks, extra images, boxes.
 
-A mask is decoded from its stored PNG unchanged (H x W uint8 or uint16), an extra image like the
-image; boxes (N x 4 float32, ``[x0, y0, x1, y1]`` in stored pixels) and their labels (N int64, -1
+A mask is decoded from its stored PNG, values unchanged, as the dtype the manifest declares for
+every mask of the dataset (H x W uint8 or uint16; a version 3 dataset's as each is stored); an
+extra image like the image; boxes (N x 4 float32, ``[x0, y0, x1, y1]`` in stored pixels) and their labels (N int64, -1
 where a box has none) come from the sample table. Nothing is decoded unless it is asked for. A
 reader's crop cuts the image, the mask and the extra images with one window and moves the boxes
 with it: shifted, clipped to the window, scaled with a resizing crop; a box left with no area is
@@ -69,15 +70,22 @@ def check_fields(fields: Any, common: Sequence[str], manifest: Manifest, root: s
     return tuple(fields)
 
 
-def decode_mask(field: ProcessedField, path: str, sample: int) -> np.ndarray:
-    """A stored mask's label map, H x W uint8 or uint16 as stored; CorruptDataError when the
-    payload is not a one-channel image of the size its header gives."""
+def decode_mask(field: ProcessedField, path: str, sample: int, dtype: str | None = None) -> np.ndarray:
+    """A stored mask's label map, H x W, values unchanged: as ``dtype`` (the manifest's declared
+    ``uint8`` or ``uint16``), or as stored (8 or 16 bits) for None (a version 3 dataset).
+    CorruptDataError when the payload is not a one-channel image of the size its header gives,
+    or is wider than ``dtype``."""
     mask = cv2.imdecode(np.frombuffer(field.payload, np.uint8), cv2.IMREAD_UNCHANGED)
     if mask is None or mask.ndim != 2 or mask.shape != (field.height, field.width):
         got = "undecodable" if mask is None else f"shaped {mask.shape}"
         raise CorruptDataError(f"mask {field.name!r} is {got}, not a one-channel {field.height}x{field.width} "
                                f"image", path=path, sample=sample)
-    return mask
+    if dtype is None or mask.dtype == dtype:
+        return mask
+    if mask.itemsize > np.dtype(dtype).itemsize:
+        raise CorruptDataError(f"mask {field.name!r} is stored as {mask.dtype}, wider than the manifest's "
+                               f"{dtype}", path=path, sample=sample)
+    return mask.astype(dtype)
 
 
 def cut_mask(mask: np.ndarray, crop: Crop | None, window: Window | None) -> np.ndarray:

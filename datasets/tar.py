@@ -22,7 +22,7 @@ from typing import Any
 import crc32c
 import numpy as np
 
-from packer.description.manifest import FIELDS_VERSION, FileEntry
+from packer.description.manifest import FIRST_FIELDS_VERSION, FileEntry
 from packer.description.record import Record
 from packer.description.samples import MAX_META_BYTES
 from packer.errors import CorruptDataError, ManifestError
@@ -181,7 +181,7 @@ class TarDataset(ShardedDataset):
             pos += len(e)
         cols["keys"] = b"".join(keys)
         cols["has_crc"] = True
-        if self.manifest.version >= FIELDS_VERSION:
+        if self.manifest.version >= FIRST_FIELDS_VERSION:
             rows = np.concatenate(fields) if fields else np.zeros(0, FIELD_ENTRY)
             cols["field_names"] = stored
             cols["fields"] = {name: np.ascontiguousarray(rows[name]) for name in FIELD_COLUMNS}
@@ -310,10 +310,10 @@ class TarDataset(ShardedDataset):
 def _check_fields(path: str, version: int, stored: list[str], names: list[str], rows: np.ndarray,
                   shard_bytes: int) -> None:
     """A shard index agrees with the manifest's stored fields and stays inside its shard."""
-    if version >= FIELDS_VERSION and names != stored:
+    if version >= FIRST_FIELDS_VERSION and names != stored:
         raise CorruptDataError(f"tar index lists the fields {names}, the manifest {stored} (an index of "
                                f"{'an older version' if not names else 'another dataset'}?)", path=path)
-    if version < FIELDS_VERSION and names:
+    if version < FIRST_FIELDS_VERSION and names:
         raise CorruptDataError(f"tar index lists the fields {names} in a version {version} dataset", path=path)
     if len(rows) and int(np.max(rows["offset"] + rows["size"])) > shard_bytes:
         raise CorruptDataError("tar index points a field past the end of its shard", path=path)

@@ -126,7 +126,7 @@ def fields_sources(n: int = 6, seed: int = 0, sizes=((48, 64), (40, 30), (33, 57
 def write_fields_dataset(dst, fmt: str, n: int = 6, resize: str = "shorter:24", encode: str = "png",
                          mask: bool = True, images=("left",), boxes: bool = True, seed: int = 0, classes=("a", "b"),
                          **writer):
-    """A version 3 dataset of ``fmt`` at ``dst`` (masks, extra images named ``images``, boxes with
+    """A dataset with fields (the current version) of ``fmt`` at ``dst`` (masks, extra images named ``images``, boxes with
     labels) from :func:`fields_sources`, through packer's own processing and writer. Returns the
     sources, for the test to compare against."""
     import cv2
@@ -154,6 +154,23 @@ def write_fields_dataset(dst, fmt: str, n: int = 6, resize: str = "shorter:24", 
                         version=FIELDS_VERSION, fields=declared, source={"kind": "test"})
     write_packed(str(dst), fmt, items, template, ConvertOptions(processing=opts, writer=WriterOptions(**writer)))
     return src
+
+
+def run_bounded(code: str, extra_mb: int, tmp_path) -> str:
+    """Run ``code`` in a child Python whose address space may grow ``extra_mb`` past what its imports
+    took (RLIMIT_AS); its stdout, or AssertionError with its output when it fails."""
+    import subprocess
+    import sys
+
+    script = tmp_path / "bounded.py"
+    script.write_text(
+        "import resource\nimport cv2, numpy, torch, packer.images.fields, packer.ops.items\n"
+        "size = int(open('/proc/self/statm').read().split()[0]) * resource.getpagesize()\n"
+        f"resource.setrlimit(resource.RLIMIT_AS, (size + ({extra_mb} << 20), resource.RLIM_INFINITY))\n" + code)
+    r = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=300,
+                       cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    assert r.returncode == 0, r.stdout + r.stderr
+    return r.stdout
 
 
 def moto_s3(*buckets: str):  # noqa: ANN201 - a context manager

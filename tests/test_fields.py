@@ -1,5 +1,5 @@
 """Fields besides the image (masks, extra images, boxes): their processing, the PKS3 record, the
-sample table's boxes section and the version 3 manifest."""
+sample table's boxes section and the fields manifest (version 4)."""
 
 from __future__ import annotations
 
@@ -144,10 +144,12 @@ def test_table_boxes_section_round_trips_and_is_version_2(tmp_path):
     assert t.boxes_of(1)[0].shape == (0, 4) and t.boxes_of(0)[1].tolist() == [1]
 
 
-def test_manifest_fields_only_in_version_3(tmp_path):
+def test_manifest_fields_only_from_version_3_and_a_version_4_mask_declares_its_dtype(tmp_path):
     base = Manifest("lmdb", 0, ["a"], {}, []).to_json()
     for version, fields in ((2, [{"name": "mask", "kind": "mask"}]), (3, []), (3, [{"name": "mask", "kind": "image"}]),
-                            (3, [{"name": "left", "kind": "image"}, {"name": "left", "kind": "image"}])):
+                            (3, [{"name": "left", "kind": "image"}, {"name": "left", "kind": "image"}]),
+                            (4, []), (4, [{"name": "mask", "kind": "mask"}]),
+                            (4, [{"name": "mask", "kind": "mask", "dtype": "int32"}])):
         d = {**base, "version": version, "fields": fields, "num_samples": 1,
              "files": [{"name": "data.mdb", "samples": 1, "bytes": 1, "sha256": "0" * 64, "first": 0,
                         "id": "0" * 16}]}
@@ -158,7 +160,7 @@ def test_manifest_fields_only_in_version_3(tmp_path):
 def test_a_lmdb_dataset_with_fields_is_version_3_with_pks3_records(tmp_path):
     src = write_fields_dataset(tmp_path / "f.lmdb", "lmdb", n=4)
     m = read_manifest(tmp_path / "f.lmdb")
-    assert m.version == 3 and m.field_names == ["mask", "left", "boxes"]
+    assert m.version == 4 and m.field_names == ["mask", "left", "boxes"] and m.mask_dtype == "uint8"
     assert json.loads((tmp_path / "f.lmdb" / "manifest.json").read_text())["fields"][2]["labels"] is True
     from packer.datasets import open_dataset
 
@@ -198,7 +200,7 @@ def test_format_conversion_copies_fields_and_resizing_keeps_them_aligned(tmp_pat
     convert_dataset(tmp_path / "copy.lmdb", tmp_path / "half.lmdb", fmt, "lmdb", half)
     with open_dataset(tmp_path / "a.lmdb") as a, open_dataset(tmp_path / "copy.lmdb") as c, \
             open_dataset(tmp_path / "half.lmdb") as h:
-        assert c.manifest.version == h.manifest.version == 3 and c.manifest.fields == a.manifest.fields
+        assert c.manifest.version == h.manifest.version == 4 and c.manifest.fields == a.manifest.fields
         for i in range(4):
             ra, ma, (ba, la) = _fields_of(a, i)
             rc, mc, (bc, lc) = _fields_of(c, i)
@@ -238,7 +240,7 @@ def test_merge_keeps_fields_and_renumbers_box_labels(tmp_path, fmt):
             assert bytes(m0.read_record(3 + i).fields[1].payload) == bytes(same.read_record(i).fields[1].payload)
     merge([tmp_path / "p0", tmp_path / "p1"], tmp_path / "m")
     with open_dataset(tmp_path / "m") as m, open_dataset(tmp_path / "p1") as p1:
-        assert m.manifest.version == 3 and m.classes == ["a", "b"] and len(m) == 6
+        assert m.manifest.version == 4 and m.classes == ["a", "b"] and len(m) == 6
         for i in range(3):
             rec, mask, (b, lab) = _fields_of(m, 3 + i)
             rp, mp, (bp, labp) = _fields_of(p1, i)
@@ -256,4 +258,4 @@ def test_info_names_the_fields(tmp_path, capsys):
     write_fields_dataset(tmp_path / "a.lmdb", "lmdb", n=2)
     assert main(["info", str(tmp_path / "a.lmdb")]) == 0
     out = capsys.readouterr().out
-    assert "manifest v3" in out and "fields      mask (mask), left (image), boxes (boxes)" in out
+    assert "manifest v4" in out and "fields      mask (mask, uint8), left (image), boxes (boxes)" in out

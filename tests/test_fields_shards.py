@@ -218,7 +218,7 @@ def test_damaged_tfrecord_mask_is_a_record_checksum_error(tmp_path):
 
 
 def _write_16bit(dst, fmt: str, n: int = 2) -> list[np.ndarray]:
-    """A version 3 dataset whose masks are 16-bit (values above 255); returns the source masks."""
+    """A dataset whose masks are 16-bit (values above 255); returns the source masks."""
     opts = ProcessOptions(resize=parse_resize("none"), encoding=parse_encoding("png"))
     items, masks = [], []
     for i in range(n):
@@ -488,7 +488,7 @@ def test_other_tools_masks_and_boxes_convert_and_a_sample_without_them_is_a_name
     assert [(s.path, s.reason) for s in rep.skipped] == [
         ("k2", "has the fields mask, the dataset's samples mask, boxes")]
     ds = open_dataset(tmp_path / "out")
-    assert ds.manifest.version == 3 and ds.manifest.field_names == ["mask", "boxes"] and len(ds) == 2
+    assert ds.manifest.version == 4 and ds.manifest.field_names == ["mask", "boxes"] and len(ds) == 2
     for i in range(2):
         np.testing.assert_array_equal(_decode(ds.read_record(i).fields[0].payload), masks[i])
         b, lab = ds.sample_table().boxes_of(i)

@@ -22,7 +22,7 @@ from packer.ops.cli import main
 from packer.ops.engine import ConvertOptions
 from packer.ops.items import convert_items
 from packer.ops.listsource import convert_list, read_list
-from tests.helpers import fields_sources
+from tests.helpers import fields_sources, run_bounded
 from tests.test_resume import interrupt_after
 
 
@@ -92,7 +92,7 @@ def test_jsonl_list_with_masks_images_and_boxes_converts(src, tmp_path, fmt):
                           image_columns=["left"], boxes_column="boxes", box_labels_column="classes")
     assert report.skipped == []
     m = read_manifest(tmp_path / "out")
-    assert m.version == 3 and m.field_names == ["mask", "left", "boxes"] and m.fields[2]["labels"] is True
+    assert m.version == 4 and m.field_names == ["mask", "left", "boxes"] and m.fields[2]["labels"] is True
     assert m.classes == ["a", "b"]
     _check(tmp_path / "out", samples)
     with open_dataset(tmp_path / "out") as ds:  # the field columns are not metadata
@@ -199,7 +199,7 @@ def test_box_label_names_join_the_inferred_classes(src, tmp_path):
     assert report.manifest.classes == ["a", "b", "zebra"]
     with open_dataset(tmp_path / "out") as ds:
         assert ds.sample_table().boxes_of(0)[1].tolist() == [2]
-        assert report.manifest.version == 3 and report.manifest.field_names == ["boxes"]
+        assert report.manifest.version == 4 and report.manifest.field_names == ["boxes"]
 
 
 def test_items_with_no_fields_are_plain_items(src, tmp_path):
@@ -444,3 +444,48 @@ def test_source_flags_belong_to_their_sources(tmp_path, capsys):
     assert main(["convert", "coco", "lmdb", "x.json", dst, "--images", "img", "--mask-column", "m"]) == 2
     assert "--mask-column applies to a list source only" in capsys.readouterr().err
     assert main(["convert", "coco", "lmdb", "x.json", dst, "--images", "img", "--masks", "panoptic"]) == 2
+
+
+def test_a_coco_entry_of_another_size_than_its_file_is_skipped_before_its_mask_is_drawn(coco, tmp_path):
+    """images[0] declares 60000 x 60000 (an RLE of that size: 3.4 GB drawn) for a 40 x 30 file:
+    a skip naming the entry, in a process allowed 300 MB more than its imports; images[1]
+    declares twice its file's size with boxes inside the file: a skip too, not boxes as given."""
+    root, doc, _, _ = coco
+    bad = json.loads(json.dumps(doc))
+    bad["images"][0].update(height=60000, width=60000)
+    bad["annotations"][2]["segmentation"] = {"counts": [60000 * 60000], "size": [60000, 60000]}
+    bad["images"][1].update(height=72, width=48)
+    bad["annotations"][3]["segmentation"] = [[1, 1, 5, 1, 5, 4]]  # its box and polygon inside the file
+    (root / "bad.json").write_text(json.dumps(bad))
+    out = run_bounded(f"""
+from packer.ops.coco import convert_coco
+from packer.ops.engine import ConvertOptions
+for masks in ("semantic", None):
+    r = convert_coco({str(root / "bad.json")!r}, {str(tmp_path)!r} + f"/out-{{masks}}", "tar",
+                     ConvertOptions(workers=1), images={str(root)!r}, masks=masks)
+    print(masks, r.manifest.num_samples, sorted((s.path, s.reason) for s in r.skipped))
+""", 300, tmp_path)
+    for masks in ("semantic", "None"):
+        line = next(x for x in out.splitlines() if x.startswith(masks))
+        assert line.startswith(f"{masks} 1 ")
+        assert ("'img/001.png', 'images[0] declares 60000x60000 but the image file is 40x30; its boxes and mask "
+                "are given for the declared size'") in line
+        assert "'img/002.png', 'images[1] declares 48x72 but the image file is 24x36" in line
+
+
+def test_coco_metadata_and_crowd_problems_name_the_entry_not_an_item_number(coco, tmp_path):
+    from packer.ops.coco import convert_coco, read_coco
+
+    root, doc, _, _ = coco
+    bad = json.loads(json.dumps(doc))
+    bad["images"][1]["license"] = float("nan")
+    (root / "bad.json").write_text(json.dumps(bad))
+    with pytest.raises(SourceError, match=r"bad.json: images\[1\] \(img/002.png\): its metadata.license: nan is not"):
+        convert_coco(root / "bad.json", tmp_path / "out", "lmdb", _options(), images=root)
+    assert main(["convert", "coco", "lmdb", str(root / "bad.json"), str(tmp_path / "o"), "--images", str(root),
+                 "-q"]) == 2 or not os.path.exists(tmp_path / "o")
+    bad = json.loads(json.dumps(doc))
+    bad["annotations"][3]["iscrowd"] = "yes"
+    (root / "bad.json").write_text(json.dumps(bad))
+    with pytest.raises(SourceError, match=r"annotations\[3\]: iscrowd 'yes' is not 0 or 1"):
+        read_coco(root / "bad.json", root)

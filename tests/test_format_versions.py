@@ -97,3 +97,67 @@ def test_codec_ids_on_disk_never_change():
 
     assert CODEC_IDS == {"raw": 0, "jpeg": 1, "png": 2, "webp": 3, "bmp": 4, "tiff": 5, "pnm": 6, "gif": 7}
     assert len({c.id for c in CODEC_TABLE}) == len(CODEC_TABLE)
+
+
+def _v3_masks() -> list:
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("make_v3_fields", os.path.join(DATA, "make_v3_fields.py"))
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module.masks()
+
+
+@pytest.fixture(scope="module")
+def archived_v3(tmp_path_factory):
+    root = tmp_path_factory.mktemp("v3")
+    with tarfile.open(os.path.join(DATA, "v3-fields-datasets.tar.gz")) as tf:
+        tf.extractall(root, filter="data")
+    return root / "v3-fields"
+
+
+@pytest.mark.parametrize("fmt", format_names())
+def test_version_3_fields_read_as_written(archived_v3, fmt):
+    """A version 3 dataset (no mask dtype declared) reads its masks as stored, 8 or 16 bits a
+    sample, its boxes and labels as written, and verifies."""
+    import numpy as np
+
+    path = str(archived_v3 / fmt)
+    ds = open_dataset(path, output="numpy", fields=("key", "label", "mask", "boxes", "box_labels"))
+    assert ds.manifest.version == 3 and len(ds) == 3
+    for k, want in enumerate(_v3_masks()):
+        key, label, mask, boxes, labels = ds[k]
+        assert (key, label) == (f"s{k}", k % 2)
+        assert mask.dtype == want.dtype
+        np.testing.assert_array_equal(mask, want)
+        np.testing.assert_array_equal(boxes, np.array([[0, 0, 4, 3], [1, 2, 8, 6], [2, 1, 5, 5]][: k + 1], np.float32))
+        assert labels.tolist() == [k % 2] * (k + 1)
+    r = subprocess.run([sys.executable, "-m", "packer", "verify", path], cwd=ROOT, capture_output=True, text=True)
+    assert r.returncode == 0, r.stdout + r.stderr
+
+
+@pytest.mark.parametrize("fmt", format_names())
+def test_version_3_masks_of_mixed_dtypes_batch_as_the_widest(archived_v3, fmt):
+    """A batch of a version 3 dataset whose masks are 8-bit and 16-bit stacks them as uint16,
+    values unchanged (torch cannot stack uint8 with uint16), in the main process and in workers."""
+    import numpy as np
+    import torch
+
+    from packer.datasets import collate
+
+    want = np.stack([m.astype(np.uint16) for m in _v3_masks()])
+    ds = open_dataset(str(archived_v3 / fmt), fields=("image", "mask", "boxes"))
+    for workers in (0, 1):
+        loader = torch.utils.data.DataLoader(ds, batch_size=3, num_workers=workers, collate_fn=collate)
+        ((images, masks, boxes),) = list(loader)
+        assert masks.dtype == torch.uint16 and images.shape == (3, 3, 6, 8) and len(boxes) == 3
+        np.testing.assert_array_equal(masks.numpy(), want)
+    by_dict = open_dataset(str(archived_v3 / fmt), fields=("mask",), as_dict=True)
+    assert collate([by_dict[i] for i in range(3)])["mask"].dtype == torch.uint16
+
+
+def test_info_shows_a_version_3_mask_as_stored(archived_v3, capsys):
+    from packer.ops.cli import main
+
+    assert main(["info", str(archived_v3 / "lmdb")]) == 0
+    assert "fields      mask (mask, uint8 or uint16 as each is stored), boxes (boxes)" in capsys.readouterr().out

@@ -23,6 +23,10 @@ __all__ = [
     "MANIFEST_NAME",
     "MANIFEST_VERSION",
     "FIELDS_VERSION",
+    "FIRST_FIELDS_VERSION",
+    "MASK_DTYPES",
+    "with_mask_dtype",
+    "widest_mask_dtype",
     "FIELD_KINDS",
     "FileEntry",
     "Skipped",
@@ -42,10 +46,15 @@ MANIFEST_VERSION = 2
 #: The version of datasets whose samples have fields besides the image (masks, extra images,
 #: boxes); a dataset without any is written in :data:`MANIFEST_VERSION`, which readers of
 #: packer 0.2 before fields read.
-FIELDS_VERSION = 3
+FIELDS_VERSION = 4
+#: The first version whose samples may have fields.
+FIRST_FIELDS_VERSION = 3
 #: Versions this packer reads: 1 (packer 0.1), 2 (payload files carry ids that bind samples to
-#: their place), 3 (samples may have a mask, extra images and boxes: ``fields``).
-READABLE_VERSIONS = (1, 2, 3)
+#: their place), 3 (samples may have a mask, extra images and boxes: ``fields``), 4 (the mask
+#: field declares the dtype every mask is read as: ``"dtype"``).
+READABLE_VERSIONS = (1, 2, 3, 4)
+#: A mask field's ``dtype`` (version 4) by the bits of its widest stored PNG.
+MASK_DTYPES = {8: "uint8", 16: "uint16"}
 #: What a field of ``fields`` can be.
 FIELD_KINDS = ("mask", "image", "boxes")
 MAX_MANIFEST_BYTES = 1 << 30  # a manifest lists every file and skip: ~100 bytes each
@@ -99,9 +108,11 @@ class Manifest:
     #: ``class`` (one class index per sample), ``multi`` (a list of them) or ``number``
     #: (packer.description.samples); written as ``"labels": {"kind": ...}`` when not ``class``.
     label_kind: str = "class"
-    #: Version 3: what each sample has besides its image and label, in stored order:
-    #: ``{"name": "mask", "kind": "mask"}``, ``{"name": NAME, "kind": "image"}`` (extra images)
-    #: and ``{"name": "boxes", "kind": "boxes", "labels": bool}``. Empty in versions 1 and 2.
+    #: Version 3 on: what each sample has besides its image and label, in stored order:
+    #: ``{"name": "mask", "kind": "mask", "dtype": "uint8" or "uint16"}`` (``dtype`` from version
+    #: 4: every mask is read as it, its stored PNG 8 or 16 bits), ``{"name": NAME, "kind":
+    #: "image"}`` (extra images) and ``{"name": "boxes", "kind": "boxes", "labels": bool}``. Empty
+    #: in versions 1 and 2.
     fields: list[dict[str, Any]] = field(default_factory=list)
 
     @property
@@ -113,6 +124,12 @@ class Manifest:
     def field_kind(self, name: str) -> str | None:
         """The kind of field ``name`` (``mask``, ``image``, ``boxes``), or None when samples have none."""
         return next((f["kind"] for f in self.fields if f["name"] == name), None)
+
+    @property
+    def mask_dtype(self) -> str | None:
+        """The dtype every mask is read as (``uint8`` or ``uint16``), or None: no mask, or a
+        version 3 dataset, whose masks read as each one is stored (8 or 16 bits)."""
+        return next((f.get("dtype") for f in self.fields if f["kind"] == "mask"), None)
 
     @property
     def stored_fields(self) -> list[str]:
@@ -223,12 +240,12 @@ _LAYOUT_TYPES: dict[str, type | tuple[type, ...]] = {"foreign": bool, "gzip": bo
 
 
 def _fields(value: Any, version: int) -> list[dict[str, Any]]:
-    """The ``fields`` list checked: version 3 has at least one, earlier versions none; unique
-    names, known kinds, ``mask`` and ``boxes`` named so."""
+    """The ``fields`` list checked: versions 3 and 4 have at least one, earlier versions none;
+    unique names, known kinds, ``mask`` and ``boxes`` named so; a version 4 mask's ``dtype``."""
     out = [dict(_typed(f, dict, f"fields[{i}]")) for i, f in enumerate(_typed(value, list, "fields"))]
-    if (version >= FIELDS_VERSION) != bool(out):
+    if (version >= FIRST_FIELDS_VERSION) != bool(out):
         raise ValueError(f"a version {version} manifest has {'no' if not out else ''} fields"
-                         f"{'' if not out else ' (only version 3 has them)'}")
+                         f"{'' if not out else ' (only versions 3 and later have them)'}")
     names = [_typed(_field(f, "name", "fields.name"), str, "fields.name") for f in out]
     for f, name in zip(out, names):
         kind = _typed(_field(f, "kind", "fields.kind"), str, "fields.kind")
@@ -236,9 +253,26 @@ def _fields(value: Any, version: int) -> list[dict[str, Any]]:
             raise ValueError(f"field {name!r} has kind {kind!r}, not one of {', '.join(FIELD_KINDS)}")
         if (kind in ("mask", "boxes")) != (name in ("mask", "boxes")) or (kind == "mask") != (name == "mask"):
             raise ValueError(f"field {name!r} of kind {kind!r}: the mask is named mask, the boxes boxes")
+        if kind == "mask" and version >= FIELDS_VERSION and f.get("dtype") not in MASK_DTYPES.values():
+            raise ValueError(f"the mask field's dtype is {f.get('dtype')!r}, not one of "
+                             f"{', '.join(MASK_DTYPES.values())}")
     if len(set(names)) != len(names):
         raise ValueError(f"field {next(n for n in names if names.count(n) > 1)!r} is listed twice")
     return out
+
+
+def with_mask_dtype(fields: list[dict[str, Any]], bits: int, version: int) -> list[dict[str, Any]]:
+    """``fields`` with the mask's ``dtype`` declared for masks whose widest stored PNG has ``bits``
+    (version 4 on; a version 3 dataset's fields are returned as they are)."""
+    if version < FIELDS_VERSION:
+        return fields
+    return [{**f, "dtype": MASK_DTYPES[bits]} if f["kind"] == "mask" else f for f in fields]
+
+
+def widest_mask_dtype(dtypes: list[str | None]) -> int:
+    """The bits of the widest of mask ``dtypes`` (``uint8``/``uint16``; None counts as 8)."""
+    bits = {v: k for k, v in MASK_DTYPES.items()}
+    return max((bits.get(d or "uint8", 16) for d in dtypes), default=8)
 
 
 def _label_kind(value: Any) -> str:

@@ -198,7 +198,8 @@ class SampleTableWriter:
     """Wraps a format writer: every ``add`` also records the sample's label, key and metadata in
     spill files (so memory stays flat in the number of samples); ``close`` writes
     ``samples.table`` from them and lists it after the writer's files. Checkpoints and resume
-    cover the spill files, so a resumed conversion writes the same table."""
+    cover the spill files, so a resumed conversion writes the same table. It also keeps the bits
+    of the widest mask added (:attr:`mask_bits`), which the manifest declares as the masks' dtype."""
 
     _PARTS = ("fixed", "keys", "meta", "multi", "boxcount", "boxes", "boxlabels")
 
@@ -216,6 +217,8 @@ class SampleTableWriter:
         # may hold fewer samples than were added (a sharded writer counts finished shards only)
         self._base = 0
         self._lengths = array("Q", bytes(8 * len(self._PARTS)))
+        #: Bits of the widest mask added (8 until a 16-bit one comes), checkpointed with the table.
+        self.mask_bits = 8
 
     def _spill(self, part: str) -> str:
         return self.writer.path(f".{TABLE_NAME}.{part}")
@@ -235,6 +238,9 @@ class SampleTableWriter:
         """Record the sample's table row, then hand it to the writer."""
         self._row(key, label, getattr(image, "boxes", None), getattr(image, "box_labels", None))
         self.writer.add(index, key, label, image)
+        for f in getattr(image, "fields", ()):
+            if f.name == "mask" and f.depth > self.mask_bits:
+                self.mask_bits = f.depth
 
     def _row(self, key: str, label: int, boxes: Any = None, box_labels: Any = None) -> None:
         meta = getattr(label, "meta", None)
@@ -285,6 +291,8 @@ class SampleTableWriter:
         p = len(self._PARTS)
         at = p * (done - self._base)
         state["table"] = dict(zip(self._PARTS, self._lengths[at:at + p]))
+        # the widest of every mask added, also those after the checkpoint: a resumed run adds them again
+        state["mask_bits"] = self.mask_bits
         del self._lengths[:at]
         self._base = done
         return state
@@ -304,7 +312,9 @@ class SampleTableWriter:
         self._count = int(state["samples"])
         self._base = self._count
         self._lengths = array("Q", (int(lengths.get(p, 0)) for p in self._PARTS))
-        self.writer.resume({k: v for k, v in state.items() if k != "table"})
+        # a journal written before masks were tracked: 16, which holds any mask's values
+        self.mask_bits = int(state.get("mask_bits", 16))
+        self.writer.resume({k: v for k, v in state.items() if k not in ("table", "mask_bits")})
 
     def close(self) -> tuple[list[FileEntry], dict[str, Any]]:
         """Close the writer, then write ``samples.table`` and list it after the writer's files.

@@ -23,7 +23,13 @@ import numpy as np
 
 from ..errors import ImageError
 from .imageheader import describe_non_image, sniff
-from .imageproc import ProcessedField, ProcessedImage, ProcessOptions, process_image
+from .imageproc import (
+    ProcessedField,
+    ProcessedImage,
+    ProcessOptions,
+    above_pixel_limit,
+    process_image,
+)
 
 __all__ = ["FieldSources", "RESERVED_NAMES", "check_field_name", "read_mask", "encode_mask", "process_sample",
            "scale_boxes", "mask_shape"]
@@ -142,7 +148,12 @@ def _box_labels(labels: Sequence[int] | None, n: int) -> tuple[int, ...] | None:
     return out
 
 
-def _mask_field(data: bytes, source: tuple[int, int], stored: tuple[int, int]) -> ProcessedField:
+def _mask_field(data: bytes, source: tuple[int, int], stored: tuple[int, int], max_pixels: int) -> ProcessedField:
+    info = sniff(data)  # the header first: a few kB of PNG can decode to gigabytes
+    if info is not None and info.pixels > max_pixels:
+        raise ImageError(f"mask: {above_pixel_limit(info, max_pixels)}")
+    if info is not None and (info.width, info.height) != source:
+        raise ImageError(f"mask is {info.width}x{info.height} but the image is {source[0]}x{source[1]}")
     try:
         m = read_mask(data)
     except ImageError as e:
@@ -171,7 +182,7 @@ def process_sample(data: bytes, opts: ProcessOptions, sources: FieldSources | No
     source, stored = _source_size(data), (image.width, image.height)
     fields = []
     if sources.mask is not None:
-        fields.append(_mask_field(sources.mask, source, stored))
+        fields.append(_mask_field(sources.mask, source, stored, opts.max_pixels))
     fields.extend(_image_field(name, b, opts, stored) for name, b in sources.images)
     boxes = labels = None
     if sources.boxes is not None:

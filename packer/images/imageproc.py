@@ -41,6 +41,7 @@ __all__ = [
     "Resize",
     "Encoding",
     "ProcessOptions",
+    "above_pixel_limit",
     "ProcessedImage",
     "ProcessedField",
     "CODECS",
@@ -273,6 +274,12 @@ def _encode(bgr: np.ndarray, codec: str, quality: int) -> bytes:
     return buf.tobytes()
 
 
+def above_pixel_limit(info: ImageInfo, max_pixels: int) -> str:
+    """Why a file whose header says ``info`` is refused by the pixel limit (before any decode)."""
+    return (f"{info.width}x{info.height} = {info.pixels} pixels is above the limit of {max_pixels} "
+            f"(a decompression bomb?); raise --max-pixels to allow it")
+
+
 def process_image(data: bytes, opts: ProcessOptions, size: tuple[int, int] | None = None) -> ProcessedImage:
     """Turn one source file's bytes into a stored sample, resized as ``opts`` say or to ``size``
     (width, height: an extra image made the size of its sample's image). Raises ImageError with
@@ -283,10 +290,7 @@ def process_image(data: bytes, opts: ProcessOptions, size: tuple[int, int] | Non
     if info.width <= 0 or info.height <= 0:
         raise ImageError(f"header says {info.width}x{info.height} pixels")
     if info.pixels > opts.max_pixels:
-        raise ImageError(
-            f"{info.width}x{info.height} = {info.pixels} pixels is above the limit of "
-            f"{opts.max_pixels} (a decompression bomb?); raise --max-pixels to allow it"
-        )
+        raise ImageError(above_pixel_limit(info, opts.max_pixels))
     if info.format == "jpeg":
         _refuse_truncated(data, opts.keep_damaged_jpeg)
     # Size after EXIF orientation (OpenCV applies it), before any DCT reduction.

@@ -681,6 +681,13 @@ def _info_manifest(a: argparse.Namespace):  # noqa: ANN202 - (Manifest, shown pa
     return ds.manifest, paths[0] if len(paths) == 1 else f"{len(paths)} files in {folder}", folder
 
 
+def _field_type(f: dict) -> str:
+    """A manifest field as ``info`` shows it: its kind, and a mask's dtype."""
+    if f["kind"] != "mask":
+        return f["kind"]
+    return f"mask, {f['dtype']}" if "dtype" in f else "mask, uint8 or uint16 as each is stored"
+
+
 def _run_info(a: argparse.Namespace) -> int:
     from ..sizes import format_size
     from ..storage.remote import is_url
@@ -707,7 +714,7 @@ def _run_info(a: argparse.Namespace) -> int:
     if m.label_kind != "class":
         print(f"labels      {m.label_kind}" + (" (a list of classes per sample)" if m.label_kind == "multi" else ""))
     if m.fields:
-        print("fields      " + ", ".join(f"{f['name']} ({f['kind']})" for f in m.fields)
+        print("fields      " + ", ".join(f"{f['name']} ({_field_type(f)})" for f in m.fields)
               + "; read them with fields=(\"image\", ..., \"label\")")
     print(f"processing  resize {m.processing.get('resize')}, encoding {m.processing.get('encoding')}, "
           f"color {m.processing.get('color')}")

@@ -20,9 +20,10 @@ from typing import Any
 import cv2
 import numpy as np
 
+from ..description.samples import encode_meta
 from ..errors import SourceError
 from ..images.fields import encode_mask
-from .itemfields import MadeSource
+from .itemfields import MadeSource, SourceSize
 
 __all__ = ["CocoSource", "DrawnMask", "MASK_KINDS", "read_coco", "convert_coco", "rle_counts", "decode_rle"]
 
@@ -70,11 +71,17 @@ def decode_rle(counts: Sequence[int], height: int, width: int) -> np.ndarray:
 
 @dataclass
 class _Image:
-    """One image entry with its annotations (in the file's order)."""
+    """One image entry (``images[index]`` of the file) with its annotations (in the file's order)."""
 
     entry: dict[str, Any]
     path: str
+    index: int
     anns: list[dict[str, Any]] = field(default_factory=list)
+
+    @property
+    def where(self) -> str:
+        """The entry as errors and skips name it: ``images[3]``."""
+        return f"images[{self.index}]"
 
 
 class CocoSource(Sequence[tuple[Any, ...]]):
@@ -101,18 +108,24 @@ class CocoSource(Sequence[tuple[Any, ...]]):
         return [im.entry["file_name"] for im in self.images]
 
     def item(self, im: _Image) -> tuple[str, list[int], dict[str, Any], dict[str, Any]]:
-        """One image as an item: (path, categories present, metadata, fields)."""
+        """One image as an item: (path, categories present, metadata, fields). Its ``size`` is the
+        entry's, which the image file must have (a skip naming the entry otherwise)."""
         boxes = [_xyxy(a["bbox"], im.entry["width"], im.entry["height"]) for a in im.anns]
         labels = [self.category_index[a["category_id"]] for a in im.anns]
-        meta = {**im.entry, "iscrowd": [int(a.get("iscrowd", 0)) for a in im.anns],
-                "annotation_ids": [a.get("id") for a in im.anns]}
-        fields: dict[str, Any] = {"boxes": boxes, "box_labels": labels}
+        fields: dict[str, Any] = {"boxes": boxes, "box_labels": labels,
+                                  "size": SourceSize(im.entry["width"], im.entry["height"], im.where)}
         if self.masks is not None:
             values = [labels[k] + 1 if self.masks == "semantic" else k + 1 for k in range(len(im.anns))]
             top = len(self.classes) if self.masks == "semantic" else len(im.anns)
             fields["mask"] = DrawnMask(int(im.entry["height"]), int(im.entry["width"]), top >= 255,
                                        tuple(zip(values, (a.get("segmentation") for a in im.anns))))
-        return im.path, sorted(set(labels)), meta, fields
+        return im.path, sorted(set(labels)), _meta(im), fields
+
+
+def _meta(im: _Image) -> dict[str, Any]:
+    """An image's metadata: its entry, its annotations' ``iscrowd`` and ids."""
+    return {**im.entry, "iscrowd": [int(a.get("iscrowd", 0)) for a in im.anns],
+            "annotation_ids": [a.get("id") for a in im.anns]}
 
 
 @dataclass(frozen=True)
@@ -194,7 +207,7 @@ def _images(path: str, entries: list[Any], root: str) -> dict[Any, _Image]:
         if e.get("id") in out or e["file_name"] in names:
             raise SourceError(f"{where}: image id {e.get('id')!r} or file_name {e['file_name']!r} is listed twice")
         names.add(e["file_name"])
-        out[e.get("id")] = _Image(e, full)
+        out[e.get("id")] = _Image(e, full, k)
     return out
 
 
@@ -206,6 +219,8 @@ def _check_annotation(where: str, a: Any, im: _Image | None, categories: dict[in
         raise SourceError(f"{where}: image_id {a.get('image_id')!r} is not an image of the file")
     if a.get("category_id") not in categories:
         raise SourceError(f"{where}: category_id {a.get('category_id')!r} is not a category of the file")
+    if a.get("iscrowd", 0) not in (0, 1) or isinstance(a.get("iscrowd"), bool):
+        raise SourceError(f"{where}: iscrowd {a.get('iscrowd')!r} is not 0 or 1")
     box = a.get("bbox")
     if not isinstance(box, list) or len(box) != 4 or not all(
             isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) for v in box) or min(box[2:]) < 0:
@@ -234,7 +249,9 @@ def read_coco(path: str | os.PathLike[str], images: str | os.PathLike[str], mask
     annotation's number + 1 in the image's order), 0 where none is. SourceError naming the file
     and the entry (``images[3]``, ``annotations[17]``) for anything that cannot be used: a missing
     field, an unknown image or category, a bbox that is not four finite numbers, a polygon or RLE
-    that cannot be read, a file name leading outside ``images``."""
+    that cannot be read, a file name leading outside ``images``, metadata that is not JSON (NaN).
+    An image file of another size than its entry's, or above the pixel limit, is a skip naming
+    the entry, found from the file's header in the worker, before any mask is drawn."""
     path = os.fspath(path)
     if masks is not None and masks not in MASK_KINDS:
         raise ValueError(f"masks must be one of {', '.join(MASK_KINDS)} or None, not {masks!r}")
@@ -245,6 +262,11 @@ def read_coco(path: str | os.PathLike[str], images: str | os.PathLike[str], mask
         im = by_id.get(a.get("image_id")) if isinstance(a, dict) else None
         _check_annotation(f"{path}: annotations[{k}]", a, im, category_index)
         im.anns.append(a)  # type: ignore[union-attr]  # checked above
+    for im in by_id.values():
+        try:
+            encode_meta(_meta(im), "its metadata")
+        except ValueError as e:
+            raise SourceError(f"{path}: {im.where} ({im.entry['file_name']}): {e}") from None
     return CocoSource(path, classes, category_index, list(by_id.values()), masks)
 
 

@@ -41,6 +41,7 @@ from ..description.manifest import (
     Skipped,
     file_sha256,
     read_manifest,
+    with_mask_dtype,
     without_item_records,
     write_manifest,
 )
@@ -445,7 +446,9 @@ class _Run:
         self.closed = True
         fsync_dir(self.tmp)  # every payload file's rename is durable before the manifest names it
         manifest = replace(self.template, format=self.fmt, num_samples=self.index, files=files, layout=layout,
-                           skipped=[k for _, k in self.skipped] + list(self.template.skipped))
+                           skipped=[k for _, k in self.skipped] + list(self.template.skipped),
+                           fields=with_mask_dtype(self.template.fields, self.writer.mask_bits,
+                                                  self.template.version))
         if self.resumable:
             assert self.fingerprint is not None
             write_journal(self.tmp, Journal(self.fingerprint, "closed", self.pos, self.index, [], {}, manifest.to_json(),

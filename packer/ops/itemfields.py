@@ -1,7 +1,9 @@
 """The fields an item of :func:`packer.ops.items.convert_items` may carry besides its image, as a
 fourth element: ``{"mask": path or bytes, "images": {name: path or bytes}, "boxes": [[x0, y0, x1,
-y1], ...], "box_labels": [class name or number, ...]}`` (any of the keys; boxes in the source
-image's pixels). Checked per item, read and processed with the image in the worker processes."""
+y1], ...], "box_labels": [class name or number, ...], "size": [width, height]}`` (any of the keys;
+boxes in the source image's pixels; ``size`` the image's size they were given for, checked against
+the image file's header before any field is read). Checked per item, read and processed with the
+image in the worker processes."""
 
 from __future__ import annotations
 
@@ -17,14 +19,41 @@ from typing import Any
 from ..errors import ImageError
 from ..files.fileio import NotReadableError, read_source_file
 from ..images.fields import FieldSources, check_field_name, process_sample
-from ..images.imageproc import ProcessOptions
+from ..images.imageheader import sniff
+from ..images.imageproc import ProcessOptions, above_pixel_limit
 from .engine import NO_STAMP, Stamp, file_stamp, stamp_mismatch
 
-__all__ = ["FIELD_KEYS", "MadeSource", "ItemFields", "FieldFiles", "item_fields", "declared_fields", "fields_entry", "with_stamps",
+__all__ = ["FIELD_KEYS", "MadeSource", "SourceSize", "ItemFields", "FieldFiles", "item_fields", "declared_fields", "fields_entry", "with_stamps",
            "process_with_fields", "field_processor"]
 
 #: The keys an item's fields dict may have.
-FIELD_KEYS = ("mask", "images", "boxes", "box_labels")
+FIELD_KEYS = ("mask", "images", "boxes", "box_labels", "size")
+
+
+@dataclass(frozen=True)
+class SourceSize:
+    """The size (width, height) an item's boxes and mask were given for, and what declared it
+    (``images[3]`` of a COCO file): an image file of another size is a skip, found from its
+    header before anything is drawn or decoded."""
+
+    width: int
+    height: int
+    declared_by: str = "the item's size"
+
+    def mismatch(self, data: bytes, max_pixels: int) -> str | None:
+        """Why the image file ``data`` cannot take these fields (its header above ``max_pixels``, or
+        another size once its EXIF orientation is applied), or None (also for an unreadable header:
+        the image's own processing says why)."""
+        info = sniff(data)
+        if info is None:
+            return None
+        if info.pixels > max_pixels:
+            return above_pixel_limit(info, max_pixels)
+        w, h = (info.height, info.width) if info.orientation >= 5 else (info.width, info.height)
+        if (w, h) != (self.width, self.height):
+            return (f"{self.declared_by} declares {self.width}x{self.height} but the image file is {w}x{h}; its "
+                    f"boxes and mask are given for the declared size")
+        return None
 
 class MadeSource(abc.ABC):
     """A field's file made where it is processed, in a worker (a mask drawn from polygons): its
@@ -52,6 +81,7 @@ class ItemFields:
     images: tuple[tuple[str, Source], ...] = ()
     boxes: tuple[tuple[float, float, float, float], ...] | None = None
     box_labels: tuple[str | int, ...] | None = None
+    size: SourceSize | None = None
 
     def signature(self) -> tuple[bool, frozenset[str], bool, bool]:
         """What fields the item has (every item of a conversion must have the same)."""
@@ -78,6 +108,7 @@ class FieldFiles:
     boxes: tuple[tuple[float, float, float, float], ...] | None
     box_labels: tuple[int, ...] | None
     stamps: tuple[tuple[str, Stamp], ...] = ()
+    size: SourceSize | None = None
 
     @property
     def paths(self) -> list[str]:
@@ -123,6 +154,15 @@ def _box_labels(i: int, value: Any, n: int) -> tuple[str | int, ...]:
     return labels
 
 
+def _size(i: int, value: Any) -> SourceSize:
+    if isinstance(value, SourceSize):
+        return value
+    if isinstance(value, (str, bytes)) or not hasattr(value, "__len__") or len(value) != 2 or not all(
+            isinstance(v, numbers.Integral) and not isinstance(v, bool) and v > 0 for v in value):
+        raise ValueError(f"item {i}: size must be [width, height] (two positive integers), not {value!r}")
+    return SourceSize(int(value[0]), int(value[1]))
+
+
 def item_fields(i: int, value: Any) -> ItemFields | None:
     """Item ``i``'s fields dict checked (None or empty: no fields); TypeError/ValueError naming it."""
     if value is None:
@@ -149,8 +189,11 @@ def item_fields(i: int, value: Any) -> ItemFields | None:
     labels = value.get("box_labels")
     if labels is not None and boxes is None:
         raise ValueError(f"item {i}: box_labels without boxes")
+    if value.get("mask") is None and not named and boxes is None:
+        return None  # a size alone: nothing to check it for
     return ItemFields(_source(i, "mask", value["mask"]) if value.get("mask") is not None else None, tuple(named),
-                      boxes, _box_labels(i, labels, len(boxes)) if labels is not None else None)
+                      boxes, _box_labels(i, labels, len(boxes)) if labels is not None else None,
+                      _size(i, value["size"]) if value.get("size") is not None else None)
 
 
 def declared_fields(first: ItemFields, image_order: Sequence[str]) -> list[dict[str, Any]]:
@@ -182,6 +225,8 @@ def fields_entry(files: FieldFiles) -> dict[str, Any]:
         entry["boxes"] = [list(b) for b in files.boxes]
     if files.box_labels is not None:
         entry["box_labels"] = list(files.box_labels)
+    if files.size is not None:
+        entry["size"] = [files.size.width, files.size.height]
     return entry
 
 
@@ -230,7 +275,13 @@ def _at_fault(reason: str, files: FieldFiles) -> str:
 
 def process_with_fields(data: bytes, opts: ProcessOptions, files: FieldFiles) -> tuple[Any, str | None]:
     """The image's bytes processed with its fields (:func:`~packer.images.fields.process_sample`),
-    or (None, the reason) for a skip, naming the field's file when one is at fault."""
+    or (None, the reason) for a skip, naming the field's file when one is at fault. An image file
+    of another size than ``files.size``, or above the pixel limit, is a skip found from its header,
+    before any field is read or drawn."""
+    if files.size is not None:
+        mismatch = files.size.mismatch(data, opts.max_pixels)
+        if mismatch:
+            return None, mismatch
     stamps = dict(files.stamps)
     try:
         sources = FieldSources(_read(files.mask, "mask", opts, stamps) if files.mask is not None else None,

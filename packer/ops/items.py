@@ -189,7 +189,8 @@ class _Rows:
         images = dict(fields.images)
         labels = tuple(self._number(i, x, "box label") for x in fields.box_labels) \
             if fields.box_labels is not None else None
-        return fields, FieldFiles(fields.mask, tuple((n, images[n]) for n in self.image_order), fields.boxes, labels)
+        return fields, FieldFiles(fields.mask, tuple((n, images[n]) for n in self.image_order), fields.boxes, labels,
+                                  size=fields.size)
 
     def sources(self, start: int) -> _Sources:
         """The sources from position ``start`` on, as a lazy sequence for :func:`ordered_map`."""

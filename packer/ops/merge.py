@@ -18,7 +18,15 @@ from typing import Any
 from .. import __version__
 from ..converters.base import WriterOptions
 from ..converters.shards import SHARD_NAME, ShardedWriter, shard_name
-from ..description.manifest import FileEntry, Manifest, file_sha256, read_manifest, write_manifest
+from ..description.manifest import (
+    FileEntry,
+    Manifest,
+    file_sha256,
+    read_manifest,
+    widest_mask_dtype,
+    with_mask_dtype,
+    write_manifest,
+)
 from ..description.registry import writer_class
 from ..description.samples import (
     TABLE_NAME,
@@ -107,7 +115,11 @@ def _read_parts(parts: Sequence[str]) -> list[Manifest]:
         if m.version < 2:
             raise SourceError(f"part {p} is on-disk version {m.version}; merge needs version 2 parts (file ids): "
                               f"convert it with this packer first")
-        if m.fields != m0.fields:
+        if m.version != m0.version and (m.fields or m0.fields):
+            older = p if m.version < m0.version else first
+            raise SourceError(f"part {p} is on-disk version {m.version} but part {first} is {m0.version}; convert "
+                              f"{older} with this packer first (its masks then declare their dtype)")
+        if _fields_but_dtype(m) != _fields_but_dtype(m0):
             raise SourceError(f"part {p} has the fields {m.field_names or 'none'} but part {first} has "
                               f"{m0.field_names or 'none'}; merge parts whose samples have the same fields")
         if m.label_kind != m0.label_kind:
@@ -196,7 +208,13 @@ def _template(manifests: Sequence[Manifest], classes: list[str]) -> Manifest:
                     files=[], shuffle_seed=seeds.pop() if len(seeds) == 1 else None,
                     skipped=[s for m in manifests for s in m.skipped], ignored=ignored, source=source,
                     created_by=f"packer {__version__}", label_kind=manifests[0].label_kind,
-                    fields=list(manifests[0].fields), version=manifests[0].version)
+                    fields=with_mask_dtype(list(manifests[0].fields), widest_mask_dtype([m.mask_dtype for m in manifests]),
+                                           manifests[0].version), version=manifests[0].version)
+
+
+def _fields_but_dtype(m: Manifest) -> list[dict[str, Any]]:
+    """A manifest's fields without the mask's dtype: parts whose masks differ in width merge (to the widest)."""
+    return [{k: v for k, v in f.items() if k != "dtype"} for f in m.fields]
 
 
 def _stored(ds: Any, part: str, start: int, stop: int, labels: list[int]) -> Iterator[Item]:
