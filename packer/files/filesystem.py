@@ -32,7 +32,7 @@ from typing import Any, TypeVar
 from ..errors import DestinationBusyError, DiskFullError, SourceError
 from ..sizes import format_size
 
-__all__ = ["check_destination", "claim_destination", "holding_claim", "sibling_path", "fsync_dir",
+__all__ = ["check_destination", "claim_destination", "drop_stale_claim", "holding_claim", "sibling_path", "fsync_dir",
            "atomic_write_bytes", "free_bytes", "no_room", "temp_dir_for", "publish", "recover_publish",
            "no_space", "disk_full_error"]
 
@@ -141,6 +141,32 @@ def claim_destination(dst: str | os.PathLike[str], shown: str | None = None) -> 
         _HELD.discard(key)
         with contextlib.suppress(OSError):
             os.unlink(path)  # while still locked, so nobody can be waiting on this inode
+        os.close(fd)
+
+
+def drop_stale_claim(dst: str | os.PathLike[str]) -> str | None:
+    """Remove the claim file of ``dst`` when no process holds it (its owner was killed: a torchrun
+    rank that saw it die cleans up for it), so it is not left looking like a conversion under way.
+    Returns the owner it recorded, or None when there was no stale claim (none, or one held)."""
+    path = sibling_path(os.fspath(dst), "lock")
+    try:
+        fd = os.open(path, os.O_RDWR | os.O_CLOEXEC | os.O_NOFOLLOW | os.O_NONBLOCK)
+    except OSError:
+        return None
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            return None
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            return None  # held: a live owner
+        if not _same(_stat_nofollow(path), os.fstat(fd)):
+            return None  # replaced meanwhile by a new claim
+        owner = _owner(fd)
+        with contextlib.suppress(OSError):
+            os.unlink(path)  # while locked, as claim_destination removes its own
+        return owner
+    finally:
         os.close(fd)
 
 
