@@ -408,3 +408,67 @@ def test_a_dead_store_host_is_named_and_its_claim_removed(tmp_path):
     finally:
         child.kill()
         child.wait()
+
+
+def _kill_a_rank(tmp_path, victim: int, nproc_args=()):
+    """A real torchrun job over a folder large enough to be caught converting; SIGKILL of rank
+    ``victim`` once it holds its claim (rank 0: DST's, another: its part's). (stderr, dst)."""
+    import json
+    import signal
+    import time
+
+    from packer.files.filesystem import sibling_path
+    from packer.ops.distributed import part_path
+
+    root = str(tmp_path / "src")
+    make_folder(root, {c: [(f"{c}{i}.png", 96, 128) for i in range(150)] for c in ("a", "b")})
+    dst = str(tmp_path / "dst")
+    lock = sibling_path(dst if victim == 0 else part_path(dst, victim, 2), "lock")
+    cmd, env = torchrun_command(2, "tar", root, dst, "--workers", "1", "--encode", "png", "-q", "--rank-timeout", "5")
+    proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    killed, deadline = False, time.monotonic() + 120
+    while proc.poll() is None and not killed and time.monotonic() < deadline:
+        try:
+            with open(lock) as f:
+                os.kill(json.load(f)["pid"], signal.SIGKILL)
+            killed = True
+        except (OSError, ValueError, KeyError):
+            time.sleep(0.01)
+    _, err = proc.communicate(timeout=120)
+    assert killed and proc.returncode != 0, err
+    return err, dst, cmd, env
+
+
+def _no_torch_words(err: str) -> None:
+    """No rank printed torch's or gloo's text or a traceback (torchrun's own report of the failed
+    job, one traceback ending in ChildFailedError, is the launcher's)."""
+    for words in ("DistStoreError", "GLHF", "Connection closed", "Failed to recv", "frame #"):
+        assert words not in err, err
+    assert err.count("Traceback") == err.count("ChildFailedError:"), err
+
+
+@pytest.mark.slow
+def test_torchrun_killed_rank_is_named_by_the_others(tmp_path):
+    """SIGKILL of rank 1: torchrun stops rank 0, which says in one line that rank 1 died (not
+    "terminated", not torch's words)."""
+    err, dst, _, _ = _kill_a_rank(tmp_path, 1)
+    said = [line for line in err.splitlines() if line.startswith("packer:")]
+    assert len(said) == 1 and said[0].startswith("packer: error: rank 1 of 2 died (pid "), err
+    _no_torch_words(err)
+    assert not os.path.exists(dst)
+
+
+@pytest.mark.slow
+def test_torchrun_killed_rank_0_leaves_no_claim_and_resumes(tmp_path):
+    """SIGKILL of rank 0 (the holder of DST's claim): rank 1 names it and removes the claim file it
+    left, so nothing looks like a conversion under way; --resume then finishes the job."""
+    from packer.files.filesystem import sibling_path
+
+    err, dst, cmd, env = _kill_a_rank(tmp_path, 0)
+    said = [line for line in err.splitlines() if line.startswith("packer:")]
+    assert len(said) == 1 and said[0].startswith("packer: error: rank 0 of 2 died (pid "), err
+    _no_torch_words(err)
+    assert not os.path.exists(sibling_path(dst, "lock"))
+    again = subprocess.run(cmd + ["--resume"], capture_output=True, text=True, timeout=240, cwd=ROOT, env=env)
+    assert again.returncode == 0, again.stderr
+    assert read_manifest(dst).num_samples == 300 and leftovers(tmp_path) == []

@@ -14,6 +14,7 @@ parts stay beside it, and ``--resume`` keeps them (and continues interrupted one
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -146,10 +147,12 @@ class _Peers:
             pass
 
     def _learn_who(self) -> None:
-        """Every rank's pid and host, once all have met (each sets its own before arriving)."""
+        """Every rank's pid and host that the store holds (each sets its own as it starts), kept
+        for when the store is gone."""
         for r in range(self.launch.world_size):
-            if r not in self.who and r != self.launch.rank:
-                pid, host = json.loads(self.store.get(f"{self.prefix}who/{r}"))
+            key = f"{self.prefix}who/{r}"
+            if r not in self.who and r != self.launch.rank and self.store.check([key]):
+                pid, host = json.loads(self.store.get(key))
                 self.who[r] = (int(pid), str(host))
 
     def fate(self, r: int) -> str | None:
@@ -162,6 +165,8 @@ class _Peers:
             why = None
         if why:
             return f"stopped: {why}"
+        with contextlib.suppress(Exception):  # the store may be gone: what was learned before stands
+            self._learn_who()
         if r not in self.who:
             return None
         pid, host = self.who[r]
