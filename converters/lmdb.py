@@ -114,7 +114,9 @@ class LMDBWriter(Writer):
         """An LMDB failure as the OSError it is: LMDB reports a disk that fills up in the middle of
         a write as EIO (a short write), so low free space makes it ENOSPC."""
         if "No space left" in str(e):
-            return OSError(errno.ENOSPC, "No space left on device", self.path(PARTIAL))
+            err = OSError(errno.ENOSPC, "No space left on device", self.path(PARTIAL))
+            err.bytes_needed = need or None  # type: ignore[attr-defined]  # the commit's size, for the message
+            return err
         return no_room(self.path(PARTIAL), need) or OSError(errno.EIO, f"LMDB: {e}", self.path(PARTIAL))
 
     # -- resume ------------------------------------------------------------------------------------

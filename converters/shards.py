@@ -94,7 +94,10 @@ class ShardFile:
     def write(self, data: bytes | bytearray | memoryview) -> int:
         """Append ``data``; return the offset it starts at."""
         offset = self.size
-        self._f.write(data)
+        try:
+            self._f.write(data)
+        except OSError as e:
+            raise _named(e, self.temp) from None
         self._sha.update(data)
         self.size += len(data)
         return offset
@@ -102,8 +105,11 @@ class ShardFile:
     def finish(self, samples: int, first: int, fid: str = "") -> FileEntry:
         """Flush, fsync, close and rename to the final name; return its manifest entry (with the
         file's identity ``fid``, packer.description.placement)."""
-        self._f.flush()
-        os.fsync(self._f.fileno())
+        try:
+            self._f.flush()
+            os.fsync(self._f.fileno())
+        except OSError as e:
+            raise _named(e, self.temp) from None
         self._f.close()
         os.replace(self.temp, self.final)
         return FileEntry(self.name, samples, self.size, self._sha.hexdigest(), first, fid)
@@ -115,6 +121,13 @@ class ShardFile:
             os.remove(self.temp)
         except FileNotFoundError:
             pass
+
+
+def _named(e: OSError, path: str) -> OSError:
+    """``e`` naming the file it happened to (a buffered write's ENOSPC names none)."""
+    if e.filename is not None:
+        return e
+    return type(e)(e.errno, e.strerror, path) if e.errno is not None else e
 
 
 def write_small_file(directory: str, name: str, data: bytes, first: int) -> FileEntry:

@@ -297,3 +297,178 @@ def test_a_rank_sees_the_last_arrival_long_before_its_next_beat():
     assert not arrived.is_alive(), "rank 1 slept through rank 0's arrival"
     first.close()
     last.close()
+
+
+# -- a rank that dies, stops or leaves is named by the others, in packer's words ----------------------
+_PEER = """
+import os, sys, time
+from datetime import timedelta
+from torch.distributed import TCPStore
+from packer.files.filesystem import claim_destination
+from packer.ops.distributed import Launch, _Peers
+port, rank, mode, dst = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3], sys.argv[4]
+store = TCPStore("127.0.0.1", port, 2, rank == 0, timeout=timedelta(seconds=30), wait_for_workers=False)
+with claim_destination(dst):
+    peers = _Peers(store, Launch(rank, 2, rank, "here"), timedelta(seconds=float(sys.argv[5])))
+    print("up", flush=True)
+    peers.arrive()
+    print("met", flush=True)
+    if mode == "leave":
+        peers.leave("terminated (SIGTERM)")
+        os._exit(143)
+    if mode == "exit":
+        os._exit(3)
+    time.sleep(60)
+"""
+
+
+def _peer(port: int, rank: int, mode: str, dst: str, timeout: float = 2.0) -> subprocess.Popen:
+    """A rank in a child process, its beat started once it prints "up" (torch imported)."""
+    p = subprocess.Popen([sys.executable, "-c", _PEER, str(port), str(rank), mode, dst, str(timeout)],
+                         stdout=subprocess.PIPE, text=True, cwd=ROOT)
+    if rank == 1:
+        assert p.stdout.readline().strip() == "up"
+    return p
+
+
+@pytest.mark.parametrize("mode", ["kill", "stop", "exit", "leave"])
+def test_a_rank_that_dies_stops_or_leaves_is_named(tmp_path, mode):
+    """Rank 1 is a real process beating in a real store: SIGKILLed, or exiting without a word, it
+    is named as dead within a few beats (not after the rank timeout); one that says why it leaves
+    is named with its reason at once; a stopped one (SIGSTOP) after the timeout, said to be stopped."""
+    import signal
+    import time
+    from datetime import timedelta
+
+    from torch.distributed import TCPStore
+
+    from packer.ops.distributed import DistributedError, Launch, _Peers
+
+    port = free_port()
+    store = TCPStore("127.0.0.1", port, 2, True, timeout=timedelta(seconds=30), wait_for_workers=False)
+    child = _peer(port, 1, mode, str(tmp_path / "part"))
+    try:
+        peers = _Peers(store, Launch(0, 2, 0, "here"), timedelta(seconds=2))
+        peers.arrive()
+        assert child.stdout.readline().strip() == "met"
+        if mode in ("kill", "stop"):
+            os.kill(child.pid, signal.SIGKILL if mode == "kill" else signal.SIGSTOP)
+        t0 = time.monotonic()
+        with pytest.raises(DistributedError) as info:
+            peers.arrive()
+        took = time.monotonic() - t0
+        host = socket.gethostname()
+        if mode == "stop":
+            assert str(info.value).startswith(f"rank 1 of 2 has not answered for 2 s (stopped or hung: it is stopped "
+                                              f"(pid {child.pid} on host {host}, by SIGSTOP or Ctrl-Z")
+            assert 2 <= took < 4
+        elif mode == "leave":
+            assert str(info.value) == "rank 1 of 2 stopped: terminated (SIGTERM)" and took < 1
+        else:
+            assert str(info.value).startswith(f"rank 1 of 2 died (pid {child.pid} on host {host} ended without a word")
+            assert took < 1.5
+        peers.close()
+    finally:
+        child.kill()
+        child.wait()
+
+
+def test_a_dead_store_host_is_named_and_its_claim_removed(tmp_path):
+    """Rank 0 hosts the store and claims DST; SIGKILLed, torch's store fails on rank 1 in its own
+    words (a connection error), and packer's message names rank 0 instead; the claim file rank 0
+    could not remove is removed, so nothing looks like a conversion under way."""
+    import signal
+    from datetime import timedelta
+
+    from torch.distributed import TCPStore
+
+    from packer.errors import PackerError
+    from packer.files.filesystem import sibling_path
+    from packer.ops.distributed import Launch, _peer_failure, _Peers
+
+    port, dst = free_port(), str(tmp_path / "dst")
+    child = _peer(port, 0, "kill", dst, timeout=30)
+    try:
+        assert child.stdout.readline().strip() == "up"
+        store = TCPStore("127.0.0.1", port, 2, False, timeout=timedelta(seconds=30))
+        launch = Launch(1, 2, 1, "here")
+        peers = _Peers(store, launch, timedelta(seconds=30))
+        peers.arrive()
+        assert child.stdout.readline().strip() == "met"
+        assert os.path.exists(sibling_path(dst, "lock"))
+        os.kill(child.pid, signal.SIGKILL)
+        child.wait()
+        with pytest.raises(RuntimeError) as info:
+            peers.arrive()
+        assert not isinstance(info.value, PackerError)  # torch's own error, which the user must not see
+        error = _peer_failure(launch, peers, dst, None)
+        assert str(error).startswith(f"rank 0 of 2 died (pid {child.pid} on host {socket.gethostname()}")
+        assert not os.path.exists(sibling_path(dst, "lock"))
+        peers.close()
+    finally:
+        child.kill()
+        child.wait()
+
+
+def _kill_a_rank(tmp_path, victim: int, nproc_args=()):
+    """A real torchrun job over a folder large enough to be caught converting; SIGKILL of rank
+    ``victim`` once it holds its claim (rank 0: DST's, another: its part's). (stderr, dst)."""
+    import json
+    import signal
+    import time
+
+    from packer.files.filesystem import sibling_path
+    from packer.ops.distributed import part_path
+
+    root = str(tmp_path / "src")
+    make_folder(root, {c: [(f"{c}{i}.png", 96, 128) for i in range(150)] for c in ("a", "b")})
+    dst = str(tmp_path / "dst")
+    lock = sibling_path(dst if victim == 0 else part_path(dst, victim, 2), "lock")
+    cmd, env = torchrun_command(2, "tar", root, dst, "--workers", "1", "--encode", "png", "-q", "--rank-timeout", "5")
+    proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    killed, deadline = False, time.monotonic() + 120
+    while proc.poll() is None and not killed and time.monotonic() < deadline:
+        try:
+            with open(lock) as f:
+                os.kill(json.load(f)["pid"], signal.SIGKILL)
+            killed = True
+        except (OSError, ValueError, KeyError):
+            time.sleep(0.01)
+    _, err = proc.communicate(timeout=120)
+    assert killed and proc.returncode != 0, err
+    return err, dst, cmd, env
+
+
+def _no_torch_words(err: str) -> None:
+    """No rank printed torch's or gloo's text or a traceback (torchrun's own report of the failed
+    job, one traceback ending in ChildFailedError, is the launcher's)."""
+    for words in ("DistStoreError", "GLHF", "Connection closed", "Failed to recv", "frame #"):
+        assert words not in err, err
+    assert err.count("Traceback") == err.count("ChildFailedError:"), err
+
+
+@pytest.mark.slow
+def test_torchrun_killed_rank_is_named_by_the_others(tmp_path):
+    """SIGKILL of rank 1: torchrun stops rank 0, which says in one line that rank 1 died (not
+    "terminated", not torch's words)."""
+    err, dst, _, _ = _kill_a_rank(tmp_path, 1)
+    said = [line for line in err.splitlines() if line.startswith("packer:")]
+    assert len(said) == 1 and said[0].startswith("packer: error: rank 1 of 2 died (pid "), err
+    _no_torch_words(err)
+    assert not os.path.exists(dst)
+
+
+@pytest.mark.slow
+def test_torchrun_killed_rank_0_leaves_no_claim_and_resumes(tmp_path):
+    """SIGKILL of rank 0 (the holder of DST's claim): rank 1 names it and removes the claim file it
+    left, so nothing looks like a conversion under way; --resume then finishes the job."""
+    from packer.files.filesystem import sibling_path
+
+    err, dst, cmd, env = _kill_a_rank(tmp_path, 0)
+    said = [line for line in err.splitlines() if line.startswith("packer:")]
+    assert len(said) == 1 and said[0].startswith("packer: error: rank 0 of 2 died (pid "), err
+    _no_torch_words(err)
+    assert not os.path.exists(sibling_path(dst, "lock"))
+    again = subprocess.run(cmd + ["--resume"], capture_output=True, text=True, timeout=240, cwd=ROOT, env=env)
+    assert again.returncode == 0, again.stderr
+    assert read_manifest(dst).num_samples == 300 and leftovers(tmp_path) == []

@@ -27,14 +27,14 @@ import stat
 import sys
 import time
 from collections.abc import Callable, Iterator
-from typing import Any, TypeVar
+from typing import Any, NamedTuple, TypeVar
 
 from ..errors import DestinationBusyError, DiskFullError, SourceError
 from ..sizes import format_size
 
-__all__ = ["check_destination", "claim_destination", "holding_claim", "sibling_path", "fsync_dir",
+__all__ = ["check_destination", "claim_destination", "drop_stale_claim", "holding_claim", "sibling_path", "fsync_dir",
            "atomic_write_bytes", "free_bytes", "no_room", "temp_dir_for", "publish", "recover_publish",
-           "no_space", "disk_full_error"]
+           "no_space", "SpaceAtFailure", "space_at_failure", "disk_full_error"]
 
 _HELD: set[tuple[int, str]] = set()  # (pid, lock path) of the claims this process holds
 
@@ -144,6 +144,32 @@ def claim_destination(dst: str | os.PathLike[str], shown: str | None = None) -> 
         os.close(fd)
 
 
+def drop_stale_claim(dst: str | os.PathLike[str]) -> str | None:
+    """Remove the claim file of ``dst`` when no process holds it (its owner was killed: a torchrun
+    rank that saw it die cleans up for it), so it is not left looking like a conversion under way.
+    Returns the owner it recorded, or None when there was no stale claim (none, or one held)."""
+    path = sibling_path(os.fspath(dst), "lock")
+    try:
+        fd = os.open(path, os.O_RDWR | os.O_CLOEXEC | os.O_NOFOLLOW | os.O_NONBLOCK)
+    except OSError:
+        return None
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            return None
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            return None  # held: a live owner
+        if not _same(_stat_nofollow(path), os.fstat(fd)):
+            return None  # replaced meanwhile by a new claim
+        owner = _owner(fd)
+        with contextlib.suppress(OSError):
+            os.unlink(path)  # while locked, as claim_destination removes its own
+        return owner
+    finally:
+        os.close(fd)
+
+
 _F = TypeVar("_F", bound=Callable[..., Any])
 
 
@@ -201,7 +227,9 @@ def no_room(path: str, nbytes: int, margin: int = 1 << 20) -> OSError | None:
     (LMDB reports a short write as EIO; HDF5 cannot close a file after a failed write)."""
     free = free_bytes(os.path.dirname(path) or ".")
     if 0 <= free < nbytes + margin:
-        return OSError(errno.ENOSPC, f"No space left on device ({free} bytes free, {nbytes + margin} needed)", path)
+        err = OSError(errno.ENOSPC, f"No space left on device ({free} bytes free, {nbytes + margin} needed)", path)
+        err.bytes_needed = nbytes + margin  # type: ignore[attr-defined]  # for the DiskFullError
+        return err
     try:
         import resource
 
@@ -321,16 +349,48 @@ def no_space(exc: BaseException | None, tmp: str) -> tuple[str, str | None] | No
     return None
 
 
-def disk_full_error(reason: str, name: str | None, tmp: str, dst: str) -> DiskFullError:
-    """The one-line DiskFullError for a conversion of ``dst`` that ran out of space writing ``name``."""
-    parent = os.path.dirname(os.path.abspath(dst))
-    try:
-        free = f"{format_size(shutil.disk_usage(parent).free)} free there now"
-    except OSError:
-        free = "free space unknown"
+class SpaceAtFailure(NamedTuple):
+    """The file system as a write found it full, measured before any cleanup frees space."""
+
+    free: int  #: bytes still free for an unprivileged writer (-1 if unknown)
+    written: int  #: bytes the partial output took on disk (allocated blocks, so sparse files count as used)
+    needed: int | None = None  #: bytes the failed write asked for, where the writer knew (``bytes_needed``)
+
+
+def space_at_failure(tmp: str, exc: BaseException | None = None) -> SpaceAtFailure:
+    """Measure, before the partial output in ``tmp`` is removed, what the failed write saw; the
+    write's size comes from a ``bytes_needed`` attribute on ``exc`` or an exception it chains to."""
+    written = 0
+    for folder, _, names in os.walk(tmp):
+        for name in names:
+            with contextlib.suppress(OSError):
+                written += os.lstat(os.path.join(folder, name)).st_blocks * 512
+    needed, seen = None, set()
+    while exc is not None and needed is None and id(exc) not in seen:
+        seen.add(id(exc))
+        needed = getattr(exc, "bytes_needed", None)
+        exc = exc.__cause__ or exc.__context__
+    free = free_bytes(tmp if os.path.isdir(tmp) else os.path.dirname(os.path.abspath(tmp)))
+    return SpaceAtFailure(free, written, needed)
+
+
+def disk_full_error(reason: str, name: str | None, tmp: str, dst: str, space: SpaceAtFailure | None = None,
+                    done: tuple[int, int | None] | None = None) -> DiskFullError:
+    """The one-line DiskFullError for a conversion of ``dst`` that ran out of space writing ``name``:
+    ``space`` is what the write saw (:func:`space_at_failure`, taken before the cleanup; measured
+    now when not given), ``done`` the (samples written, samples in all) that estimate the need."""
+    if space is None:
+        space = space_at_failure(tmp)
+    free = f"{format_size(space.free)} free when the write failed" if space.free >= 0 else "free space unknown"
+    need = f", the write needed {format_size(space.needed)}" if space.needed else ""
+    if done is not None and done[0] > 0 and done[1] and done[1] > done[0] and space.written > 0:
+        need += (f", the output needs about {format_size(space.written * done[1] / done[0])} in all "
+                f"({done[0]} of {done[1]} samples took {format_size(space.written)})")
+    elif space.written > 0:
+        need += f", the partial output had taken {format_size(space.written)}"
     where = name or tmp
     what = "file size limit" if reason == _NO_SPACE[errno.EFBIG] else "disk full"
     return DiskFullError(
-        f"{what}: {reason} while writing {where}; the partial output was removed ({free}) and {dst} was "
+        f"{what}: {reason} while writing {where} ({free}{need}); the partial output was removed and {dst} was "
         f"left as it was", path=where,
     )

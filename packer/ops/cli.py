@@ -987,7 +987,9 @@ def _main(argv: Sequence[str] | None, terminated: list[bool]) -> int:
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return EXIT_ERROR
     except (PackerError, OSError, ValueError) as e:
-        if terminated:  # a worker process killed by the same SIGTERM (SLURM signals the whole job)
+        # a worker process killed by the same SIGTERM (SLURM signals the whole job); not a torchrun
+        # rank stopped because another died, whose error names that rank
+        if terminated and not getattr(e, "names_the_cause", False):
             _say("packer: terminated (SIGTERM)" + _partial_note(e))
             return EXIT_TERMINATED
         if isinstance(e, UnfinishedDatasetError) and getattr(e, "directory", None):

@@ -14,9 +14,11 @@ parts stay beside it, and ``--resume`` keeps them (and continues interrupted one
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
+import socket
 import threading
 import time
 from collections.abc import Mapping
@@ -26,7 +28,7 @@ from typing import Any
 
 from ..description.manifest import Manifest, Skipped, read_manifest
 from ..errors import PackerError, SourceError
-from ..files.filesystem import check_destination, claim_destination, sibling_path
+from ..files.filesystem import check_destination, claim_destination, drop_stale_claim, sibling_path
 from ..sizes import seconds_from_env
 from ..wording import noun, plural
 from .engine import (
@@ -114,7 +116,10 @@ class _Peers:
         self.interval = min(5.0, max(0.05, self.timeout / 20))
         self.step = 0
         self.silent: str | None = None  # the error once a rank is known to be silent
+        self.dead: int | None = None  # the rank found dead, whose claim files are left to remove
+        self.who: dict[int, tuple[int, str]] = {}  # rank -> (pid, host), read at the first meeting
         self._stop = threading.Event()
+        store.set(f"{self.prefix}who/{launch.rank}", json.dumps([os.getpid(), socket.gethostname()]))
         self._beat()
         self._thread = threading.Thread(target=self._beats, name="packer-rank-beat", daemon=True)
         self._thread.start()
@@ -133,6 +138,56 @@ class _Peers:
         self._stop.set()
         self._thread.join(self.interval + 1)  # a beat blocked on a stopped store host is left to die
 
+    def leave(self, why: str) -> None:
+        """Tell the other ranks why this one stops without reaching its next collective (an
+        interrupt, a signal): they name it at once instead of waiting for its beat to stop."""
+        try:
+            self.store.set(f"{self.prefix}gone/{self.launch.rank}", why)
+        except Exception:  # noqa: BLE001 - the store is gone too; the others see this rank die
+            pass
+
+    def _learn_who(self) -> None:
+        """Every rank's pid and host that the store holds (each sets its own as it starts), kept
+        for when the store is gone."""
+        for r in range(self.launch.world_size):
+            key = f"{self.prefix}who/{r}"
+            if r not in self.who and r != self.launch.rank and self.store.check([key]):
+                pid, host = json.loads(self.store.get(key))
+                self.who[r] = (int(pid), str(host))
+
+    def fate(self, r: int) -> str | None:
+        """What became of rank ``r`` as far as this rank can tell, as the end of a sentence
+        ("died (...)", "left: ...", "is stopped (...)"), or None when it looks alive or cannot be
+        seen (another host, nothing said). Reads the store only while it answers."""
+        try:
+            why = self.store.check([f"{self.prefix}gone/{r}"]) and self.store.get(f"{self.prefix}gone/{r}").decode()
+        except Exception:  # noqa: BLE001 - the store is gone: judge by the process alone
+            why = None
+        if why:
+            return f"stopped: {why}"
+        with contextlib.suppress(Exception):  # the store may be gone: what was learned before stands
+            self._learn_who()
+        if r not in self.who:
+            return None
+        pid, host = self.who[r]
+        if host != socket.gethostname():
+            return None
+        state = process_state(pid)
+        if state == "gone":
+            return f"died (pid {pid} on host {host} ended without a word: killed, crashed or exited)"
+        if state == "stopped":
+            return f"is stopped (pid {pid} on host {host}, by SIGSTOP or Ctrl-Z; SIGCONT resumes it)"
+        return None
+
+    def blame(self) -> tuple[int, str] | None:
+        """The first other rank whose fate is known: (rank, fate), else None."""
+        for r in range(self.launch.world_size):
+            if r != self.launch.rank:
+                fate = self.fate(r)
+                if fate is not None:
+                    return r, fate
+        return None
+
     def arrive(self) -> None:
         """Wait until every rank reaches its next collective; DistributedError naming a rank that
         has been silent for ``timeout``."""
@@ -150,12 +205,32 @@ class _Peers:
                 current = int(self.store.add(f"{self.prefix}beat/{r}", 0))
                 if current != beats:
                     seen[r] = (current, now)
-                elif now - since > self.timeout:
-                    self.silent = (f"rank {r} of {n} has not answered for {self.timeout:g} s (stopped or hung; "
+                    continue
+                fate = self.fate(r) if now - since > 2 * self.interval else None
+                if fate is not None and not fate.startswith("is stopped"):
+                    self.silent, self.dead = f"rank {r} of {n} {fate}", r if fate.startswith("died") else None
+                    raise DistributedError(self.silent)
+                if now - since > self.timeout:
+                    what = f": it {fate}" if fate else ""
+                    self.silent = (f"rank {r} of {n} has not answered for {self.timeout:g} s (stopped or hung{what}; "
                                    f"--rank-timeout or PACKER_TORCHRUN_TIMEOUT sets how long a rank may stay silent)")
                     raise DistributedError(self.silent)
             time.sleep(delay)
             delay = min(self.interval, 2 * delay)
+        self._learn_who()
+
+
+def process_state(pid: int) -> str:
+    """``"gone"`` (no such process, or a zombie), ``"stopped"`` (SIGSTOP, Ctrl-Z) or ``"alive"``, from
+    ``/proc`` (``"alive"`` where there is none to ask)."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            state = f.read().rsplit(b")", 1)[1].split()[0]
+    except FileNotFoundError:
+        return "gone"
+    except (OSError, IndexError):
+        return "alive"
+    return {b"Z": "gone", b"X": "gone", b"T": "stopped", b"t": "stopped"}.get(state, "alive")
 
 
 def _start_peers(launch: Launch, timeout: timedelta) -> _Peers | None:
@@ -223,7 +298,13 @@ def convert_imagefolder_torchrun(
     timeout = rank_timeout() if timeout is None else timeout
     own = not dist.is_initialized()
     if own:
-        dist.init_process_group("gloo", timeout=timeout)
+        try:
+            dist.init_process_group("gloo", timeout=timeout)
+        except RuntimeError:
+            raise DistributedError(
+                f"rank {launch.rank} of {launch.world_size}: not every rank joined within {timeout.total_seconds():g} s "
+                f"(a rank did not start or failed before joining, or cannot reach the master {launch.master})"
+            ) from None
     peers = None
     try:
         peers = _start_peers(launch, timeout)
@@ -234,13 +315,51 @@ def convert_imagefolder_torchrun(
         return _run_rank(src, dst, fmt, options, launch, t0, peers)
     except RuntimeError as e:
         if isinstance(e, PackerError):
+            if peers is not None and peers.dead is not None:
+                drop_stale_claim(dst if peers.dead == 0 else part_path(dst, peers.dead, launch.world_size))
             raise
-        raise DistributedError(f"rank {launch.rank} of {launch.world_size}: {e}") from e
+        raise _peer_failure(launch, peers, dst, None) from None  # torch's store or gloo: say which rank, not how
+    except KeyboardInterrupt as e:  # Ctrl-C, or SIGTERM: torchrun stopping the job after another rank failed
+        failure = _peer_failure(launch, peers, dst, e)
+        if failure is not None:
+            raise failure from None
+        if peers is not None:
+            peers.leave("terminated (SIGTERM)" if type(e).__name__ == "Terminated" else "interrupted (Ctrl-C)")
+        raise
     finally:
         if peers is not None:
             peers.close()
         if own:
             dist.destroy_process_group()
+
+
+def _peer_failure(launch: Launch, peers: _Peers | None, dst: str,
+                  interrupt: KeyboardInterrupt | None) -> DistributedError | None:
+    """The one-line error for a failure that torch reported in its own words (a store or gloo
+    connection that closed) or an ``interrupt`` that torchrun sent after another rank failed:
+    the rank that died, left or stopped, and what became of it. A dead rank's claim files (rank
+    0's on the destination, another rank's on its part) are removed, as its process cannot.
+    For an interrupt with no other rank to blame: None (the interrupt is this rank's own)."""
+    n = launch.world_size
+    blamed = None
+    deadline = time.monotonic() + 1.0  # a closed connection may come a moment before the process is gone
+    while peers is not None:
+        blamed = peers.blame()
+        if blamed is not None or time.monotonic() > deadline:
+            break
+        time.sleep(0.05)
+    if blamed is None:
+        if interrupt is not None:
+            return None
+        return DistributedError(f"rank {launch.rank} of {n} lost touch with the other ranks (the job's store at "
+                                f"{launch.master} or another rank's connection closed: a rank or its node died, or "
+                                f"the network failed)")
+    r, fate = blamed
+    if fate.startswith("died"):
+        drop_stale_claim(dst if r == 0 else part_path(dst, r, n))
+    error = DistributedError(f"rank {r} of {n} {fate}" + ("; torchrun stopped this rank" if interrupt else ""))
+    error.names_the_cause = True  # type: ignore[attr-defined]  # the CLI says this, not "terminated"
+    return error
 
 
 def _run_rank0(src: str, dst: str, fmt: str, options: ConvertOptions, launch: Launch, t0: float,

@@ -58,6 +58,7 @@ from ..files.filesystem import (
     no_space,
     publish,
     recover_publish,
+    space_at_failure,
     temp_dir_for,
 )
 from ..files.journal import (
@@ -464,6 +465,7 @@ class _Run:
         (then ``e.partial_output`` names it), else remove it; a full disk raises DiskFullError.
         The caller raises ``e`` itself when this returns."""
         full = no_space(e, self.tmp)
+        space = space_at_failure(self.tmp, e) if full is not None else None  # before the cleanup frees it
         kept = full is None and (
             isinstance(e, ResumeError)  # the partial output stays for the user to inspect
             or (self.resumable and not isinstance(e, (SourceError, ImageError)) and _has_checkpoint(self.tmp))
@@ -482,7 +484,7 @@ class _Run:
         else:
             shutil.rmtree(self.tmp, ignore_errors=True)
         if full is not None:
-            raise disk_full_error(full[0], full[1], self.tmp, self.dst) from e
+            raise disk_full_error(full[0], full[1], self.tmp, self.dst, space, (getattr(self, "pos", 0), self.total)) from e
 
 
 def _has_checkpoint(tmp: str) -> bool:

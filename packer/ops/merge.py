@@ -44,6 +44,7 @@ from ..files.filesystem import (
     no_space,
     publish,
     recover_publish,
+    space_at_failure,
     temp_dir_for,
 )
 from ..layouts.tar import INDEX_SUFFIXES as TAR_INDEX_SUFFIXES
@@ -335,10 +336,11 @@ def _merge_shards(paths: Sequence[str], manifests: Sequence[Manifest], dst: str,
         publish(tmp, dst, overwrite)
         return manifest
     except BaseException as e:
-        shutil.rmtree(tmp, ignore_errors=True)
         full = no_space(e, tmp)
+        space = space_at_failure(tmp, e) if full is not None else None  # before the cleanup frees it
+        shutil.rmtree(tmp, ignore_errors=True)
         if full is not None:
-            raise disk_full_error(full[0], full[1], tmp, dst) from e
+            raise disk_full_error(full[0], full[1], tmp, dst, space) from e
         raise
 
 
