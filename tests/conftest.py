@@ -50,7 +50,10 @@ def one_image(tmp_path):
 # A test that reads machine-wide state (the use of /dev/shm, every process's open files) or that
 # must finish under a deadline while the machine is loaded is marked `exclusive`, per file below
 # or with the marker: it runs while no other test runs in any worker, and the others wait.
-EXCLUSIVE_FILES: frozenset[str] = frozenset()
+EXCLUSIVE_FILES = frozenset({
+    "test_node_cache.py",  # polls the use of /dev/shm as a whole
+    "test_shm.py",         # lists what a killed process group left in /dev/shm
+})
 
 
 def pytest_collection_modifyitems(config, items):
