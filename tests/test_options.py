@@ -109,7 +109,8 @@ def _toy(request):  # noqa: ANN001, ANN202 - a ConvertRequest, a ConvertReport
         rows = [line.split(maxsplit=1) for line in f.read().splitlines() if line.strip()]
     items = [(os.path.join(folder, path), label, None) for label, path in rows]
     return convert_items(items, request.dst, request.dst_format, request.options, root=folder,
-                         source={"kind": "toy", "rows": len(items)})
+                         source={"kind": "toy", "rows": len(items),
+                                 "deadline": os.environ.get("PACKER_REMOTE_DEADLINE")})
 
 
 @pytest.fixture
@@ -132,6 +133,8 @@ def test_a_toy_source_is_one_row_and_converts_end_to_end(toy_source, tiny_folder
     assert main(["convert", "toy", "lmdb", listing, str(tmp_path / "cli"), "--workers", "1", "-q",
                  "--no-shuffle"]) == 0
     assert tree(tmp_path / "api") == tree(tmp_path / "cli")
+    again = packer.convert("toy", "tar", listing, tmp_path / "deadline", workers=1, quiet=True, remote_deadline=7)
+    assert again.manifest.source["deadline"] == "7.0" and "PACKER_REMOTE_DEADLINE" not in os.environ
     ds = open_dataset(tmp_path / "api", fields=("key", "label"), as_dict=True)
     assert [ds.classes[ds[i]["label"]] for i in range(len(ds))] == [n.split(os.sep)[0].replace(" ", "_")
                                                                     for n in names]
