@@ -14,8 +14,8 @@ import torch
 from torch.utils.data import DataLoader, default_collate
 
 import packer
-from packer.ops.cli import convert_arguments, main
-from packer.storage.remote import parse_storage_options
+from packer.ops.cli import main
+from packer.ops.options import Caller, convert_request
 
 from .helpers import tree
 
@@ -63,18 +63,17 @@ def test_convert_options_are_checked_as_the_command_line_checks_them(tiny_folder
         packer.convert("imagefolder", "lmdb", src, tmp_path / "a", resise="shorter:32")
     with pytest.raises(ValueError, match="bad resize policy 'big'"):
         packer.convert("imagefolder", "lmdb", src, tmp_path / "a", resize="big")
-    with pytest.raises(ValueError, match="--shard-size applies to tar and tfrecord output only"):
+    with pytest.raises(ValueError, match=r"^packer\.convert\(\): shard_size applies to tar and tfrecord output only$"):
         packer.convert("imagefolder", "lmdb", src, tmp_path / "a", shard_size="1MB", quiet=True)
     with pytest.raises(TypeError, match="no_shuffle takes True or False"):
         packer.convert("imagefolder", "lmdb", src, tmp_path / "a", no_shuffle="yes")
-    with pytest.raises(ValueError, match="invalid choice: 'zip'"):
+    with pytest.raises(ValueError, match="dst_format: invalid choice: 'zip'"):
         packer.convert("imagefolder", "zip", src, tmp_path / "a")
     assert not os.path.exists(tmp_path / "a")
-    args = convert_arguments("lmdb", "tar", "s3://bucket/data", "~/out", {"storage_option": {
-        "client_kwargs": {"endpoint_url": "http://127.0.0.1:9000"}, "anon": True}}, caller="packer.convert")
-    assert parse_storage_options(args.storage_option) == {"client_kwargs": {"endpoint_url": "http://127.0.0.1:9000"},
-                                                          "anon": True}
-    assert args.dst == os.path.expanduser("~/out")
+    request = convert_request(Caller("packer.convert()"), "lmdb", "tar", "s3://bucket/data", "~/out", {
+        "storage_option": {"client_kwargs": {"endpoint_url": "http://127.0.0.1:9000"}, "anon": True}})
+    assert request.storage.options == {"client_kwargs": {"endpoint_url": "http://127.0.0.1:9000"}, "anon": True}
+    assert request.dst == os.path.expanduser("~/out")
     report = packer.convert("imagefolder", "tar", src, tmp_path / "a", workers="1", shard_size="1MB", quiet=True,
                             no_shuffle=True)
     assert report.manifest.num_samples == 14 and report.manifest.shuffle_seed is None

@@ -127,7 +127,7 @@ def test_csv_list_through_the_command_line(src, tmp_path):
                    no_shuffle=True, quiet=True, mask_column="mask", image_column="left", boxes_column="boxes",
                    box_labels_column="classes")  # the flags as keywords, one extra image as a plain string
     assert (tmp_path / "api" / "data.mdb").read_bytes() == (tmp_path / "out" / "data.mdb").read_bytes()
-    with pytest.raises(ValueError, match="--mask-column applies to a list source only"):
+    with pytest.raises(ValueError, match="mask_column applies to a list source only"):
         packer.convert("imagefolder", "lmdb", root, tmp_path / "x", mask_column="mask")
 
 

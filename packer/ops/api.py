@@ -4,26 +4,23 @@
 from __future__ import annotations
 
 import functools
-import hashlib
 import os
 import shutil
 import tempfile
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
+from ..files.spool import write_spooled
 from ..images.fields import check_field_name
-from .cli import UsageError, convert_arguments, convert_from_args, convert_options
 from .engine import ConvertReport
+from .options import OPTIONS, Caller, convert_request
 
 __all__ = ["convert", "pack", "RESERVED_FIELDS"]
 
 #: Sample dict names that are fields, never metadata: the mask, the boxes and their labels.
 RESERVED_FIELDS = ("mask", "boxes", "box_labels")
 
-#: ``packer convert`` options that :func:`pack` takes (the rest name a source or a destination URL).
-_PACK_OPTIONS = ("resize", "encode", "upscale", "max_pixels", "exact_decode", "keep_damaged_jpeg", "workers", "seed",
-                 "no_shuffle", "strict", "overwrite", "resume", "checkpoint_samples", "quiet", "log_interval",
-                 "shard_size", "shard_samples", "gzip", "prefix")
+_CONVERT, _PACK = Caller("packer.convert()"), Caller("packer.pack()")
 
 
 def convert(src_format: str, dst_format: str, src: str | os.PathLike[str], dst: str | os.PathLike[str],
@@ -39,18 +36,17 @@ def convert(src_format: str, dst_format: str, src: str | os.PathLike[str], dst: 
     arguments write the same bytes. Under ``torchrun`` an image folder converts in parts, one per
     rank (``no_torchrun=True`` converts in this process alone); ranks other than 0 return None.
 
-    TypeError for an unknown option (naming those taken); ValueError for a bad value or
-    combination; the conversion's own errors as the command line reports them (FileExistsError
-    when ``dst`` exists without ``overwrite=True``, SourceError, ...).
+    TypeError for an unknown option (naming those taken) or a value of the wrong type; ValueError
+    (:class:`~packer.ops.options.OptionError`) for a bad value or combination, naming the keyword;
+    the conversion's own errors as the command line reports them (FileExistsError when ``dst``
+    exists without ``overwrite=True``, SourceError, ...).
     """
+    from .conversion import run_conversion
     from .distributed import torchrun_launch
 
-    a = convert_arguments(src_format, dst_format, src, dst, options)
-    launch = None if a.no_torchrun else torchrun_launch()
-    try:
-        return convert_from_args(a, launch)
-    except UsageError as e:
-        raise ValueError(str(e).replace("packer convert", "packer.convert")) from None
+    request = convert_request(_CONVERT, src_format, dst_format, src, dst, options)
+    launch = None if request.no_torchrun else torchrun_launch()
+    return run_conversion(request, launch)
 
 
 def pack(inputs: Iterable[Any], dst: str | os.PathLike[str], format: str, fn: Callable[[Any], dict[str, Any]] | None = None,
@@ -100,15 +96,12 @@ def pack(inputs: Iterable[Any], dst: str | os.PathLike[str], format: str, fn: Ca
     if classes is not None:
         classes = check_classes(classes, "packer.pack(): classes")  # before fn runs on any input
     images = _image_names(images)
-    a = convert_arguments("list", format, "<inputs>", dst, options, caller="packer.pack", accepted=_PACK_OPTIONS)
     if format == "imagefolder":
         raise ValueError("packer.pack(): format must be a packed format (lmdb, hdf5, tar, tfrecord), not imagefolder")
-    try:
-        opts = convert_options(a)
-    except UsageError as e:
-        raise ValueError(str(e).replace("packer convert", "packer.pack")) from None
+    request = convert_request(_PACK, "list", format, "<inputs>", dst, options, [o for o in OPTIONS if o.pack])
+    opts = request.options
     values = list(inputs)
-    dst = os.path.abspath(a.dst)
+    dst = os.path.abspath(request.dst)
     parent = os.path.dirname(dst)
     os.makedirs(parent, exist_ok=True)
     spool = tempfile.mkdtemp(prefix=f".{os.path.basename(dst)}.pack-", dir=parent)
@@ -230,16 +223,6 @@ def _spooled(i: int, name: str, value: Any, spool: str, to_bytes: Callable[[int,
     path = os.path.join(spool, f"{i:010d}{'.' + name if name else ''}")
     write_spooled(path, to_bytes(i, value, name or "image"))
     return path
-
-
-def write_spooled(path: str, data: bytes) -> None:
-    """Write an image's bytes to ``path`` in a spool folder. A conversion knows a file by its size
-    and modification time: the time is set from the content, so the same sample spooled again (a
-    resumed conversion) is the same file to it."""
-    with open(path, "wb") as f:
-        f.write(data)
-    stamp = int.from_bytes(hashlib.sha256(data).digest()[:7], "little")
-    os.utime(path, ns=(stamp, stamp))
 
 
 def _sample_fields(i: int, sample: dict[str, Any], spool: str, images: tuple[str, ...]) -> dict[str, Any] | None:

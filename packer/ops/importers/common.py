@@ -165,7 +165,7 @@ def choose_columns(table: Table, image: str | None = None, label: str | None = N
 
 def _spool(table: Table, choice: Choice, spool: str) -> tuple[list[tuple[str, Any, dict[str, Any] | None]], list[str]]:
     """Each row's image written to a file in ``spool``, and the items convert_items takes."""
-    from ..api import write_spooled
+    from ...files.spool import write_spooled
 
     items: list[tuple[str, Any, dict[str, Any] | None]] = []
     keys: list[str] = []
