@@ -1,0 +1,331 @@
+"""Section 8 of docs/benchmarks.md, ``scale``: what ImageNet-size metadata (1,281,167 samples) costs to
+open, hold, plan and resume, each figure in a fresh child process."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import numpy as np
+from torch.utils.data import DataLoader
+
+from tools.bench.common import FORMATS, Subcommand, header, jpeg_bytes, row, timed
+
+IMAGENET = 1_281_167
+SCALE_SMALL = 100_000
+BASELINE = 1_000  # samples of the dataset whose worker memory is subtracted (index-free baseline)
+CLASSES = [f"n{c:08d}" for c in range(1000)]
+TARGETS = {"open_s": 1.0, "index_mb": 64.0, "plan_s": 0.5, "resume_s": 1.0}
+
+
+class TinyItems(Sequence):
+    """``n`` items ``(jpeg bytes, class name, None)`` made on demand: five distinct 8x8 .. 16x16
+    JPEGs, each item's own by a JPEG comment holding its number (so every payload differs)."""
+
+    def __init__(self, n: int, seed: int = 0) -> None:
+        rng = np.random.default_rng(seed)
+        self.n = n
+        self.bases = []
+        for side in (8, 10, 12, 14, 16):
+            y, x = np.mgrid[0:side, 0:side]
+            img = np.stack([x * 16, y * 16, (x + y) * 8], axis=-1) + rng.integers(0, 32, (side, side, 3))
+            self.bases.append(jpeg_bytes(np.clip(img, 0, 255).astype(np.uint8), 90))
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, i: Any) -> Any:
+        if isinstance(i, slice):
+            return [self[k] for k in range(*i.indices(self.n))]
+        if not 0 <= i < self.n:
+            raise IndexError(i)
+        base = self.bases[i % len(self.bases)]
+        comment = b"\xff\xfe\x00\x0c%010d" % i  # COM segment: length 12 = 2 + ten digits
+        return base[:2] + comment + base[2:], CLASSES[(i * 7919) % len(CLASSES)], None
+
+
+def scale_build(fmt: str, n: int, dst: str, workers: int) -> dict[str, Any]:
+    """Child: convert ``n`` tiny items; seconds, size and the process tree's peak memory."""
+    from packer.images.imageproc import Encoding, ProcessOptions
+    from packer.ops.engine import ConvertOptions
+    from packer.ops.items import convert_items
+
+    opts = ConvertOptions(processing=ProcessOptions(encoding=Encoding("keep", 0)), workers=workers, overwrite=True)
+    with TreeMemory(os.getpid()) as memory:
+        t0 = time.perf_counter()
+        report = convert_items(TinyItems(n), dst, fmt, opts, CLASSES)
+        seconds = time.perf_counter() - t0
+    return {"seconds": seconds, "samples": report.manifest.num_samples, "files": len(report.manifest.files),
+            "bytes": sum(f.bytes for f in report.manifest.files), "tree_peak_mb": memory.peak[0] / 1024,
+            "tree_anon_mb": memory.peak[1] / 1024}
+
+
+def scale_open(path: str) -> dict[str, Any]:
+    """Child: time to open, to read the last sample, per random read; resident memory."""
+    import packer.datasets as pd
+
+    opened, ds = timed(lambda: pd.open_dataset(path))
+    first, _ = timed(lambda: ds.read_record(len(ds) - 1))
+    t0 = time.perf_counter()
+    for i in np.random.default_rng(0).integers(0, len(ds), 1000).tolist():
+        ds.read_record(i)
+    per_read = (time.perf_counter() - t0) / 1000
+    return {"open_s": opened, "first_read_s": first, "read_us": per_read * 1e6, "rss_mb": _own_kb("VmRSS") / 1024}
+
+
+class _Probe:
+    """Reads sample i of the packed dataset and answers with this worker's PSS (kB)."""
+
+    def __init__(self, path: str) -> None:
+        import packer.datasets as pd
+
+        self.ds = pd.open_dataset(path, output="numpy")
+
+    def __len__(self) -> int:
+        return len(self.ds)
+
+    def __getitem__(self, i: int) -> tuple[int, int]:
+        self.ds[i]
+        from torch.utils.data import get_worker_info
+
+        return get_worker_info().id, _pss_kb()
+
+
+def scale_pss(path: str, context: str, reads: int, workers: int) -> dict[str, Any]:
+    """Child: each DataLoader worker's PSS after ``reads`` random reads."""
+    probe = _Probe(path)
+    order = np.random.default_rng(1).integers(0, len(probe), reads).tolist()
+    loader = DataLoader(probe, batch_size=None, sampler=order, num_workers=workers, multiprocessing_context=context)
+    last: dict[int, int] = {}
+    t0 = time.perf_counter()
+    for worker, pss in loader:
+        last[int(worker)] = int(pss)
+    return {"pss_mb": [last[w] / 1024 for w in sorted(last)], "seconds": time.perf_counter() - t0}
+
+
+def scale_plan(path: str, world_size: int, workers: int, epochs: int) -> dict[str, Any]:
+    """Child: time to construct a ``StreamingDataset`` and to plan each epoch."""
+    from packer.datasets import StreamingDataset
+    from packer.datasets.world import World
+
+    build, ds = timed(lambda: StreamingDataset(path, world=World(0, world_size, 0, workers), seed=1))
+    times = []
+    for epoch in range(epochs):
+        ds.set_epoch(epoch)
+        times.append(timed(lambda: iter(ds))[0])  # the plan is made when the iterator is
+    return {"construct_s": build, "plan_s": sorted(times)[len(times) // 2], "plan_max_s": max(times),
+            "per_worker": len(ds) // workers}
+
+
+def scale_resume(path: str, at: int) -> dict[str, Any]:
+    """Child: time to resume at sample ``at`` and read it, and whether it is the planned sample."""
+    from packer.datasets import StreamingDataset
+    from packer.datasets.partition import plan
+    from packer.datasets.world import World
+
+    world = World(0, 1, 0, 1)
+    state = StreamingDataset(path, world=world, seed=1).state_dict(samples_consumed=at)
+    t0 = time.perf_counter()
+    ds = StreamingDataset(path, world=world, seed=1, output="numpy")
+    ds.load_state_dict(state)
+    image, label = next(iter(ds))
+    seconds = time.perf_counter() - t0
+    opts = ds.options
+    want = int(plan(ds._sizes, world, seed=1, epoch=0, shuffle=True, partition=opts.partition,
+                    buffer_size=opts.shuffle_buffer, batch_size=1)[at])
+    rec = ds.reader.read_record(want)
+    return {"resume_s": seconds, "same_sample": bool(label == rec.label and image.shape[:2] == (rec.height, rec.width))}
+
+
+def _own_kb(key: str) -> int:
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith(key + ":"):
+                return int(line.split()[1])
+    return 0
+
+
+def _pss_kb(pid: int | str = "self") -> int:
+    with open(f"/proc/{pid}/smaps_rollup") as f:
+        for line in f:
+            if line.startswith("Pss:"):
+                return int(line.split()[1])
+    return 0
+
+
+def _tree(pid: int) -> list[int]:
+    out, todo = [], [pid]
+    while todo:
+        p = todo.pop()
+        out.append(p)
+        try:
+            for task in os.listdir(f"/proc/{p}/task"):
+                with open(f"/proc/{p}/task/{task}/children") as f:
+                    todo += [int(c) for c in f.read().split()]
+        except OSError:
+            pass
+    return out
+
+
+def _rss_kb(pid: int) -> tuple[int, int]:
+    """(resident kB, of which anonymous: heap and stacks, not file pages such as an mmapped LMDB)."""
+    out = {"VmRSS": 0, "RssAnon": 0}
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            for line in f:
+                key = line.split(":", 1)[0]
+                if key in out:
+                    out[key] = int(line.split()[1])
+    except OSError:
+        pass
+    return out["VmRSS"], out["RssAnon"]
+
+
+class TreeMemory:
+    """Peak RSS and peak anonymous RSS (kB) of a process and its descendants while the ``with``
+    block runs, sampled every 20 ms by a thread (the conversion alone: not the interpreter's exit)."""
+
+    def __init__(self, pid: int) -> None:
+        self.pid, self.peak, self.done = pid, [0, 0], threading.Event()
+
+    def _watch(self) -> None:
+        while not self.done.wait(0.02):
+            sizes = [_rss_kb(p) for p in _tree(self.pid)]
+            self.peak[0] = max(self.peak[0], sum(r for r, _ in sizes))
+            self.peak[1] = max(self.peak[1], sum(a for _, a in sizes))
+
+    def __enter__(self) -> TreeMemory:
+        self.thread = threading.Thread(target=self._watch, daemon=True)
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.done.set()
+        self.thread.join()
+
+
+SCALE_CHILDREN: dict[str, Callable[[list[str]], dict[str, Any]]] = {
+    "build": lambda r: scale_build(r[0], int(r[1]), r[2], int(r[3])),
+    "open": lambda r: scale_open(r[0]),
+    "pss": lambda r: scale_pss(r[0], r[1], int(r[2]), int(r[3])),
+    "plan": lambda r: scale_plan(r[0], int(r[1]), int(r[2]), int(r[3])),
+    "resume": lambda r: scale_resume(r[0], int(r[1])),
+}
+
+
+def run_child(*args: Any) -> dict[str, Any]:
+    """Run ``scale --child args`` in a fresh interpreter; its JSON answer."""
+    out = subprocess.run([sys.executable, "-m", "tools.bench_parts", "scale", "--child", *map(str, args)],
+                         stdout=subprocess.PIPE, text=True)
+    if out.returncode:
+        raise SystemExit(f"child {args} failed with exit status {out.returncode}")
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def _scale_dataset(root: str, fmt: str, n: int, workers: int, rebuild: bool) -> tuple[str, dict[str, Any] | None]:
+    """The dataset of ``n`` samples under ``root`` (built unless kept from an earlier run)."""
+    path = os.path.join(root, f"{fmt}-{n}")
+    if not rebuild and os.path.exists(os.path.join(path, "manifest.json")):
+        with open(os.path.join(path, "manifest.json")) as f:
+            if json.load(f).get("num_samples") == n:
+                return path, None
+    shutil.rmtree(path, ignore_errors=True)
+    built = run_child("build", fmt, n, path, workers)
+    print(f"# built {path}: {built['samples']} samples, {built['files']} files, {built['bytes'] / 2**20:.0f} MiB "
+          f"in {built['seconds']:.0f} s, process tree peak RSS {built['tree_peak_mb']:.0f} MB "
+          f"(anonymous {built['tree_anon_mb']:.0f} MB)", file=sys.stderr)
+    return path, built
+
+
+def scale_measure(root: str, fmt: str, args: argparse.Namespace) -> dict[str, Any]:
+    """Every figure of one format."""
+    small, small_built = _scale_dataset(root, fmt, args.small, args.workers, args.rebuild)
+    big, big_built = _scale_dataset(root, fmt, args.samples, args.workers, args.rebuild)
+    base, _ = _scale_dataset(root, fmt, BASELINE, args.workers, args.rebuild)
+    got: dict[str, Any] = {"format": fmt}
+    if small_built and big_built:
+        got["convert_mb"] = (small_built["tree_peak_mb"], big_built["tree_peak_mb"])
+        got["convert_anon_mb"] = (small_built["tree_anon_mb"], big_built["tree_anon_mb"])
+        got["convert_rate"] = big_built["samples"] / big_built["seconds"]
+    opened = run_child("open", big)
+    got.update(open_s=opened["open_s"], first_read_s=opened["first_read_s"], read_us=opened["read_us"])
+    for ctx in ("fork", "forkserver"):
+        pss_big = run_child("pss", big, ctx, args.reads, args.loader_workers)["pss_mb"]
+        pss_base = run_child("pss", base, ctx, args.reads, args.loader_workers)["pss_mb"]
+        got[f"pss_{ctx}"] = (max(pss_big), max(b - a for a, b in zip(pss_base, pss_big)))
+    planned = run_child("plan", big, 1, args.loader_workers, 3)
+    got.update(construct_s=planned["construct_s"], plan_s=planned["plan_max_s"])
+    resumed = run_child("resume", big, args.resume_at)
+    if not resumed["same_sample"]:
+        raise SystemExit(f"{fmt}: the resumed iteration did not start at sample {args.resume_at} of the plan")
+    got["resume_s"] = resumed["resume_s"]
+    print(f"# {json.dumps(got)}", file=sys.stderr)
+    return got
+
+
+def _pair(mb: tuple[float, float] | None) -> str:
+    return f"{mb[0]:.0f} -> {mb[1]:.0f} MB" if mb else "kept from an earlier run"
+
+
+def _mark(value: float, target: float) -> str:
+    return "" if value < target else " (over)"
+
+
+def scale_table(rows: list[dict[str, Any]], args: argparse.Namespace) -> None:
+    """Print the table of every format's figures, each marked where it is over its target."""
+    header("format", "open_dataset", "first read", "index PSS per worker, fork (worker PSS)",
+           "index PSS per worker, forkserver (worker PSS)", "StreamingDataset()", "plan per epoch per worker",
+           f"resume at {args.resume_at:,}", f"conversion peak RSS {args.small // 1000}k -> {args.samples / 1e6:.2f}M",
+           "of which anonymous")
+    for r in rows:
+        row(r["format"], f"{r['open_s'] * 1000:.0f} ms{_mark(r['open_s'], TARGETS['open_s'])}",
+            f"{r['first_read_s'] * 1000:.0f} ms",
+            f"{r['pss_fork'][1]:.1f} MB{_mark(r['pss_fork'][1], TARGETS['index_mb'])} ({r['pss_fork'][0]:.0f} MB)",
+            f"{r['pss_forkserver'][1]:.1f} MB{_mark(r['pss_forkserver'][1], TARGETS['index_mb'])} "
+            f"({r['pss_forkserver'][0]:.0f} MB)",
+            f"{r['construct_s'] * 1000:.0f} ms", f"{r['plan_s'] * 1000:.0f} ms{_mark(r['plan_s'], TARGETS['plan_s'])}",
+            f"{r['resume_s'] * 1000:.0f} ms{_mark(r['resume_s'], TARGETS['resume_s'])}",
+            _pair(r.get("convert_mb")), _pair(r.get("convert_anon_mb")))
+
+
+def scale(a: argparse.Namespace) -> int:
+    """ImageNet-size metadata: what 1,281,167 samples cost to open, hold, plan and resume.
+
+    A dataset of 1,281,167 tiny samples made through ``convert_items`` from generated bytes, and
+    what its size costs to open, to hold in DataLoader workers, to plan and to resume, and what
+    the conversion's memory does between 100k and 1.28M samples. Every figure is measured in a
+    fresh child process (``--child``), so one measure's memory or open handles never reach the
+    next. The datasets are kept under ``--root`` and reused by a later run (``--rebuild`` makes
+    them again); run from the repository root (the children run ``python -m tools.bench_parts``).
+    """
+    if a.child:
+        print(json.dumps(SCALE_CHILDREN[a.child[0]](a.child[1:])))
+        return 0
+    os.makedirs(a.root, exist_ok=True)
+    scale_table([scale_measure(a.root, fmt, a) for fmt in a.formats], a)
+    return 0
+
+
+def _scale_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--root", default="/tmp/packer-scale", help="where the datasets are made and kept")
+    p.add_argument("--formats", nargs="+", default=["lmdb", "tar"], choices=FORMATS)
+    p.add_argument("--samples", type=int, default=IMAGENET)
+    p.add_argument("--small", type=int, default=SCALE_SMALL, help="the smaller dataset of the conversion-memory check")
+    p.add_argument("--workers", type=int, default=1, help="conversion worker processes")
+    p.add_argument("--loader-workers", type=int, default=2, help="DataLoader workers of the memory and plan checks")
+    p.add_argument("--reads", type=int, default=4000, help="random samples the DataLoader reads per memory check")
+    p.add_argument("--resume-at", type=int, default=1_000_000)
+    p.add_argument("--rebuild", action="store_true", help="make the datasets again")
+    p.add_argument("--child", nargs="+", help=argparse.SUPPRESS)
+
+
+#: subcommand of ``python -m tools.bench_parts`` -> (what it runs, what adds its arguments).
+SUBCOMMANDS: dict[str, Subcommand] = {"scale": (scale, _scale_args)}
