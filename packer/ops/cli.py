@@ -18,8 +18,8 @@ import threading
 from collections.abc import Callable, Iterator, Sequence
 
 from .. import __version__
-from ..description.registry import format_names, formats_taking, get_format
 from ..errors import PackerError, UnfinishedDatasetError
+from ..formats import format_names, formats_taking, get_format, read_manifest
 from ..wording import describe_skips, noun, plural
 from .importers import IMPORT_FORMATS
 
@@ -362,7 +362,7 @@ def _check_source_flags(a: argparse.Namespace) -> None:
 def pinned_classes(spec: str) -> list[str]:
     """The class list of ``--classes-from``: a packed dataset's (its manifest) or a text file's
     (one name per line; blank lines ignored). UsageError saying what is wrong."""
-    from ..description.manifest import MANIFEST_NAME, read_manifest
+    from ..description.manifest import MANIFEST_NAME
     from ..errors import PackerError
 
     try:
@@ -407,7 +407,6 @@ def _convert_to_url(a: argparse.Namespace):  # noqa: ANN202 - ConvertReport
         try:
             with watch_uploads(uploader, a.dst):
                 report = _convert_local(a)
-            from ..description.manifest import read_manifest
 
             uploader.finish(a.dst, read_manifest(a.dst))
             if not a.quiet:
@@ -463,7 +462,7 @@ def _convert_local(a: argparse.Namespace):  # noqa: ANN202 - ConvertReport
     elif a.src_format == "imagefolder":
         report = convert_imagefolder(a.src, a.dst, a.dst_format, options)
     else:  # packed -> packed or imagefolder: copy stored bytes unless --resize/--encode ask otherwise
-        from ..description.manifest import MANIFEST_NAME, read_manifest
+        from ..description.manifest import MANIFEST_NAME
         from .transcode import convert_dataset, processing_for
 
         src_manifest = read_manifest(a.src) if os.path.exists(os.path.join(a.src, MANIFEST_NAME)) else None
@@ -615,7 +614,7 @@ def _fetched(a: argparse.Namespace, url: str) -> str:
     """The node cache's complete copy of the dataset at ``url`` (an error if a file is bad)."""
     from ..storage.remote import local_copy
 
-    view, problems = local_copy(url, _storage(a), a.cache_dir, a.cache_limit)
+    view, problems = local_copy(url, _storage(a), a.cache_dir, a.cache_limit, format_names())
     if problems:
         raise PackerError(problems[0] + (f" (and {len(problems) - 1} more)" if len(problems) > 1 else ""))
     return view
@@ -663,14 +662,13 @@ def brace_pattern(names: Sequence[str]) -> str | None:
 def _info_manifest(a: argparse.Namespace):  # noqa: ANN202 - (Manifest, shown path, folder of its files)
     """The manifest ``packer info`` describes, the path to show, and the folder or URL of its files:
     a dataset's own, or for shard files (a pattern, several files) the one their reader builds."""
-    from ..description.manifest import read_manifest
     from ..storage.remote import Remote, is_url, read_remote_manifest
     from ..storage.shardspec import has_braces
 
     paths: list[str] = a.path
     if len(paths) == 1 and not has_braces(paths[0]):
         if is_url(paths[0]):
-            return read_remote_manifest(Remote(paths[0], _storage(a)))[0], paths[0], paths[0].rstrip("/")
+            return read_remote_manifest(Remote(paths[0], _storage(a)), format_names())[0], paths[0], paths[0].rstrip("/")
         return read_manifest(paths[0]), os.path.abspath(paths[0]), os.path.abspath(paths[0])
     from packer.datasets import open_dataset
 
@@ -748,7 +746,7 @@ def _run_verify(a: argparse.Namespace) -> int:
     fetch_problems: list[str] = []
     path = a.path
     if is_url(a.path):
-        path, fetch_problems = local_copy(a.path, _storage(a), a.cache_dir, a.cache_limit)
+        path, fetch_problems = local_copy(a.path, _storage(a), a.cache_dir, a.cache_limit, format_names())
     report = verify_dataset(path, decode=not a.no_decode)
     report.problems[:0] = fetch_problems
     for line in report.problems[:50]:
@@ -820,7 +818,6 @@ def _add_bench(p: argparse.ArgumentParser) -> None:
 
 
 def _run_bench(a: argparse.Namespace) -> int:
-    from ..description.manifest import read_manifest
     from .loaderbench import collate_slots, decide, format_report, run_bench, to_json
 
     caches = [c for c in a.cache.split(",") if c]
@@ -991,7 +988,7 @@ def _main(argv: Sequence[str] | None, terminated: list[bool]) -> int:
             _say("packer: terminated (SIGTERM)" + _partial_note(e))
             return EXIT_TERMINATED
         if isinstance(e, UnfinishedDatasetError) and getattr(e, "directory", None):
-            from ..layouts import explain_missing_manifest
+            from ..formats import explain_missing_manifest
 
             e = explain_missing_manifest(e, e.directory)
         _say(f"packer: error: {e}" + _partial_note(e))
