@@ -34,7 +34,7 @@ import numpy as np
 from torch.utils.data import IterableDataset, get_worker_info
 
 from packer.checks import check_int
-from packer.description.registry import shard_suffixes
+from packer.formats import shard_suffixes
 from packer.storage.remote import is_url
 from packer.storage.shardspec import resolve_paths
 from packer.wording import plural
@@ -390,7 +390,7 @@ class StreamingDataset(IterableDataset):
 
     def _open(self, paths: list[Any], mix: MixOptions | None, kwargs: dict[str, Any]) -> None:
         """Open the reader (or a mixture's readers) and size the partitioning blocks."""
-        from . import open_dataset
+        from .opening import open_dataset
 
         # Handles open lazily in the process that reads, so the readers pickle to workers.
         if mix is None:

@@ -30,11 +30,11 @@ from packer.images.codecs import CODEC_NAMES
 from packer.images.fields import mask_shape
 from packer.images.imageproc import ProcessedField
 from packer.images.placeholder import placeholder_reason
-from packer.layouts import compressed_tar_note
 from packer.layouts.tar import (
     FIELD_ENTRY,
     IMAGE_EXTENSIONS,
     TAR_SUFFIX,
+    compressed_tar_note,
     index_name,
     json_boxes,
     npy_payload,

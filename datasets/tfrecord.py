@@ -29,7 +29,6 @@ import numpy as np
 from packer.description.manifest import FileEntry
 from packer.description.record import Record
 from packer.errors import CorruptDataError, ManifestError
-from packer.layouts import ZLIB_ADVICE, zlib_tfrecord
 from packer.layouts.tfexample import example_class
 from packer.layouts.tfrecord import (
     FOREIGN_SUFFIXES,
@@ -38,11 +37,13 @@ from packer.layouts.tfrecord import (
     INDEX_SUFFIX,
     TFRECORD_SUFFIX,
     ZINDEX_SUFFIX,
+    ZLIB_ADVICE,
     image_record,
     masked_crc32c,
     parse_idx,
     scan_file,
     unpack_zindex,
+    zlib_tfrecord,
 )
 
 from .shards import ShardedDataset, foreign_manifest, listed_shards

@@ -56,9 +56,25 @@ EXCLUSIVE_FILES = frozenset({
 })
 
 
+#: Tests that must finish, or must catch a process in the act, within a few seconds: a deadline, a
+#: kill during an upload or a conversion, a rank's heartbeat ("file::name", parameters included).
+EXCLUSIVE_TESTS = frozenset({
+    "test_remote.py::test_a_killed_download_leaves_nothing_that_breaks_the_next",
+    "test_remote.py::test_a_server_that_stops_gives_a_clear_error_in_bounded_time",
+    "test_remote.py::test_a_stalled_server_fails_each_file_within_the_deadline",
+    "test_remote.py::test_a_server_that_answers_every_request_slowly_fails_the_file_within_its_deadline",
+    "test_remote.py::test_a_killed_upload_resumes_without_uploading_again",
+    "test_gcs.py::test_a_gcs_server_that_stops_gives_a_clear_error_in_bounded_time",
+    "test_distributed_convert.py::test_a_rank_that_dies_stops_or_leaves_is_named",
+    "test_engine.py::test_ctrl_c_stops_cleanly",
+    "test_resume.py::test_ctrl_c_or_sigterm_keeps_resumable_output_and_resume_completes_it",
+})
+
+
 def pytest_collection_modifyitems(config, items):
     for item in items:
-        if os.path.basename(str(item.path)) in EXCLUSIVE_FILES:
+        name = f"{os.path.basename(str(item.path))}::{item.originalname}"
+        if os.path.basename(str(item.path)) in EXCLUSIVE_FILES or name in EXCLUSIVE_TESTS:
             item.add_marker("exclusive")
 
 

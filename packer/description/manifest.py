@@ -11,6 +11,8 @@ import hashlib
 import json
 import os
 import re
+import stat
+from collections.abc import Collection
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -36,6 +38,7 @@ __all__ = [
     "atomic_write_bytes",
     "fsync_dir",
     "file_sha256",
+    "file_problem",
     "ITEM_RECORDS",
     "item_records",
     "without_item_records",
@@ -168,8 +171,9 @@ class Manifest:
         return (json.dumps(self.to_json(), indent=1, ensure_ascii=False) + "\n").encode("utf-8")
 
     @classmethod
-    def from_json(cls, d: Any, path: str = MANIFEST_NAME) -> Manifest:
-        """Validate and build a Manifest; ManifestError names the file and the problem."""
+    def from_json(cls, d: Any, path: str = MANIFEST_NAME, formats: Collection[str] | None = None) -> Manifest:
+        """Validate and build a Manifest; ManifestError names the file and the problem. With
+        ``formats`` (:func:`packer.formats.format_names`) the ``format`` must be one of them."""
         if not isinstance(d, dict):
             raise ManifestError(f"{path}: expected a JSON object")
         version = d.get("version")
@@ -184,7 +188,7 @@ class Manifest:
             if shuffle_seed is not None:
                 _typed(shuffle_seed, int, "shuffle_seed")
             m = cls(
-                format=_format_name(_field(d, "format", "format")),
+                format=_format_name(_field(d, "format", "format"), formats),
                 num_samples=_count(_field(d, "num_samples", "num_samples"), "num_samples"),
                 classes=_class_names(_field(d, "classes", "classes")),
                 processing=_typed_keys(_field(d, "processing", "processing"), "processing", _PROCESSING_TYPES),
@@ -298,14 +302,12 @@ def _field(d: dict[str, Any], key: str, what: str) -> Any:
     return d[key]
 
 
-def _format_name(value: Any) -> str:
-    """A format this packer has a reader for (registry names)."""
-    from .registry import format_names
-
+def _format_name(value: Any, formats: Collection[str] | None) -> str:
+    """The format's name; with ``formats`` (the registry's names), one of them."""
     name = _typed(value, str, "format")
-    if name not in format_names():
+    if formats is not None and name not in formats:
         shown = name if len(name) <= 40 else f"{name[:40]}..."
-        raise ValueError(f"format {shown!r} is not one this packer reads ({', '.join(format_names())}); "
+        raise ValueError(f"format {shown!r} is not one this packer reads ({', '.join(formats)}); "
                          f"written by a newer packer or not a packer manifest")
     return name
 
@@ -429,8 +431,9 @@ def write_manifest(directory: str, manifest: Manifest) -> None:
     atomic_write_bytes(os.path.join(directory, MANIFEST_NAME), manifest.dumps())
 
 
-def read_manifest(directory: str | os.PathLike[str]) -> Manifest:
-    """Read and validate a dataset's manifest.
+def read_manifest(directory: str | os.PathLike[str], formats: Collection[str] | None = None) -> Manifest:
+    """Read and validate a dataset's manifest (its ``format`` one of ``formats`` when given:
+    :func:`packer.formats.read_manifest` gives the registry's).
 
     Raises FileNotFoundError for a missing directory, UnfinishedDatasetError when the directory
     exists without a manifest, ManifestError when it is unreadable or of an unknown version.
@@ -453,7 +456,7 @@ def read_manifest(directory: str | os.PathLike[str]) -> Manifest:
             f"{directory} has no {MANIFEST_NAME}: the conversion did not finish (or this is not a "
             f"packed dataset); re-run the conversion, with --resume if it was interrupted"
         )
-        err.directory = directory  # type: ignore[attr-defined]  # for packer.layouts.explain_missing_manifest
+        err.directory = directory  # type: ignore[attr-defined]  # for packer.formats.explain_missing_manifest
         raise err from None
     try:
         d = json.loads(raw)
@@ -466,7 +469,7 @@ def read_manifest(directory: str | os.PathLike[str]) -> Manifest:
         if where:
             raise ManifestError(f"{path}: {where} holds a lone UTF-16 surrogate escape (\\ud800-\\udfff): "
                                 f"not Unicode text, so it could not be written anywhere")
-    return Manifest.from_json(d, path)
+    return Manifest.from_json(d, path, formats)
 
 
 _SURROGATE_ESCAPE = re.compile(rb"\\u[dD][89a-fA-F][0-9a-fA-F]{2}")
@@ -499,3 +502,19 @@ def file_sha256(path: str, chunk: int = 1 << 20) -> str:
         while block := f.read(chunk):
             h.update(block)
     return h.hexdigest()
+
+
+def file_problem(fp: str, f: FileEntry, sha256: bool = True) -> str | None:
+    """What is wrong with the dataset file ``fp`` against its manifest entry ``f`` (not a regular
+    file, another size, with ``sha256`` another SHA-256), or None when it agrees."""
+    try:
+        st = os.lstat(fp)
+    except FileNotFoundError:
+        return "missing payload file"
+    if not stat.S_ISREG(st.st_mode):
+        return "not a regular file (a symlink, FIFO, device or folder); not read"
+    if st.st_size != f.bytes:
+        return f"{st.st_size} bytes, manifest says {f.bytes} (truncated or appended)"
+    if sha256 and file_sha256(fp) != f.sha256:
+        return "SHA-256 differs from the manifest (file modified or corrupt)"
+    return None

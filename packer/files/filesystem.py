@@ -34,9 +34,16 @@ from ..sizes import format_size
 
 __all__ = ["check_destination", "claim_destination", "drop_stale_claim", "holding_claim", "sibling_path", "fsync_dir",
            "atomic_write_bytes", "free_bytes", "no_room", "temp_dir_for", "publish", "recover_publish",
-           "no_space", "SpaceAtFailure", "space_at_failure", "disk_full_error"]
+           "no_space", "SpaceAtFailure", "space_at_failure", "disk_full_error", "is_url"]
 
 _HELD: set[tuple[int, str]] = set()  # (pid, lock path) of the claims this process holds
+
+
+def is_url(path: str | os.PathLike[str]) -> bool:
+    """True for ``scheme://...`` other than ``file://``: data that fsspec, not the OS, reads."""
+    text = os.fspath(path)
+    scheme, sep, _ = text.partition("://")
+    return bool(sep) and scheme.isascii() and scheme.replace("+", "").isalnum() and scheme != "file"
 
 
 def sibling_path(dst: str, what: str) -> str:

@@ -29,6 +29,7 @@ from packer.images.placeholder import file_placeholder_reason
 
 __all__ = [
     "identify",
+    "compressed_tar_note",
     "TAR_SUFFIX",
     "INDEX_SUFFIX",
     "INDEX_SUFFIXES",
@@ -550,10 +551,26 @@ def _locate_in_index(path: str, root: str, tar_name: str, m: Manifest, first: in
             report(path, sample, b, "index bytes differ from what the shard implies")
 
 
+#: Compressed tar files and the command that decompresses each (packer reads samples at their
+#: offsets inside uncompressed tar files).
+_COMPRESSED_TARS = {".tar.gz": "gunzip", ".tgz": "gunzip", ".tar.bz2": "bunzip2", ".tar.xz": "unxz",
+                    ".tar.zst": "unzstd"}
+
+
+def compressed_tar_note(names: list[str]) -> str | None:
+    """What to say about compressed tar shards among ``names`` (None when there are none)."""
+    found = sorted(n for n in names if n.lower().endswith(tuple(_COMPRESSED_TARS)))
+    if not found:
+        return None
+    tool = next(t for suffix, t in _COMPRESSED_TARS.items() if found[0].lower().endswith(suffix))
+    return (f"compressed tar shards ({len(found)} file(s) such as {found[0]}), which packer does not read: it reads "
+            f"samples at their offsets in uncompressed .tar files; decompress them first ({tool} {found[0]})")
+
+
 def identify(directory: str, files: set[str]) -> str | None:
     """For a folder without a manifest: None when it holds no tar files, "" when they are
     packer's own (an unfinished conversion), else what they are and what to do."""
-    from . import compressed_tar_note, read_head
+    from . import read_head
 
     tars = [n for n in files if n.endswith(TAR_SUFFIX)]
     if not tars:

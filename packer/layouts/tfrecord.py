@@ -31,6 +31,8 @@ from packer.layouts.tfexample import Floats, encode_example
 
 __all__ = [
     "identify",
+    "zlib_tfrecord",
+    "ZLIB_ADVICE",
     "TFRECORD_SUFFIX",
     "GZIP_SUFFIX",
     "INDEX_SUFFIX",
@@ -456,10 +458,30 @@ def locate_damage(root: str, m: Manifest, f: FileEntry, intact: set[str], report
         del stream
 
 
+#: What to do with a ZLIB-compressed TFRecord file of another tool.
+ZLIB_ADVICE = ("packer reads other tools' TFRecord files uncompressed (GZIP only in packer's own datasets, "
+               "which carry an index); decompress each file first (zlib.decompress of the whole file) or write "
+               "them without compression")
+
+
+def zlib_tfrecord(head: bytes) -> bool:
+    """Whether a TFRecord file whose first bytes are ``head`` is ZLIB-compressed: no valid record
+    header (its length CRC fails) but a zlib stream (RFC 1950 header) that inflates."""
+    if len(head) < 2:
+        return False
+    if len(head) >= HEAD.size and masked_crc32c(head[:8]) == HEAD.unpack_from(head)[1]:
+        return False
+    try:
+        zlib.decompressobj().decompress(head, 16)
+    except zlib.error:
+        return False
+    return True
+
+
 def identify(directory: str, files: set[str]) -> str | None:
     """For a folder without a manifest: None when it holds no TFRecord files, "" when they are
     packer's own (an unfinished conversion), else what they are and what to do."""
-    from . import ZLIB_ADVICE, read_head, zlib_tfrecord
+    from . import read_head
 
     records = [n for n in files if n.endswith(FOREIGN_SUFFIXES)]
     if not records:

@@ -19,6 +19,7 @@ from collections.abc import Callable, Iterator, Sequence
 
 from .. import __version__
 from ..errors import PackerError, UnfinishedDatasetError
+from ..formats import format_names, read_manifest
 from ..wording import describe_skips, noun, plural
 from .conversion import remote_deadline
 from .options import (
@@ -216,14 +217,13 @@ def brace_pattern(names: Sequence[str]) -> str | None:
 def _info_manifest(a: argparse.Namespace):  # noqa: ANN202 - (Manifest, shown path, folder of its files)
     """The manifest ``packer info`` describes, the path to show, and the folder or URL of its files:
     a dataset's own, or for shard files (a pattern, several files) the one their reader builds."""
-    from ..description.manifest import read_manifest
     from ..storage.remote import Remote, is_url, read_remote_manifest
     from ..storage.shardspec import has_braces
 
     paths: list[str] = a.path
     if len(paths) == 1 and not has_braces(paths[0]):
         if is_url(paths[0]):
-            return read_remote_manifest(Remote(paths[0], _storage(a)))[0], paths[0], paths[0].rstrip("/")
+            return read_remote_manifest(Remote(paths[0], _storage(a)), format_names())[0], paths[0], paths[0].rstrip("/")
         return read_manifest(paths[0]), os.path.abspath(paths[0]), os.path.abspath(paths[0])
     from packer.datasets import open_dataset
 
@@ -301,7 +301,7 @@ def _run_verify(a: argparse.Namespace) -> int:
     fetch_problems: list[str] = []
     path = a.path
     if is_url(a.path):
-        path, fetch_problems = local_copy(a.path, _storage(a), a.cache_dir, a.cache_limit)
+        path, fetch_problems = local_copy(a.path, _storage(a), a.cache_dir, a.cache_limit, format_names())
     report = verify_dataset(path, decode=not a.no_decode)
     report.problems[:0] = fetch_problems
     for line in report.problems[:50]:
@@ -373,7 +373,6 @@ def _add_bench(p: argparse.ArgumentParser) -> None:
 
 
 def _run_bench(a: argparse.Namespace) -> int:
-    from ..description.manifest import read_manifest
     from .loaderbench import collate_slots, decide, format_report, run_bench, to_json
 
     caches = [c for c in a.cache.split(",") if c]
@@ -546,7 +545,7 @@ def _main(argv: Sequence[str] | None, terminated: list[bool]) -> int:
             _say("packer: terminated (SIGTERM)" + _partial_note(e))
             return EXIT_TERMINATED
         if isinstance(e, UnfinishedDatasetError) and getattr(e, "directory", None):
-            from ..layouts import explain_missing_manifest
+            from ..formats import explain_missing_manifest
 
             e = explain_missing_manifest(e, e.directory)
         _say(f"packer: error: {e}" + _partial_note(e))

@@ -12,6 +12,7 @@ from dataclasses import replace
 from typing import Any
 
 from ..errors import PackerError
+from ..formats import format_names
 from ..wording import plural
 from .options import Caller, ConvertRequest, OptionError
 from .sources import get_source
@@ -54,7 +55,8 @@ def run_conversion(r: ConvertRequest, launch: Any = None) -> Any:
 def pinned_classes(spec: str, caller: Caller) -> list[str]:
     """The class list of ``classes_from``: a packed dataset's (its manifest) or a text file's (one
     name per line; blank lines ignored). OptionError saying what is wrong."""
-    from ..description.manifest import MANIFEST_NAME, read_manifest
+    from ..description.manifest import MANIFEST_NAME
+    from ..formats import read_manifest
     from .items import check_classes
 
     what = f"{caller.name('classes_from')} {spec}"
@@ -90,8 +92,8 @@ def _convert_to_url(r: ConvertRequest) -> Any:
     conversion to the URL on this node is refused and removes nothing."""
     import shutil
 
-    from ..description.manifest import read_manifest
     from ..files.filesystem import claim_destination
+    from ..formats import read_manifest
     from ..storage.nodecache import NodeCache
     from ..storage.remote import Uploader, check_remote_destination, upload_folder, watch_uploads
 
@@ -156,7 +158,7 @@ def _fetched(r: ConvertRequest, url: str) -> str:
     """The node cache's complete copy of the dataset at ``url`` (an error if a file is bad)."""
     from ..storage.remote import local_copy
 
-    view, problems = local_copy(url, dict(r.storage.options), r.storage.cache_dir, r.storage.cache_limit)
+    view, problems = local_copy(url, dict(r.storage.options), r.storage.cache_dir, r.storage.cache_limit, format_names())
     if problems:
         raise PackerError(problems[0] + (f" (and {len(problems) - 1} more)" if len(problems) > 1 else ""))
     return view

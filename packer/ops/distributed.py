@@ -26,9 +26,10 @@ from dataclasses import dataclass, replace
 from datetime import timedelta
 from typing import Any
 
-from ..description.manifest import Manifest, Skipped, read_manifest
+from ..description.manifest import Manifest, Skipped
 from ..errors import PackerError, SourceError
 from ..files.filesystem import check_destination, claim_destination, drop_stale_claim, sibling_path
+from ..formats import read_manifest
 from ..sizes import seconds_from_env
 from ..wording import noun, plural
 from .engine import (

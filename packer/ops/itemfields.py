@@ -21,7 +21,7 @@ from ..files.fileio import NotReadableError, read_source_file
 from ..images.fields import FieldSources, check_field_name, process_sample
 from ..images.imageheader import sniff
 from ..images.imageproc import ProcessOptions, above_pixel_limit
-from .engine import NO_STAMP, Stamp, file_stamp, stamp_mismatch
+from .sourcefiles import NO_STAMP, Stamp, file_stamp, stamp_mismatch
 
 __all__ = ["FIELD_KEYS", "MadeSource", "SourceSize", "ItemFields", "FieldFiles", "item_fields", "declared_fields", "fields_entry", "with_stamps",
            "process_with_fields", "field_processor"]
@@ -298,7 +298,7 @@ def process_with_fields(data: bytes, opts: ProcessOptions, files: FieldFiles) ->
 
 
 def field_processor(files: FieldFiles) -> Callable[[bytes, ProcessOptions], tuple[Any, str | None]]:
-    """A ``process(data, opts)`` for :func:`packer.ops.engine._process_file` that adds ``files``."""
+    """A ``process(data, opts)`` for :func:`packer.ops.sourcefiles.process_file` that adds ``files``."""
     def process(data: bytes, opts: ProcessOptions) -> tuple[Any, str | None]:
         return process_with_fields(data, opts, files)
     return process

@@ -16,25 +16,20 @@ from collections.abc import Iterable, Iterator, Sequence
 from typing import Any, Union
 
 from .. import __version__
-from ..description.manifest import FIELDS_VERSION, ITEM_RECORDS, Manifest, read_manifest
-from ..description.registry import writer_class
+from ..description.manifest import FIELDS_VERSION, ITEM_RECORDS, Manifest
 from ..description.samples import LABEL_KINDS, Label, encode_meta, sample_fields
 from ..errors import ImageError, PackerError
 from ..files.filesystem import claim_destination, recover_publish
 from ..files.journal import digest
+from ..formats import read_manifest, writer_class
 from ..images.imageproc import ProcessOptions
 from ..wording import plural
 from .engine import (
-    NO_STAMP,
     ConvertOptions,
     ConvertReport,
     Item,
-    Stamp,
-    _process_file,
     options_fingerprint,
     ordered_map,
-    process_data,
-    stamp_mismatch,
     write_packed_result,
 )
 from .itemfields import (
@@ -46,6 +41,7 @@ from .itemfields import (
     item_fields,
     with_stamps,
 )
+from .sourcefiles import NO_STAMP, Stamp, process_data, process_file, stamp_mismatch
 
 __all__ = ["ImageItem", "convert_items", "item_classes", "check_classes"]
 
@@ -121,9 +117,9 @@ def _key(i: int, source: str | os.PathLike[str] | bytes, root: str | None) -> st
 def _process_source(source: str | bytes, stamp: Stamp | None, files: FieldFiles | None = None, *,
                     opts: ProcessOptions) -> tuple[Any, str | None]:
     if files is None:
-        return process_data(source, opts) if isinstance(source, bytes) else _process_file(source, opts, stamp)
+        return process_data(source, opts) if isinstance(source, bytes) else process_file(source, opts, stamp)
     process = field_processor(files)
-    return process(source, opts) if isinstance(source, bytes) else _process_file(source, opts, stamp, process)
+    return process(source, opts) if isinstance(source, bytes) else process_file(source, opts, stamp, process)
 
 
 def _process_sources(sources: Sequence[tuple[Any, ...]], opts: ProcessOptions) -> list[tuple[Any, str | None]]:

@@ -186,13 +186,13 @@ def _unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
     return out
 
 
-def _inside(base: str, full: str) -> bool:
+def path_inside(base: str, full: str) -> bool:
     """True when the normalised path ``full`` lies inside the folder ``base`` as written (``..``
     and ``.`` resolved, symlinks not)."""
     return full == base or full.startswith(base.rstrip(os.sep) + os.sep)
 
 
-def _outside_error(path: str, base: str, root_given: bool, outside: list[tuple[int, str]], *, at: str = "line",
+def outside_root_error(path: str, base: str, root_given: bool, outside: list[tuple[int, str]], *, at: str = "line",
                    source: str = "the list") -> SourceError:
     """The error for rows of ``source`` (the list, a Parquet file) whose paths lead outside the
     root, each shown as ``at`` (line, row) and its number."""
@@ -353,7 +353,7 @@ def read_list(
     for n, row in rows:
         parsed.add(n, row, pcol, lcol, cols)
     if parsed.outside and not allow_outside_root:
-        raise _outside_error(path, base, root is not None, parsed.outside)
+        raise outside_root_error(path, base, root is not None, parsed.outside)
     return ListSource(parsed.items, kind, base, pcol, lcol, parsed.lines)
 
 
@@ -394,7 +394,7 @@ class _ParsedRows:
         if not isinstance(rel, str) or not rel:
             raise SourceError(f"{self.path}:{n}: the {col!r} column is empty or not text")
         full = os.path.normpath(os.path.join(self.base, rel))  # what is checked is what is opened
-        if not _inside(self.base, full):
+        if not path_inside(self.base, full):
             self.outside.append((n, rel))
         return full
 

@@ -21,13 +21,12 @@ from ..converters.shards import SHARD_NAME, ShardedWriter, shard_name
 from ..description.manifest import (
     FileEntry,
     Manifest,
+    file_problem,
     file_sha256,
-    read_manifest,
     widest_mask_dtype,
     with_mask_dtype,
     write_manifest,
 )
-from ..description.registry import writer_class
 from ..description.samples import (
     TABLE_NAME,
     build_table,
@@ -47,11 +46,11 @@ from ..files.filesystem import (
     space_at_failure,
     temp_dir_for,
 )
+from ..formats import read_manifest, writer_class
 from ..layouts.tar import INDEX_SUFFIXES as TAR_INDEX_SUFFIXES
 from ..layouts.tar import pack_index, read_index
 from .engine import ConvertOptions, Item, write_packed
-from .transcode import COPY, _open_source, _reprocess_one
-from .verify import file_problem
+from .transcode import COPY, open_source, reprocess_one
 
 __all__ = ["MergeReport", "merge", "merged_classes"]
 
@@ -142,7 +141,7 @@ def _check_part_files(paths: Sequence[str], manifests: Sequence[Manifest]) -> No
             if problem is not None:
                 raise CorruptDataError(f"part {p}: {f.name} differs from its manifest entry ({problem}); "
                                        f"nothing was merged", path=os.path.join(p, f.name))
-        ds = _open_source(p, m.format)
+        ds = open_source(p, m.format)
         try:
             for f in m.files:
                 if f.samples:
@@ -162,7 +161,7 @@ def _check_and_drop_item_records(parts: Sequence[str], manifests: Sequence[Manif
     bytes) have nothing to compare. Then the lists are left out of the parts' facts that the
     merged manifest copies: they grow with every file, and every reader reads that manifest."""
     from ..description.manifest import item_records, without_item_records
-    from .engine import NO_STAMP, describe_stamp
+    from .sourcefiles import NO_STAMP, describe_stamp
 
     seen: dict[str, tuple[tuple[int, int], str]] = {}
     for p, m in zip(parts, manifests):
@@ -222,7 +221,7 @@ def _stored(ds: Any, part: str, start: int, stop: int, labels: list[int]) -> Ite
     """Samples ``start`` .. ``stop - 1`` of a part as engine items holding their stored bytes, labels
     renumbered; a sample that cannot be read raises (a part is a finished dataset)."""
     for i in range(start, stop):
-        key, label, image, reason = _reprocess_one(ds, i, COPY, copy=True)
+        key, label, image, reason = reprocess_one(ds, i, COPY, copy=True)
         if image is None:
             raise ImageError(f"part {part}: sample {i} ({key}): {reason}")
         if image.box_labels is not None:
@@ -289,7 +288,7 @@ def _merge_records(paths: Sequence[str], manifests: Sequence[Manifest], dst: str
 
     def items() -> Iterator[Item]:
         for p, m, lab in zip(paths, manifests, labels):
-            ds = _open_source(p, m.format)
+            ds = open_source(p, m.format)
             try:
                 yield from _stored(ds, p, 0, len(ds), lab)
             finally:
@@ -314,7 +313,7 @@ def _merge_shards(paths: Sequence[str], manifests: Sequence[Manifest], dst: str,
         prefix = _prefix(manifests[0])
         for p, m, labels in zip(paths, manifests, report.labels):
             keep = labels == list(range(len(labels)))
-            ds = None if keep else _open_source(p, m.format)
+            ds = None if keep else open_source(p, m.format)
             try:
                 for data, indexes in _shard_groups(p, m):
                     if ds is None:
@@ -350,7 +349,7 @@ def _merged_table(paths: Sequence[str], manifests: Sequence[Manifest], tmp: str,
     and boxes) renumbered."""
     def rows() -> Iterator[tuple[Any, ...]]:
         for p, m, lab in zip(paths, manifests, labels):
-            ds = _open_source(p, m.format)
+            ds = open_source(p, m.format)
             try:
                 keys, targets, table = ds.keys, ds.targets, ds.sample_table() if boxes else None
                 for i in range(len(ds)):

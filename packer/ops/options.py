@@ -11,7 +11,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from ..description.registry import format_names, formats_taking, get_format
+from ..formats import format_names, formats_taking, get_format
 from .sources import get_source, source_names, sources_taking
 
 if TYPE_CHECKING:

@@ -10,7 +10,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from ..description.registry import format_names
+from ..formats import format_names
 
 if TYPE_CHECKING:
     from .options import ConvertRequest
@@ -107,7 +107,8 @@ def _packed(r: ConvertRequest) -> Any:
     """Packed -> packed or imagefolder: copy the stored bytes unless resize/encode ask otherwise."""
     from dataclasses import replace
 
-    from ..description.manifest import MANIFEST_NAME, read_manifest
+    from ..description.manifest import MANIFEST_NAME
+    from ..formats import read_manifest
     from .transcode import convert_dataset, processing_for
 
     src_manifest = read_manifest(r.src) if os.path.exists(os.path.join(r.src, MANIFEST_NAME)) else None

@@ -25,14 +25,13 @@ from ..description.manifest import (
     MANIFEST_VERSION,
     Manifest,
     Skipped,
-    read_manifest,
 )
 from ..description.record import Record
-from ..description.registry import get_format, writer_class
 from ..description.samples import carried_label
 from ..errors import CorruptDataError, ImageError, ResumeError, SourceError
 from ..files.filesystem import check_destination, claim_destination
 from ..files.journal import digest
+from ..formats import get_format, read_manifest, writer_class
 from ..images.codecs import FILE_EXTENSIONS
 from ..images.fields import FieldSources, process_sample
 from ..images.imageproc import (
@@ -106,7 +105,7 @@ def processing_for(
 
 
 # -- sources ---------------------------------------------------------------------------------------
-def _open_source(src: str, src_format: str) -> Any:
+def open_source(src: str, src_format: str) -> Any:
     """Open the packed source for reading: by its manifest, or, for formats other tools write
     (tar, tfrecord), without one through ``open_dataset(path, format=...)``, which also takes a
     brace pattern of shard files (``dir/shard-{000000..000009}.tar``)."""
@@ -133,7 +132,7 @@ _WORKER_SOURCES: dict[tuple[str, str], Any] = {}
 def _worker_source(src: str, src_format: str) -> Any:
     key = (src, src_format)
     if key not in _WORKER_SOURCES:
-        _WORKER_SOURCES[key] = _open_source(src, src_format)
+        _WORKER_SOURCES[key] = open_source(src, src_format)
     return _WORKER_SOURCES[key]
 
 
@@ -223,7 +222,7 @@ def _read(ds: Any, i: int) -> tuple[Record | None, str | None]:
         return None, str(e)
 
 
-def _reprocess_one(ds: Any, i: int, opts: ProcessOptions, copy: bool = False) -> Item:
+def reprocess_one(ds: Any, i: int, opts: ProcessOptions, copy: bool = False) -> Item:
     """Sample ``i`` of ``ds`` as an engine item: its stored bytes (``copy``; those written by another
     tool checked first) or processed again with ``opts``; a skip with the reason when it cannot be."""
     rec, reason = _read(ds, i)
@@ -247,7 +246,7 @@ def _reprocess_one(ds: Any, i: int, opts: ProcessOptions, copy: bool = False) ->
 
 def _reprocess_chunk(indices: Sequence[int], src: str, src_format: str, opts: ProcessOptions) -> list[Item]:
     ds = _worker_source(src, src_format)
-    return [_reprocess_one(ds, i, opts) for i in indices]
+    return [reprocess_one(ds, i, opts) for i in indices]
 
 
 def _items(ds: Any, src: str, src_format: str, options: ConvertOptions, copy: bool, start: int = 0) -> Iterator[Item]:
@@ -255,7 +254,7 @@ def _items(ds: Any, src: str, src_format: str, options: ConvertOptions, copy: bo
     first bad one raises."""
     n = len(ds)
     if copy or options.workers <= 1:
-        results: Iterator[Item] = (_reprocess_one(ds, i, options.processing, copy) for i in range(start, n))
+        results: Iterator[Item] = (reprocess_one(ds, i, options.processing, copy) for i in range(start, n))
     else:
         fn = functools.partial(_reprocess_chunk, src=src, src_format=src_format, opts=options.processing)
         results = ordered_map(fn, list(range(start, n)), options.workers, lambda i: f"sample {start + i} of {src}")
@@ -469,7 +468,7 @@ def _convert_dataset_claimed(
 ) -> ConvertReport:
     recover_publish(dst)
     _check_paths(src, dst, options.overwrite)
-    ds = _open_source(src, src_format)
+    ds = open_source(src, src_format)
     sm: Manifest = ds.manifest
     copy = is_copy(options.processing)
     processing = dict(sm.processing) if copy else options.processing.to_json()

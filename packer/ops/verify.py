@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import functools
 import os
-import stat
 import struct
 import zlib
 from dataclasses import dataclass, field
@@ -22,11 +21,11 @@ import crc32c
 import cv2
 import numpy as np
 
-from ..description.manifest import FileEntry, Manifest, file_sha256, read_manifest
+from ..description.manifest import FileEntry, Manifest, file_problem
 from ..description.record import Record
-from ..description.registry import get_format
 from ..description.samples import SampleTable
 from ..errors import CorruptDataError
+from ..formats import get_format, read_manifest
 from ..images.imageproc import ProcessedField, decode_payload
 
 __all__ = ["VerifyReport", "verify_dataset", "file_problem"]
@@ -67,22 +66,6 @@ def verify_dataset(path: str | os.PathLike[str], decode: bool = True) -> VerifyR
         return rep
     _read_samples(root, m, spec.check_unique_records, rep)
     return rep
-
-
-def file_problem(fp: str, f: FileEntry, sha256: bool = True) -> str | None:
-    """What is wrong with the dataset file ``fp`` against its manifest entry ``f`` (not a regular
-    file, another size, with ``sha256`` another SHA-256), or None when it agrees."""
-    try:
-        st = os.lstat(fp)
-    except FileNotFoundError:
-        return "missing payload file"
-    if not stat.S_ISREG(st.st_mode):
-        return "not a regular file (a symlink, FIFO, device or folder); not read"
-    if st.st_size != f.bytes:
-        return f"{st.st_size} bytes, manifest says {f.bytes} (truncated or appended)"
-    if sha256 and file_sha256(fp) != f.sha256:
-        return "SHA-256 differs from the manifest (file modified or corrupt)"
-    return None
 
 
 def _check_files(root: str, m: Manifest, rep: VerifyReport) -> set[str]:

@@ -15,7 +15,7 @@ import os
 import posixpath
 import threading
 import time
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Collection, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -27,6 +27,7 @@ from ..errors import (
     PackerError,
     UnfinishedDatasetError,
 )
+from ..files.filesystem import is_url
 from ..sizes import seconds_from_env
 
 __all__ = [
@@ -73,13 +74,6 @@ _SIZED = ("s3", "s3a", "http", "https")
 
 class RemoteError(PackerError, OSError):
     """Object storage refused or failed a request; the message names the URL and what to check."""
-
-
-def is_url(path: str | os.PathLike[str]) -> bool:
-    """True for ``scheme://...`` other than ``file://``: data that fsspec, not the OS, reads."""
-    text = os.fspath(path)
-    scheme, sep, _ = text.partition("://")
-    return bool(sep) and scheme.isascii() and scheme.replace("+", "").isalnum() and scheme != "file"
 
 
 def parse_storage_options(pairs: Iterable[str]) -> dict[str, Any]:
@@ -272,8 +266,9 @@ def _denied(e: Exception) -> bool:
     return isinstance(e, OSError) and str(e).startswith("Forbidden:")
 
 
-def read_remote_manifest(remote: Remote) -> tuple[Manifest, bytes]:
-    """The manifest at ``remote`` (validated) and its exact bytes."""
+def read_remote_manifest(remote: Remote, formats: Collection[str] | None = None) -> tuple[Manifest, bytes]:
+    """The manifest at ``remote`` (validated; its ``format`` one of ``formats`` when given) and
+    its exact bytes."""
     where = remote.join(MANIFEST_NAME)
     fs, path = remote.filesystem()
     try:
@@ -291,7 +286,7 @@ def read_remote_manifest(remote: Remote) -> tuple[Manifest, bytes]:
         data = json.loads(raw)
     except (ValueError, RecursionError) as e:
         raise ManifestError(f"{where}: not valid JSON ({e})") from None
-    return Manifest.from_json(data, where), raw
+    return Manifest.from_json(data, where, formats), raw
 
 
 def upload_dataset(local: str, remote: Remote, manifest: Manifest) -> None:
@@ -386,26 +381,29 @@ def remote_shards(urls: Sequence[str], storage_options: dict[str, Any] | None = 
 
 
 def open_remote(url: str, storage_options: dict[str, Any] | None = None, cache_dir: str | None = None,
-                cache_limit: int | str | None = None) -> tuple[Manifest, RemoteFiles]:
-    """The manifest of the dataset at ``url`` and the opener of its files through the node cache
-    (see :class:`packer.storage.nodecache.NodeCache` for ``cache_dir`` and ``cache_limit``)."""
+                cache_limit: int | str | None = None, formats: Collection[str] | None = None
+                ) -> tuple[Manifest, RemoteFiles]:
+    """The manifest of the dataset at ``url`` (its ``format`` one of ``formats`` when given) and
+    the opener of its files through the node cache (see :class:`packer.storage.nodecache.NodeCache`
+    for ``cache_dir`` and ``cache_limit``)."""
     from .nodecache import NodeCache
 
     remote = Remote(url, dict(storage_options or {}))
-    manifest, raw = read_remote_manifest(remote)
+    manifest, raw = read_remote_manifest(remote, formats)
     cache = NodeCache(cache_dir, cache_limit)
     return manifest, RemoteFiles(remote, manifest, cache, cache.view(remote.url, raw))
 
 
 def local_copy(url: str, storage_options: dict[str, Any] | None = None, cache_dir: str | None = None,
-               cache_limit: int | str | None = None) -> tuple[str, list[str]]:
+               cache_limit: int | str | None = None, formats: Collection[str] | None = None) -> tuple[str, list[str]]:
     """Every file of the dataset at ``url`` in the node cache: the local folder (a packed dataset
     with its manifest) and the problems met, one line each (a file that cannot be fetched, or
     whose download does not match the manifest's SHA-256, is left out of the folder). The whole
-    dataset must fit in ``cache_limit`` at once: CacheFullError saying the limit it needs when not."""
+    dataset must fit in ``cache_limit`` at once: CacheFullError saying the limit it needs when not.
+    ``formats`` as for :func:`open_remote`."""
     from .nodecache import CacheFullError
 
-    manifest, files = open_remote(url, storage_options, cache_dir, cache_limit)
+    manifest, files = open_remote(url, storage_options, cache_dir, cache_limit, formats)
     limit = files.cache.limit
     if limit is not None:
         need = files.cache.disk_bytes([f.bytes for f in manifest.files]

@@ -19,6 +19,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from ..errors import PackerError
+from ..files.filesystem import is_url
 from ..wording import plural
 
 __all__ = ["ShardSpecError", "ShardList", "has_braces", "expand_braces", "resolve_paths"]
@@ -94,12 +95,6 @@ class ShardList:
     pattern: str | None = None
 
 
-def _is_url(text: str) -> bool:
-    from .remote import is_url
-
-    return is_url(text)
-
-
 def _shown(names: Sequence[str], limit: int = 3) -> str:
     return ", ".join(names[:limit]) + (f", ... ({len(names)} in all)" if len(names) > limit else "")
 
@@ -109,7 +104,7 @@ def _kind(path: str, file_suffixes: tuple[str, ...]) -> str:
     brace pattern in a list is one dataset (a mixture's source)."""
     if has_braces(path):
         return "dataset"
-    if _is_url(path):
+    if is_url(path):
         return "file" if path.rstrip("/").lower().endswith(file_suffixes) else "dataset"
     if os.path.isdir(path):
         return "dataset"
@@ -137,7 +132,7 @@ def resolve_paths(spec: str | os.PathLike[str] | Sequence[str | os.PathLike[str]
             raise ShardSpecError("give paths as str or os.PathLike")
     if not paths:
         raise ShardSpecError("an empty list of paths: give shard files, or dataset folders for a mixture")
-    paths = [p if _is_url(p) else os.path.abspath(os.path.expanduser(p)) for p in paths]
+    paths = [p if is_url(p) else os.path.abspath(os.path.expanduser(p)) for p in paths]
     kinds: dict[str, list[str]] = {"file": [], "dataset": [], "missing": []}
     for p in paths:
         kinds[_kind(p, file_suffixes)].append(p)

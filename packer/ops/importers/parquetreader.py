@@ -97,7 +97,7 @@ class ParquetTable:
         SourceError for one outside it unless ``allow_outside_root``); empty bytes when there is
         neither (the sample is then skipped as undecodable, named in the report). SourceError
         naming row ``n`` and ``column`` for text in place of bytes."""
-        from ..listsource import _inside, _outside_error
+        from ..listsource import outside_root_error, path_inside
 
         if isinstance(value, dict):
             data = value.get("bytes")
@@ -111,8 +111,8 @@ class ParquetTable:
                 return b""
             base = self.root or os.path.dirname(path)
             full = os.path.normpath(os.path.join(base, name))
-            if not self.allow_outside_root and not _inside(base, full):
-                raise _outside_error(path, base, self.root is not None, [(n, name)], at="row",
+            if not self.allow_outside_root and not path_inside(base, full):
+                raise outside_root_error(path, base, self.root is not None, [(n, name)], at="row",
                                      source="the Parquet file")
             return full
         if isinstance(value, str):
