@@ -38,6 +38,8 @@ import numpy as np
 from packer.description.manifest import FileEntry, file_sha256
 from packer.description.placement import file_id, place_seed
 from packer.errors import ResumeError
+from packer.fields import KINDS
+from packer.fields.boxes import BOXES
 from packer.files.filesystem import fsync_dir
 from packer.images.codecs import CODEC_IDS, CODEC_NAMES
 from packer.images.imageproc import ProcessedField, ProcessedImage
@@ -337,8 +339,8 @@ class HDF5Writer(Writer):
         samples' fields (version 3)."""
         self._info = dict(info)
         fields = info.get("fields") or []
-        self._streams = [_FieldStream(f["name"], f["kind"]) for f in fields if f["kind"] != "boxes"]
-        self._boxes = any(f["kind"] == "boxes" for f in fields)
+        self._streams = [_FieldStream(f["name"], f["kind"]) for f in fields if KINDS[f["kind"]].stored]
+        self._boxes = any(KINDS[f["kind"]] is BOXES for f in fields)
 
     def add(self, index: int, key: str, label: int, image: ProcessedImage) -> None:
         """Buffer one sample; a full block (``checkpoint_samples`` samples or 16 MB) is written at
@@ -700,7 +702,7 @@ class HDF5Writer(Writer):
             a = np.frombuffer(bytes(s.depths), np.uint8)
             g.create_dataset("depths", data=a, track_times=False)
             self._crcs[f"{s.group}/depths"] = crc32c.crc32c(_le(a))
-        channels = s.channels if s.channels is not None else (1 if s.kind == "mask" else 3)
+        channels = s.channels if s.channels is not None else KINDS[s.kind].channels
         depth = depths[0] if len(depths) == 1 else (0 if depths else 8)
         for k, v in {"kind": s.kind, "codec": codec, "channels": channels, "depth": depth}.items():
             g.attrs[k] = v

@@ -11,7 +11,9 @@ import numpy as np
 from packer.description.manifest import FileEntry
 from packer.description.placement import place_seed
 from packer.description.samples import sample_fields
-from packer.images.codecs import CODEC_IDS
+from packer.fields import KINDS, named
+from packer.fields.boxes import BOXES
+from packer.images.codecs import CODEC_IDS, TAR_EXTENSIONS
 from packer.images.imageproc import ProcessedImage
 from packer.layouts.tar import (
     BLOCK,
@@ -62,8 +64,8 @@ class TarWriter(ShardedWriter):
         """Note the samples' fields (a version 3 dataset: field members, boxes in ``.json``, index v3)."""
         declared = info.get("fields") or []
         if declared:
-            self._fields = [f["name"] for f in declared if f["kind"] != "boxes"]
-            self._boxes = any(f["kind"] == "boxes" for f in declared)
+            self._fields = [f["name"] for f in declared if KINDS[f["kind"]].stored]
+            self._boxes = any(KINDS[f["kind"]] is BOXES for f in declared)
 
     def add(self, index: int, key: str, label: int, image: ProcessedImage) -> None:
         """Append one sample's members, starting a new shard first when this one is full."""
@@ -108,7 +110,8 @@ class TarWriter(ShardedWriter):
         """Shard and index names, key format, member names, shard limits."""
         members = ["KEY.<codec extension>", "KEY.cls (class labels)", "KEY.json"]
         if self._fields is not None:
-            members[1:1] = [f"KEY.{n}.png" if n == "mask" else f"KEY.{n}.<codec extension>" for n in self._fields]
+            codecs = [named(n).codec for n in self._fields]
+            members[1:1] = [f"KEY.{n}.{TAR_EXTENSIONS[c] if c else '<codec extension>'}" for n, c in zip(self._fields, codecs)]
         version = 3 if self._fields is not None else 2
         return {
             "shards": f"{self.prefix}-NNNNNN.tar",

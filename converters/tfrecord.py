@@ -9,6 +9,7 @@ from typing import Any
 
 from packer.description.manifest import FileEntry
 from packer.description.placement import place_seed
+from packer.fields import KINDS
 from packer.images.imageproc import ProcessedImage
 from packer.layouts.tfrecord import (
     BOX_FEATURES,
@@ -55,7 +56,7 @@ class TFRecordWriter(ShardedWriter):
     def begin(self, info: dict[str, Any]) -> None:
         """Note the samples' fields (version 3), whose features the manifest's layout lists."""
         for f in info.get("fields") or []:
-            if f["kind"] == "boxes":
+            if not KINDS[f["kind"]].stored:  # the boxes: the Object Detection API's features
                 self._field_features += [*BOX_FEATURES, *([BOX_LABEL_FEATURE] if f.get("labels") else [])]
             else:
                 self._field_features += [field_prefix(f["name"]) + "encoded", field_prefix(f["name"]) + "format"]

@@ -25,6 +25,8 @@ from packer.description.manifest import Manifest, read_manifest
 from packer.description.record import Record, pack_record, unpack_record
 from packer.description.samples import SampleTable, table_entry
 from packer.errors import CorruptDataError
+from packer.fields import KINDS, Reading
+from packer.fields.image import IMAGE
 from packer.files.fileio import open_regular
 from packer.images.imageproc import crop_window, decode_payload, decode_payload_window
 from packer.images.placeholder import placeholder_reason
@@ -37,11 +39,9 @@ from .fields import (
     FieldTuple,
     apply_transforms,
     check_fields,
-    cut_mask,
     dataset_fields,
-    decode_mask,
-    field_output,
     move_boxes,
+    output_kind,
     tv_tensor_types,
 )
 from .skips import SkipCounter
@@ -563,19 +563,22 @@ class PackedDataset(Dataset):
         """Decode the requested masks and extra images of ``rec`` and look up the boxes, cut by
         ``window``, into ``values``."""
         crop = self.crop
-        for name in self._own:
-            kind = self.manifest.field_kind(name)
-            if kind == "mask":
-                mask = decode_mask(self._stored_field(rec, name, index), self.root, index, self.manifest.mask_dtype)
-                values[name] = cut_mask(mask, crop, window)
-            elif kind == "image":
-                f = self._stored_field(rec, name, index)
-                values[name] = self._decode_payload(f.payload, f.codec, f.height, f.width, index, window=_fixed(window))
-        if "boxes" in self._own or "box_labels" in self._own:
-            boxes, labels = self._boxes(index, rec)
-            if crop is not None and window is not None:
-                boxes, labels = move_boxes(boxes, labels, window, crop.output_size(window))
-            values["boxes"], values["box_labels"] = boxes, labels
+
+        def decode(payload: Any, codec: str, height: int, width: int) -> np.ndarray:
+            return self._decode_payload(payload, codec, height, width, index, window=_fixed(window))
+
+        for f in self.manifest.fields:
+            kind = KINDS[f["kind"]]
+            if not any(o in self._own for o in kind.outputs(f["name"])):
+                continue
+            if kind.stored:
+                at = Reading(self.root, index, f, crop, window, decode)
+                values[f["name"]] = kind.load(self._stored_field(rec, f["name"], index), at)
+            else:  # the boxes, from the sample table
+                boxes, labels = self._boxes(index, rec)
+                if crop is not None and window is not None:
+                    boxes, labels = move_boxes(boxes, labels, window, crop.output_size(window))
+                values.update(zip(kind.outputs(f["name"]), (boxes, labels)))
 
     def _stored_field(self, rec: Record | None, name: str, index: int) -> Any:
         """The stored field ``name`` of sample ``index``'s record, or CorruptDataError."""
@@ -603,7 +606,7 @@ class PackedDataset(Dataset):
         if self.output == "numpy":
             return rgb
         if self.output == "tv_tensors":
-            return field_output("image", rgb, self.output, rgb.shape[:2])
+            return IMAGE.output("image", rgb, self.output, rgb.shape[:2])
         from PIL import Image
 
         return Image.fromarray(rgb, mode="RGB") if rgb.ndim == 3 else Image.fromarray(rgb)
@@ -716,12 +719,11 @@ class PackedDataset(Dataset):
                     own: tuple[dict[str, np.ndarray], tuple[int, int]] | None) -> Any:
         """The dataset's own field ``name`` as ``output`` returns it; with encoded output, the
         stored bytes of a mask or an extra image as a 1-D uint8 tensor (boxes as tensors)."""
-        kind = "box_labels" if name == "box_labels" else self.manifest.field_kind(name)
+        field, kind = output_kind(self.manifest, name)
         if own is not None:
-            return field_output(str(kind), own[0][name], self.output, own[1])
-        boxes = self._boxes(index, rec) if kind in ("boxes", "box_labels") else None
-        if boxes is not None:
-            return torch.from_numpy(boxes[0] if kind == "boxes" else boxes[1])
+            return kind.output(name, own[0][name], self.output, own[1])
+        if not kind.stored:  # the boxes: their outputs in order
+            return torch.from_numpy(self._boxes(index, rec)[kind.outputs(field).index(name)])
         return torch.from_numpy(np.frombuffer(self._stored_field(rec, name, index).payload, np.uint8).copy())
 
     def _item(self, rgb: np.ndarray, label: int) -> tuple[Any, Any]:

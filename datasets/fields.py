@@ -14,21 +14,20 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-import cv2
 import numpy as np
-import torch
 
 from packer.description.manifest import Manifest
-from packer.errors import CorruptDataError
-from packer.images.imageproc import ProcessedField, Window
-
-from .crops import Crop
+from packer.fields import KINDS, FieldKind
+from packer.fields.base import tv_tensor_types
+from packer.fields.boxes import move_boxes
+from packer.fields.mask import cut_mask, decode_mask
 
 __all__ = ["dataset_fields", "check_fields", "decode_mask", "move_boxes", "field_output", "tv_tensor_types",
-           "PER_SAMPLE", "FieldTuple", "apply_transforms"]
+           "PER_SAMPLE", "FieldTuple", "apply_transforms", "cut_mask",
+           "output_kind"]
 
 #: Fields with a count per sample (boxes), which ``collate`` returns as a list per batch.
-PER_SAMPLE = frozenset({"boxes", "box_labels"})
+PER_SAMPLE = frozenset(o for k in KINDS.values() if k.field_name for o in k.outputs(k.field_name) if k.per_sample(o))
 
 
 class FieldTuple(tuple):
@@ -54,10 +53,18 @@ def dataset_fields(manifest: Manifest) -> tuple[str, ...]:
     extra images and boxes as the manifest lists them, and ``box_labels`` after ``boxes``."""
     out: list[str] = []
     for name in manifest.field_names:
-        out.append(name)
-        if manifest.field_kind(name) == "boxes":
-            out.append("box_labels")
+        out.extend(KINDS[str(manifest.field_kind(name))].outputs(name))
     return tuple(out)
+
+
+def output_kind(manifest: Manifest, output: str) -> tuple[str, FieldKind]:
+    """The field (its name) and kind of one of the dataset's own output names (``box_labels``:
+    the boxes'); KeyError when the manifest has no field giving it."""
+    for f in manifest.fields:
+        kind = KINDS[f["kind"]]
+        if output in kind.outputs(f["name"]):
+            return f["name"], kind
+    raise KeyError(output)
 
 
 def check_fields(fields: Any, common: Sequence[str], manifest: Manifest, root: str) -> tuple[str, ...]:
@@ -70,48 +77,6 @@ def check_fields(fields: Any, common: Sequence[str], manifest: Manifest, root: s
     return tuple(fields)
 
 
-def decode_mask(field: ProcessedField, path: str, sample: int, dtype: str | None = None) -> np.ndarray:
-    """A stored mask's label map, H x W, values unchanged: as ``dtype`` (the manifest's declared
-    ``uint8`` or ``uint16``), or as stored (8 or 16 bits) for None (a version 3 dataset).
-    CorruptDataError when the payload is not a one-channel image of the size its header gives,
-    or is wider than ``dtype``."""
-    mask = cv2.imdecode(np.frombuffer(field.payload, np.uint8), cv2.IMREAD_UNCHANGED)
-    if mask is None or mask.ndim != 2 or mask.shape != (field.height, field.width):
-        got = "undecodable" if mask is None else f"shaped {mask.shape}"
-        raise CorruptDataError(f"mask {field.name!r} is {got}, not a one-channel {field.height}x{field.width} "
-                               f"image", path=path, sample=sample)
-    if dtype is None or mask.dtype == dtype:
-        return mask
-    if mask.itemsize > np.dtype(dtype).itemsize:
-        raise CorruptDataError(f"mask {field.name!r} is stored as {mask.dtype}, wider than the manifest's "
-                               f"{dtype}", path=path, sample=sample)
-    return mask.astype(dtype)
-
-
-def cut_mask(mask: np.ndarray, crop: Crop | None, window: Window | None) -> np.ndarray:
-    """A mask cut to the crop's window and finished as the crop finishes masks."""
-    if crop is None or window is None:
-        return mask
-    top, left, h, w = window
-    return np.ascontiguousarray(crop.finish_mask(mask[top:top + h, left:left + w]))
-
-
-def move_boxes(boxes: np.ndarray, labels: np.ndarray, window: Window,
-               size: tuple[int, int]) -> tuple[np.ndarray, np.ndarray]:
-    """Boxes (and their labels) in a crop's output of ``size`` (height, width) made of
-    ``window``: shifted to the window, clipped to it, scaled to ``size``; boxes left with no
-    area are dropped with their labels."""
-    top, left, h, w = window
-    moved = boxes - np.array([left, top, left, top], np.float32)
-    np.clip(moved[:, 0::2], 0, w, out=moved[:, 0::2])
-    np.clip(moved[:, 1::2], 0, h, out=moved[:, 1::2])
-    keep = (moved[:, 2] > moved[:, 0]) & (moved[:, 3] > moved[:, 1])
-    moved, labels = moved[keep], labels[keep]
-    if size != (h, w):
-        moved *= np.array([size[1] / w, size[0] / h] * 2, np.float32)
-    return np.ascontiguousarray(moved, np.float32), labels
-
-
 def apply_transforms(transforms: Any, item: tuple[Any, ...] | dict[str, Any], names: Sequence[str]) -> Any:
     """A sample through a whole-sample ``transforms``: a dict as its one argument (its result
     returned as it is), a tuple's values as its arguments (the result a tuple of ``names``)."""
@@ -121,36 +86,8 @@ def apply_transforms(transforms: Any, item: tuple[Any, ...] | dict[str, Any], na
     return FieldTuple.of((out,) if len(item) == 1 else tuple(out), names)
 
 
-def tv_tensor_types() -> Any:
-    """torchvision's ``tv_tensors`` module, or ImportError saying what needs it."""
-    try:
-        from torchvision import tv_tensors
-    except ImportError as e:
-        raise ImportError(f"output='tv_tensors' needs torchvision (pip install torchvision): {e}") from None
-    return tv_tensors
-
-
 def field_output(kind: str, value: np.ndarray, output: str, canvas: tuple[int, int]) -> Any:
-    """One decoded field as ``output`` returns it: ``kind`` ``"mask"`` (H x W label map),
-    ``"image"`` (H x W x 3 RGB), ``"boxes"`` (N x 4) or ``"box_labels"`` (N); ``canvas`` the
-    (height, width) the boxes lie in."""
-    if output == "numpy":
-        return value
-    if kind == "image":
-        chw = torch.from_numpy(value).permute(2, 0, 1)
-        if output == "pil":
-            from PIL import Image
-
-            return Image.fromarray(value, mode="RGB")
-        return tv_tensor_types().Image(chw) if output == "tv_tensors" else chw
-    if kind == "mask" and output == "pil":
-        from PIL import Image
-
-        return Image.fromarray(value)
-    tensor = torch.from_numpy(value)
-    if output != "tv_tensors" or kind == "box_labels":
-        return tensor
-    tv = tv_tensor_types()
-    if kind == "mask":
-        return tv.Mask(tensor)
-    return tv.BoundingBoxes(tensor, format="XYXY", canvas_size=canvas)
+    """One decoded field as ``output`` returns it: ``kind`` a field kind's name (``"mask"``,
+    ``"image"``, ``"boxes"``) or ``"box_labels"``; ``canvas`` the (height, width) the boxes lie in."""
+    k = KINDS.get(kind) or next(k for k in KINDS.values() if k.field_name and kind in k.outputs(k.field_name))
+    return k.output(kind, value, output, canvas)

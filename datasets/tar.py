@@ -26,8 +26,9 @@ from packer.description.manifest import FIRST_FIELDS_VERSION, FileEntry
 from packer.description.record import Record
 from packer.description.samples import MAX_META_BYTES
 from packer.errors import CorruptDataError, ManifestError
+from packer.fields.boxes import BOXES
+from packer.fields.mask import MASK
 from packer.images.codecs import CODEC_NAMES
-from packer.images.fields import mask_shape
 from packer.images.imageproc import ProcessedField
 from packer.images.placeholder import placeholder_reason
 from packer.layouts.tar import (
@@ -268,11 +269,11 @@ class TarDataset(ShardedDataset):
         lo, hi = int(np.searchsorted(samples, index)), int(np.searchsorted(samples, index, "right"))
         out: dict[str, Any] = {}
         for j in range(lo, hi):
-            if exts[j] == "mask.png" and (wanted is None or "mask" in wanted):
+            if exts[j] == f"{MASK.name}.{MASK.codec}" and (wanted is None or MASK.name in wanted):
                 buf = self._pread(shard, int(sizes[j]), int(offsets[j]), index)
-                h, w, channels, depth = mask_shape(buf) or (0, 0, 1, 8)
-                out["fields"] = (ProcessedField("mask", "png", buf, h, w, channels, depth),)  # type: ignore[arg-type]
-            elif exts[j] == "json" and (wanted is None or "boxes" in wanted) and int(sizes[j]) <= MAX_META_BYTES:
+                h, w, channels, depth = MASK.shape(buf) or (0, 0, MASK.channels, 8)
+                out["fields"] = (ProcessedField(MASK.name, "png", buf, h, w, channels, depth),)  # type: ignore[arg-type]
+            elif exts[j] == "json" and (wanted is None or BOXES.name in wanted) and int(sizes[j]) <= MAX_META_BYTES:
                 out.update(json_boxes(bytes(self._pread(shard, int(sizes[j]), int(offsets[j]), index))))
         return out
 

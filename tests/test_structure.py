@@ -37,7 +37,7 @@ FORMAT_NAMES = {"lmdb", "hdf5", "tar", "tfrecord"}
 #: The layers, bottom up. A module's layer is that of its longest matching key; a key matches the
 #: module it names and the modules under it, a key ending in ".*" only the modules under it.
 LAYERS = {"packer": 0, "packer.errors": 0, "packer.sizes": 0, "packer.progress": 0, "packer.checks": 0,
-          "packer.wording": 0, "packer.files": 1, "packer.images": 2, "packer.description": 3, "packer.storage": 4,
+          "packer.wording": 0, "packer.files": 1, "packer.images": 2, "packer.fields": 2, "packer.description": 3, "packer.storage": 4,
           "packer.layouts": 5, "packer.converters": 6, "packer.datasets.*": 6, "packer.formats": 7,
           "packer.datasets": 8, "packer.datasets.opening": 8, "packer.datasets.streaming": 8,
           "packer.ops": 9, "packer.__main__": 9}
@@ -390,6 +390,45 @@ def test_format_names_are_compared_only_in_the_formats_own_modules():
     found = [f"{path}:{node.lineno}" for path, module in _modules(PACKAGE)
              if not path.startswith(FORMAT_HOMES) for node in ast.walk(module) if _compares_format_name(node)]
     assert not found, "ask the format's registry record instead of comparing its name:\n" + "\n".join(found)
+
+
+#: The built-in field kinds' names, from their table, and where they may be compared: the kinds'
+#: own modules and the table (packer/fields/). Elsewhere, ask the kind object.
+FIELD_KIND_NAMES = {"mask", "image", "boxes"}
+FIELD_HOMES = ("packer/fields/",)
+
+
+def _is_kind_expr(node: ast.AST) -> bool:
+    """``x["kind"]``, ``x.get("kind")``, ``x.field_kind(...)`` or a name ``kind``: a field's kind."""
+    if isinstance(node, ast.Subscript) and isinstance(node.slice, ast.Constant):
+        return node.slice.value == "kind"
+    if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute):
+        return node.func.attr == "field_kind" or (node.func.attr == "get" and any(
+            isinstance(a, ast.Constant) and a.value == "kind" for a in node.args))
+    return isinstance(node, ast.Name) and node.id == "kind"
+
+
+def _compares_field_kind(node: ast.AST) -> bool:
+    """A comparison with ``"mask"`` or ``"boxes"`` (a kind that names its field, so a field-name
+    test is a kind test), or of a field's kind with any kind's name (``"image"`` is also the
+    sample's own image, so it counts only against a kind)."""
+    if not isinstance(node, ast.Compare):
+        return False
+    values = [node.left, *node.comparators]
+    consts = [e.value for v in values for e in ([v] if isinstance(v, ast.Constant) else getattr(v, "elts", []))
+              if isinstance(e, ast.Constant)]
+    if any(c in FIELD_KIND_NAMES - {"image"} for c in consts):
+        return True
+    return any(c in FIELD_KIND_NAMES for c in consts) and any(_is_kind_expr(v) for v in values)
+
+
+def test_field_kind_names_are_compared_only_in_their_modules_and_the_table():
+    from packer.fields import FIELD_KINDS
+
+    assert set(FIELD_KINDS) == FIELD_KIND_NAMES  # the names this test looks for are the table's
+    found = [f"{path}:{node.lineno}" for path, module in _modules(("packer", "converters", "datasets"))
+             if not path.startswith(FIELD_HOMES) for node in ast.walk(module) if _compares_field_kind(node)]
+    assert not found, "ask the field kind (packer.fields) instead of comparing its name:\n" + "\n".join(found)
 
 
 @pytest.mark.parametrize("source, lines", [

@@ -17,6 +17,8 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from ..errors import CorruptDataError, ManifestError, UnfinishedDatasetError
+from ..fields import FIELD_KINDS, KINDS, named
+from ..fields.mask import MASK_DTYPES
 from ..files.fileio import open_regular
 from ..files.filesystem import atomic_write_bytes, fsync_dir
 from .placement import is_file_id
@@ -56,10 +58,6 @@ FIRST_FIELDS_VERSION = 3
 #: their place), 3 (samples may have a mask, extra images and boxes: ``fields``), 4 (the mask
 #: field declares the dtype every mask is read as: ``"dtype"``).
 READABLE_VERSIONS = (1, 2, 3, 4)
-#: A mask field's ``dtype`` (version 4) by the bits of its widest stored PNG.
-MASK_DTYPES = {8: "uint8", 16: "uint16"}
-#: What a field of ``fields`` can be.
-FIELD_KINDS = ("mask", "image", "boxes")
 MAX_MANIFEST_BYTES = 1 << 30  # a manifest lists every file and skip: ~100 bytes each
 
 
@@ -132,12 +130,12 @@ class Manifest:
     def mask_dtype(self) -> str | None:
         """The dtype every mask is read as (``uint8`` or ``uint16``), or None: no mask, or a
         version 3 dataset, whose masks read as each one is stored (8 or 16 bits)."""
-        return next((f.get("dtype") for f in self.fields if f["kind"] == "mask"), None)
+        return next((f.get("dtype") for f in self.fields if KINDS[f["kind"]].dtyped), None)
 
     @property
     def stored_fields(self) -> list[str]:
         """The names of the fields stored as payloads (masks and extra images), in stored order."""
-        return [f["name"] for f in self.fields if f["kind"] != "boxes"]
+        return [f["name"] for f in self.fields if KINDS[f["kind"]].stored]
 
     @property
     def class_to_idx(self) -> dict[str, int]:
@@ -253,13 +251,11 @@ def _fields(value: Any, version: int) -> list[dict[str, Any]]:
     names = [_typed(_field(f, "name", "fields.name"), str, "fields.name") for f in out]
     for f, name in zip(out, names):
         kind = _typed(_field(f, "kind", "fields.kind"), str, "fields.kind")
-        if kind not in FIELD_KINDS:
-            raise ValueError(f"field {name!r} has kind {kind!r}, not one of {', '.join(FIELD_KINDS)}")
-        if (kind in ("mask", "boxes")) != (name in ("mask", "boxes")) or (kind == "mask") != (name == "mask"):
+        if kind not in KINDS:
+            raise ValueError(f"field {name!r} has kind {kind!r}, not one of {', '.join(KINDS)}")
+        if named(name) is not KINDS[kind]:
             raise ValueError(f"field {name!r} of kind {kind!r}: the mask is named mask, the boxes boxes")
-        if kind == "mask" and version >= FIELDS_VERSION and f.get("dtype") not in MASK_DTYPES.values():
-            raise ValueError(f"the mask field's dtype is {f.get('dtype')!r}, not one of "
-                             f"{', '.join(MASK_DTYPES.values())}")
+        KINDS[kind].check(f, version >= FIELDS_VERSION)
     if len(set(names)) != len(names):
         raise ValueError(f"field {next(n for n in names if names.count(n) > 1)!r} is listed twice")
     return out
@@ -270,7 +266,7 @@ def with_mask_dtype(fields: list[dict[str, Any]], bits: int, version: int) -> li
     (version 4 on; a version 3 dataset's fields are returned as they are)."""
     if version < FIELDS_VERSION:
         return fields
-    return [{**f, "dtype": MASK_DTYPES[bits]} if f["kind"] == "mask" else f for f in fields]
+    return [KINDS[f["kind"]].with_depth(f, MASK_DTYPES[bits]) for f in fields]
 
 
 def widest_mask_dtype(dtypes: list[str | None]) -> int:

@@ -35,6 +35,8 @@ import crc32c
 import numpy as np
 
 from ..errors import CorruptDataError
+from ..fields import KINDS, named
+from ..fields.boxes import BOXES
 from .manifest import FileEntry, file_sha256
 
 __all__ = [
@@ -239,7 +241,7 @@ class SampleTableWriter:
         self._row(key, label, getattr(image, "boxes", None), getattr(image, "box_labels", None))
         self.writer.add(index, key, label, image)
         for f in getattr(image, "fields", ()):
-            if f.name == "mask" and f.depth > self.mask_bits:
+            if named(f.name).dtyped and f.depth > self.mask_bits:
                 self.mask_bits = f.depth
 
     def _row(self, key: str, label: int, boxes: Any = None, box_labels: Any = None) -> None:
@@ -657,5 +659,5 @@ def table_fields(root: str, manifest: Any) -> Any:
                 out["box_labels"] = [int(v) for v in labels]
         return out
 
-    box_labels = any(f.get("kind") == "boxes" and f.get("labels") for f in getattr(manifest, "fields", []))
+    box_labels = any(KINDS.get(f.get("kind")) is BOXES and f.get("labels") for f in getattr(manifest, "fields", []))
     return fields

@@ -23,8 +23,9 @@ from packer.description.manifest import FileEntry, Manifest
 from packer.description.placement import place_seed
 from packer.description.samples import table_fields
 from packer.errors import CorruptDataError
+from packer.fields import named
+from packer.fields.boxes import BOXES
 from packer.images.codecs import CODEC_IDS, CODEC_NAMES, MEMBER_CODECS, TAR_EXTENSIONS
-from packer.images.fields import mask_shape
 from packer.images.placeholder import file_placeholder_reason
 
 __all__ = [
@@ -288,8 +289,8 @@ def sample_members(index: int, key: str, label: int, codec: str, height: int, wi
     table to say which sample a bad byte is in."""
     stem = sample_key(index)
     extra = extra or {}
-    if "boxes" in extra:
-        extra = {**extra, "boxes": [[_short(v) for v in b] for b in extra["boxes"]]}
+    if BOXES.name in extra:  # the boxes in KEY.json, as short decimals
+        extra = {**extra, BOXES.name: [[_short(v) for v in b] for b in extra[BOXES.name]]}
     head: dict[str, Any] = {"key": key, "label": label, "height": height, "width": width, **extra}
     meta = json.dumps(head, ensure_ascii=False, separators=(",", ":")).encode("utf-8")
     members = [tar_header(f"{stem}.{TAR_EXTENSIONS[codec]}", len(payload)), payload, _padding(len(payload))]
@@ -512,9 +513,10 @@ def _index_from_shard(shard: str, file_id: str, first: int, version: int,
         for name in names:
             member = next(x for x in members if x.startswith(name + "."))
             at, data = members[member]
-            shape = mask_shape(data) if name == "mask" else None
+            kind = named(name)
+            shape = kind.shape(data)
             field_rows.append((at, len(data), h, w, crc32c.crc32c(data, seed), CODEC_IDS[MEMBER_CODECS[member[len(name) + 1:]]],
-                               1 if name == "mask" else 3, shape[3] if shape else 8, b""))
+                               kind.channels, shape[3] if shape else 8, b""))
     entries = np.array(rows, dtype=INDEX_ENTRY)
     fields = (names, np.array(field_rows, dtype=FIELD_ENTRY)) if version >= FIELDS_INDEX_VERSION else None
     return (pack_index(first, entries, b"".join(blob), version=version, fields=fields),

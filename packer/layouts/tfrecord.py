@@ -23,8 +23,9 @@ from packer.description.manifest import FileEntry, Manifest
 from packer.description.record import Record
 from packer.description.samples import decode_meta, encode_meta, sample_fields
 from packer.errors import CorruptDataError
+from packer.fields import named
+from packer.fields.mask import MASK
 from packer.images.codecs import TF_FORMAT_CODECS
-from packer.images.fields import mask_shape
 from packer.images.imageproc import ProcessedField, ProcessedImage
 from packer.images.placeholder import file_placeholder_reason, placeholder_reason
 from packer.layouts.tfexample import Floats, encode_example
@@ -93,6 +94,9 @@ PLACE_FEATURE = "packer/place"
 META_FEATURE = "packer/meta"
 #: The mask's features (DeepLab's names); an extra image NAME's are ``image/NAME/encoded`` and ``/format``.
 MASK_PREFIX = "image/segmentation/class/"
+#: The feature prefix of the kinds that TFRecord stores under their own names (a storage row);
+#: any other stored field's is ``image/NAME/``.
+FIELD_PREFIXES = {MASK: MASK_PREFIX}
 #: Boxes, normalised to [0, 1] by the stored width and height, and their labels (the TensorFlow
 #: Object Detection API's names).
 BOX_FEATURES = ("image/object/bbox/xmin", "image/object/bbox/ymin", "image/object/bbox/xmax", "image/object/bbox/ymax")
@@ -102,7 +106,7 @@ BOX_LABEL_FEATURE = "image/object/class/label"
 def field_prefix(name: str) -> str:
     """The feature name prefix of a stored field: ``image/segmentation/class/`` for the mask,
     ``image/NAME/`` for an extra image; ``encoded`` and ``format`` follow it."""
-    return MASK_PREFIX if name == "mask" else f"image/{name}/"
+    return FIELD_PREFIXES.get(named(name), f"image/{name}/")
 
 
 def field_features(image: ProcessedImage) -> dict[str, Any]:
@@ -294,7 +298,7 @@ def _example_fields(get: Any, stored: Sequence[str], foreign: bool, height: int,
     """``fields`` (and for another tool's Example, ``boxes`` and ``box_labels``) of a Record, and
     ``read``: the feature names they came from. CorruptDataError (naming ``where``: path, sample,
     offset) when a stored field is missing."""
-    names = list(stored) or (["mask"] if foreign and get(MASK_PREFIX + "encoded") is not None else [])
+    names = list(stored) or ([MASK.name] if foreign and get(MASK_PREFIX + "encoded") is not None else [])
     fields, read = [], []
     for name in names:
         prefix = field_prefix(name)
@@ -305,9 +309,9 @@ def _example_fields(get: Any, stored: Sequence[str], foreign: bool, height: int,
             raise CorruptDataError(f"record has no {prefix}encoded bytes (the sample's {name!r})", path=path,
                                    sample=sample, offset=offset)
         token = fmt.bytes_list.value if fmt is not None else ()
-        codec = FORMAT_CODECS.get(token[0], "jpeg") if token else ("png" if name == "mask" else "jpeg")
-        shape = mask_shape(value[0]) if name == "mask" else None
-        h, w, channels, depth = shape or (height, width, 1 if name == "mask" else 3, 8)
+        kind = named(name)
+        codec = FORMAT_CODECS.get(token[0], "jpeg") if token else (kind.codec or "jpeg")
+        h, w, channels, depth = kind.shape(value[0]) or (height, width, kind.channels, 8)
         fields.append(ProcessedField(name, codec, value[0], h, w, channels, depth))
         read += [prefix + "encoded", prefix + "format"]
     out: dict[str, Any] = {"fields": tuple(fields), "read": read}

@@ -10,8 +10,8 @@ import tempfile
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
+from ..fields.sample import check_field_name
 from ..files.spool import write_spooled
-from ..images.fields import check_field_name
 from .engine import ConvertReport
 from .options import OPTIONS, Caller, convert_request
 
@@ -248,7 +248,7 @@ def _mask_bytes(i: int, mask: Any, what: str = "mask") -> bytes:
     """A mask given as bytes or an H x W uint8 or uint16 array, as the bytes of a PNG file."""
     import numpy as np
 
-    from ..images.fields import encode_mask
+    from ..fields.mask import encode_mask
 
     array = _array(i, mask, "'mask'", "an H x W uint8 or uint16 array")
     if array is None:

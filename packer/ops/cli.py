@@ -19,6 +19,7 @@ from collections.abc import Callable, Iterator, Sequence
 
 from .. import __version__
 from ..errors import PackerError, UnfinishedDatasetError
+from ..fields import KINDS
 from ..formats import format_names, read_manifest
 from ..wording import describe_skips, noun, plural
 from .conversion import remote_deadline
@@ -236,9 +237,7 @@ def _info_manifest(a: argparse.Namespace):  # noqa: ANN202 - (Manifest, shown pa
 
 def _field_type(f: dict) -> str:
     """A manifest field as ``info`` shows it: its kind, and a mask's dtype."""
-    if f["kind"] != "mask":
-        return f["kind"]
-    return f"mask, {f['dtype']}" if "dtype" in f else "mask, uint8 or uint16 as each is stored"
+    return KINDS[f["kind"]].describe(f)
 
 
 def _run_info(a: argparse.Namespace) -> int:

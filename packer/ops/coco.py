@@ -22,7 +22,7 @@ import numpy as np
 
 from ..description.samples import encode_meta
 from ..errors import SourceError
-from ..images.fields import encode_mask
+from ..fields.mask import encode_mask
 from .itemfields import MadeSource, SourceSize
 
 __all__ = ["CocoSource", "DrawnMask", "MASK_KINDS", "read_coco", "convert_coco", "rle_counts", "decode_rle"]

@@ -17,17 +17,29 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from ..errors import ImageError
+from ..fields import KINDS
+from ..fields import named as kind_named
+from ..fields.boxes import BOXES
+from ..fields.image import IMAGE
+from ..fields.mask import MASK
+from ..fields.sample import FieldSources, check_field_name, process_sample
 from ..files.fileio import NotReadableError, read_source_file
-from ..images.fields import FieldSources, check_field_name, process_sample
 from ..images.imageheader import sniff
 from ..images.imageproc import ProcessOptions, above_pixel_limit
 from .sourcefiles import NO_STAMP, Stamp, file_stamp, stamp_mismatch
 
-__all__ = ["FIELD_KEYS", "MadeSource", "SourceSize", "ItemFields", "FieldFiles", "item_fields", "declared_fields", "fields_entry", "with_stamps",
+__all__ = ["FIELD_KEYS", "payload_keys", "MadeSource", "SourceSize", "ItemFields", "FieldFiles", "item_fields", "declared_fields", "fields_entry", "with_stamps",
            "process_with_fields", "field_processor"]
 
-#: The keys an item's fields dict may have.
+#: The keys an item's fields dict may have (and the name of each field kind that fixes its
+#: field's name and stores it: :func:`payload_keys`).
 FIELD_KEYS = ("mask", "images", "boxes", "box_labels", "size")
+
+
+def payload_keys() -> tuple[str, ...]:
+    """The item keys of the other kinds in :data:`packer.fields.KINDS` that fix their field's
+    name and store it as a payload (the mask has its own key): a source path or bytes each."""
+    return tuple(k.field_name for k in KINDS.values() if k.stored and k.field_name and k is not MASK)
 
 
 @dataclass(frozen=True)
@@ -82,16 +94,19 @@ class ItemFields:
     boxes: tuple[tuple[float, float, float, float], ...] | None = None
     box_labels: tuple[str | int, ...] | None = None
     size: SourceSize | None = None
+    #: The fields of other kinds that fix their name (:func:`payload_keys`), by that name.
+    payloads: tuple[tuple[str, Source], ...] = ()
 
-    def signature(self) -> tuple[bool, frozenset[str], bool, bool]:
+    def signature(self) -> tuple[Any, ...]:
         """What fields the item has (every item of a conversion must have the same)."""
         return (self.mask is not None, frozenset(n for n, _ in self.images), self.boxes is not None,
-                self.box_labels is not None)
+                self.box_labels is not None, *(n for n, _ in self.payloads))
 
     def describe(self) -> str:
         """The fields as a user reads them: ``mask, images left and right, boxes``."""
         parts = ["mask"] if self.mask is not None else []
         parts += [f"image {n!r}" for n, _ in self.images]
+        parts += [n for n, _ in self.payloads]
         parts += ["boxes"] if self.boxes is not None else []
         parts += ["box_labels"] if self.box_labels is not None else []
         return ", ".join(parts) or "no fields"
@@ -109,11 +124,13 @@ class FieldFiles:
     box_labels: tuple[int, ...] | None
     stamps: tuple[tuple[str, Stamp], ...] = ()
     size: SourceSize | None = None
+    payloads: tuple[tuple[str, Source], ...] = ()
 
     @property
     def paths(self) -> list[str]:
-        """The fields' files given by path: the mask's, then the extra images' in order."""
-        return [s for s in (self.mask, *(src for _, src in self.images)) if isinstance(s, str)]
+        """The fields' files given by path: the mask's, the extra images' in order, the other kinds'."""
+        return [s for s in (self.mask, *(src for _, src in self.images), *(src for _, src in self.payloads))
+                if isinstance(s, str)]
 
 
 def _source(i: int, what: str, value: Any) -> Source:
@@ -170,9 +187,10 @@ def item_fields(i: int, value: Any) -> ItemFields | None:
     if not isinstance(value, dict):
         raise TypeError(f"item {i}: fields must be a dict with keys of {', '.join(FIELD_KEYS)}, "
                         f"not {type(value).__name__}")
-    unknown = [k for k in value if k not in FIELD_KEYS]
+    keys = (*FIELD_KEYS, *payload_keys())
+    unknown = [k for k in value if k not in keys]
     if unknown:
-        raise ValueError(f"item {i}: unknown field {unknown[0]!r} (an item's fields are {', '.join(FIELD_KEYS)})")
+        raise ValueError(f"item {i}: unknown field {unknown[0]!r} (an item's fields are {', '.join(keys)})")
     if not value:
         return None
     images = value.get("images") or {}
@@ -189,20 +207,22 @@ def item_fields(i: int, value: Any) -> ItemFields | None:
     labels = value.get("box_labels")
     if labels is not None and boxes is None:
         raise ValueError(f"item {i}: box_labels without boxes")
-    if value.get("mask") is None and not named and boxes is None:
+    payloads = tuple((k, _source(i, k, value[k])) for k in payload_keys() if value.get(k) is not None)
+    if value.get("mask") is None and not named and boxes is None and not payloads:
         return None  # a size alone: nothing to check it for
     return ItemFields(_source(i, "mask", value["mask"]) if value.get("mask") is not None else None, tuple(named),
                       boxes, _box_labels(i, labels, len(boxes)) if labels is not None else None,
-                      _size(i, value["size"]) if value.get("size") is not None else None)
+                      _size(i, value["size"]) if value.get("size") is not None else None, payloads)
 
 
 def declared_fields(first: ItemFields, image_order: Sequence[str]) -> list[dict[str, Any]]:
     """The manifest's ``fields`` for items like ``first``: the mask, the extra images in
-    ``image_order``, the boxes (with ``labels`` when they have them)."""
-    out: list[dict[str, Any]] = [{"name": "mask", "kind": "mask"}] if first.mask is not None else []
-    out += [{"name": n, "kind": "image"} for n in image_order]
+    ``image_order``, the other kinds' fields, the boxes (with ``labels`` when they have them)."""
+    out: list[dict[str, Any]] = [MASK.declare(MASK.name)] if first.mask is not None else []
+    out += [IMAGE.declare(n) for n in image_order]
+    out += [kind_named(n).declare(n) for n, _ in first.payloads]
     if first.boxes is not None:
-        out.append({"name": "boxes", "kind": "boxes", "labels": first.box_labels is not None})
+        out.append(BOXES.declare(BOXES.name, labels=first.box_labels is not None))
     return out
 
 
@@ -221,6 +241,7 @@ def fields_entry(files: FieldFiles) -> dict[str, Any]:
         entry["mask"] = stamp(files.mask)
     if files.images:
         entry["images"] = [[n, stamp(s)] for n, s in files.images]
+    entry.update((n, stamp(s)) for n, s in files.payloads)
     if files.boxes is not None:
         entry["boxes"] = [list(b) for b in files.boxes]
     if files.box_labels is not None:
@@ -270,6 +291,9 @@ def _at_fault(reason: str, files: FieldFiles) -> str:
     for name, src in files.images:
         if reason.startswith(f"image {name!r}") and isinstance(src, str):
             return f"{reason} (file {src})"
+    for name, src in files.payloads:
+        if reason.startswith(name) and isinstance(src, str):
+            return f"{reason} ({name} file {src})"
     return reason
 
 
@@ -286,7 +310,8 @@ def process_with_fields(data: bytes, opts: ProcessOptions, files: FieldFiles) ->
     try:
         sources = FieldSources(_read(files.mask, "mask", opts, stamps) if files.mask is not None else None,
                                tuple((n, _read(s, f"image {n!r}", opts, stamps)) for n, s in files.images),
-                               files.boxes, files.box_labels)
+                               files.boxes, files.box_labels,
+                               tuple((n, _read(s, n, opts, stamps)) for n, s in files.payloads))
     except _Unreadable as e:
         return None, str(e)
     try:

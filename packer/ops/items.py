@@ -141,7 +141,8 @@ class _Rows:
         self.stamps = array("q")  # (size, mtime_ns) of each item's file as listed; NO_STAMP for bytes
         #: the same of each item's field files: (mask, extra images) slots per item, the files by path first
         self.field_stamps = array("q")
-        self.field_slots = (self.first.mask is not None) + len(self.image_order) if self.first is not None else 0
+        self.field_slots = (self.first.mask is not None) + len(self.image_order) + len(self.first.payloads) \
+            if self.first is not None else 0
 
     def __len__(self) -> int:
         return len(self.items)
@@ -186,7 +187,7 @@ class _Rows:
         labels = tuple(self._number(i, x, "box label") for x in fields.box_labels) \
             if fields.box_labels is not None else None
         return fields, FieldFiles(fields.mask, tuple((n, images[n]) for n in self.image_order), fields.boxes, labels,
-                                  size=fields.size)
+                                  size=fields.size, payloads=fields.payloads)
 
     def sources(self, start: int) -> _Sources:
         """The sources from position ``start`` on, as a lazy sequence for :func:`ordered_map`."""

@@ -32,8 +32,8 @@ from typing import Any
 
 from ..description.samples import LABEL_KINDS, MAX_META_BYTES, MAX_META_DEPTH, encode_meta
 from ..errors import SourceError
+from ..fields.sample import check_field_name
 from ..files.fileio import NotReadableError, open_source_file
-from ..images.fields import check_field_name
 from ..wording import plural
 
 __all__ = ["ListSource", "FieldColumns", "read_list", "convert_list", "column_types", "LIST_FORMATS", "METADATA_TYPES"]

@@ -29,11 +29,15 @@ from ..description.manifest import (
 from ..description.record import Record
 from ..description.samples import carried_label
 from ..errors import CorruptDataError, ImageError, ResumeError, SourceError
+from ..fields import named
+from ..fields.boxes import BOXES
+from ..fields.image import IMAGE
+from ..fields.mask import MASK
+from ..fields.sample import FieldSources, process_sample
 from ..files.filesystem import check_destination, claim_destination
 from ..files.journal import digest
 from ..formats import get_format, read_manifest, writer_class
 from ..images.codecs import FILE_EXTENSIONS
-from ..images.fields import FieldSources, process_sample
 from ..images.imageproc import (
     CODECS,
     Encoding,
@@ -148,10 +152,12 @@ def reprocess(rec: Record, opts: ProcessOptions, boxes: tuple[Any, Any] | None =
     if rec.codec == "raw" and opts.encoding.codec == "keep":
         opts = replace(opts, encoding=Encoding("raw", 0))
     sources = FieldSources(
-        mask=next((bytes(f.payload) for f in rec.fields if f.name == "mask"), None),
-        images=tuple((f.name, _file_bytes(f.payload, f.codec, f.height, f.width)) for f in rec.fields if f.name != "mask"),
+        mask=next((bytes(f.payload) for f in rec.fields if named(f.name) is MASK), None),
+        images=tuple((f.name, _file_bytes(f.payload, f.codec, f.height, f.width)) for f in rec.fields
+                     if named(f.name) is IMAGE),
         boxes=None if boxes is None else boxes[0],
         box_labels=None if boxes is None or all(v < 0 for v in boxes[1]) else boxes[1],
+        payloads=tuple((f.name, bytes(f.payload)) for f in rec.fields if named(f.name) not in (MASK, IMAGE)),
     )
     return process_sample(_file_bytes(rec.payload, rec.codec, rec.height, rec.width), opts, sources)
 
@@ -190,9 +196,9 @@ def _source_fields(ds: Any) -> list[dict[str, Any]]:
         rec = ds.read_record(0)
     except (CorruptDataError, OSError):
         return []
-    out: list[dict[str, Any]] = [{"name": f.name, "kind": "mask" if f.name == "mask" else "image"} for f in rec.fields]
+    out: list[dict[str, Any]] = [named(f.name).declare(f.name) for f in rec.fields]
     if rec.boxes is not None:
-        out.append({"name": "boxes", "kind": "boxes", "labels": rec.box_labels is not None})
+        out.append(BOXES.declare(BOXES.name, labels=rec.box_labels is not None))
     return out
 
 

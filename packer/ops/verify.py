@@ -18,15 +18,15 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import crc32c
-import cv2
 import numpy as np
 
 from ..description.manifest import FileEntry, Manifest, file_problem
 from ..description.record import Record
 from ..description.samples import SampleTable
 from ..errors import CorruptDataError
+from ..fields import KINDS
+from ..fields.boxes import BOXES
 from ..formats import get_format, read_manifest
-from ..images.imageproc import ProcessedField, decode_payload
 
 __all__ = ["VerifyReport", "verify_dataset", "file_problem"]
 
@@ -146,30 +146,10 @@ def _check_fields(ds: Any, m: Manifest, rec: Record, i: int) -> None:
     if names != m.stored_fields:
         raise CorruptDataError(f"has the fields {names}, the manifest lists {m.stored_fields}", **where)
     for f in rec.fields:
-        _check_field(f, m.field_kind(f.name), (rec.height, rec.width), where)
-    spec = next((f for f in m.fields if f["kind"] == "boxes"), None)
+        KINDS[str(m.field_kind(f.name))].verify(f, (rec.height, rec.width), where)
+    spec = next((f for f in m.fields if KINDS[f["kind"]] is BOXES), None)
     if spec is not None:
         _check_boxes(ds.sample_table(), rec, bool(spec.get("labels")), i)
-
-
-def _check_field(f: ProcessedField, kind: str | None, size: tuple[int, int], where: dict) -> None:
-    """A mask (one channel, 8 or 16 bits, PNG) or extra image (RGB) of the image's ``size`` (h, w),
-    decoding to what its header says."""
-    what = f"field {f.name!r}"
-    mask = kind == "mask"
-    if (f.height, f.width) != size or f.channels != (1 if mask else 3) or f.depth not in ((8, 16) if mask else (8,)):
-        raise CorruptDataError(f"{what} is {f.width}x{f.height}, {f.channels} channels of {f.depth} bits; the "
-                               f"image is {size[1]}x{size[0]} and a {kind} has {1 if mask else 3}", **where)
-    if mask:
-        png = f.codec == "png" and len(f.payload) > 0
-        a = cv2.imdecode(np.frombuffer(f.payload, np.uint8), cv2.IMREAD_UNCHANGED) if png else None
-        ok = a is not None and a.shape == size and a.dtype == (np.uint16 if f.depth == 16 else np.uint8)
-    else:
-        a = decode_payload(f.payload, f.codec, f.height, f.width, path=where["path"], sample=where["sample"])
-        ok = a.shape[:2] == size
-    if not ok:
-        got = "not decodable" if a is None else f"{a.dtype} {a.shape}"
-        raise CorruptDataError(f"{what} ({f.codec}) decodes to {got}, its header says {f.width}x{f.height}", **where)
 
 
 def _check_boxes(table: SampleTable | None, rec: Record, labelled: bool, i: int) -> None:
