@@ -89,6 +89,7 @@ def pack(inputs: Iterable[Any], dst: str | os.PathLike[str], format: str, fn: Ca
     message, else as :class:`~packer.errors.WorkerError` (``type_name`` holds the original type).
     """
     from .items import check_classes, convert_items
+    from .order import recorded_seed, write_order
     from .pool import ordered_map
 
     if fn is not None and not callable(fn):
@@ -110,16 +111,12 @@ def pack(inputs: Iterable[Any], dst: str | os.PathLike[str], format: str, fn: Ca
         numbered = _Numbered(values)
         samples = list(ordered_map(work, numbered, opts.workers, lambda i: f"input {i}"))
         _check_same_fields(samples)
-        order = range(len(samples))
-        if opts.shuffle:
-            import numpy as np
-
-            order = np.random.default_rng(opts.seed).permutation(len(samples)).tolist()
+        order = write_order(len(samples), opts)
         items = [samples[i][1:] for i in order]
         keys = [samples[i][0] for i in order]
         return convert_items(items, dst, format, opts, classes, label_kind=label_kind, keys=keys,
                              source={"kind": "pack", "inputs": len(values)},
-                             shuffle_seed=opts.seed if opts.shuffle else None, record_files=False)
+                             shuffle_seed=recorded_seed(opts), record_files=False)
     finally:
         shutil.rmtree(spool, ignore_errors=True)
 

@@ -311,13 +311,13 @@ def convert_coco(path: str | os.PathLike[str], dst: str | os.PathLike[str], fmt:
     time with ``options.seed`` unless ``options.shuffle`` is off (then they keep the file's order)."""
     from .engine import ConvertOptions
     from .items import convert_items
+    from .order import recorded_seed, write_order
 
     options = options if options is not None else ConvertOptions()
     source = read_coco(path, images, masks)
-    perm = np.random.default_rng(options.seed).permutation(len(source)).tolist() if options.shuffle \
-        else list(range(len(source)))
+    perm = write_order(len(source), options)
     keys = source.keys
     return convert_items(_Ordered(source, perm), dst, fmt, options, source.classes, label_kind="multi",
                          keys=[keys[i] for i in perm],
                          source={"kind": "coco", "path": os.path.abspath(os.fspath(path)), "masks": masks},
-                         shuffle_seed=options.seed if options.shuffle else None, record_files=False)
+                         shuffle_seed=recorded_seed(options), record_files=False)

@@ -29,9 +29,7 @@ import time
 from array import array
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import asdict, dataclass, field, replace
-from typing import Any
-
-import numpy as np
+from typing import Any, Protocol
 
 from .. import __version__
 from ..converters.base import WriterOptions
@@ -70,6 +68,7 @@ from ..formats import formats_taking, get_format, read_manifest, writer_class
 from ..images.imageproc import ProcessedImage, ProcessOptions, Resize
 from ..progress import LOG_INTERVAL, Progress
 from ..wording import describe_skips, plural
+from .order import recorded_seed, write_order
 from .pool import ordered_map
 from .scan import Sample, scan_imagefolder
 from .sourcefiles import (
@@ -86,6 +85,8 @@ from .sourcefiles import (
 __all__ = [
     "ConvertOptions",
     "ConvertReport",
+    "ItemSource",
+    "convert_source",
     "convert_imagefolder",
     "temp_dir_for",
     "publish",
@@ -161,12 +162,6 @@ def _process_chunk(paths: Sequence[str], opts: ProcessOptions) -> list[Result]:
     return [process_file(p, opts) for p in paths]
 
 
-def _results(samples: Sequence[Sample], opts: ProcessOptions, workers: int) -> Iterator[Result]:
-    """Processed results in sample order, from ``workers`` processes (0 or 1: this process)."""
-    paths = [s.path for s in samples]
-    return ordered_map(functools.partial(_process_chunk, opts=opts), paths, workers, paths.__getitem__)
-
-
 #: One sample on its way to a writer: (key, label, image, None), or (key, label, None, reason) for a skip.
 Item = tuple[str, int, ProcessedImage | None, str | None]
 
@@ -174,6 +169,56 @@ Item = tuple[str, int, ProcessedImage | None, str | None]
 #: Items for :func:`write_packed`: an iterable, or ``start -> iterable`` of the items from source
 #: position ``start`` on (needed to resume).
 Items = Iterable[Item] | Callable[[int], Iterable[Item]]
+
+
+class ItemSource(Protocol):
+    """What :func:`convert_source` reads of a source, by position in write order: ``process``
+    (picklable) turns a chunk of ``sources(start)`` entries into results, in worker processes."""
+
+    process: Callable[[Sequence[Any]], list[Result]]
+
+    def __len__(self) -> int: ...
+
+    def sources(self, start: int) -> Sequence[Any]:
+        """What ``process`` gets for the items from position ``start`` on (sliced into chunks)."""
+        ...
+
+    def sample(self, pos: int) -> tuple[str, Any]:
+        """Item ``pos``'s key and label (a number, or a Label of packer.description.samples)."""
+        ...
+
+    def name(self, pos: int) -> str:
+        """Item ``pos`` as errors name it (a crashed worker, a bad image under ``strict``)."""
+        ...
+
+
+def source_items(source: ItemSource, options: ConvertOptions) -> Callable[[int], Iterator[Item]]:
+    """The items of ``source`` from a start position on, processed by ``options.workers``
+    processes (0 or 1: this process) and yielded in order; strict: the first bad image raises."""
+
+    def items(start: int) -> Iterator[Item]:
+        results = ordered_map(source.process, source.sources(start), options.workers, lambda k: source.name(start + k))
+        for pos, (image, reason) in enumerate(results, start):
+            if image is None and options.strict:
+                raise ImageError(f"{source.name(pos)}: {reason}")
+            key, label = source.sample(pos)
+            yield key, label, image, reason
+
+    return items
+
+
+def convert_source(source: ItemSource, dst: str, fmt: str, template: Manifest, options: ConvertOptions,
+                   fingerprint: dict[str, str], *, shown: str, t0: float,
+                   errors: Sequence[tuple[str, str]] = ()) -> ConvertReport:
+    """The one conversion pipeline every source feeds (``dst``'s claim held, the destination
+    checked): ``source``'s items processed, written with ``fmt``'s writer under ``template``,
+    journaled under ``fingerprint`` (so ``options.resume`` continues), published; the report, timed
+    from ``t0``, with the source's ``errors`` found before writing. ``shown`` names the source."""
+    counts: dict[str, int] = {}
+    manifest, resumed, notes = write_packed_result(dst, fmt, source_items(source, options), template, options,
+                                                   len(source), shown, fingerprint, counts)
+    return ConvertReport(dst, manifest, time.perf_counter() - t0, list(manifest.skipped), list(errors),
+                         resumed=resumed, notes=notes, left_small=counts["left_small"])
 
 
 def options_fingerprint(fmt: str, template: Manifest, options: ConvertOptions) -> str:
@@ -496,15 +541,14 @@ def scan_ordered(src: str, dst: str, fmt: str, options: ConvertOptions, *,
     if options.classes is not None:
         samples, classes, empty = pin_classes(src, samples, scan.classes, options.classes)
     if options.shuffle:
-        perm = np.random.default_rng(options.seed).permutation(len(samples))
-        samples = [samples[i] for i in perm]
+        samples = [samples[i] for i in write_order(len(samples), options)]
     template = Manifest(
         format=fmt,
         num_samples=0,
         classes=classes,
         processing=options.processing.to_json(),
         files=[],
-        shuffle_seed=options.seed if options.shuffle else None,
+        shuffle_seed=recorded_seed(options),
         skipped=[Skipped(os.path.relpath(p, src), r) for p, r in scan.errors],
         ignored={"hidden": len(scan.ignored_hidden), "not_images": len(scan.ignored_other),
                  "outside_classes": len(scan.ignored_root)},
@@ -543,19 +587,37 @@ def _convert_imagefolder_claimed(src: str, dst: str, fmt: str, options: ConvertO
         m = read_manifest(dst)
         return ConvertReport(dst, m, time.perf_counter() - t0, list(m.skipped), errors, already_complete=True)
 
-    def items(start: int) -> Iterator[Item]:
-        rest = samples[start:]
-        for sample, (image, reason) in zip(rest, _results(rest, options.processing, options.workers)):
-            if image is None and options.strict:
-                raise ImageError(f"{sample.path}: {reason}")
-            yield sample.relpath.replace(os.sep, "/"), sample.label, image, reason
-
     fingerprint = {"source": source_fingerprint(samples), "options": options_fingerprint(fmt, template, options)}
-    counts: dict[str, int] = {}
-    manifest, resumed, notes = write_packed_result(dst, fmt, items, template, options, len(samples), src,
-                                                   fingerprint, counts)
-    return ConvertReport(dst, manifest, time.perf_counter() - t0, list(manifest.skipped), errors,
-                         resumed=resumed, notes=notes, left_small=counts["left_small"])
+    return convert_source(_FolderItems(samples, options.processing), dst, fmt, template, options, fingerprint,
+                          shown=src, t0=t0, errors=errors)
+
+
+class _FolderItems:
+    """An image folder's samples (in write order) as an :class:`ItemSource`: keyed by their path
+    relative to the root, named in errors by their path."""
+
+    def __init__(self, samples: Sequence[Sample], opts: ProcessOptions) -> None:
+        self.samples = samples
+        self.process = functools.partial(_process_chunk, opts=opts)
+
+    def __len__(self) -> int:
+        return len(self.samples)
+
+    def sources(self, start: int) -> list[str]:
+        return [s.path for s in self.samples[start:]]
+
+    def sample(self, pos: int) -> tuple[str, int]:
+        s = self.samples[pos]
+        return s.relpath.replace(os.sep, "/"), s.label
+
+    def name(self, pos: int) -> str:
+        return self.samples[pos].path
+
+
+def _results(samples: Sequence[Sample], opts: ProcessOptions, workers: int) -> Iterator[Result]:
+    """Processed results in sample order, from ``workers`` processes (0 or 1: this process)."""
+    source = _FolderItems(samples, opts)
+    return ordered_map(source.process, source.sources(0), workers, source.name)
 
 
 # -- what a user is told ---------------------------------------------------------------------------

@@ -18,7 +18,7 @@ from typing import Any, Union
 from .. import __version__
 from ..description.manifest import FIELDS_VERSION, ITEM_RECORDS, Manifest
 from ..description.samples import LABEL_KINDS, Label, encode_meta, sample_fields
-from ..errors import ImageError, PackerError
+from ..errors import PackerError
 from ..files.filesystem import claim_destination, recover_publish
 from ..files.journal import digest
 from ..formats import read_manifest, writer_class
@@ -27,10 +27,8 @@ from ..wording import plural
 from .engine import (
     ConvertOptions,
     ConvertReport,
-    Item,
+    convert_source,
     options_fingerprint,
-    ordered_map,
-    write_packed_result,
 )
 from .itemfields import (
     FieldFiles,
@@ -128,11 +126,13 @@ def _process_sources(sources: Sequence[tuple[Any, ...]], opts: ProcessOptions) -
 
 class _Rows:
     """The items read lazily by position: each checked when read, its key, label and source made
-    on the fly, so a Sequence of items is never copied (conversion memory does not grow with N)."""
+    on the fly, so a Sequence of items is never copied (conversion memory does not grow with N).
+    The :class:`~packer.ops.engine.ItemSource` that :func:`convert_items` feeds the pipeline."""
 
     def __init__(self, items: Sequence[Any], names: list[str], root: str | None, kind: str = "class",
-                 keys: Sequence[str] | None = None) -> None:
+                 keys: Sequence[str] | None = None, opts: ProcessOptions | None = None) -> None:
         self.items, self.root, self.kind, self.keys = items, root, kind, keys
+        self.process = functools.partial(_process_sources, opts=opts or ProcessOptions())
         #: the first item's fields (every item must have the same), and the extra images' order
         self.first = item_fields(0, _checked(0, items[0])[3]) if len(items) else None
         self.image_order = [n for n, _ in self.first.images] if self.first is not None else []
@@ -190,8 +190,16 @@ class _Rows:
                                   size=fields.size, payloads=fields.payloads)
 
     def sources(self, start: int) -> _Sources:
-        """The sources from position ``start`` on, as a lazy sequence for :func:`ordered_map`."""
+        """The sources from position ``start`` on, as a lazy sequence for ``ordered_map``."""
         return _Sources(self, start)
+
+    def sample(self, pos: int) -> tuple[str, Any]:
+        """Item ``pos``'s key and label."""
+        return self.row(pos)[1:]  # type: ignore[return-value]
+
+    def name(self, pos: int) -> str:
+        """Item ``pos`` as errors name it: its key."""
+        return self.row(pos)[1]
 
     def stamp(self, i: int) -> Stamp:
         """Item ``i``'s file as :meth:`fingerprint` listed it."""
@@ -381,22 +389,13 @@ def convert_items(
     names = _item_class_names(seq, classes, label_kind)
     if keys is not None and len(keys) != len(seq):
         raise ValueError(f"keys has {len(keys)} entries for {len(seq)} items")
-    rows = _Rows(seq, names, os.fspath(root) if root is not None else None, label_kind, keys)
+    rows = _Rows(seq, names, os.fspath(root) if root is not None else None, label_kind, keys, options.processing)
     writer_class(fmt)  # an unknown format fails before any work
     template = Manifest(format=fmt, num_samples=0, classes=names, processing=options.processing.to_json(), files=[],
                         source=dict(source or {"kind": "items"}), created_by=f"packer {__version__}",
                         label_kind=label_kind, shuffle_seed=shuffle_seed)
     if rows.first is not None:
         template.version, template.fields = FIELDS_VERSION, declared_fields(rows.first, rows.image_order)
-
-    def stream(start: int) -> Iterator[Item]:
-        fn = functools.partial(_process_sources, opts=options.processing)
-        results = ordered_map(fn, rows.sources(start), options.workers, lambda k: rows.row(start + k)[1])
-        for pos, (image, reason) in enumerate(results, start):
-            key, label = rows.row(pos)[1:]
-            if image is None and options.strict:
-                raise ImageError(f"{key}: {reason}")
-            yield key, label, image, reason
 
     listed, records = rows.fingerprint(expected_stats)
     fingerprint = {"source": listed, "options": options_fingerprint(fmt, template, options)}
@@ -411,11 +410,8 @@ def convert_items(
                                  notes=[f"kept {dst}: finished before from the same items and options"])
         if os.path.lexists(dst) and not options.overwrite:
             raise FileExistsError(f"destination exists: {dst} (use --overwrite to replace it)")
-        counts: dict[str, int] = {}
-        manifest, resumed, notes = write_packed_result(dst, fmt, stream, template, options, len(rows),
-                                                       _shown_source(template.source, len(rows)), fingerprint, counts)
-    return ConvertReport(dst, manifest, time.perf_counter() - t0, list(manifest.skipped), resumed=resumed, notes=notes,
-                         left_small=counts["left_small"])
+        return convert_source(rows, dst, fmt, template, options, fingerprint, t0=t0,
+                              shown=_shown_source(template.source, len(rows)))
 
 
 def _item_class_names(seq: Sequence[Any], classes: Sequence[str] | None, label_kind: str) -> list[str]:

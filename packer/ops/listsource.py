@@ -477,10 +477,9 @@ def convert_list(
     The rows are shuffled at write time with ``options.seed`` unless ``options.shuffle`` is off
     (then they keep the list's order). ``classes`` (or ``options.classes``) pins the class list,
     e.g. a training set's, so labels line up."""
-    import numpy as np
-
     from .engine import ConvertOptions
     from .items import check_classes, convert_items
+    from .order import recorded_seed, write_order
 
     options = options if options is not None else ConvertOptions()
     if classes is None and options.classes is not None:
@@ -492,8 +491,7 @@ def convert_list(
         source.check_classes(os.fspath(listfile), classes)
     items = source.items
     if options.shuffle:
-        perm = np.random.default_rng(options.seed).permutation(len(items))
-        items = [items[i] for i in perm]
+        items = [items[i] for i in write_order(len(items), options)]
     return convert_items(items, dst, fmt, options, classes, root=source.root, label_kind=source.label_kind,
                          source={"kind": "list", "path": os.path.abspath(os.fspath(listfile))},
-                         shuffle_seed=options.seed if options.shuffle else None, record_files=False)
+                         shuffle_seed=recorded_seed(options), record_files=False)

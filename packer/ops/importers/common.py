@@ -214,9 +214,8 @@ def convert_import(table: Table, dst: str | os.PathLike[str], fmt: str, options:
     ConvertReport): images through a temporary folder beside ``dst``, so memory does not grow
     with the images; integer labels keep their values, class names come from ``classes``, the
     table's declared classes, or the names found (sorted); other columns become metadata."""
-    import numpy as np
-
     from ..items import convert_items, item_classes
+    from ..order import recorded_seed, write_order
 
     choice = choose_columns(table, image_column, label_column, drop_columns)
     dst = os.path.abspath(os.fspath(dst))
@@ -235,14 +234,13 @@ def convert_import(table: Table, dst: str | os.PathLike[str], fmt: str, options:
                 item_classes([x[1] for x in items], names)
             except ValueError as e:
                 raise SourceError(f"{table.shown}: {str(e).replace('item ', 'sample ', 1)}") from None
-        order = np.random.default_rng(options.seed).permutation(len(items)).tolist() if options.shuffle \
-            else range(len(items))
+        order = write_order(len(items), options)
         try:
             return convert_items([items[i] for i in order], dst, fmt, options, names, label_kind=kind,
                                  keys=[keys[i] for i in order], record_files=False,
                                  source={"kind": source_kind, "path": table.shown, "image_column": choice.image,
                                          "label_column": choice.label},
-                                 shuffle_seed=options.seed if options.shuffle else None)
+                                 shuffle_seed=recorded_seed(options))
         except ValueError as e:
             if isinstance(e, SourceError):
                 raise
