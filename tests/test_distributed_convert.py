@@ -202,12 +202,27 @@ def test_torchrun_environment_in_process(folder, tmp_path, monkeypatch, capsys):
 
 
 @pytest.mark.slow
-def test_torchrun_rank_killed_fails_the_job(tmp_path):
-    """SIGKILL of rank 1 while it converts (its pid read from its part's claim): torchrun stops the
-    job, and nothing appears at DST."""
+def _kill_the_lock_holder(proc: subprocess.Popen, lock: str) -> bool:
+    """SIGKILL the process whose pid the claim file ``lock`` names, as soon as it is written,
+    while ``proc`` (the torchrun job) runs; whether it was killed within 120 s."""
     import json
     import signal
     import time
+
+    deadline = time.monotonic() + 120
+    while proc.poll() is None and time.monotonic() < deadline:
+        try:
+            with open(lock) as f:
+                os.kill(json.load(f)["pid"], signal.SIGKILL)
+            return True
+        except (OSError, ValueError, KeyError):
+            time.sleep(0.01)
+    return False
+
+
+def test_torchrun_rank_killed_fails_the_job(tmp_path):
+    """SIGKILL of rank 1 while it converts (its pid read from its part's claim): torchrun stops the
+    job, and nothing appears at DST."""
 
     from packer.files.filesystem import sibling_path
     from packer.ops.distributed import part_path
@@ -218,15 +233,7 @@ def test_torchrun_rank_killed_fails_the_job(tmp_path):
     lock = sibling_path(part_path(dst, 1, 2), "lock")
     cmd, env = torchrun_command(2, "tar", root, dst, "--workers", "1", "--encode", "png", "-q")
     proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    killed = False
-    deadline = time.monotonic() + 120
-    while proc.poll() is None and not killed and time.monotonic() < deadline:
-        try:
-            with open(lock) as f:
-                os.kill(json.load(f)["pid"], signal.SIGKILL)
-            killed = True
-        except (OSError, ValueError, KeyError):
-            time.sleep(0.01)
+    killed = _kill_the_lock_holder(proc, lock)
     _, err = proc.communicate(timeout=120)
     assert killed and proc.returncode != 0, err
     assert not os.path.exists(dst)
@@ -413,9 +420,6 @@ def test_a_dead_store_host_is_named_and_its_claim_removed(tmp_path):
 def _kill_a_rank(tmp_path, victim: int, nproc_args=()):
     """A real torchrun job over a folder large enough to be caught converting; SIGKILL of rank
     ``victim`` once it holds its claim (rank 0: DST's, another: its part's). (stderr, dst)."""
-    import json
-    import signal
-    import time
 
     from packer.files.filesystem import sibling_path
     from packer.ops.distributed import part_path
@@ -426,14 +430,7 @@ def _kill_a_rank(tmp_path, victim: int, nproc_args=()):
     lock = sibling_path(dst if victim == 0 else part_path(dst, victim, 2), "lock")
     cmd, env = torchrun_command(2, "tar", root, dst, "--workers", "1", "--encode", "png", "-q", "--rank-timeout", "5")
     proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    killed, deadline = False, time.monotonic() + 120
-    while proc.poll() is None and not killed and time.monotonic() < deadline:
-        try:
-            with open(lock) as f:
-                os.kill(json.load(f)["pid"], signal.SIGKILL)
-            killed = True
-        except (OSError, ValueError, KeyError):
-            time.sleep(0.01)
+    killed = _kill_the_lock_holder(proc, lock)
     _, err = proc.communicate(timeout=120)
     assert killed and proc.returncode != 0, err
     return err, dst, cmd, env
