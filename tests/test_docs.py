@@ -37,7 +37,11 @@
 #   ``<!-- docs-test: file NAME -->``  the block is saved as ``~/NAME`` (a script that a later block
 #       runs), not run;
 #   ``<!-- docs-test: needs MODULE -->``  an optional extra: skipped when MODULE does not import
-#       (a failure under PACKER_REQUIRE_OPTIONAL=1, as in CI).
+#       (a failure under PACKER_REQUIRE_OPTIONAL=1, as in CI);
+#   ``<!-- docs-test: slow (repeats tests/test_x.py) -->``  runs in the slow suite only (CI runs it),
+#       for a block that takes long and repeats what the named test file checks in the default suite.
+#       A slow block is never run as the prerequisite of a later block, so it must leave nothing
+#       that a later block needs (the default suite, which skips it, proves that).
 #
 # To give docs a new name, add a builder to ``FIXTURES`` (name -> function that makes it in a folder).
 
@@ -129,6 +133,12 @@ def runnable(doc: str) -> list[Block]:
 
 
 ALL = [b for d in documents() for b in runnable(d)]
+_SLOW = re.compile(r"slow \(repeats (tests/test_\w+\.py)\b.*\)")
+
+
+def _param(block: Block):
+    """``block`` as a test parameter, marked slow when its docs-test marker says so."""
+    return pytest.param(block, id=block.id, marks=[pytest.mark.slow] if _SLOW.fullmatch(block.marker) else [])
 
 
 # -- the names a home starts with ---------------------------------------------------------------
@@ -240,6 +250,10 @@ def _skip_reason(block: Block) -> str | None:
             f"{block.id}: a block is skipped only when it needs a GPU, a cluster or the public internet, "
             f"not for {reason!r}")
         return reason
+    m = _SLOW.fullmatch(block.marker)
+    if m:
+        assert os.path.exists(os.path.join(ROOT, m.group(1))), f"{block.id}: {m.group(1)} does not exist"
+        return None
     m = re.fullmatch(r"needs ([\w.]+)", block.marker)
     if m:
         try:
@@ -290,7 +304,10 @@ def run_block(block: Block, session: Session, s3_server: Callable[[], S3Server])
 
 
 def _runs(block: Block) -> bool:
-    """Whether ``block`` runs here (an earlier block skipped for an absent extra does not skip the rest)."""
+    """Whether ``block`` runs as a later block's prerequisite (an earlier block skipped for an absent
+    extra does not skip the rest; a slow block is never a prerequisite)."""
+    if _SLOW.fullmatch(block.marker):
+        return False
     try:
         return _skip_reason(block) is None
     except pytest.skip.Exception:
@@ -314,7 +331,7 @@ def sessions(start_home, tmp_path_factory):
     return get
 
 
-@pytest.mark.parametrize("block", ALL, ids=[b.id for b in ALL])
+@pytest.mark.parametrize("block", [_param(b) for b in ALL])
 def test_block_runs_as_written(block, sessions, request):
     reason = _skip_reason(block)
     if reason is not None:
@@ -352,7 +369,9 @@ def test_fences_markers_and_prompts_are_read():
         (4, "python", "skip (needs a GPU)"), (10, "bash", ""), (14, "text", ""), (20, "console", "file run.py")]
     assert blocks[1].text == "echo hi\n" and _console_script(blocks[3].text) == "python run.py\n"
     assert _skip_reason(blocks[0]) == "needs a GPU" and _skip_reason(blocks[1]) is None
-    for marker in ("skip (slow)", "skp (needs a GPU)"):
+    slow = Block("x.md", 1, "bash", "true\n", "slow (repeats tests/test_ddp.py: its two-rank runs)")
+    assert _skip_reason(slow) is None and not _runs(slow) and _param(slow).marks[0].name == "slow"
+    for marker in ("skip (slow)", "skp (needs a GPU)", "slow (takes long)", "slow (repeats tests/test_nothing.py)"):
         with pytest.raises(AssertionError):  # only a GPU, a cluster or the internet excuse a block
             _skip_reason(Block("x.md", 1, "bash", "true\n", marker))
 
