@@ -33,7 +33,6 @@ from packer.images.placeholder import placeholder_reason
 from packer.sizes import parse_size
 from packer.storage.datasetdir import DatasetDir
 
-from .cache import SharedCache
 from .crops import Crop, as_crop
 from .fields import (
     FieldTuple,
@@ -44,8 +43,9 @@ from .fields import (
     output_kind,
     tv_tensor_types,
 )
-from .skips import SkipCounter
-from .worker_memory import settle_worker
+from .shm.cache import SharedCache
+from .shm.skips import SkipCounter
+from .shm.worker_memory import settle_worker
 
 __all__ = ["PackedDataset", "OUTPUTS", "FIELDS"]
 
@@ -85,7 +85,7 @@ class PackedDataset(Dataset):
         verify: check per-sample checksums on read (cheap next to decoding).
         on_error: ``"raise"`` (default) raises CorruptDataError naming file, sample and offset;
             ``"skip"`` returns the next readable sample instead, issues a
-            :class:`~packer.datasets.skips.SkippedSampleWarning` naming the sample, and counts the
+            :class:`~packer.datasets.shm.skips.SkippedSampleWarning` naming the sample, and counts the
             skip in ``self.errors``: one count shared by this process and all its DataLoader
             workers. Only when every sample of the dataset fails in a row does it raise, and from
             then on each read raises at once, counting nothing more; a dataset that fails its
@@ -94,7 +94,7 @@ class PackedDataset(Dataset):
             after the first epoch, decode every time) or ``"decoded"`` (keep the decoded pixels:
             no disk read and no decode after the first epoch). One cache in shared memory is
             used by this process and all its DataLoader workers (fork or spawn), filled on first
-            access; see :mod:`packer.datasets.cache`.
+            access; see :mod:`packer.datasets.shm.cache`.
         crop: a crop the reader makes as it decodes, before ``transform``: an int or (height,
             width) for the centred crop, or a :class:`~packer.datasets.crops.RandomCrop` /
             :class:`~packer.datasets.crops.RandomResizedCrop`. JPEGs are then decoded only in
@@ -215,7 +215,7 @@ class PackedDataset(Dataset):
             return
         self._cache_request = None
         need = request[1] if request[1] is not None else self._cache_estimate(str(self.cache_mode))
-        # Ranks of one job on one node that open the same dataset share one cache (packer.datasets.cache).
+        # Ranks of one job on one node that open the same dataset share one cache (packer.datasets.shm.cache).
         self.cache = SharedCache(self.manifest.num_samples, need,
                                  identity=str(self.cache_mode).encode() + b"\0" + self.manifest.dumps())
 

@@ -49,7 +49,8 @@ from .partition import (
     resharded_count,
 )
 from .readahead import ShardReadAhead
-from .shm import ProcessLock, SharedRegion, SlotTable, int64_rows
+from .shm.locks import ProcessLock
+from .shm.region import SharedRegion, SlotTable, int64_rows
 from .world import World, detect_rank_and_world_size, detect_worker
 
 __all__ = ["StreamingDataset", "StreamOptions", "STATE_VERSION", "ORDER_VERSION"]
@@ -163,8 +164,8 @@ _CLOCK_SLOTS = len(_FIELDS) + _GROUPS * len(_GROUP_FIELDS)
 class _EpochClock:
     """Epoch bookkeeping shared by a dataset and its copies in DataLoader workers.
 
-    A :class:`~packer.datasets.shm.SlotTable` in shared memory and a
-    :class:`~packer.datasets.shm.ProcessLock`, both sent to spawn and forkserver workers as file
+    A :class:`~packer.datasets.shm.region.SlotTable` in shared memory and a
+    :class:`~packer.datasets.shm.locks.ProcessLock`, both sent to spawn and forkserver workers as file
     descriptors and inherited under fork. A copy made any other way (``pickle``,
     ``copy.deepcopy``) gets its own clock, starting from the same values. The lock is held for
     microseconds and released by the kernel if its holder dies, so no wait can hang.
