@@ -350,8 +350,6 @@ def test_tests_import_tools_only_from_the_list():
 LARGE_TO_SHRINK = {
     "packer/images/imageproc.py",  # 769
     "converters/hdf5.py", "converters/hdf5.py:HDF5Writer",  # 865; the class 524
-    "datasets/base.py", "datasets/base.py:PackedDataset",  # 857; the class 778 (its fields plan, its cache)
-    "datasets/streaming.py", "datasets/streaming.py:StreamingDataset",  # 794; the class 472
 }
 
 
