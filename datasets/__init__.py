@@ -10,13 +10,13 @@ from typing import Any
 from packer.storage.shardspec import ShardSpecError
 
 from .base import OUTPUTS, PackedDataset
-from .cache import SharedCache
 from .collation import collate
 from .encoded import EncodedBatch, collate_encoded
 from .opening import listed_format, open_dataset
 from .prefetch import prefetch_to_device
 from .samplers import ExactDistributedSampler
 from .seeding import seed_everything, seed_worker, worker_rng
+from .shm.cache import SharedCache
 from .streaming import StreamingDataset
 
 __all__ = ["open_dataset", "listed_format", "ShardSpecError", "PackedDataset", "OUTPUTS", "StreamingDataset", "ExactDistributedSampler", "SharedCache", "collate",

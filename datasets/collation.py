@@ -35,8 +35,8 @@ from torch.multiprocessing.reductions import reduce_tensor
 from torch.utils.data import default_collate, get_worker_info
 
 from .fields import PER_SAMPLE, FieldTuple
-from .shm import SharedRegion, SlotTable
-from .worker_memory import settle_worker
+from .shm.region import SharedRegion, SlotTable
+from .shm.worker_memory import settle_worker
 
 __all__ = ["collate", "slots_available", "MAX_SLOTS"]
 

@@ -24,7 +24,7 @@ from packer.storage.remote import is_url
 from packer.storage.shardspec import ShardList, ShardSpecError, resolve_paths
 
 from .base import PackedDataset
-from .shards import listed_shards
+from .formats.shards import listed_shards
 
 __all__ = ["open_dataset", "listed_format"]
 

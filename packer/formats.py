@@ -97,7 +97,7 @@ def _lmdb_writer() -> type[Writer]:
 
 
 def _lmdb_reader() -> type[PackedDataset]:
-    from packer.datasets.lmdb import LMDBDataset
+    from packer.datasets.formats.lmdb import LMDBDataset
 
     return LMDBDataset
 
@@ -109,7 +109,7 @@ def _tar_writer() -> type[Writer]:
 
 
 def _tar_reader() -> type[PackedDataset]:
-    from packer.datasets.tar import TarDataset
+    from packer.datasets.formats.tar import TarDataset
 
     return TarDataset
 
@@ -121,7 +121,7 @@ def _tfrecord_writer() -> type[Writer]:
 
 
 def _tfrecord_reader() -> type[PackedDataset]:
-    from packer.datasets.tfrecord import TFRecordDataset
+    from packer.datasets.formats.tfrecord import TFRecordDataset
 
     return TFRecordDataset
 
@@ -133,7 +133,7 @@ def _hdf5_writer() -> type[Writer]:
 
 
 def _hdf5_reader() -> type[PackedDataset]:
-    from packer.datasets.hdf5 import HDF5Dataset
+    from packer.datasets.formats.hdf5 import HDF5Dataset
 
     return HDF5Dataset
 

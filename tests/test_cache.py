@@ -1,4 +1,4 @@
-"""Tests for packer.datasets.cache.SharedCache: bounded, shared by all DataLoader workers."""
+"""Tests for packer.datasets.shm.cache.SharedCache: bounded, shared by all DataLoader workers."""
 
 from __future__ import annotations
 
@@ -17,8 +17,9 @@ import pytest
 import torch
 from torch.utils.data import DataLoader, Dataset, get_worker_info
 
-import packer.datasets.cache as cache_module
-from packer.datasets.cache import SharedCache, cgroup_free_bytes
+import packer.datasets.shm.budget as budget_module
+from packer.datasets.shm.budget import cgroup_free_bytes
+from packer.datasets.shm.cache import SharedCache
 
 MiB = 2**20
 SHM = "/dev/shm"
@@ -145,7 +146,7 @@ def test_get_many_and_put_many_are_get_and_put_for_a_batch() -> None:
 
 
 def test_put_many_that_fails_to_write_leaves_nothing_half_cached(monkeypatch: pytest.MonkeyPatch) -> None:
-    import packer.datasets.cache as cache_module
+    import packer.datasets.shm.cache as cache_module
 
     cache = SharedCache(4, 4096)
     calls = 0
@@ -403,7 +404,7 @@ def test_no_shm_entries_or_memory_after_sigkill() -> None:
     script = textwrap.dedent(
         """
         import time
-        from packer.datasets.cache import SharedCache
+        from packer.datasets.shm.cache import SharedCache
         cache = SharedCache(4, 128 * 2**20)
         cache.put(0, b"x" * (16 * 2**20))
         print("ready", flush=True)
@@ -429,8 +430,8 @@ def test_failed_allocation_leaves_no_entry(tmp_path, monkeypatch: pytest.MonkeyP
     """A node-shared cache too big for /dev/shm fails at once, and leaves no name behind."""
     stat = os.statvfs(SHM)
     too_big = 2 * stat.f_blocks * stat.f_frsize  # refused by tmpfs at once, nothing allocated
-    monkeypatch.setattr(cache_module, "_shm_free_bytes", lambda path=SHM: 4 * too_big)
-    monkeypatch.setattr(cache_module, "_available_memory_bytes", lambda: 4 * too_big)
+    monkeypatch.setattr(budget_module, "_shm_free_bytes", lambda path=SHM: 4 * too_big)
+    monkeypatch.setattr(budget_module, "_available_memory_bytes", lambda: 4 * too_big)
     monkeypatch.setenv("PACKER_CGROUP_DIR", str(tmp_path))  # no limit files: no cgroup limit
     before = set(os.listdir(SHM))
     with pytest.raises(RuntimeError, match="SharedCache: cannot allocate .* in /dev/shm"):

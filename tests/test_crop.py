@@ -315,7 +315,7 @@ def test_arithmetic_coded_jpegs_are_decoded_whole_and_cut(name, monkeypatch):
 def test_a_foreign_tfrecord_with_wrong_sizes_gets_the_window_of_its_jpegs(tmp_path, monkeypatch):
     from tfrecord.writer import TFRecordWriter as PackageWriter
 
-    from packer.datasets.tfrecord import TFRecordDataset
+    from packer.datasets.formats.tfrecord import TFRecordDataset
 
     payloads = [jpeg(PHOTO), jpeg(PHOTO[:, ::-1].copy(), KINDS["progressive"])]
     stored = [(60, 100), (83, 121)]  # the first record's image/height and image/width are wrong

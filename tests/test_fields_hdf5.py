@@ -217,7 +217,7 @@ def _fields_of_all(ds, q) -> None:
 def test_spawned_worker_reads_fields_from_the_shared_index(written, monkeypatch):
     import multiprocessing
 
-    import packer.datasets.hdf5 as reader
+    import packer.datasets.formats.hdf5 as reader
 
     monkeypatch.setattr(reader, "SHARE_INDEX_BYTES", 1)  # every index array into shared memory
     root, _ = written

@@ -325,7 +325,7 @@ def test_sixteen_bit_masks_come_back_unchanged_and_as_pil(tmp_path):
 
 
 def test_a_damaged_mask_is_skipped_like_a_damaged_image(fields_lmdb, tmp_path):
-    from packer.datasets.skips import SkippedSampleWarning
+    from packer.datasets.shm.skips import SkippedSampleWarning
 
     path = _damaged_mask(fields_lmdb[0], tmp_path / "damaged.lmdb", 1)
     with open_dataset(path, fields=("key", "mask"), on_error="skip", verify=False) as ds, pytest.warns(SkippedSampleWarning):

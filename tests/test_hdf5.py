@@ -18,7 +18,7 @@ import pytest
 import packer.converters.hdf5 as hdf5_writer
 from packer.converters.base import WriterOptions
 from packer.datasets import open_dataset
-from packer.datasets.hdf5 import HDF5Dataset
+from packer.datasets.formats.hdf5 import HDF5Dataset
 from packer.description.manifest import Manifest, read_manifest
 from packer.description.record import CODEC_IDS
 from packer.errors import CorruptDataError
@@ -299,7 +299,7 @@ def test_codec_ids_match_the_record_table():
 
 def test_many_samples_write_in_blocks(tmp_path, monkeypatch):
     """More samples than a block and a key block: keys and metadata stay aligned."""
-    import packer.datasets.hdf5 as reader
+    import packer.datasets.formats.hdf5 as reader
 
     monkeypatch.setattr(hdf5_writer, "_BLOCK_SAMPLES", 7)
     monkeypatch.setattr(reader, "_KEY_BLOCK", 5)
@@ -316,7 +316,7 @@ def test_many_samples_write_in_blocks(tmp_path, monkeypatch):
 def test_keys_come_from_the_sample_table_without_opening_h5py(tiny_folder, tmp_path, monkeypatch):
     """read_record's key is the sample table's (checked against /key_crc32c), not a /keys block
     read through h5py (milliseconds per random read); /keys still decides when they differ."""
-    import packer.datasets.hdf5 as reader
+    import packer.datasets.formats.hdf5 as reader
 
     src, _ = tiny_folder
     convert(src, tmp_path / "out", encode="png")

@@ -17,8 +17,8 @@ import textwrap
 import pytest
 from torch.utils.data import DataLoader, Dataset
 
-from packer.datasets.cache import SharedCache, node_key_from_env
-from packer.datasets.shm import open_segment
+from packer.datasets.shm.cache import SharedCache, node_key_from_env
+from packer.datasets.shm.locks import open_segment
 from tests.helpers import make_folder, pack
 
 SHM = "/dev/shm"
@@ -38,7 +38,7 @@ def holder_script(identity: str, key: str, then: str) -> str:
     return textwrap.dedent(
         f"""
         import sys, time
-        from packer.datasets.cache import SharedCache
+        from packer.datasets.shm.cache import SharedCache
         cache = SharedCache(8, 4 * 2**20, identity={identity!r}, node_key={key!r})
         got = cache.get(1)
         cache.put(2, b"from the child")
@@ -196,7 +196,7 @@ RANK = textwrap.dedent(
     import torch
     import torch.distributed as dist
     from packer.datasets import open_dataset
-    from packer.datasets.cache import SharedCache
+    from packer.datasets.shm.cache import SharedCache
 
     def mapping_memory(cache):
         # the node segment by its inode (the creator's mapping shows O_TMPFILE's name), the

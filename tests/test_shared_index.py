@@ -10,8 +10,8 @@ import pytest
 import torch
 from torch.utils.data import DataLoader
 
-import packer.datasets.hdf5 as hdf5
-import packer.datasets.shards as shards
+import packer.datasets.formats.hdf5 as hdf5
+import packer.datasets.formats.shards as shards
 from packer.datasets import open_dataset
 from tests.helpers import pack
 

@@ -42,8 +42,7 @@ LAYERS = {"packer": 0, "packer.errors": 0, "packer.sizes": 0, "packer.progress":
           "packer.datasets": 8, "packer.datasets.opening": 8, "packer.datasets.streaming": 8,
           "packer.ops": 9, "packer.__main__": 9}
 #: Where a format's name may be compared: its layout, writer and reader, and the registry.
-FORMAT_HOMES = ("packer/layouts/", "converters/", "datasets/lmdb.py", "datasets/hdf5.py", "datasets/tar.py",
-                "datasets/tfrecord.py", "packer/formats.py")
+FORMAT_HOMES = ("packer/layouts/", "converters/", "datasets/formats/", "packer/formats.py")
 #: Compiled modules (no .py file), known so that imports of them resolve.
 EXTENSION_MODULES = ("packer.images._jpegwindow",)
 #: The registry's loaders: each imports one format's writer, reader or layout when that format is
@@ -58,7 +57,9 @@ IN_PROGRESS_EDGES: set[tuple[str, str]] = set()
 #: Moved modules kept at their old path for the code outside the package that imports them there
 #: (tests, tools): old path -> new home. An old path imports only its new home, and nothing in the
 #: package imports an old path.
-OLD_PATHS = {"packer.description.registry": "packer.formats"}
+OLD_PATHS = {"packer.description.registry": "packer.formats",
+             **{f"packer.datasets.{name}": f"packer.datasets.formats.{name}" for name in ("lmdb", "hdf5", "tar", "tfrecord")},
+             "packer.datasets.skips": "packer.datasets.shm.skips"}
 #: The tools modules the tests may import (shared helpers; the benchmarks are run, not imported).
 TOOLS_FOR_TESTS = {"tools.sample_images", "tools.faultlib"}
 
@@ -287,6 +288,14 @@ def test_old_paths_only_forward_to_the_new_home():
     assert not users, "import the new home:\n" + "\n".join(users)
 
 
+def test_old_paths_import_what_their_new_home_exports():
+    import importlib
+
+    for old, new in OLD_PATHS.items():
+        before, after = importlib.import_module(old), importlib.import_module(new)
+        assert before.__all__ == after.__all__ and all(getattr(before, n) is getattr(after, n) for n in after.__all__), old
+
+
 def test_readers_import_no_writer():
     found = [f"{m}:{i.line} imports {i.target}" for m, imports in tree_imports(PACKAGE).items()
              if m.startswith("packer.datasets") for i in imports
@@ -341,9 +350,6 @@ def test_tests_import_tools_only_from_the_list():
 LARGE_TO_SHRINK = {
     "packer/images/imageproc.py",  # 769
     "converters/hdf5.py", "converters/hdf5.py:HDF5Writer",  # 865; the class 524
-    "datasets/base.py", "datasets/base.py:PackedDataset",  # 857; the class 778 (its fields plan, its cache)
-    "datasets/cache.py",  # 719
-    "datasets/streaming.py", "datasets/streaming.py:StreamingDataset",  # 794; the class 472
 }
 
 

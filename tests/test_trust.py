@@ -675,7 +675,7 @@ def test_skips_are_counted_across_workers_and_never_exhaust_over_epochs(tmp_path
     import torch
 
     from packer.datasets import open_dataset
-    from packer.datasets.skips import SkippedSampleWarning
+    from packer.datasets.shm.skips import SkippedSampleWarning
 
     dst = _damaged_tar(tmp_path, 4, 1)
     ds = open_dataset(dst, on_error="skip", output="numpy")
@@ -819,7 +819,7 @@ def test_huge_or_negative_foreign_labels_are_one_clear_error(tmp_path, label):
 
 
 def _malloc_outcomes(_):
-    from packer.datasets import worker_memory
+    from packer.datasets.shm import worker_memory
 
     return [worker_memory.tune_worker_malloc(), worker_memory.tune_worker_malloc()]
 
@@ -833,7 +833,7 @@ class _Probe:
 
 
 def _fail_apply(_):
-    from packer.datasets import worker_memory
+    from packer.datasets.shm import worker_memory
 
     worker_memory._apply = lambda: False
 

@@ -10,8 +10,9 @@ import pytest
 import torch
 from torch.utils.data import DataLoader
 
-from packer.datasets import collate, open_dataset, worker_memory
-from packer.datasets.worker_memory import _glibc, tune_worker_malloc
+from packer.datasets import collate, open_dataset
+from packer.datasets.shm import worker_memory
+from packer.datasets.shm.worker_memory import _glibc, tune_worker_malloc
 from tests.helpers import pack
 
 pytestmark = pytest.mark.skipif(not _glibc(), reason="glibc only")

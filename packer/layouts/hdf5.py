@@ -2,7 +2,7 @@
 attribute, and why payloads are a flat byte array plus offsets.
 
 The one home of the format's on-disk knowledge: the writer (packer.converters.hdf5), the reader
-(packer.datasets.hdf5) and the tests import it.
+(packer.datasets.formats.hdf5) and the tests import it.
 """
 
 import os

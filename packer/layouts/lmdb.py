@@ -2,7 +2,7 @@
 (:mod:`packer.description.record`), and a read-only parser of the LMDB data file.
 
 The one home of the format's on-disk knowledge: the writer (packer.converters.lmdb), the reader
-(packer.datasets.lmdb), ``verify`` and the tests import it. The writer uses LMDB itself
+(packer.datasets.formats.lmdb), ``verify`` and the tests import it. The writer uses LMDB itself
 (py-lmdb); the reader uses :class:`LMDBFile`. docs/FORMATS.md ("LMDB") gives the layout.
 """
 

@@ -1,7 +1,7 @@
 """The tar layout: WebDataset-convention shards plus a binary ``.pkidx`` index per shard for random access.
 
 The one home of the format's on-disk knowledge: the writer (packer.converters.tar), the reader
-(packer.datasets.tar), ``verify`` and the tests import it. docs/FORMATS.md ("tar") gives the
+(packer.datasets.formats.tar), ``verify`` and the tests import it. docs/FORMATS.md ("tar") gives the
 members of a sample and the byte layout of the index.
 """
 

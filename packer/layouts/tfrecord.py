@@ -1,7 +1,7 @@
 """The TFRecord layout: ``tf.train.Example`` records with the conventional image keys, plus ``.idx``.
 
 The one home of the format's on-disk knowledge: the writer (packer.converters.tfrecord), the
-reader (packer.datasets.tfrecord), ``verify`` and the tests import it. docs/FORMATS.md
+reader (packer.datasets.formats.tfrecord), ``verify`` and the tests import it. docs/FORMATS.md
 ("TFRecord") gives the record framing, the Example's keys, the ``.idx`` text index and the
 ``.zidx`` gzip index.
 """

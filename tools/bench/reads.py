@@ -99,7 +99,7 @@ def cache_put_cost(path: str, rounds: int, count: int = 2048) -> dict[str, float
     """Median microseconds per stored decoded entry of ``path``'s size (header and pixels) into
     fresh caches: ``put`` per entry against ``put_many`` per batch of 64, taking turns."""
     from packer.datasets import open_dataset
-    from packer.datasets.cache import SharedCache
+    from packer.datasets.shm.cache import SharedCache
 
     ds = open_dataset(path)
     rgb = np.ascontiguousarray(ds.decode(ds.read_record(0)))

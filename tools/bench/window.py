@@ -159,7 +159,7 @@ def window_decode(a: argparse.Namespace) -> int:
       OpenCV's full decodes for reference.
     """
     cv2.setNumThreads(1)
-    from packer.datasets import worker_memory
+    from packer.datasets.shm import worker_memory
     from packer.images import imageproc
 
     worker_memory._apply()  # the malloc settings of a DataLoader worker, where readers decode

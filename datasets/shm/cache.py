@@ -25,12 +25,10 @@ import torch
 from packer.checks import check_int
 from packer.files.fileio import anonymous_file
 
-from .shm import (
+from .budget import ALIGN, SHM_DIR, clamp_capacity
+from .locks import (
     FileLock,
     ProcessLock,
-    SharedRegion,
-    SlotTable,
-    int64_rows,
     new_segment,
     node_segments_supported,
     open_segment,
@@ -39,11 +37,11 @@ from .shm import (
     remove_stale_segments,
     unlink_if_named,
 )
+from .region import SharedRegion, SlotTable, int64_rows
 
-__all__ = ["SharedCache", "cgroup_free_bytes", "node_key_from_env"]
+__all__ = ["SharedCache", "node_key_from_env"]
 
 _EMPTY, _WRITING, _READY = 0, 1, 2
-_ALIGN = 64
 _PAGE = 4096
 
 # One segment: a header of named fields (16 slots) and the identity digest, the table of one
@@ -56,115 +54,7 @@ _ENTRY_FIELDS = ("offset", "length", "state")
 _MAGIC = int.from_bytes(b"pkcache\0", "little")
 _LAYOUT = 1
 
-_SHM_DIR = "/dev/shm"
 _PREFIX = "packer-cache-"  # node-shared segments: /dev/shm/packer-cache-<digest>
-_MIN_HEADROOM = 256 * 2**20
-_CGROUP_ENV = "PACKER_CGROUP_DIR"
-_NO_LIMIT = 2**60  # cgroup v1 writes "no limit" as 2**63 rounded down to a page
-
-
-def _shm_free_bytes(path: str = _SHM_DIR) -> int | None:
-    """Bytes an unprivileged process may still allocate in ``path``; None if not a directory."""
-    try:
-        stat = os.statvfs(path)
-    except OSError:
-        return None
-    return stat.f_bavail * stat.f_frsize
-
-
-def _available_memory_bytes() -> int | None:
-    """``MemAvailable`` from ``/proc/meminfo``; None where that is missing (not Linux)."""
-    try:
-        with open("/proc/meminfo", encoding="ascii") as meminfo:
-            for line in meminfo:
-                if line.startswith("MemAvailable:"):
-                    return int(line.split()[1]) * 1024
-    except (OSError, ValueError, IndexError):
-        return None
-    return None
-
-
-def _read_value(path: str) -> str | None:
-    try:
-        with open(path, encoding="ascii") as f:
-            return f.read().strip()
-    except (OSError, UnicodeDecodeError):
-        return None
-
-
-def _stat_field(directory: str, name: str) -> int:
-    """Field ``name`` of ``directory``'s memory.stat, 0 where missing."""
-    for line in (_read_value(os.path.join(directory, "memory.stat")) or "").splitlines():
-        field, _, value = line.partition(" ")
-        if field == name and value.strip().isdigit():
-            return int(value)
-    return 0
-
-
-def _cgroup_dir_free(directory: str) -> int | None:
-    """Limit less usage in one cgroup directory (v2 or v1 files); None without a limit there.
-
-    Usage counts the page cache; its inactive part (``inactive_file``) is reclaimed before the
-    limit bites, so it counts as free.
-    """
-    for limit_name, usage_name, inactive in (("memory.max", "memory.current", "inactive_file"),
-                                             ("memory.limit_in_bytes", "memory.usage_in_bytes",
-                                              "total_inactive_file")):
-        limit = _read_value(os.path.join(directory, limit_name))
-        if limit is None:
-            continue
-        if not limit.isdigit() or int(limit) >= _NO_LIMIT:  # "max"
-            return None
-        usage = _read_value(os.path.join(directory, usage_name)) or "0"
-        used = int(usage) if usage.isdigit() else 0
-        return max(int(limit) - max(used - _stat_field(directory, inactive), 0), 0)
-    return None
-
-
-def _cgroup_dirs(root: str = "/sys/fs/cgroup") -> list[str]:
-    """This process's memory cgroup directories and their ancestors, v2 and v1 alike."""
-    found: list[str] = []
-    for line in (_read_value("/proc/self/cgroup") or "").splitlines():
-        _, controllers, path = (line.split(":", 2) + ["", ""])[:3]
-        if controllers == "":
-            mount = root  # the v2 unified hierarchy
-        elif "memory" in controllers.split(","):
-            mount = os.path.join(root, "memory")
-        else:
-            continue
-        here = os.path.normpath(os.path.join(mount, path.lstrip("/")))
-        if not os.path.isdir(here):  # a namespace that shows the host's path: its root is ours
-            here = mount
-        while True:
-            found.append(here)
-            if here == mount or len(here) <= len(mount):
-                break
-            here = os.path.dirname(here)
-    return found
-
-
-def cgroup_free_bytes(cgroup_dir: str | None = None) -> int | None:
-    """Memory this container may still use: the tightest ``memory.max`` less usage over the
-    process's cgroup and its ancestors (cgroup v2), or ``memory.limit_in_bytes`` less usage (v1).
-
-    Args:
-        cgroup_dir: read only this directory (its ``memory.max`` and ``memory.current``, or the v1
-            files); default: the ``PACKER_CGROUP_DIR`` environment variable, else the cgroups of
-            ``/proc/self/cgroup``.
-
-    Returns:
-        Bytes, or None where no limit is set (or no cgroup is visible).
-    """
-    chosen = cgroup_dir if cgroup_dir is not None else os.environ.get(_CGROUP_ENV) or None
-    free = [_cgroup_dir_free(d) for d in ([chosen] if chosen is not None else _cgroup_dirs())]
-    known = [f for f in free if f is not None]
-    return min(known) if known else None
-
-
-def _usable_bytes(free: int) -> int:
-    """Free space less headroom for the DataLoader's own batches: 10%, 256 MiB at least."""
-    headroom = min(free // 2, max(free // 10, _MIN_HEADROOM))
-    return free - headroom
 
 
 def node_key_from_env() -> str | None:
@@ -239,15 +129,15 @@ class SharedCache:
         path = digest = None
         key = node_key if node_key is not None else node_key_from_env()
         if identity is not None and key is not None:
-            if node_segments_supported() and os.path.isdir(_SHM_DIR):
+            if node_segments_supported() and os.path.isdir(SHM_DIR):
                 digest = _digest(identity, num_items, key)
-                path = os.path.join(_SHM_DIR, _PREFIX + digest.hex()[:40])
+                path = os.path.join(SHM_DIR, _PREFIX + digest.hex()[:40])
             else:
                 warnings.warn("SharedCache: this system cannot share a cache between the processes of a "
                               "node (needs Linux with /dev/shm); each process tree keeps its own",
                               RuntimeWarning, stacklevel=2)
         if node_segments_supported():
-            remove_stale_segments(_SHM_DIR, _PREFIX)  # crashed jobs' memory, before measuring what is free
+            remove_stale_segments(SHM_DIR, _PREFIX)  # crashed jobs' memory, before measuring what is free
         overhead = _layout(num_items, 0)[0]
         while path is not None and digest is not None:
             if self._attach(path, num_items, digest):
@@ -257,7 +147,7 @@ class SharedCache:
             # otherwise each commit a whole segment before learning that one of them won.
             fd = _empty_segment()
             if fd is None:
-                warnings.warn(f"SharedCache: cannot create a file in {_SHM_DIR} for the node's cache "
+                warnings.warn(f"SharedCache: cannot create a file in {SHM_DIR} for the node's cache "
                               f"(no O_TMPFILE or no permission there); this process tree keeps its own",
                               RuntimeWarning, stacklevel=2)
                 break
@@ -266,7 +156,7 @@ class SharedCache:
             try:
                 with lock.hold():  # joiners wait on it until the segment is set up
                     if publish_segment(fd, path):  # else another process named its segment first: join it
-                        region = _node_region(fd, path, num_items, _clamp(requested, overhead, node=True))
+                        region = _node_region(fd, path, num_items, clamp_capacity(requested, overhead, node=True))
                         _initialise(region, num_items, digest)
             finally:
                 os.close(fd)
@@ -275,7 +165,7 @@ class SharedCache:
             if region is not None:
                 self._setup(num_items, region, lock, path)
                 return
-        region = _private_region(num_items, _clamp(requested, overhead, node=False))
+        region = _private_region(num_items, clamp_capacity(requested, overhead, node=False))
         _initialise(region, num_items, b"")
         self._setup(num_items, region, ProcessLock("SharedCache"), None)
 
@@ -468,7 +358,7 @@ class SharedCache:
                     self._header["rejected"] += 1
                     out.append(False)
                     continue
-                self._header["ptr"] = min(-(-end // _ALIGN) * _ALIGN, self._capacity)
+                self._header["ptr"] = min(-(-end // ALIGN) * ALIGN, self._capacity)
                 self._offsets[index], self._lengths[index] = offset, length
                 self._states[index] = _WRITING
                 todo.append((index, offset, parts))
@@ -607,43 +497,15 @@ def _pwrite_all(fd: int, parts: list[np.ndarray], at: int) -> None:
             views[0] = views[0][written:]
 
 
-def _clamp(requested: int, overhead: int, node: bool) -> int:
-    """``requested`` bytes, or less (with a warning) where memory cannot hold them and
-    ``overhead`` bytes of table: RAM, the cgroup's limit, and for a named segment ``/dev/shm``."""
-    limits = {
-        "RAM available": _available_memory_bytes(),
-        "left under the container's memory limit (cgroup)": cgroup_free_bytes(),
-    }
-    if node:
-        limits["free in " + _SHM_DIR] = _shm_free_bytes()
-    known = {name: value for name, value in limits.items() if value is not None}
-    if not known:
-        return requested
-    tightest = min(known, key=known.__getitem__)
-    usable = max(_usable_bytes(known[tightest]) - overhead, 0)
-    if requested <= usable:
-        return requested
-    capacity = usable - usable % _ALIGN
-    warnings.warn(
-        f"SharedCache: capacity_bytes={requested} is more than shared memory can hold "
-        f"({known[tightest]} bytes {tightest}, less headroom for DataLoader batches); using "
-        f"{capacity} bytes. For more, free memory, raise the limit or enlarge {_SHM_DIR} "
-        f"(docker run --shm-size=...).",
-        RuntimeWarning,
-        stacklevel=4,
-    )
-    return capacity
-
-
 def _empty_segment() -> int | None:
     """A new empty, unnamed file in /dev/shm for a node-shared cache, held by this process; None
     where the system or the permissions allow none."""
     try:
-        return new_segment(_SHM_DIR, 0)
+        return new_segment(SHM_DIR, 0)
     except OSError as error:
         if error.errno in (errno.EOPNOTSUPP, errno.EISDIR, errno.EINVAL, errno.EACCES, errno.EPERM, errno.EROFS):
             return None
-        raise _allocation_error(0, f"in {_SHM_DIR}", error) from error
+        raise _allocation_error(0, f"in {SHM_DIR}", error) from error
 
 
 def _node_region(fd: int, path: str, num_items: int, capacity: int) -> SharedRegion:
@@ -655,7 +517,7 @@ def _node_region(fd: int, path: str, num_items: int, capacity: int) -> SharedReg
         os.posix_fallocate(fd, 0, size)
     except OSError as error:
         unlink_if_named(fd, path)
-        raise _allocation_error(size, f"in {_SHM_DIR}", error) from error
+        raise _allocation_error(size, f"in {SHM_DIR}", error) from error
     return SharedRegion(size, "packer-cache", fd=os.dup(fd))
 
 

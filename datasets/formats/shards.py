@@ -29,8 +29,8 @@ from packer.files.fileio import pread_buffer
 from packer.storage.remote import is_url
 from packer.storage.shardspec import ShardSpecError
 
-from .base import PackedDataset
-from .shm import SharedBytes, SharedRegion, region_views
+from ..base import PackedDataset
+from ..shm.region import SharedBytes, SharedRegion, region_views
 
 __all__ = ["ShardedDataset", "foreign_manifest", "listed_shards", "SHARE_INDEX_BYTES"]
 
