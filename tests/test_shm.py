@@ -19,7 +19,7 @@ import pytest
 
 from packer.datasets.shm import ProcessLock, SharedRegion, SlotTable, int64_rows
 from packer.images.imageproc import ProcessOptions, parse_encoding, parse_resize
-from packer.ops.engine import ConvertOptions, convert_imagefolder
+from packer.pipeline.engine import ConvertOptions, convert_imagefolder
 from tests.helpers import make_folder
 
 SHM = "/dev/shm"

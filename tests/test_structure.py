@@ -40,7 +40,8 @@ LAYERS = {"packer": 0, "packer.errors": 0, "packer.sizes": 0, "packer.progress":
           "packer.wording": 0, "packer.files": 1, "packer.images": 2, "packer.fields": 2, "packer.description": 3, "packer.storage": 4,
           "packer.layouts": 5, "packer.converters": 6, "packer.datasets.*": 6, "packer.formats": 7,
           "packer.datasets": 8, "packer.datasets.opening": 8, "packer.datasets.streaming": 8,
-          "packer.ops": 9, "packer.__main__": 9}
+          "packer.pipeline": 9, "packer.operations": 10, "packer.conversion.options": 11, "packer.sources": 12,
+          "packer.conversion": 13, "packer.api": 14, "packer.cli": 15, "packer.__main__": 15}
 #: Where a format's name may be compared: its layout, writer and reader, and the registry.
 FORMAT_HOMES = ("packer/layouts/", "converters/", "datasets/lmdb.py", "datasets/hdf5.py", "datasets/tar.py",
                 "datasets/tfrecord.py", "packer/formats.py")
@@ -58,7 +59,8 @@ IN_PROGRESS_EDGES: set[tuple[str, str]] = set()
 #: Moved modules kept at their old path for the code outside the package that imports them there
 #: (tests, tools): old path -> new home. An old path imports only its new home, and nothing in the
 #: package imports an old path.
-OLD_PATHS = {"packer.description.registry": "packer.formats"}
+OLD_PATHS = {"packer.description.registry": "packer.formats", "packer.ops.engine": "packer.pipeline.engine",
+             "packer.ops.items": "packer.pipeline.items", "packer.ops.merge": "packer.operations.merge"}
 #: The tools modules the tests may import (shared helpers; the benchmarks are run, not imported).
 TOOLS_FOR_TESTS = {"tools.sample_images", "tools.faultlib"}
 
