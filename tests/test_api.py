@@ -42,6 +42,22 @@ def test_lazy_names_are_the_real_ones():
         packer.nothing  # noqa: B018
 
 
+def test_the_distributed_building_blocks_are_public_and_their_old_paths_forward():
+    """``packer.ConvertOptions``, ``packer.convert_items`` and ``packer.merge`` are the pipeline's
+    and the merge operation's own, and the old paths under ``packer.ops`` still give the same ones."""
+    import packer.ops.engine
+    import packer.ops.items
+    import packer.ops.merge
+    from packer.operations.merge import merge
+    from packer.pipeline.engine import ConvertOptions
+    from packer.pipeline.items import convert_items
+
+    assert (packer.ConvertOptions, packer.convert_items, packer.merge) == (ConvertOptions, convert_items, merge)
+    assert (packer.ops.engine.ConvertOptions, packer.ops.items.convert_items, packer.ops.merge.merge) == (
+        ConvertOptions, convert_items, merge)
+    assert {"ConvertOptions", "convert_items", "merge"} <= set(packer.__all__)
+
+
 @pytest.mark.parametrize("fmt", FORMATS)
 def test_convert_writes_what_the_command_line_writes(tiny_folder, tmp_path, fmt):
     src, _ = tiny_folder

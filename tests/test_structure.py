@@ -9,7 +9,9 @@
 - imports point down the layers (``import x`` and ``from x import y`` alike, lazy ones included):
   the foundation, files, images, the dataset description, storage, layouts, writers and readers,
   the format registry (``packer.formats``, above the parts it lists), the readers' front door
-  (``open_dataset``, ``StreamingDataset``), then the operations;
+  (``open_dataset``, ``StreamingDataset``), then a layer per room: the conversion pipeline, the
+  operations on packed datasets, the options table, the sources, the conversion, the Python API
+  (``packer.api``) and the command line (``packer.cli``);
 - no circle of imports between modules, lazy ones included; the registry's loaders, which import
   each format's writer, reader and layout when it is asked for, are the one exemption;
 - no private name (``_x``) imported from another module; tests import tools only from a list.
@@ -484,6 +486,25 @@ def test_the_layer_rule_sees_plain_lazy_and_relative_imports():
     # a key ending in ".*" holds the modules under a package, not the package itself
     table = _table({"pkg": "", "pkg.door": "from .door import part\n", "pkg.door.part": "import pkg.door\n"})
     assert layer_violations(table, layers) == ["pkg.door.part:1 imports pkg.door"]
+
+
+def test_the_layer_rule_gives_each_folder_its_layer_and_a_module_its_own():
+    # rooms as folders, bottom up: pipeline < conversion.options < sources < conversion < cli;
+    # a module may import its own room's modules; a module with its own key sits apart from its room
+    layers = {"pkg": 0, "pkg.pipeline": 1, "pkg.conversion.options": 2, "pkg.sources": 3, "pkg.conversion": 4,
+              "pkg.cli": 5}
+    sources = {
+        "pkg": "", "pkg.pipeline": "", "pkg.pipeline.engine": "", "pkg.pipeline.items": "from .engine import run\n",
+        "pkg.sources": "", "pkg.sources.table": "from ..conversion.options import Request\n",
+        "pkg.conversion": "", "pkg.conversion.options": "import pkg.pipeline.engine\n",
+        "pkg.conversion.run": "from ..sources.table import get\nfrom .options import Request\n",
+        "pkg.cli": "", "pkg.cli.parser": "from . import convert\n", "pkg.cli.convert": "import pkg.conversion.run\n",
+    }
+    assert layer_violations(_table(sources), layers) == []
+    up = {"pkg.pipeline.engine": "import pkg.cli\n",  # a room below imports one above
+          "pkg.conversion.options": "def check():\n    from ..sources.table import get\n"}  # the module's own key
+    assert layer_violations(_table({**sources, **up}), layers) == [
+        "pkg.pipeline.engine:1 imports pkg.cli", "pkg.conversion.options:2 imports pkg.sources.table"]
 
 
 def test_the_private_name_rule():
