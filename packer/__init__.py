@@ -1,7 +1,8 @@
 """packer: pack image folders into LMDB, HDF5, WebDataset tar shards or TFRecord, and read them fast.
 
 ``import packer`` is light: ``packer.convert``, ``packer.pack``, ``packer.open_dataset``,
-``packer.StreamingDataset`` and ``packer.collate`` import what they need when first used.
+``packer.StreamingDataset``, ``packer.collate``, ``packer.convert_items``, ``packer.merge`` and
+``packer.ConvertOptions`` import what they need when first used.
 """
 
 from __future__ import annotations
@@ -16,8 +17,11 @@ from .errors import __all__ as _error_names  # noqa: E402
 
 #: Public name -> the module that defines it, imported on first use (PEP 562).
 _LAZY = {
-    "convert": "packer.ops.api",
-    "pack": "packer.ops.api",
+    "convert": "packer.api",
+    "pack": "packer.api",
+    "ConvertOptions": "packer.pipeline.engine",
+    "convert_items": "packer.pipeline.items",
+    "merge": "packer.operations.merge",
     "open_dataset": "packer.datasets",
     "StreamingDataset": "packer.datasets",
     "collate": "packer.datasets",

@@ -2,7 +2,7 @@
 
 import sys
 
-from packer.ops.cli import main
+from packer.cli import main
 
 if __name__ == "__main__":
     sys.exit(main())

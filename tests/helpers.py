@@ -48,7 +48,7 @@ def pack(src, dst, fmt, encode="jpeg:90", resize="none", writer=None, **options)
     WriterOptions fields, anything else as ConvertOptions fields (workers, seed, shuffle, ...)."""
     from packer.converters.base import WriterOptions
     from packer.images.imageproc import ProcessOptions, parse_encoding, parse_resize
-    from packer.ops.engine import ConvertOptions, convert_imagefolder
+    from packer.pipeline.engine import ConvertOptions, convert_imagefolder
 
     opts = ConvertOptions(processing=ProcessOptions(resize=parse_resize(resize), encoding=parse_encoding(encode)),
                           writer=WriterOptions(**(writer or {})), **options)
@@ -135,7 +135,7 @@ def write_fields_dataset(dst, fmt: str, n: int = 6, resize: str = "shorter:24", 
     from packer.description.manifest import FIELDS_VERSION, Manifest
     from packer.images.fields import FieldSources, process_sample
     from packer.images.imageproc import ProcessOptions, parse_encoding, parse_resize
-    from packer.ops.engine import ConvertOptions, write_packed
+    from packer.pipeline.engine import ConvertOptions, write_packed
 
     opts = ProcessOptions(resize=parse_resize(resize), encoding=parse_encoding(encode))
     src = fields_sources(n, seed)
@@ -164,7 +164,7 @@ def run_bounded(code: str, extra_mb: int, tmp_path) -> str:
 
     script = tmp_path / "bounded.py"
     script.write_text(
-        "import resource\nimport cv2, numpy, torch, packer.images.fields, packer.ops.items\n"
+        "import resource\nimport cv2, numpy, torch, packer.images.fields, packer.pipeline.items\n"
         "size = int(open('/proc/self/statm').read().split()[0]) * resource.getpagesize()\n"
         f"resource.setrlimit(resource.RLIMIT_AS, (size + ({extra_mb} << 20), resource.RLIM_INFINITY))\n" + code)
     r = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=300,

@@ -14,8 +14,9 @@ import torch
 from torch.utils.data import DataLoader, default_collate
 
 import packer
-from packer.ops.cli import main
-from packer.ops.options import Caller, convert_request
+from packer.cli import main
+from packer.conversion.options import Caller
+from packer.conversion.request import convert_request
 
 from .helpers import tree
 
@@ -32,13 +33,29 @@ def test_import_packer_is_light():
 
 
 def test_lazy_names_are_the_real_ones():
+    from packer.api import convert, pack
     from packer.datasets import StreamingDataset, collate, open_dataset
-    from packer.ops.api import convert, pack
 
     assert (packer.convert, packer.pack, packer.open_dataset, packer.StreamingDataset, packer.collate) == (
         convert, pack, open_dataset, StreamingDataset, collate)
     with pytest.raises(AttributeError, match="no attribute 'nothing'"):
         packer.nothing  # noqa: B018
+
+
+def test_the_distributed_building_blocks_are_public_and_their_old_paths_forward():
+    """``packer.ConvertOptions``, ``packer.convert_items`` and ``packer.merge`` are the pipeline's
+    and the merge operation's own, and the old paths under ``packer.ops`` still give the same ones."""
+    import packer.ops.engine
+    import packer.ops.items
+    import packer.ops.merge
+    from packer.operations.merge import merge
+    from packer.pipeline.engine import ConvertOptions
+    from packer.pipeline.items import convert_items
+
+    assert (packer.ConvertOptions, packer.convert_items, packer.merge) == (ConvertOptions, convert_items, merge)
+    assert (packer.ops.engine.ConvertOptions, packer.ops.items.convert_items, packer.ops.merge.merge) == (
+        ConvertOptions, convert_items, merge)
+    assert {"ConvertOptions", "convert_items", "merge"} <= set(packer.__all__)
 
 
 @pytest.mark.parametrize("fmt", FORMATS)
@@ -168,7 +185,7 @@ def test_any_exception_in_fn_comes_back_with_its_type_message_and_input(tmp_path
 
 
 def test_a_worker_error_is_rebuilt_from_plain_data_only():
-    from packer.ops.pool import error_report, rebuilt_error
+    from packer.pipeline.pool import error_report, rebuilt_error
 
     err = rebuilt_error(error_report(FileNotFoundError(2, "No such file", "a.jpg")))
     assert type(err) is FileNotFoundError and (err.errno, err.filename) == (2, "a.jpg")

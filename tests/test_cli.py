@@ -1,4 +1,4 @@
-"""The command line, called as ``packer.ops.cli.main([...])``: exit status and what lands on stderr, for
+"""The command line, called as ``packer.cli.main([...])``: exit status and what lands on stderr, for
 good runs and every bad input of the foundation issue."""
 
 from __future__ import annotations
@@ -11,11 +11,11 @@ import sys
 
 import pytest
 
+from packer.cli import main
 from packer.datasets import open_dataset
 from packer.description.manifest import MANIFEST_NAME, read_manifest
 from packer.description.registry import format_names
-from packer.ops.cli import main
-from packer.ops.engine import ConvertOptions, convert_imagefolder, temp_dir_for
+from packer.pipeline.engine import ConvertOptions, convert_imagefolder, temp_dir_for
 from tests.helpers import make_folder
 
 FMT = "hdf5"
@@ -185,7 +185,7 @@ def test_unreadable_folder_is_reported(tmp_path):
             pytest.skip(f"running as root and cannot drop CAP_DAC_OVERRIDE to make chmod 000 bite: {e}")
         preexec = _drop_dac_capabilities
     try:
-        code = "import sys; from packer.ops.cli import main; sys.exit(main(sys.argv[1:]))"
+        code = "import sys; from packer.cli import main; sys.exit(main(sys.argv[1:]))"
         proc = subprocess.run(
             [sys.executable, "-c", code, "convert", "imagefolder", FMT, str(tmp_path / "src"), str(tmp_path / "out"),
              "--workers", "1"],

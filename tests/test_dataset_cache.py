@@ -12,7 +12,7 @@ from torch.utils.data import DataLoader
 from packer.datasets import open_dataset
 from packer.description.manifest import read_manifest
 from packer.description.registry import format_names
-from packer.ops.engine import ConvertOptions, convert_imagefolder
+from packer.pipeline.engine import ConvertOptions, convert_imagefolder
 from tests.helpers import pack
 
 

@@ -10,9 +10,9 @@ import sys
 
 import pytest
 
+from packer.conversion.distributed import part_range, torchrun_launch
 from packer.datasets import open_dataset
 from packer.description.manifest import read_manifest
-from packer.ops.distributed import part_range, torchrun_launch
 from tests.helpers import make_folder, pack
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -117,8 +117,8 @@ def test_torchrun_rank_failure_fails_the_job(folder, tmp_path):
 def test_torchrun_resume_keeps_finished_parts(folder, tmp_path):
     """Rank 1 cannot write its part (its lock path is a folder): the job fails, rank 0's finished
     part stays; --resume with the same world size keeps it and converts only rank 1's share."""
+    from packer.conversion.distributed import part_path
     from packer.files.filesystem import sibling_path
-    from packer.ops.distributed import part_path
 
     dst = str(tmp_path / "dst")
     blocker = sibling_path(part_path(dst, 1, 2), "lock")
@@ -185,7 +185,7 @@ def test_part_range_and_launch():
 def test_torchrun_environment_in_process(folder, tmp_path, monkeypatch, capsys):
     """A world of one in this process: the torchrun path end to end (scan, part, merge), and
     --no-torchrun for a conversion started by a process that torchrun runs."""
-    from packer.ops.cli import main
+    from packer.cli import main
 
     for k, v in {"RANK": "0", "WORLD_SIZE": "1", "LOCAL_RANK": "0", "MASTER_ADDR": "127.0.0.1",
                  "MASTER_PORT": str(free_port())}.items():
@@ -224,8 +224,8 @@ def test_torchrun_rank_killed_fails_the_job(tmp_path):
     """SIGKILL of rank 1 while it converts (its pid read from its part's claim): torchrun stops the
     job, and nothing appears at DST."""
 
+    from packer.conversion.distributed import part_path
     from packer.files.filesystem import sibling_path
-    from packer.ops.distributed import part_path
 
     root = str(tmp_path / "src")
     make_folder(root, {c: [(f"{c}{i}.png", 96, 128) for i in range(150)] for c in ("a", "b")})
@@ -266,7 +266,7 @@ def test_torchrun_two_nodes_match_one_process(folder, tmp_path):
 def test_rank_timeout_from_the_environment():
     from datetime import timedelta
 
-    from packer.ops.distributed import DEFAULT_TIMEOUT, rank_timeout
+    from packer.conversion.distributed import DEFAULT_TIMEOUT, rank_timeout
 
     assert rank_timeout({}) == DEFAULT_TIMEOUT <= timedelta(hours=1)
     assert rank_timeout({"PACKER_TORCHRUN_TIMEOUT": "2.5"}) == timedelta(seconds=2.5)
@@ -284,7 +284,7 @@ def test_a_rank_sees_the_last_arrival_long_before_its_next_beat():
 
     from torch.distributed import TCPStore
 
-    from packer.ops.distributed import Launch, _Peers
+    from packer.conversion.distributed import Launch, _Peers
 
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -312,7 +312,7 @@ import os, sys, time
 from datetime import timedelta
 from torch.distributed import TCPStore
 from packer.files.filesystem import claim_destination
-from packer.ops.distributed import Launch, _Peers
+from packer.conversion.distributed import Launch, _Peers
 port, rank, mode, dst = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3], sys.argv[4]
 store = TCPStore("127.0.0.1", port, 2, rank == 0, timeout=timedelta(seconds=30), wait_for_workers=False)
 with claim_destination(dst):
@@ -349,7 +349,7 @@ def test_a_rank_that_dies_stops_or_leaves_is_named(tmp_path, mode):
 
     from torch.distributed import TCPStore
 
-    from packer.ops.distributed import DistributedError, Launch, _Peers
+    from packer.conversion.distributed import DistributedError, Launch, _Peers
 
     port = free_port()
     store = TCPStore("127.0.0.1", port, 2, True, timeout=timedelta(seconds=30), wait_for_workers=False)
@@ -389,9 +389,9 @@ def test_a_dead_store_host_is_named_and_its_claim_removed(tmp_path):
 
     from torch.distributed import TCPStore
 
+    from packer.conversion.distributed import Launch, _peer_failure, _Peers
     from packer.errors import PackerError
     from packer.files.filesystem import sibling_path
-    from packer.ops.distributed import Launch, _peer_failure, _Peers
 
     port, dst = free_port(), str(tmp_path / "dst")
     child = _peer(port, 0, "kill", dst, timeout=30)
@@ -421,8 +421,8 @@ def _kill_a_rank(tmp_path, victim: int, nproc_args=()):
     """A real torchrun job over a folder large enough to be caught converting; SIGKILL of rank
     ``victim`` once it holds its claim (rank 0: DST's, another: its part's). (stderr, dst)."""
 
+    from packer.conversion.distributed import part_path
     from packer.files.filesystem import sibling_path
-    from packer.ops.distributed import part_path
 
     root = str(tmp_path / "src")
     make_folder(root, {c: [(f"{c}{i}.png", 96, 128) for i in range(150)] for c in ("a", "b")})

@@ -8,10 +8,10 @@ import sys
 
 import torch
 
+from packer.cli import main
 from packer.datasets import collation
 from packer.images import imageproc
-from packer.ops.cli import main
-from packer.ops.doctor import collect, format_report
+from packer.operations.doctor import collect, format_report
 
 
 def test_json_report_in_a_fresh_process_says_what_is_on():
@@ -49,7 +49,7 @@ def test_every_extra_is_listed_with_what_it_lacks():
     (the extras of a requirement, as dask[distributed], followed), found from the installed metadata."""
     import importlib.metadata
 
-    from packer.ops.doctor import extras_report
+    from packer.operations.doctor import extras_report
 
     def installed(dist: str) -> bool:
         try:

@@ -14,9 +14,9 @@ import pytest
 from packer.datasets import open_dataset
 from packer.description.manifest import read_manifest
 from packer.errors import ImageError, PackerError, SourceError
-from packer.ops.engine import ConvertOptions, _results, convert_imagefolder, temp_dir_for
-from packer.ops.pool import ordered_map
-from packer.ops.scan import scan_imagefolder
+from packer.pipeline.engine import ConvertOptions, _results, convert_imagefolder, temp_dir_for
+from packer.pipeline.pool import ordered_map
+from packer.pipeline.scan import scan_imagefolder
 from tests.helpers import make_folder
 
 

@@ -17,8 +17,8 @@ from packer.description.manifest import FIELD_KINDS, read_manifest
 from packer.errors import ImageError
 from packer.fields import FieldKind
 from packer.images.imageproc import ProcessedField, ProcessOptions, parse_encoding, parse_resize
-from packer.ops.engine import ConvertOptions
-from packer.ops.items import convert_items
+from packer.pipeline.engine import ConvertOptions
+from packer.pipeline.items import convert_items
 
 
 class Depth(FieldKind):

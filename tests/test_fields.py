@@ -191,8 +191,8 @@ FIELD_FORMATS = [f for f in format_names() if writer_class(f).writes_fields]
 @pytest.mark.parametrize("fmt", FIELD_FORMATS)
 def test_format_conversion_copies_fields_and_resizing_keeps_them_aligned(tmp_path, fmt):
     from packer.datasets import open_dataset
-    from packer.ops.engine import ConvertOptions
-    from packer.ops.transcode import convert_dataset, processing_for
+    from packer.operations.transcode import convert_dataset, processing_for
+    from packer.pipeline.engine import ConvertOptions
 
     write_fields_dataset(tmp_path / "a.lmdb", "lmdb", n=4, resize="shorter:24")
     convert_dataset(tmp_path / "a.lmdb", tmp_path / "copy.lmdb", "lmdb", fmt)
@@ -216,7 +216,7 @@ def test_format_conversion_copies_fields_and_resizing_keeps_them_aligned(tmp_pat
 
 def test_fields_are_refused_by_a_writer_without_them_and_by_imagefolder_output(tmp_path):
     from packer.errors import SourceError
-    from packer.ops.transcode import convert_dataset
+    from packer.operations.transcode import convert_dataset
 
     write_fields_dataset(tmp_path / "a.lmdb", "lmdb", n=2)
     with pytest.raises(SourceError, match=r"fields \(mask, left, boxes\)"):
@@ -228,7 +228,7 @@ def test_fields_are_refused_by_a_writer_without_them_and_by_imagefolder_output(t
 def test_merge_keeps_fields_and_renumbers_box_labels(tmp_path, fmt):
     from packer.datasets import open_dataset
     from packer.errors import SourceError
-    from packer.ops.merge import merge
+    from packer.operations.merge import merge
 
     write_fields_dataset(tmp_path / "p0", fmt, n=3, seed=0, classes=("a", "b"))
     write_fields_dataset(tmp_path / "p1", fmt, n=3, seed=1, classes=("b", "a"))
@@ -253,7 +253,7 @@ def test_merge_keeps_fields_and_renumbers_box_labels(tmp_path, fmt):
 
 
 def test_info_names_the_fields(tmp_path, capsys):
-    from packer.ops.cli import main
+    from packer.cli import main
 
     write_fields_dataset(tmp_path / "a.lmdb", "lmdb", n=2)
     assert main(["info", str(tmp_path / "a.lmdb")]) == 0

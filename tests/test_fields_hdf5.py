@@ -159,7 +159,7 @@ def test_file_and_manifest_must_agree_on_fields(tmp_path):
 
 @pytest.mark.parametrize("at", [3, 5, 8])
 def test_resume_with_fields_gives_the_uninterrupted_bytes(tmp_path, monkeypatch, at):
-    import packer.ops.engine as engine
+    import packer.pipeline.engine as engine
     from packer.converters.hdf5 import HDF5Writer
 
     orig = engine.write_packed
@@ -199,7 +199,7 @@ def test_resume_with_fields_gives_the_uninterrupted_bytes(tmp_path, monkeypatch,
 def test_raw_images_with_fields_are_stored_flat(tmp_path):
     """Raw samples of one size would make an (N, H, W, 3) /images; with fields it stays flat, so a
     later sample of another size never has to move /images away from its fields."""
-    from packer.ops.verify import verify_dataset
+    from packer.operations.verify import verify_dataset
 
     write_fields_dataset(tmp_path / "r", "hdf5", encode="raw", resize="24x24")
     with h5py.File(tmp_path / "r" / "data.h5", "r") as f:

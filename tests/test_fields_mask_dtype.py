@@ -14,8 +14,8 @@ from packer.datasets import collate, open_dataset
 from packer.description.manifest import read_manifest
 from packer.description.registry import format_names
 from packer.images.imageproc import ProcessOptions, parse_encoding, parse_resize
-from packer.ops.engine import ConvertOptions
-from packer.ops.items import convert_items
+from packer.pipeline.engine import ConvertOptions
+from packer.pipeline.items import convert_items
 from tests.helpers import run_bounded
 from tests.test_resume import interrupt_after
 
@@ -43,7 +43,7 @@ def _convert(masks, dst, fmt, **kw):
 
 @pytest.mark.parametrize("fmt", format_names())
 def test_mixed_mask_depths_are_declared_uint16_and_every_mask_reads_as_it(tmp_path, fmt, capsys):
-    from packer.ops.cli import main
+    from packer.cli import main
 
     masks = _masks({3})
     _convert(masks, tmp_path / "d", fmt)
@@ -83,7 +83,7 @@ def test_a_resumed_conversion_keeps_a_16_bit_mask_written_before_the_interruptio
 
 @pytest.mark.parametrize("fmt", format_names())
 def test_merge_declares_the_widest_of_its_parts(tmp_path, fmt):
-    from packer.ops.merge import merge
+    from packer.operations.merge import merge
 
     _convert(_masks(set()), tmp_path / "p8", fmt)
     _convert(_masks({1}), tmp_path / "p16", fmt)
@@ -100,7 +100,7 @@ def test_merge_refuses_a_version_3_part_with_a_version_4_one_naming_it(tmp_path)
     import tarfile
 
     from packer.errors import SourceError
-    from packer.ops.merge import merge
+    from packer.operations.merge import merge
     from tests.test_format_versions import DATA
 
     with tarfile.open(f"{DATA}/v3-fields-datasets.tar.gz") as tf:
@@ -115,7 +115,7 @@ def test_merge_refuses_a_version_3_part_with_a_version_4_one_naming_it(tmp_path)
 def test_a_version_3_dataset_of_mixed_masks_transcodes_to_one_declared_uint16(tmp_path, fmt):
     import tarfile
 
-    from packer.ops.transcode import convert_dataset
+    from packer.operations.transcode import convert_dataset
     from tests.test_format_versions import DATA
 
     with tarfile.open(f"{DATA}/v3-fields-datasets.tar.gz") as tf:

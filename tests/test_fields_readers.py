@@ -303,7 +303,7 @@ def test_sixteen_bit_masks_come_back_unchanged_and_as_pil(tmp_path):
     from packer.description.manifest import FIELDS_VERSION, Manifest
     from packer.images.fields import FieldSources, process_sample
     from packer.images.imageproc import ProcessOptions, parse_encoding, parse_resize
-    from packer.ops.engine import ConvertOptions, write_packed
+    from packer.pipeline.engine import ConvertOptions, write_packed
     from tests.helpers import fields_sources
 
     opts = ProcessOptions(resize=parse_resize("none"), encoding=parse_encoding("png"))

@@ -30,7 +30,7 @@ from packer.errors import CorruptDataError
 from packer.images.fields import FieldSources, process_sample
 from packer.images.imageproc import ProcessOptions, parse_encoding, parse_resize
 from packer.layouts.tar import read_index
-from packer.ops.engine import ConvertOptions, write_packed
+from packer.pipeline.engine import ConvertOptions, write_packed
 from tests.helpers import place_seed_by_spec, write_fields_dataset
 from tests.test_tar import ustar
 
@@ -427,7 +427,7 @@ def test_raw_extra_images_are_stored_as_the_image_is(tmp_path, fmt):
 # -- packer verify names the sample a damaged version 3 shard or index is wrong about ---------
 @pytest.mark.parametrize("encode", ["png", "raw"])
 def test_verify_locates_damage_in_a_version_3_tar_shard(tmp_path, encode):
-    from packer.ops.verify import verify_dataset
+    from packer.operations.verify import verify_dataset
 
     write_fields_dataset(tmp_path / "d", "tar", n=5, encode=encode, shard_samples=3)
     assert verify_dataset(tmp_path / "d").ok
@@ -443,7 +443,7 @@ def test_verify_locates_damage_in_a_version_3_tar_shard(tmp_path, encode):
 
 
 def test_verify_locates_damage_in_a_version_3_tar_index(tmp_path):
-    from packer.ops.verify import verify_dataset
+    from packer.operations.verify import verify_dataset
 
     write_fields_dataset(tmp_path / "d", "tar", n=5, shard_samples=3)
     path = tmp_path / "d" / "shard-000000.pkidx"
@@ -474,7 +474,7 @@ def test_a_version_3_dataset_refuses_an_index_without_its_fields(tmp_path):
 
 
 def test_other_tools_masks_and_boxes_convert_and_a_sample_without_them_is_a_named_skip(tmp_path):
-    from packer.ops.transcode import convert_dataset
+    from packer.operations.transcode import convert_dataset
 
     root = tmp_path / "wds"
     root.mkdir()

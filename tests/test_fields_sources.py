@@ -12,16 +12,16 @@ import cv2
 import numpy as np
 import pytest
 
+from packer.cli import main
 from packer.converters.base import WriterOptions
 from packer.datasets import open_dataset
 from packer.description.manifest import read_manifest
 from packer.description.registry import writer_class
 from packer.errors import SourceError
 from packer.images.imageproc import ProcessOptions, parse_encoding, parse_resize
-from packer.ops.cli import main
-from packer.ops.engine import ConvertOptions
-from packer.ops.items import convert_items
-from packer.ops.listsource import convert_list, read_list
+from packer.pipeline.engine import ConvertOptions
+from packer.pipeline.items import convert_items
+from packer.sources.listsource import convert_list, read_list
 from tests.helpers import fields_sources, run_bounded
 from tests.test_resume import interrupt_after
 
@@ -309,7 +309,7 @@ def _runs(binary: np.ndarray) -> list[int]:
 
 
 def test_rle_strings_decode_to_their_runs():
-    from packer.ops.coco import decode_rle, rle_counts
+    from packer.sources.coco import decode_rle, rle_counts
 
     rng = np.random.default_rng(3)
     for _ in range(50):
@@ -393,7 +393,7 @@ def test_coco_file_converts_with_boxes_categories_crowd_and_masks(coco, tmp_path
 
 
 def test_coco_problems_name_the_entry_or_skip_the_image(coco, tmp_path):
-    from packer.ops.coco import convert_coco, read_coco
+    from packer.sources.coco import convert_coco, read_coco
 
     root, doc, _, _ = coco
     bad = json.loads(json.dumps(doc))
@@ -419,7 +419,7 @@ def test_coco_problems_name_the_entry_or_skip_the_image(coco, tmp_path):
 
 
 def test_a_field_file_that_changes_after_listing_is_an_error_naming_it(src, tmp_path, monkeypatch):
-    import packer.ops.items as items_module
+    import packer.pipeline.items as items_module
 
     root, _, rows = src
     listed = items_module._Rows.fingerprint
@@ -458,8 +458,8 @@ def test_a_coco_entry_of_another_size_than_its_file_is_skipped_before_its_mask_i
     bad["annotations"][3]["segmentation"] = [[1, 1, 5, 1, 5, 4]]  # its box and polygon inside the file
     (root / "bad.json").write_text(json.dumps(bad))
     out = run_bounded(f"""
-from packer.ops.coco import convert_coco
-from packer.ops.engine import ConvertOptions
+from packer.sources.coco import convert_coco
+from packer.pipeline.engine import ConvertOptions
 for masks in ("semantic", None):
     r = convert_coco({str(root / "bad.json")!r}, {str(tmp_path)!r} + f"/out-{{masks}}", "tar",
                      ConvertOptions(workers=1), images={str(root)!r}, masks=masks)
@@ -474,7 +474,7 @@ for masks in ("semantic", None):
 
 
 def test_coco_metadata_and_crowd_problems_name_the_entry_not_an_item_number(coco, tmp_path):
-    from packer.ops.coco import convert_coco, read_coco
+    from packer.sources.coco import convert_coco, read_coco
 
     root, doc, _, _ = coco
     bad = json.loads(json.dumps(doc))

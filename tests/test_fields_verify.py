@@ -12,12 +12,12 @@ import h5py
 import numpy as np
 import pytest
 
+from packer.cli import main
 from packer.datasets import open_dataset
 from packer.description.manifest import read_manifest, write_manifest
 from packer.description.registry import format_names
 from packer.description.samples import TABLE_NAME, SampleTable, build_table
-from packer.ops.cli import main
-from packer.ops.verify import verify_dataset
+from packer.operations.verify import verify_dataset
 from tests.helpers import forge_manifest_sizes, write_fields_dataset
 
 FORMATS = format_names()

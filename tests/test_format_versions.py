@@ -65,7 +65,7 @@ def test_old_versions_read_pixel_for_pixel(archived, name, fmt):
 @pytest.mark.parametrize("fmt", format_names())
 def test_old_versions_convert_to_the_current_one(archived, tmp_path, fmt, name):
     from packer.description.manifest import MANIFEST_VERSION
-    from packer.ops.transcode import convert_dataset
+    from packer.operations.transcode import convert_dataset
 
     rep = convert_dataset(str(archived / name / fmt), str(tmp_path / "new"), fmt, fmt)
     ds = open_dataset(str(tmp_path / "new"), output="numpy")
@@ -157,7 +157,7 @@ def test_version_3_masks_of_mixed_dtypes_batch_as_the_widest(archived_v3, fmt):
 
 
 def test_info_shows_a_version_3_mask_as_stored(archived_v3, capsys):
-    from packer.ops.cli import main
+    from packer.cli import main
 
     assert main(["info", str(archived_v3 / "lmdb")]) == 0
     assert "fields      mask (mask, uint8 or uint16 as each is stored), boxes (boxes)" in capsys.readouterr().out

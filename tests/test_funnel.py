@@ -1,5 +1,5 @@
 """One funnel: every source's samples are written in the one write-time order
-(packer.ops.order) and processed by the one item pipeline (packer.ops.engine.convert_source)."""
+(packer.pipeline.order) and processed by the one item pipeline (packer.pipeline.engine.convert_source)."""
 
 from __future__ import annotations
 
@@ -11,9 +11,9 @@ import pytest
 
 from packer.converters.base import WriterOptions
 from packer.datasets import open_dataset
-from packer.ops.engine import ConvertOptions, convert_imagefolder
-from packer.ops.listsource import convert_list
-from packer.ops.order import recorded_seed, write_order
+from packer.pipeline.engine import ConvertOptions, convert_imagefolder
+from packer.pipeline.order import recorded_seed, write_order
+from packer.sources.listsource import convert_list
 from tests.test_resume import interrupt_after
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -55,23 +55,25 @@ def test_a_folder_and_a_list_of_its_files_are_written_in_the_same_order(tiny_fol
 def test_the_write_time_shuffle_is_drawn_in_one_place():
     # loaderbench draws the samples a read benchmark reads, not a write order
     drawn = []
-    for folder, _, names in os.walk(os.path.join(ROOT, "packer", "ops")):
+    rooms = [os.path.join(ROOT, "packer", room) for room in ("pipeline", "operations", "sources", "conversion", "cli")]
+    walked = [(os.path.join(ROOT, "packer"), None, ["api.py"]), *(w for room in rooms for w in os.walk(room))]
+    for folder, _, names in walked:
         for name in names:
             path = os.path.join(folder, name)
             rel = os.path.relpath(path, ROOT)
-            if name.endswith(".py") and rel not in ("packer/ops/order.py", "packer/ops/loaderbench.py"):
+            if name.endswith(".py") and rel not in ("packer/pipeline/order.py", "packer/operations/loaderbench.py"):
                 with open(path, encoding="utf-8") as f:
                     if ".permutation(" in f.read():
                         drawn.append(rel)
-    assert not drawn, f"use packer.ops.order.write_order in {drawn}"
+    assert not drawn, f"use packer.pipeline.order.write_order in {drawn}"
 
 
 def test_an_image_folder_journals_the_fingerprint_earlier_runs_wrote(tiny_folder, tmp_path, monkeypatch):
     # a conversion interrupted by an earlier packer resumes only if the journal's source
     # fingerprint is computed as then: each file's (path under the root, label, size, mtime_ns)
-    import packer.ops.engine as engine
+    import packer.pipeline.engine as engine
     from packer.files.journal import digest, read_journal
-    from packer.ops.scan import scan_imagefolder
+    from packer.pipeline.scan import scan_imagefolder
 
     root, _ = tiny_folder
     options = ConvertOptions(seed=2, writer=WriterOptions(checkpoint_samples=3))
@@ -113,6 +115,6 @@ def test_images_reach_the_writers_through_one_pipeline():
                         if isinstance(node, ast.Call) and getattr(node.func, "id", None) in (
                                 "write_packed", "write_packed_result"):
                             callers.setdefault(os.path.relpath(path, ROOT), set()).add(fn.name)
-    assert callers == {"packer/ops/engine.py": {"write_packed", "convert_source"},
-                       "packer/ops/transcode.py": {"_convert_dataset_claimed"},
-                       "packer/ops/merge.py": {"_merge_records"}}, callers
+    assert callers == {"packer/pipeline/engine.py": {"write_packed", "convert_source"},
+                       "packer/operations/transcode.py": {"_convert_dataset_claimed"},
+                       "packer/operations/merge.py": {"_merge_records"}}, callers

@@ -23,7 +23,7 @@ from packer.description.manifest import Manifest, read_manifest
 from packer.description.record import CODEC_IDS
 from packer.errors import CorruptDataError
 from packer.images.imageproc import ProcessedImage
-from packer.ops.engine import ConvertOptions, write_packed
+from packer.pipeline.engine import ConvertOptions, write_packed
 from tests.helpers import draw, forge_manifest_sizes, make_folder, pack, place_seed_by_spec
 
 

@@ -23,6 +23,7 @@ import h5py
 import numpy as np
 import pytest
 
+from packer.cli import main
 from packer.converters.base import WriterOptions
 from packer.datasets import open_dataset
 from packer.description.manifest import read_manifest, write_manifest
@@ -31,9 +32,8 @@ from packer.errors import CorruptDataError, DiskFullError, SourceError
 from packer.images.imageproc import ProcessOptions, parse_encoding
 from packer.layouts.tar import INDEX_HEADER, pack_index, unpack_index
 from packer.layouts.tfrecord import masked_crc32c
-from packer.ops.cli import main
-from packer.ops.engine import ConvertOptions, convert_imagefolder, temp_dir_for
-from packer.ops.transcode import convert_dataset
+from packer.operations.transcode import convert_dataset
+from packer.pipeline.engine import ConvertOptions, convert_imagefolder, temp_dir_for
 from tests.helpers import make_folder
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -373,7 +373,7 @@ def test_file_size_limit_in_a_subprocess(fmt, big_source, tmp_path):
     """RLIMIT_FSIZE (EFBIG) works without privileges: same clean failure."""
     dst = str(tmp_path / "out")
     code = ("import resource, sys; resource.setrlimit(resource.RLIMIT_FSIZE, (1 << 20, 1 << 20)); "
-            "from packer.ops.cli import main; sys.exit(main(sys.argv[1:]))")
+            "from packer.cli import main; sys.exit(main(sys.argv[1:]))")
     r = subprocess.run([sys.executable, "-c", code, "convert", "imagefolder", fmt, big_source, dst, "--workers", "1",
                         "--encode", "png"], capture_output=True, text=True)
     err = r.stderr.strip().splitlines()

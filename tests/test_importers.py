@@ -14,8 +14,8 @@ import numpy as np
 import pytest
 
 import packer
+from packer.cli import main
 from packer.datasets import open_dataset
-from packer.ops.cli import main
 from tests.helpers import import_optional, moto_s3
 
 HERE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "data", "importers")
@@ -143,7 +143,7 @@ def test_import_options_belong_to_import_sources(tmp_path, capsys):
 
 
 def test_a_missing_extra_is_one_line_naming_it(tmp_path):
-    code = ("import sys; sys.modules['zstandard'] = None; from packer.ops.cli import main; "
+    code = ("import sys; sys.modules['zstandard'] = None; from packer.cli import main; "
             f"sys.exit(main(['convert', 'mds', 'lmdb', {os.path.join(HERE, 'mds-jpeg-zstd')!r}, "
             f"{str(tmp_path / 'o')!r}, '-q']))")
     run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=tmp_path)
@@ -287,7 +287,7 @@ def test_litdata_json_text_and_damaged_values():
     tag are damage, never a guess."""
     import struct
 
-    from packer.ops.importers.litreader import _json_value
+    from packer.sources.importers.litreader import _json_value
 
     assert _json_value(b'{"a": [1, 2], "b": null}') == {"a": [1, 2], "b": None}
     assert _json_value(b"[1.5]") == [1.5]
@@ -326,9 +326,9 @@ def _run_bounded(args: list[str], cwd) -> subprocess.CompletedProcess:
     """``packer convert ARGS`` in a child whose address space may grow 400 MB past what it has
     mapped once packer is imported (RLIMIT_AS)."""
     code = ("import resource, sys\n"
-            "import packer.ops.importers.common, packer.ops.importers.mdsreader, packer.ops.importers.litreader\n"
+            "import packer.sources.importers.common, packer.sources.importers.mdsreader, packer.sources.importers.litreader\n"
             "import zstandard, snappy, brotli, bz2, zlib, cv2, numpy\n"
-            "from packer.ops.cli import main\n"
+            "from packer.cli import main\n"
             "vm = int(next(l for l in open('/proc/self/status') if l.startswith('VmSize')).split()[1]) * 1024\n"
             "resource.setrlimit(resource.RLIMIT_AS, (vm + (400 << 20), vm + (400 << 20)))\n"
             f"sys.exit(main({args!r}))\n")

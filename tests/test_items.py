@@ -12,8 +12,8 @@ from packer.datasets import open_dataset
 from packer.description.manifest import read_manifest
 from packer.errors import ImageError
 from packer.images.imageproc import ProcessOptions, parse_encoding
-from packer.ops.engine import ConvertOptions
-from packer.ops.items import convert_items, item_classes
+from packer.pipeline.engine import ConvertOptions
+from packer.pipeline.items import convert_items, item_classes
 from tests.helpers import make_folder, pack
 
 FORMATS = ["lmdb", "hdf5", "tar", "tfrecord"]
@@ -82,8 +82,8 @@ def test_a_class_listed_twice_is_refused_in_one_line(folder, tmp_path, capsys):
     """A pinned class list names each class once (label i is classes[i]: a duplicate gave one class
     two labels and shifted the rest): convert_items, list sources, packer.pack and --classes-from."""
     import packer
-    from packer.ops.cli import main
-    from packer.ops.listsource import convert_list
+    from packer.cli import main
+    from packer.sources.listsource import convert_list
 
     items = [(os.path.join(folder, "dog", "d0.jpg"), "dog", None), (os.path.join(folder, "cat", "c0.jpg"), "cat", None)]
     with pytest.raises(ValueError, match=r"^classes: class 'cat' is listed twice$"):

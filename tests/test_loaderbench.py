@@ -8,9 +8,9 @@ import statistics
 import pytest
 import torch
 
+from packer.cli import main
 from packer.datasets import collation
-from packer.ops.cli import main
-from packer.ops.loaderbench import (
+from packer.operations.loaderbench import (
     SAME_COLLATE,
     BenchRow,
     CenterCropPad,

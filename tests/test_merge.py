@@ -6,15 +6,15 @@ import os
 
 import pytest
 
+from packer.cli import main
 from packer.datasets import open_dataset
 from packer.description.manifest import read_manifest
 from packer.errors import SourceError, UnfinishedDatasetError
 from packer.images.imageproc import ProcessOptions, parse_encoding
-from packer.ops.cli import main
-from packer.ops.engine import ConvertOptions
-from packer.ops.items import convert_items
-from packer.ops.merge import merge, merged_classes
-from packer.ops.verify import verify_dataset
+from packer.operations.merge import merge, merged_classes
+from packer.operations.verify import verify_dataset
+from packer.pipeline.engine import ConvertOptions
+from packer.pipeline.items import convert_items
 from tests.helpers import make_folder
 
 FORMATS = ["lmdb", "hdf5", "tar", "tfrecord"]
@@ -203,7 +203,7 @@ def test_merge_link_shares_the_shard_files(items, tmp_path, fmt):
 
 
 def test_merge_command_line_link(items, tmp_path):
-    from packer.ops.cli import main
+    from packer.cli import main
 
     _convert(items[:3], tmp_path / "a", "tar", **_shard_writer("tar"))
     _convert(items[3:], tmp_path / "b", "tar", **_shard_writer("tar"))

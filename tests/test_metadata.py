@@ -21,9 +21,9 @@ from packer.description.manifest import read_manifest
 from packer.description.registry import format_names
 from packer.description.samples import MAX_META_BYTES, TABLE_NAME, Label, build_table
 from packer.errors import CorruptDataError, SourceError
-from packer.ops.engine import ConvertOptions
-from packer.ops.items import convert_items
-from packer.ops.listsource import convert_list, read_list
+from packer.pipeline.engine import ConvertOptions
+from packer.pipeline.items import convert_items
+from packer.sources.listsource import convert_list, read_list
 from tests.helpers import make_folder
 
 FORMATS = format_names()
@@ -224,7 +224,7 @@ def test_a_damaged_table_is_reported(fmt, photos, tmp_path):
     ds = open_dataset(dst, verify=True)
     with pytest.raises(CorruptDataError, match="samples.table.*checksum mismatch|checksum mismatch.*samples.table"):
         _ = ds.targets
-    from packer.ops.verify import verify_dataset
+    from packer.operations.verify import verify_dataset
 
     assert not verify_dataset(dst).ok
 
@@ -333,8 +333,8 @@ def test_missing_images_in_a_list_are_skipped_with_the_reason(photos, tmp_path):
 
 @pytest.mark.parametrize("fmt", FORMATS)
 def test_merge_and_format_conversion_carry_labels_and_metadata(fmt, photos, tmp_path):
-    from packer.ops.merge import merge
-    from packer.ops.transcode import convert_dataset
+    from packer.operations.merge import merge
+    from packer.operations.transcode import convert_dataset
 
     root, paths = photos
     a = [(p, ["dog"] if i % 2 else ["cat", "dog"], {"part": "a", "i": i}) for i, p in enumerate(paths[:3])]
@@ -432,7 +432,7 @@ def test_shard_prefix_brace_pattern_and_a_pkidx_index(photos, tmp_path):
 
 
 def test_merge_keeps_the_first_parts_prefix(photos, tmp_path):
-    from packer.ops.merge import merge
+    from packer.operations.merge import merge
 
     root, paths = photos
     for name, part in (("a", paths[:3]), ("b", paths[3:])):
@@ -447,7 +447,7 @@ def test_merge_keeps_the_first_parts_prefix(photos, tmp_path):
 def test_other_tools_metadata_is_carried_into_packer_formats(photos, tmp_path):
     """A WebDataset shard's ``.json`` and ``.txt`` members and a TFRecord file's extra features
     become the samples' metadata when converted."""
-    from packer.ops.transcode import convert_dataset
+    from packer.operations.transcode import convert_dataset
 
     wds = pytest.importorskip("webdataset")
     writer_mod = pytest.importorskip("tfrecord.writer")

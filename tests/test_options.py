@@ -13,10 +13,11 @@ import sys
 import pytest
 
 import packer
+from packer.cli import main
+from packer.conversion.options import OPTIONS, Caller, OptionError, SourceOptions
+from packer.conversion.request import convert_request
 from packer.datasets import open_dataset
-from packer.ops.cli import main
-from packer.ops.options import OPTIONS, Caller, OptionError, SourceOptions, convert_request
-from packer.ops.sources import SOURCES, Source, add_source, get_source, source_names
+from packer.sources.table import SOURCES, Source, add_source, get_source, source_names
 
 from .helpers import tree
 
@@ -53,7 +54,7 @@ def test_the_python_api_reaches_no_argparse(tiny_folder, tmp_path):
     got = json.loads(out.splitlines()[-1])
     assert got["samples"] == [14, 2]
     files = got["files"]
-    assert "packer.ops.cli" not in files and "packer.ops.options" in files and "packer.ops.sources" in files
+    assert not [n for n in files if n == "packer.cli" or n.startswith("packer.cli.")] and "packer.conversion.options" in files and "packer.sources.table" in files
     assert not [n for n, path in files.items() if path and path.endswith(".py") and _imports_argparse(path)]
 
 
@@ -102,7 +103,7 @@ def test_the_table_is_the_one_list_of_options_and_sources():
 
 def _toy(request):  # noqa: ANN001, ANN202 - a ConvertRequest, a ConvertReport
     """The toy source's converter: SRC is a text file of ``LABEL PATH`` lines (paths relative to it)."""
-    from packer.ops.items import convert_items
+    from packer.pipeline.items import convert_items
 
     folder = os.path.dirname(os.path.abspath(request.src))
     with open(request.src, encoding="utf-8") as f:

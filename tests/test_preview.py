@@ -10,11 +10,11 @@ import cv2
 import numpy as np
 import pytest
 
+from packer.cli import main
 from packer.datasets import open_dataset
 from packer.description.registry import format_names
-from packer.ops.cli import main
-from packer.ops.loaderbench import BenchRow, bench_series
-from packer.ops.preview import caption_text, contact_sheet
+from packer.operations.loaderbench import BenchRow, bench_series
+from packer.operations.preview import caption_text, contact_sheet
 from tests.helpers import import_optional, pack
 
 TILE, CAPTION, GAP = 160, 22, 4
@@ -143,7 +143,7 @@ def test_bench_series_joins_the_zero_worker_point_to_every_collate():
 
 
 def test_preview_names_every_class_of_a_multi_label_sample(tiny_folder, tmp_path):
-    from packer.ops.items import convert_items
+    from packer.pipeline.items import convert_items
 
     src, pixels = tiny_folder
     names = sorted(pixels)

@@ -7,8 +7,8 @@ import re
 
 import pytest
 
-from packer.ops.cli import main
-from packer.ops.engine import ConvertOptions, convert_imagefolder
+from packer.cli import main
+from packer.pipeline.engine import ConvertOptions, convert_imagefolder
 from packer.progress import Progress, format_duration
 
 

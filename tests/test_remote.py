@@ -451,7 +451,7 @@ def test_a_stalled_server_fails_each_file_within_the_deadline(s3, local_sets, tm
     """A server that stops answering (the proxy holds every request): with a 2 s deadline, reading
     a shard, then opening the dataset, then `packer info --remote-deadline 2` each fail naming the
     file's URL within seconds; botocore's timeouts and retries alone took minutes."""
-    from packer.ops.cli import main
+    from packer.cli import main
 
     url = _upload(s3, local_sets["tar"], "stalled/tar")
     port = int(s3["client_kwargs"]["endpoint_url"].rsplit(":", 1)[1])

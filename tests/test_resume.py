@@ -17,7 +17,8 @@ from dataclasses import replace
 import pytest
 
 import packer.files.filesystem as filesystem
-import packer.ops.engine as engine
+import packer.pipeline.engine as engine
+from packer.cli import main
 from packer.converters.base import WriterOptions
 from packer.datasets import open_dataset
 from packer.description.manifest import read_manifest
@@ -25,9 +26,13 @@ from packer.description.registry import writer_class
 from packer.errors import ResumeError, UnfinishedDatasetError
 from packer.files.journal import JOURNAL_NAME, read_journal
 from packer.images.imageproc import ProcessOptions, parse_encoding, parse_resize
-from packer.ops.cli import main
-from packer.ops.engine import ConvertOptions, convert_imagefolder, recover_publish, temp_dir_for
-from packer.ops.transcode import convert_dataset
+from packer.operations.transcode import convert_dataset
+from packer.pipeline.engine import (
+    ConvertOptions,
+    convert_imagefolder,
+    recover_publish,
+    temp_dir_for,
+)
 from tests.helpers import make_folder
 from tools import faultlib as fl
 

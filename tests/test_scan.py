@@ -7,7 +7,7 @@ import os
 import pytest
 
 from packer.errors import SourceError
-from packer.ops.scan import scan_imagefolder
+from packer.pipeline.scan import scan_imagefolder
 from tests.helpers import make_folder
 
 

@@ -13,8 +13,8 @@ import pytest
 import webdataset as wds
 from torch.utils.data import DataLoader
 
+from packer.cli import main
 from packer.datasets import ShardSpecError, StreamingDataset, open_dataset
-from packer.ops.cli import main
 from packer.storage.shardspec import expand_braces
 from tests.helpers import draw, pack
 from tests.test_interop_wds_tfrecord import _write_tfrecords  # the tfrecord package's files

@@ -8,8 +8,8 @@ import os
 import pytest
 from torch.utils.data import DataLoader
 
+from packer.cli import main
 from packer.datasets import ShardSpecError, StreamingDataset, open_dataset
-from packer.ops.cli import main
 from tests.helpers import import_optional, pack
 from tests.test_remote import _remote, s3  # noqa: F401 - the moto server fixture
 from tests.test_shard_lists import _records, _write_wds

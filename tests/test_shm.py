@@ -20,7 +20,7 @@ import pytest
 from packer.datasets.shm.locks import ProcessLock
 from packer.datasets.shm.region import SharedRegion, SlotTable, int64_rows
 from packer.images.imageproc import ProcessOptions, parse_encoding, parse_resize
-from packer.ops.engine import ConvertOptions, convert_imagefolder
+from packer.pipeline.engine import ConvertOptions, convert_imagefolder
 from tests.helpers import make_folder
 
 SHM = "/dev/shm"

@@ -24,7 +24,7 @@ from packer.datasets import streaming as streaming_module
 from packer.datasets.partition import World, epoch_counts, plan
 from packer.description.registry import format_names, get_format
 from packer.images.imageproc import ProcessOptions, parse_encoding, parse_resize
-from packer.ops.engine import ConvertOptions, convert_imagefolder
+from packer.pipeline.engine import ConvertOptions, convert_imagefolder
 from tests.helpers import import_optional, write_image
 
 N = 23  # samples: odd, so two ranks pad one and three ranks pad one

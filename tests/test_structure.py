@@ -9,7 +9,9 @@
 - imports point down the layers (``import x`` and ``from x import y`` alike, lazy ones included):
   the foundation, files, images, the dataset description, storage, layouts, writers and readers,
   the format registry (``packer.formats``, above the parts it lists), the readers' front door
-  (``open_dataset``, ``StreamingDataset``), then the operations;
+  (``open_dataset``, ``StreamingDataset``), then a layer per room: the conversion pipeline, the
+  operations on packed datasets, the options table, the sources, the conversion, the Python API
+  (``packer.api``) and the command line (``packer.cli``);
 - no circle of imports between modules, lazy ones included; the registry's loaders, which import
   each format's writer, reader and layout when it is asked for, are the one exemption;
 - no private name (``_x``) imported from another module; tests import tools only from a list.
@@ -40,7 +42,8 @@ LAYERS = {"packer": 0, "packer.errors": 0, "packer.sizes": 0, "packer.progress":
           "packer.wording": 0, "packer.files": 1, "packer.images": 2, "packer.fields": 2, "packer.description": 3, "packer.storage": 4,
           "packer.layouts": 5, "packer.converters": 6, "packer.datasets.*": 6, "packer.formats": 7,
           "packer.datasets": 8, "packer.datasets.opening": 8, "packer.datasets.streaming": 8,
-          "packer.ops": 9, "packer.__main__": 9}
+          "packer.pipeline": 9, "packer.operations": 10, "packer.conversion.options": 11, "packer.sources": 12,
+          "packer.conversion": 13, "packer.api": 14, "packer.cli": 15, "packer.__main__": 15}
 #: Where a format's name may be compared: its layout, writer and reader, and the registry.
 FORMAT_HOMES = ("packer/layouts/", "converters/", "datasets/formats/", "packer/formats.py")
 #: Compiled modules (no .py file), known so that imports of them resolve.
@@ -59,7 +62,8 @@ IN_PROGRESS_EDGES: set[tuple[str, str]] = set()
 #: package imports an old path.
 OLD_PATHS = {"packer.description.registry": "packer.formats",
              **{f"packer.datasets.{name}": f"packer.datasets.formats.{name}" for name in ("lmdb", "hdf5", "tar", "tfrecord")},
-             "packer.datasets.skips": "packer.datasets.shm.skips"}
+             "packer.datasets.skips": "packer.datasets.shm.skips", "packer.ops.engine": "packer.pipeline.engine",
+             "packer.ops.items": "packer.pipeline.items", "packer.ops.merge": "packer.operations.merge"}
 #: The tools modules the tests may import (shared helpers; the benchmarks are run, not imported).
 TOOLS_FOR_TESTS = {"tools.sample_images", "tools.faultlib"}
 
@@ -490,6 +494,25 @@ def test_the_layer_rule_sees_plain_lazy_and_relative_imports():
     assert layer_violations(table, layers) == ["pkg.door.part:1 imports pkg.door"]
 
 
+def test_the_layer_rule_gives_each_folder_its_layer_and_a_module_its_own():
+    # rooms as folders, bottom up: pipeline < conversion.options < sources < conversion < cli;
+    # a module may import its own room's modules; a module with its own key sits apart from its room
+    layers = {"pkg": 0, "pkg.pipeline": 1, "pkg.conversion.options": 2, "pkg.sources": 3, "pkg.conversion": 4,
+              "pkg.cli": 5}
+    sources = {
+        "pkg": "", "pkg.pipeline": "", "pkg.pipeline.engine": "", "pkg.pipeline.items": "from .engine import run\n",
+        "pkg.sources": "", "pkg.sources.table": "from ..conversion.options import Request\n",
+        "pkg.conversion": "", "pkg.conversion.options": "import pkg.pipeline.engine\n",
+        "pkg.conversion.run": "from ..sources.table import get\nfrom .options import Request\n",
+        "pkg.cli": "", "pkg.cli.parser": "from . import convert\n", "pkg.cli.convert": "import pkg.conversion.run\n",
+    }
+    assert layer_violations(_table(sources), layers) == []
+    up = {"pkg.pipeline.engine": "import pkg.cli\n",  # a room below imports one above
+          "pkg.conversion.options": "def check():\n    from ..sources.table import get\n"}  # the module's own key
+    assert layer_violations(_table({**sources, **up}), layers) == [
+        "pkg.pipeline.engine:1 imports pkg.cli", "pkg.conversion.options:2 imports pkg.sources.table"]
+
+
 def test_the_private_name_rule():
     table = _table({"pkg": "", "pkg.a": "def f():\n    from pkg.b import _x, y\n", "pkg.b": "from . import _ext\n",
                     "pkg._ext": "", "pkg.sub": "", "pkg.sub._mod": "", "pkg.c": "import pkg.sub._mod\n",
@@ -509,3 +532,16 @@ def test_the_size_rule():
     module = ast.parse(src)
     assert oversized([("m.py", module, src.count("\n"))], max_module=20, max_class=4) == ["m.py:Big"]
     assert oversized([("m.py", module, src.count("\n"))], max_module=5, max_class=10) == ["m.py"]
+
+
+def test_every_package_folder_is_installed():
+    """setup.cfg lists packages by hand (converters/ and datasets/ install under packer): a folder
+    left out works in an editable install and is missing from a wheel."""
+    import configparser
+
+    cfg = configparser.ConfigParser()
+    cfg.read(os.path.join(ROOT, "setup.cfg"))
+    listed = {p.strip() for p in cfg["options"]["packages"].split(",")}
+    found = {module_name(os.path.relpath(os.path.join(folder, "__init__.py"), ROOT))
+             for tree in PACKAGE for folder, _, files in os.walk(os.path.join(ROOT, tree)) if "__init__.py" in files}
+    assert found == listed, f"missing from setup.cfg: {sorted(found - listed)}; not a package: {sorted(listed - found)}"

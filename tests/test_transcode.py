@@ -1,4 +1,4 @@
-"""Format -> format and format -> ImageFolder (packer.ops.transcode)."""
+"""Format -> format and format -> ImageFolder (packer.operations.transcode)."""
 
 from __future__ import annotations
 
@@ -14,9 +14,9 @@ from packer.description.manifest import MANIFEST_NAME, Manifest, read_manifest
 from packer.description.registry import format_names
 from packer.errors import ImageError, SourceError, UnfinishedDatasetError
 from packer.images.imageproc import ProcessedImage, ProcessOptions, parse_encoding, parse_resize
-from packer.ops.engine import ConvertOptions, temp_dir_for, write_packed
-from packer.ops.scan import scan_imagefolder
-from packer.ops.transcode import COPY, convert_dataset, processing_for, safe_relpath
+from packer.operations.transcode import COPY, convert_dataset, processing_for, safe_relpath
+from packer.pipeline.engine import ConvertOptions, temp_dir_for, write_packed
+from packer.pipeline.scan import scan_imagefolder
 from tests.helpers import draw, make_folder, tree
 from tests.helpers import pack as _pack
 

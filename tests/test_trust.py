@@ -13,10 +13,10 @@ import time
 
 import pytest
 
+from packer.cli import main
 from packer.description.registry import format_names
 from packer.errors import DestinationBusyError, SourceError
 from packer.files.filesystem import check_destination, claim_destination, sibling_path
-from packer.ops.cli import main
 from tests.helpers import make_folder, pack
 from tests.test_hostile import big_source, small_fs  # noqa: F401  (fixtures: a 24-image source, a 2 MB tmpfs)
 
@@ -554,7 +554,7 @@ def test_a_sample_table_that_is_not_the_datasets_own_is_refused(tmp_path, fmt, h
     every format read it, ds.targets and ds.keys wrong."""
     from packer.datasets import StreamingDataset, open_dataset
     from packer.errors import CorruptDataError
-    from packer.ops.verify import verify_dataset
+    from packer.operations.verify import verify_dataset
 
     a, truth = _swap_table(tmp_path, fmt, how)
     table = os.path.join(a, "samples.table")
@@ -609,7 +609,7 @@ def test_merge_refuses_a_part_file_from_another_conversion_before_copying(tmp_pa
     verified)."""
     from packer.description.manifest import read_manifest
     from packer.errors import CorruptDataError
-    from packer.ops.merge import merge
+    from packer.operations.merge import merge
 
     a, b = _table_pair(tmp_path, fmt)
     files = read_manifest(a).files
@@ -789,7 +789,7 @@ def test_upscale_output_is_bounded_by_max_pixels_before_decoding(tmp_path):
     ok, buf = cv2.imencode(".png", np.zeros((1, 3000, 3), np.uint8))
     open(os.path.join(src, "a", "thin.png"), "wb").write(buf.tobytes())
     from packer.images.imageproc import ProcessOptions, parse_encoding, parse_resize
-    from packer.ops.engine import ConvertOptions, convert_imagefolder
+    from packer.pipeline.engine import ConvertOptions, convert_imagefolder
 
     opts = ConvertOptions(processing=ProcessOptions(resize=parse_resize("shorter:256"), upscale=True,
                                                     encoding=parse_encoding("png"), max_pixels=10_000_000))
@@ -1165,8 +1165,8 @@ def test_names_that_are_not_utf8_are_skipped_shown_escaped_not_a_crash(tmp_path,
 @pytest.mark.parametrize("fmt", FORMATS)
 def test_a_source_and_destination_inside_a_folder_whose_name_is_not_utf8(tmp_path, fmt):
     """py-lmdb encodes paths as strict UTF-8: an LMDB conversion there failed with a raw codec error."""
-    from packer.ops.transcode import convert_dataset
-    from packer.ops.verify import verify_dataset
+    from packer.operations.transcode import convert_dataset
+    from packer.operations.verify import verify_dataset
 
     top = tmp_path / os.fsdecode(b"d\xe9j\xe0")
     dst = os.path.join(top, "out")
@@ -1247,7 +1247,7 @@ def test_tfrecord_index_lengths_beyond_int64_are_one_line(tmp_path, length):
     forge_manifest_sizes(dst)
     import warnings
 
-    from packer.ops.verify import verify_dataset
+    from packer.operations.verify import verify_dataset
 
     with warnings.catch_warnings():
         warnings.simplefilter("error", RuntimeWarning)
@@ -1295,7 +1295,7 @@ import sys
 from packer.converters import hdf5
 hdf5.no_room = lambda *a, **k: None  # the free-space check passed; another process then took the room
 if __name__ == "__main__":
-    from packer.ops.cli import main
+    from packer.cli import main
     sys.exit(main(sys.argv[1:]))
 """
 
@@ -1358,7 +1358,7 @@ def test_torchrun_stopped_rank_fails_the_job_after_the_timeout(tmp_path):
     timeout, naming it, instead of waiting for the collective's own timeout; nothing appears at DST."""
     import json
 
-    from packer.ops.distributed import part_path
+    from packer.conversion.distributed import part_path
     from tests.test_distributed_convert import torchrun_command
 
     root = str(tmp_path / "src")
@@ -1408,7 +1408,7 @@ def _list_outside_root(tmp_path):
 
 
 def test_list_rows_outside_the_root_are_refused_naming_them(tmp_path, capsys):
-    from packer.ops.listsource import read_list
+    from packer.sources.listsource import read_list
 
     root, secret, lst = _list_outside_root(tmp_path)
     dst = str(tmp_path / "d")
@@ -1431,8 +1431,8 @@ def test_list_rows_outside_the_root_are_refused_naming_them(tmp_path, capsys):
 def test_list_rows_through_a_symlink_in_the_root_are_followed(tmp_path):
     """The rule is on the path the list writes; a symlink inside the root (the user's own folder)
     is followed wherever it leads, as in an image folder."""
-    from packer.ops.engine import ConvertOptions
-    from packer.ops.listsource import convert_list
+    from packer.pipeline.engine import ConvertOptions
+    from packer.sources.listsource import convert_list
 
     elsewhere = _src(tmp_path, "elsewhere")
     root = tmp_path / "root"
@@ -1451,7 +1451,7 @@ def test_list_rows_through_a_symlink_in_the_root_are_followed(tmp_path):
     ("file\tlabel\tnote\tnote\na/a0.jpg\ta\tx\ty\n", "l.tsv", r"l\.tsv:1: column 'note' appears twice"),
 ])
 def test_a_list_key_or_column_named_twice_is_an_error(tmp_path, text, name, why):
-    from packer.ops.listsource import read_list
+    from packer.sources.listsource import read_list
 
     root = _src(tmp_path, "root")
     lst = os.path.join(root, name)
@@ -1519,8 +1519,8 @@ def test_merge_refuses_parts_that_disagree_about_a_source_file(tmp_path, capsys)
     import json
 
     from packer.description.manifest import read_manifest, write_manifest
-    from packer.ops.items import convert_items
-    from packer.ops.merge import merge
+    from packer.operations.merge import merge
+    from packer.pipeline.items import convert_items
 
     first = _src(tmp_path, "one", n=2)
     same = shutil.copytree(first, tmp_path / "same")
@@ -1582,7 +1582,7 @@ def test_list_rows_that_are_fifos_devices_or_huge_are_skipped_unread(tmp_path):
 
 @pytest.mark.parametrize("case", ["fifo", "device", "endless-line", "deep-json", "deep-meta"])
 def test_lists_that_are_not_files_endless_or_deeply_nested_are_one_line(tmp_path, case):
-    from packer.ops.listsource import read_list
+    from packer.sources.listsource import read_list
 
     root = _src(tmp_path, "root")
     lst = os.path.join(root, "l.jsonl" if case.startswith("deep") else "l.csv")
@@ -1608,7 +1608,7 @@ def test_lists_that_are_not_files_endless_or_deeply_nested_are_one_line(tmp_path
 
 
 def test_a_list_with_a_byte_order_mark_is_read(tmp_path):
-    from packer.ops.listsource import read_list
+    from packer.sources.listsource import read_list
 
     root = _src(tmp_path, "root")
     for name, text in (("l.csv", "path,label\na/a0.jpg,a\n"), ("l.tsv", "path\tlabel\na/a0.jpg\ta\n"),
@@ -1621,7 +1621,7 @@ def test_a_list_with_a_byte_order_mark_is_read(tmp_path):
 
 
 def test_list_rows_naming_one_file_with_conflicting_labels_are_refused(tmp_path):
-    from packer.ops.listsource import read_list
+    from packer.sources.listsource import read_list
 
     root = _src(tmp_path, "root")
     lst = os.path.join(root, "l.csv")
@@ -1648,8 +1648,8 @@ def test_an_unlabelled_multi_label_sample_is_an_empty_int64_list(tmp_path):
     from packer.datasets import open_dataset
     from packer.layouts.tfexample import example_class
     from packer.layouts.tfrecord import image_record
-    from packer.ops.engine import ConvertOptions
-    from packer.ops.items import convert_items
+    from packer.pipeline.engine import ConvertOptions
+    from packer.pipeline.items import convert_items
 
     root = _src(tmp_path, "root")
     items = [(os.path.join(root, "a", "a0.jpg"), [], None), (os.path.join(root, "a", "a1.jpg"), ["a", "b"], None),

@@ -22,8 +22,8 @@ import numpy as np
 
 from packer.description.registry import format_names
 from packer.images.imageproc import ProcessOptions, parse_encoding, parse_resize, process_image
-from packer.ops.engine import ConvertOptions, convert_imagefolder
-from packer.ops.scan import scan_imagefolder
+from packer.pipeline.engine import ConvertOptions, convert_imagefolder
+from packer.pipeline.scan import scan_imagefolder
 
 RESIZE, JPEG = "shorter:256", "jpeg:90"
 SECTIONS = """sections (all by default; --sections picks some):

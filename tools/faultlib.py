@@ -19,10 +19,10 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from packer.cli import main as cli_main
 from packer.description.manifest import MANIFEST_NAME, Manifest, read_manifest
 from packer.description.registry import format_names, get_format
 from packer.errors import CorruptDataError
-from packer.ops.cli import main as cli_main
 
 from .sample_images import make_folder
 
@@ -209,7 +209,7 @@ def kill_trial(fmt: str, src: str, ref: str, ref_snapshot: list, work: str, dela
         return t
     # A kill while the replaced dataset was being deleted leaves .out.packer-trash; the next
     # conversion to DST deletes it first (recover_publish), as it does here.
-    from packer.ops.engine import recover_publish
+    from packer.pipeline.engine import recover_publish
 
     recover_publish(dst)
     leftovers = [n for n in os.listdir(work) if n != "out" and not _stale_claim(os.path.join(work, n))]

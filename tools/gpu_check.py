@@ -86,7 +86,7 @@ def make_folder(root: str, per_class: int, seed: int = 0) -> str:
 
 def convert(src: str, dst: str, encode: str) -> str:
     from packer.images.imageproc import ProcessOptions, parse_encoding, parse_resize
-    from packer.ops.engine import ConvertOptions, convert_imagefolder
+    from packer.pipeline.engine import ConvertOptions, convert_imagefolder
 
     opts = ConvertOptions(processing=ProcessOptions(resize=parse_resize("shorter:256"),
                                                     encoding=parse_encoding(encode)),

@@ -1,6 +1,6 @@
 """The conversion journal: what an interrupted conversion had made durable, so ``--resume`` can go on.
 
-The engine (:mod:`packer.ops.engine`) writes ``.packer-journal.json`` into the hidden folder
+The engine (:mod:`packer.pipeline.engine`) writes ``.packer-journal.json`` into the hidden folder
 ``.NAME.packer-tmp`` at every checkpoint and deletes it before publishing. JSON only, no pickle.
 """
 

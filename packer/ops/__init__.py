@@ -1,3 +1,3 @@
-"""The operations, above the core (packer/*.py) and the formats (packer/layouts, packer.converters,
-packer.datasets): conversion (engine, transcode), verify, the CLI, the demo and the loader
-benchmark. The core never imports them."""
+"""Old import paths kept for users: ``packer.ops.engine``, ``packer.ops.items`` and
+``packer.ops.merge`` forward to :mod:`packer.pipeline` and :mod:`packer.operations` (also
+``packer.ConvertOptions``, ``packer.convert_items``, ``packer.merge``)."""

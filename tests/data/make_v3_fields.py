@@ -16,8 +16,8 @@ import numpy as np
 
 from packer.description.registry import format_names
 from packer.images.imageproc import ProcessOptions, parse_encoding, parse_resize
-from packer.ops.engine import ConvertOptions
-from packer.ops.items import convert_items
+from packer.pipeline.engine import ConvertOptions
+from packer.pipeline.items import convert_items
 
 
 def masks() -> list[np.ndarray]:

@@ -68,9 +68,9 @@ def merge_cost(root: str, fmt: str, parts: int, per_part: int, link: bool = Fals
     """(stored GB, seconds) of merging ``parts`` parts of ``per_part`` 256 x 256 JPEGs (~70 kB);
     ``link``: shards hard-linked, as a torchrun conversion merges."""
     from packer.images.imageproc import Encoding, ProcessOptions
-    from packer.ops.engine import ConvertOptions
-    from packer.ops.items import convert_items
-    from packer.ops.merge import merge
+    from packer.operations.merge import merge
+    from packer.pipeline.engine import ConvertOptions
+    from packer.pipeline.items import convert_items
 
     rng = np.random.default_rng(0)
     data = [jpeg_bytes(rng.integers(0, 256, (256, 256, 3), dtype=np.uint8), 90) for _ in range(8)]

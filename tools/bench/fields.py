@@ -30,7 +30,7 @@ def fields_dataset(src: str, dst: str, count: int, fmt: str) -> None:
     from packer.description.manifest import FIELDS_VERSION, Manifest
     from packer.images.fields import FieldSources, process_sample
     from packer.images.imageproc import ProcessOptions, parse_encoding, parse_resize
-    from packer.ops.engine import ConvertOptions, write_packed
+    from packer.pipeline.engine import ConvertOptions, write_packed
 
     opts = ProcessOptions(resize=parse_resize("shorter:256"), encoding=parse_encoding("jpeg:90"))
     paths = sorted(os.path.join(d, f) for d, _, fs in os.walk(src) for f in fs)[:count]

@@ -114,7 +114,7 @@ def _packer_raw_row(cfg: BenchConfig) -> dict[str, Any]:
 
     from packer.datasets import open_dataset
     from packer.images.imageproc import ProcessOptions, parse_encoding, parse_resize
-    from packer.ops.engine import ConvertOptions, convert_imagefolder
+    from packer.pipeline.engine import ConvertOptions, convert_imagefolder
 
     one_thread_per_process()
     out = fresh_dir(os.path.join(cfg.work, "packer_lmdb_raw"))
@@ -144,7 +144,7 @@ def _packer_format_rows(cfg: BenchConfig, fmt: str) -> list[dict[str, Any]]:
     from packer.datasets import StreamingDataset
     from packer.description.registry import reader_class
     from packer.images.imageproc import ProcessOptions, parse_encoding, parse_resize
-    from packer.ops.engine import ConvertOptions, convert_imagefolder
+    from packer.pipeline.engine import ConvertOptions, convert_imagefolder
 
     one_thread_per_process()
     out = fresh_dir(os.path.join(cfg.work, f"packer_{fmt}"))

@@ -117,9 +117,9 @@ def remote(a: argparse.Namespace) -> int:
     moved and the CPU seconds per MB downloaded. Then the bytes one node (whole or quarter-size
     cache) and each of N simulated nodes download per epoch (``--egress-only``: only these).
     """
+    from packer.cli import main as cli
     from packer.datasets import open_dataset
     from packer.description.manifest import read_manifest
-    from packer.ops.cli import main as cli
     from packer.storage.remote import Remote, upload_dataset
 
     shutil.rmtree(a.work, ignore_errors=True)

@@ -55,8 +55,8 @@ class TinyItems(Sequence):
 def scale_build(fmt: str, n: int, dst: str, workers: int) -> dict[str, Any]:
     """Child: convert ``n`` tiny items; seconds, size and the process tree's peak memory."""
     from packer.images.imageproc import Encoding, ProcessOptions
-    from packer.ops.engine import ConvertOptions
-    from packer.ops.items import convert_items
+    from packer.pipeline.engine import ConvertOptions
+    from packer.pipeline.items import convert_items
 
     opts = ConvertOptions(processing=ProcessOptions(encoding=Encoding("keep", 0)), workers=workers, overwrite=True)
     with TreeMemory(os.getpid()) as memory:

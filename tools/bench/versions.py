@@ -15,7 +15,7 @@ from tools.bench.common import FORMATS, REPO, Subcommand, export, header, in_rev
 VERSIONS_CONVERT = r'''
 import json, sys, time
 try:
-    from packer.ops.engine import ConvertOptions, convert_imagefolder
+    from packer.pipeline.engine import ConvertOptions, convert_imagefolder
 except ImportError:  # revisions before packer/ops (0.1), where the engine was packer.engine
     from packer.engine import ConvertOptions, convert_imagefolder
 from packer.images.imageproc import ProcessOptions, parse_resize

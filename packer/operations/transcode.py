@@ -49,8 +49,7 @@ from ..images.imageproc import (
     parse_encoding,
     parse_resize,
 )
-from ..storage.shardspec import has_braces
-from .engine import (
+from ..pipeline.engine import (
     ConvertOptions,
     ConvertReport,
     Item,
@@ -62,7 +61,8 @@ from .engine import (
     temp_dir_for,
     write_packed_result,
 )
-from .scan import IMG_EXTENSIONS
+from ..pipeline.scan import IMG_EXTENSIONS
+from ..storage.shardspec import has_braces
 
 __all__ = ["COPY", "TranscodeReport", "convert_dataset", "is_copy", "reprocess", "processing_for", "safe_relpath"]
 
@@ -434,9 +434,9 @@ def convert_dataset(
     in ``options.workers`` processes (see :func:`processing_for` for the CLI's rules).
     ``options.shuffle``/``seed`` are not used: the source's classes, processing facts, order and
     seed are kept. Unreadable samples are skipped and listed (``strict``: the first one raises).
-    ``src_format == "imagefolder"`` is :func:`packer.ops.engine.convert_imagefolder`. Packed output
+    ``src_format == "imagefolder"`` is :func:`packer.pipeline.engine.convert_imagefolder`. Packed output
     is built by the same writers, in the same hidden temporary folder, manifest last and published
-    by rename, as an ImageFolder conversion (:func:`packer.ops.engine.write_packed_result`).
+    by rename, as an ImageFolder conversion (:func:`packer.pipeline.engine.write_packed_result`).
 
     Unpacking writes ``DST/<class>/<path>``, the path taken from the sample's key (its path
     relative to the source root when it was packed), so with ``keep`` encoding imagefolder -> X ->

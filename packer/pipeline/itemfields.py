@@ -1,4 +1,4 @@
-"""The fields an item of :func:`packer.ops.items.convert_items` may carry besides its image, as a
+"""The fields an item of :func:`packer.pipeline.items.convert_items` may carry besides its image, as a
 fourth element: ``{"mask": path or bytes, "images": {name: path or bytes}, "boxes": [[x0, y0, x1,
 y1], ...], "box_labels": [class name or number, ...], "size": [width, height]}`` (any of the keys;
 boxes in the source image's pixels; ``size`` the image's size they were given for, checked against
@@ -323,7 +323,7 @@ def process_with_fields(data: bytes, opts: ProcessOptions, files: FieldFiles) ->
 
 
 def field_processor(files: FieldFiles) -> Callable[[bytes, ProcessOptions], tuple[Any, str | None]]:
-    """A ``process(data, opts)`` for :func:`packer.ops.sourcefiles.process_file` that adds ``files``."""
+    """A ``process(data, opts)`` for :func:`packer.pipeline.sourcefiles.process_file` that adds ``files``."""
     def process(data: bytes, opts: ProcessOptions) -> tuple[Any, str | None]:
         return process_with_fields(data, opts, files)
     return process

@@ -91,7 +91,7 @@ def run_demo(workdir: str | None = None, classes: int = 8, per_class: int = 64, 
     from packer.datasets import collate, open_dataset
     from packer.datasets.collation import slots_available
     from packer.images.imageproc import ProcessOptions, parse_encoding, parse_resize
-    from packer.ops.engine import ConvertOptions, convert_imagefolder
+    from packer.pipeline.engine import ConvertOptions, convert_imagefolder
 
     slots, why = slots_available()
     print("packer demo (`python -m packer doctor` says what this machine gives packer: torch, "

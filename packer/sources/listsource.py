@@ -1,6 +1,6 @@
 """Sources that are lists, not class folders: a CSV, TSV or JSON Lines file naming each image, its
 label and any other per-sample fields (kept as metadata). :func:`read_list` parses one into the
-items :func:`packer.ops.items.convert_items` takes; :func:`convert_list` does both.
+items :func:`packer.pipeline.items.convert_items` takes; :func:`convert_list` does both.
 
     path,label,photographer
     train/0001.jpg,cat,ann
@@ -477,9 +477,9 @@ def convert_list(
     The rows are shuffled at write time with ``options.seed`` unless ``options.shuffle`` is off
     (then they keep the list's order). ``classes`` (or ``options.classes``) pins the class list,
     e.g. a training set's, so labels line up."""
-    from .engine import ConvertOptions
-    from .items import check_classes, convert_items
-    from .order import recorded_seed, write_order
+    from ..pipeline.engine import ConvertOptions
+    from ..pipeline.items import check_classes, convert_items
+    from ..pipeline.order import recorded_seed, write_order
 
     options = options if options is not None else ConvertOptions()
     if classes is None and options.classes is not None:

@@ -214,8 +214,8 @@ def convert_import(table: Table, dst: str | os.PathLike[str], fmt: str, options:
     ConvertReport): images through a temporary folder beside ``dst``, so memory does not grow
     with the images; integer labels keep their values, class names come from ``classes``, the
     table's declared classes, or the names found (sorted); other columns become metadata."""
-    from ..items import convert_items, item_classes
-    from ..order import recorded_seed, write_order
+    from ...pipeline.items import convert_items, item_classes
+    from ...pipeline.order import recorded_seed, write_order
 
     choice = choose_columns(table, image_column, label_column, drop_columns)
     dst = os.path.abspath(os.fspath(dst))

@@ -1,4 +1,4 @@
-"""Running a checked :class:`~packer.ops.options.ConvertRequest`: a URL SRC fetched, a URL DST
+"""Running a checked :class:`~packer.conversion.options.ConvertRequest`: a URL SRC fetched, a URL DST
 uploaded, parts under torchrun, then the source's own conversion (the source table). What
 ``packer convert`` and :func:`packer.convert` both call."""
 
@@ -13,9 +13,9 @@ from typing import Any
 
 from ..errors import PackerError
 from ..formats import format_names
+from ..sources.table import get_source
 from ..wording import plural
 from .options import Caller, ConvertRequest, OptionError
-from .sources import get_source
 
 __all__ = ["run_conversion", "pinned_classes", "remote_deadline"]
 
@@ -57,7 +57,7 @@ def pinned_classes(spec: str, caller: Caller) -> list[str]:
     name per line; blank lines ignored). OptionError saying what is wrong."""
     from ..description.manifest import MANIFEST_NAME
     from ..formats import read_manifest
-    from .items import check_classes
+    from ..pipeline.items import check_classes
 
     what = f"{caller.name('classes_from')} {spec}"
     try:
@@ -124,7 +124,7 @@ def _convert_to_url(r: ConvertRequest) -> Any:
 def _warn_partial_output(r: ConvertRequest) -> None:
     """Say, before it happens, that a run without resume deletes an interrupted run's partial output."""
     from ..files.filesystem import temp_dir_for
-    from .engine import interrupted_samples
+    from ..pipeline.engine import interrupted_samples
 
     if r.options.resume or r.dst_format == "imagefolder" or (os.path.lexists(r.dst) and not r.options.overwrite):
         return
@@ -137,7 +137,7 @@ def _warn_partial_output(r: ConvertRequest) -> None:
 
 def _convert_torchrun(r: ConvertRequest, launch: Any) -> Any:
     """One rank of ``torchrun ... -m packer convert imagefolder FMT SRC DST``: a part per rank,
-    merged by rank 0 (packer.ops.distributed); the report on rank 0, None on the others."""
+    merged by rank 0 (packer.conversion.distributed); the report on rank 0, None on the others."""
     from datetime import timedelta
 
     from ..storage.remote import is_url

@@ -1,191 +1,21 @@
-"""The command line: ``packer`` and ``python -m packer`` both call :func:`main`.
-
-Subcommands are registered in one table (``COMMANDS``); format choices come from the registry.
-A bad command line is one line on stderr and exit status 2; a failure is one line and status 1;
-a conversion that skipped bad images finishes and exits 3, so scripts notice. Ctrl-C exits 130 and
-SIGTERM (a scheduler preempting the job) 143, both after keeping a resumable partial output.
-"""
+"""The commands of the command line but convert: info, verify, demo, bench, merge, preview and
+doctor, each its arguments and its run (the work is done in :mod:`packer.operations`)."""
 
 from __future__ import annotations
 
 import argparse
-import contextlib
 import os
 import re
-import signal
 import sys
-import threading
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Sequence
 
-from .. import __version__
-from ..errors import PackerError, UnfinishedDatasetError
 from ..fields import KINDS
 from ..formats import format_names, read_manifest
-from ..wording import describe_skips, noun, plural
-from .conversion import remote_deadline
-from .options import (
-    COMMAND_LINE,
-    OPTIONS,
-    STORAGE_GROUP,
-    Option,
-    OptionError,
-    convert_request,
-    dst_formats,
-)
-from .sources import source_names
+from ..wording import noun, plural
+from .base import EXIT_ERROR, EXIT_OK, Command, UsageError, say
+from .convert import add_storage, storage_options
 
-__all__ = ["main", "build_parser", "EXIT_OK", "EXIT_ERROR", "EXIT_USAGE", "EXIT_SKIPPED", "EXIT_INTERRUPTED",
-           "EXIT_TERMINATED", "Terminated"]
-
-EXIT_OK, EXIT_ERROR, EXIT_USAGE, EXIT_SKIPPED, EXIT_INTERRUPTED, EXIT_TERMINATED = 0, 1, 2, 3, 130, 143
-
-
-class UsageError(OptionError):
-    """A bad command line (exit status 2, as for every OptionError)."""
-
-
-class _Parser(argparse.ArgumentParser):
-    """argparse, but a usage error is one line and an exception, not a usage dump and exit."""
-
-    def error(self, message: str) -> None:  # type: ignore[override]
-        raise UsageError(f"{self.prog}: {message} (see {self.prog} --help)")
-
-
-def _say(msg: str) -> None:
-    print(msg, file=sys.stderr)
-
-
-# -- convert -------------------------------------------------------------------------------------
-def _add_convert(p: argparse.ArgumentParser) -> None:
-    p.epilog = ("exit status: 0 done, 1 failed, 2 bad command line, 3 done with skipped files, 130 interrupted "
-                "(Ctrl-C), 143 terminated (SIGTERM); after 130 or 143 the partial output (once past its first "
-                "checkpoint) is kept and --resume continues it")
-    p.add_argument("src_format", choices=source_names(),
-                   help="format of SRC (list: a .csv, .tsv or .jsonl file naming images, labels and metadata; coco: "
-                        "a COCO instances_*.json, its images in --images DIR; mds, litdata, parquet: a MosaicML "
-                        "Streaming, LitData or Parquet dataset to import)")
-    p.add_argument("dst_format", choices=dst_formats(), help="format to write")
-    p.add_argument("src", help="source folder, list file or packed dataset (a packed SRC may be a URL); tar and "
-                               "tfrecord: also a brace pattern of shard files, dir/shard-{000000..000009}.tar")
-    p.add_argument("dst", help="destination directory or URL (must not exist unless --overwrite)")
-    _add_flags(p, OPTIONS)
-
-
-def _add_flags(p: argparse.ArgumentParser, options: Sequence[Option]) -> None:
-    """The flags of ``options`` (packer.ops.options), in their groups."""
-    groups: dict[str, argparse._ArgumentGroup] = {}
-    for o in options:
-        if o.group not in groups:
-            groups[o.group] = p.add_argument_group(o.group)
-        kw: dict = {"dest": o.name, "help": o.help, "default": o.default}
-        if o.metavar:
-            kw["metavar"] = o.metavar
-        if o.kind is bool:
-            kw["action"] = "store_true"
-        elif o.kind in ("strs", "storage"):
-            kw.update(action="append", default=None if o.default is None else list(o.default))
-        else:
-            kw.update(type=_seconds if o.kind == "seconds" else o.kind, choices=o.choices)
-        groups[o.group].add_argument(o.flag, *([o.short] if o.short else []), **kw)
-
-
-def _run_convert(a: argparse.Namespace) -> int:
-    from .conversion import run_conversion
-    from .distributed import torchrun_launch
-
-    request = convert_request(COMMAND_LINE, a.src_format, a.dst_format, a.src, a.dst,
-                              {o.name: getattr(a, o.name) for o in OPTIONS})
-    launch = None if request.no_torchrun else torchrun_launch()
-    report = run_conversion(request, launch)
-    if launch is None:
-        return _summary(a, report)
-    if launch.rank != 0:
-        if not a.quiet:
-            print(f"rank {launch.rank}: part converted; rank 0 merged the parts into {a.dst}")
-        return EXIT_OK
-    # Done with skipped files is status 0 under torchrun: torchrun reports any other status as a
-    # failed job (the skips are printed and listed in the manifest).
-    return _summary(a, report, skipped_status=EXIT_OK)
-
-
-#: Manifest ``ignored`` counts -> what the summary calls one of them, and several.
-_IGNORED = {"hidden": ("hidden (names starting with '.')",) * 2, "outside_classes": ("outside class folders",) * 2,
-            "not_images": ("not an image (no image extension)", "not images (no image extension)")}
-
-
-def _summary(a: argparse.Namespace, report, skipped_status: int = EXIT_SKIPPED) -> int:  # noqa: ANN001
-    """Print what a conversion (a ConvertReport) did; the exit status (``skipped_status`` when it
-    skipped files). Its last lines: what was ignored, left small, skipped (each file, then the count
-    by reason), and empty classes. ``--quiet`` leaves out all but the warnings and the skips."""
-    m = report.manifest
-    if not a.quiet:
-        _say_done(a, report)
-    if getattr(report, "already_complete", False):
-        return EXIT_OK
-    empty = m.source.get("empty_classes") or []
-    if empty:
-        _say(f"warning: {plural(len(empty), 'empty class')}, no image has {noun(len(empty), 'its')} label: "
-             + ", ".join(map(str, empty[:20])) + (f", ... ({len(empty)} in all)" if len(empty) > 20 else ""))
-    if report.skipped:
-        for s in report.skipped[:20]:
-            _say(f"skipped {s.path}: {s.reason}")
-        if len(report.skipped) > 20:
-            _say(f"... and {len(report.skipped) - 20} more (all listed in {a.dst}/manifest.json)")
-        by_reason = describe_skips(((s.path, s.reason) for s in report.skipped), examples=0)
-        _say(f"{plural(len(report.skipped), 'file')} skipped: {by_reason}; exit status {skipped_status}")
-        return skipped_status
-    return EXIT_OK
-
-
-def _say_done(a: argparse.Namespace, report) -> None:  # noqa: ANN001 - a ConvertReport
-    """The summary lines of a conversion that ``--quiet`` leaves out: what was written, notes,
-    what was ignored and what was left small."""
-    from ..sizes import format_size
-
-    m = report.manifest
-    if getattr(report, "already_complete", False):
-        print(f"{a.dst} is already complete ({plural(m.num_samples, 'image')}, same source and options); nothing to do")
-        return
-    for note in getattr(report, "notes", []):
-        _say(f"packer: {note}")
-    if getattr(report, "resumed", None):
-        _say(f"packer: resumed: kept {plural(report.resumed['written'], 'sample')} written before the interruption")
-    size = sum(f.bytes for f in m.files)
-    where = f"{format_size(size)}, {plural(len(m.files), 'file')}" if m.files else "one file per image"
-    print(f"wrote {plural(m.num_samples, 'image')} in {plural(len(m.classes), 'class')} to {a.dst} ({m.format}, "
-          f"{where}) in {report.seconds:.1f} s = {report.rate:.0f} img/s")
-    ignored = [f"{n} {_IGNORED.get(k, (k, k))[n != 1]}" for k, n in m.ignored.items() if n]
-    if ignored:
-        _say(f"ignored: {', '.join(ignored)}")
-    small = getattr(report, "left_small", 0)
-    if small:
-        _say(f"left small: {plural(small, 'image')} below --resize {m.processing.get('resize')} kept "
-             f"{noun(small, 'its')} size (--upscale enlarges {noun(small, 'it')})")
-
-
-# -- object storage ------------------------------------------------------------------------------
-def _add_storage(p: argparse.ArgumentParser) -> None:
-    _add_flags(p, [o for o in OPTIONS if o.group == STORAGE_GROUP])
-
-
-def _seconds(text: str) -> float:
-    """An argparse type: a positive, finite number of seconds."""
-    try:
-        seconds = float(text)
-    except ValueError:
-        seconds = -1.0
-    if not 0 < seconds < float("inf"):
-        raise argparse.ArgumentTypeError(f"{text!r} is not a positive number of seconds")
-    return seconds
-
-
-def _storage(a: argparse.Namespace) -> dict:
-    from ..storage.remote import parse_storage_options
-
-    try:
-        return parse_storage_options(a.storage_option)
-    except ValueError as e:
-        raise UsageError(f"packer: {e}") from None
+__all__ = ["COMMANDS", "brace_pattern"]
 
 
 # -- info ----------------------------------------------------------------------------------------
@@ -196,7 +26,7 @@ def _add_info(p: argparse.ArgumentParser) -> None:
     p.add_argument("--json", action="store_true", help="print the manifest as JSON")
     p.add_argument("--shards", action="store_true",
                    help="print the data files' paths (URLs), one per line, e.g. for DALI's readers")
-    _add_storage(p)
+    add_storage(p)
 
 
 def brace_pattern(names: Sequence[str]) -> str | None:
@@ -224,12 +54,12 @@ def _info_manifest(a: argparse.Namespace):  # noqa: ANN202 - (Manifest, shown pa
     paths: list[str] = a.path
     if len(paths) == 1 and not has_braces(paths[0]):
         if is_url(paths[0]):
-            return read_remote_manifest(Remote(paths[0], _storage(a)), format_names())[0], paths[0], paths[0].rstrip("/")
+            return read_remote_manifest(Remote(paths[0], storage_options(a)), format_names())[0], paths[0], paths[0].rstrip("/")
         return read_manifest(paths[0]), os.path.abspath(paths[0]), os.path.abspath(paths[0])
     from packer.datasets import open_dataset
 
     remote = any(is_url(p) for p in paths)
-    options = dict(storage_options=_storage(a), cache_dir=a.cache_dir, cache_limit=a.cache_limit) if remote else {}
+    options = dict(storage_options=storage_options(a), cache_dir=a.cache_dir, cache_limit=a.cache_limit) if remote else {}
     ds = open_dataset(paths if len(paths) > 1 else paths[0], output="numpy", **options)
     folder = getattr(ds, "url", None) or ds.root
     return ds.manifest, paths[0] if len(paths) == 1 else f"{len(paths)} files in {folder}", folder
@@ -290,23 +120,23 @@ def _run_info(a: argparse.Namespace) -> int:
 def _add_verify(p: argparse.ArgumentParser) -> None:
     p.add_argument("path", help="packed dataset directory or URL (its files are downloaded into the cache)")
     p.add_argument("--no-decode", action="store_true", help="check file checksums only")
-    _add_storage(p)
+    add_storage(p)
 
 
 def _run_verify(a: argparse.Namespace) -> int:
+    from ..operations.verify import verify_dataset
     from ..storage.remote import is_url, local_copy
-    from .verify import verify_dataset
 
     fetch_problems: list[str] = []
     path = a.path
     if is_url(a.path):
-        path, fetch_problems = local_copy(a.path, _storage(a), a.cache_dir, a.cache_limit, format_names())
+        path, fetch_problems = local_copy(a.path, storage_options(a), a.cache_dir, a.cache_limit, format_names())
     report = verify_dataset(path, decode=not a.no_decode)
     report.problems[:0] = fetch_problems
     for line in report.problems[:50]:
-        _say(line)
+        say(line)
     if len(report.problems) > 50:
-        _say(f"... and {plural(len(report.problems) - 50, 'more problem')}")
+        say(f"... and {plural(len(report.problems) - 50, 'more problem')}")
     samples = (f"{report.samples_ok}/{report.samples} {noun(report.samples, 'sample')} decoded" if not a.no_decode
                else "samples not decoded (--no-decode)")
     print(f"{a.path}: {report.files_ok}/{report.files} {noun(report.files, 'file')} intact, {samples}"
@@ -323,7 +153,7 @@ def _add_demo(p: argparse.ArgumentParser) -> None:
 
 
 def _run_demo(a: argparse.Namespace) -> int:
-    from .demo import run_demo
+    from ..operations.demo import run_demo
 
     return run_demo(a.workdir, a.classes, a.per_class, a.workers)
 
@@ -334,7 +164,7 @@ def _add_doctor(p: argparse.ArgumentParser) -> None:
 
 
 def _run_doctor(a: argparse.Namespace) -> int:
-    from .doctor import run_doctor
+    from ..operations.doctor import run_doctor
 
     return run_doctor(a.json)
 
@@ -372,7 +202,7 @@ def _add_bench(p: argparse.ArgumentParser) -> None:
 
 
 def _run_bench(a: argparse.Namespace) -> int:
-    from .loaderbench import collate_slots, decide, format_report, run_bench, to_json
+    from ..operations.loaderbench import collate_slots, decide, format_report, run_bench, to_json
 
     caches = [c for c in a.cache.split(",") if c]
     if any(c not in ("none", "encoded", "decoded") for c in caches):
@@ -393,10 +223,10 @@ def _run_bench(a: argparse.Namespace) -> int:
                      progress=not a.json and sys.stderr.isatty())
     decision, slots = decide(rows), collate_slots()
     if a.plot:
-        from .loaderbench import plot_bench
+        from ..operations.loaderbench import plot_bench
 
         drawn_by = plot_bench(rows, a.plot, title=f"packer bench {os.path.basename(os.path.abspath(a.path))}")
-        _say(f"plot: {a.plot} (drawn with {drawn_by})")
+        say(f"plot: {a.plot} (drawn with {drawn_by})")
     print(to_json(rows, decision, slots) if a.json else format_report(rows, decision, crop=a.crop, slots=slots))
     return EXIT_OK
 
@@ -408,18 +238,18 @@ def _add_preview(p: argparse.ArgumentParser) -> None:
     p.add_argument("--n", type=int, default=16, help="samples to show (default: 16)")
     p.add_argument("--seed", type=int, default=0, help="which samples: the same seed shows the same ones (default: 0)")
     p.add_argument("--tile", type=int, default=160, help="pixels per tile side (default: 160)")
-    _add_storage(p)
+    add_storage(p)
 
 
 def _run_preview(a: argparse.Namespace) -> int:
     from packer.datasets import open_dataset
 
+    from ..operations.preview import contact_sheet, write_png
     from ..storage.remote import is_url
-    from .preview import contact_sheet, write_png
 
     if a.n < 1 or a.tile < 16:
         raise UsageError("packer preview: --n must be at least 1 and --tile at least 16")
-    remote = dict(storage_options=_storage(a), cache_dir=a.cache_dir, cache_limit=a.cache_limit) if is_url(a.path) else {}
+    remote = dict(storage_options=storage_options(a), cache_dir=a.cache_dir, cache_limit=a.cache_limit) if is_url(a.path) else {}
     ds = open_dataset(a.path, output="numpy", **remote)
     try:
         total = len(ds)
@@ -428,7 +258,7 @@ def _run_preview(a: argparse.Namespace) -> int:
         ds.close()
     write_png(a.out, sheet.image)
     for i, why in sheet.unreadable[:20]:
-        _say(f"sample {i} unreadable: {why}")
+        say(f"sample {i} unreadable: {why}")
     h, w = sheet.image.shape[:2]
     print(f"wrote {a.out}: {len(sheet.indices)} of {plural(total, 'sample')} (seed {a.seed}), {w}x{h} pixels")
     return EXIT_ERROR if sheet.unreadable else EXIT_OK
@@ -445,8 +275,8 @@ def _add_merge(p: argparse.ArgumentParser) -> None:
 
 
 def _run_merge(a: argparse.Namespace) -> int:
+    from ..operations.merge import merge
     from ..sizes import format_size
-    from .merge import merge
 
     report = merge(a.parts, a.dst, a.overwrite, link=a.link)
     for line in report.mapping_lines(a.parts):
@@ -460,9 +290,8 @@ def _run_merge(a: argparse.Namespace) -> int:
     return EXIT_OK
 
 
-#: name -> (help, add_arguments, run)
-COMMANDS: dict[str, tuple[str, Callable[[argparse.ArgumentParser], None], Callable[[argparse.Namespace], int]]] = {
-    "convert": ("convert an image folder or packed dataset to another format", _add_convert, _run_convert),
+#: name -> (help, add_arguments, run), in the order ``packer --help`` lists them after convert
+COMMANDS: dict[str, Command] = {
     "info": ("describe a packed dataset", _add_info, _run_info),
     "verify": ("check every checksum and decode every sample", _add_verify, _run_verify),
     "demo": ("convert and read a generated sample end to end", _add_demo, _run_demo),
@@ -471,87 +300,3 @@ COMMANDS: dict[str, tuple[str, Callable[[argparse.ArgumentParser], None], Callab
     "preview": ("draw a contact sheet of seeded samples with their class names", _add_preview, _run_preview),
     "doctor": ("say what this machine gives packer (paste it into bug reports)", _add_doctor, _run_doctor),
 }
-
-
-def build_parser() -> argparse.ArgumentParser:
-    """The full argument parser (exposed for docs and tests)."""
-    parser = _Parser(prog="packer", description="Pack image datasets for fast PyTorch training.")
-    parser.add_argument("--version", action="version", version=f"packer {__version__}")
-    sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
-    for name, (help_, add, _) in COMMANDS.items():
-        add(sub.add_parser(name, help=help_, description=help_))
-    return parser
-
-
-class Terminated(KeyboardInterrupt):
-    """SIGTERM arrived (a scheduler preempting the job): raised where Ctrl-C raises KeyboardInterrupt,
-    so a conversion stops the same way and keeps its resumable partial output."""
-
-
-@contextlib.contextmanager
-def _sigterm_as_interrupt() -> Iterator[list[bool]]:
-    """Within the block, SIGTERM raises :class:`Terminated` (once: a second SIGTERM during the
-    cleanup is ignored). Yields a flag list that holds True once SIGTERM arrived, which tells a
-    worker killed by the same signal (SLURM signals the whole job) from a crash."""
-    got: list[bool] = []
-    if threading.current_thread() is not threading.main_thread():
-        yield got
-        return
-
-    def handler(signum: int, frame: object) -> None:
-        signal.signal(signal.SIGTERM, signal.SIG_IGN)
-        got.append(True)
-        raise Terminated
-
-    previous = signal.signal(signal.SIGTERM, handler)
-    try:
-        yield got
-    finally:
-        signal.signal(signal.SIGTERM, previous)
-
-
-def main(argv: Sequence[str] | None = None) -> int:
-    """Run the command line with ``argv`` (default: sys.argv[1:]); return the exit status."""
-    with _sigterm_as_interrupt() as terminated:
-        return _main(argv, terminated)
-
-
-def _main(argv: Sequence[str] | None, terminated: list[bool]) -> int:
-    try:
-        a = build_parser().parse_args(argv)
-        if a.command is None:
-            raise UsageError("packer: no command given (see packer --help)")
-        with remote_deadline(getattr(a, "remote_deadline", None)):
-            return COMMANDS[a.command][2](a)
-    except OptionError as e:
-        _say(str(e))
-        return EXIT_USAGE
-    except Terminated as e:
-        _say("packer: terminated (SIGTERM)" + _partial_note(e))
-        return EXIT_TERMINATED
-    except KeyboardInterrupt as e:
-        _say("packer: interrupted" + _partial_note(e))
-        return EXIT_INTERRUPTED
-    except BrokenPipeError:
-        # The reader of our output went away (`packer info DST | head`): stop quietly, and keep
-        # Python from complaining again while it flushes stdout at exit.
-        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
-        return EXIT_ERROR
-    except (PackerError, OSError, ValueError) as e:
-        # a worker process killed by the same SIGTERM (SLURM signals the whole job); not a torchrun
-        # rank stopped because another died, whose error names that rank
-        if terminated and not getattr(e, "names_the_cause", False):
-            _say("packer: terminated (SIGTERM)" + _partial_note(e))
-            return EXIT_TERMINATED
-        if isinstance(e, UnfinishedDatasetError) and getattr(e, "directory", None):
-            from ..formats import explain_missing_manifest
-
-            e = explain_missing_manifest(e, e.directory)
-        _say(f"packer: error: {e}" + _partial_note(e))
-        return EXIT_ERROR
-
-
-def _partial_note(e: BaseException) -> str:
-    """The hint a resumable failure carries (see packer.ops.engine.write_packed)."""
-    kept = getattr(e, "partial_output", None)
-    return f"; partial output kept in {kept}; run again with --resume to continue" if kept else ""

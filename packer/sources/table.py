@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 from ..formats import format_names
 
 if TYPE_CHECKING:
-    from .options import ConvertRequest
+    from ..conversion.options import ConvertRequest
 
 __all__ = ["Source", "SOURCES", "source_names", "get_source", "sources_taking", "add_source"]
 
@@ -22,9 +22,9 @@ __all__ = ["Source", "SOURCES", "source_names", "get_source", "sources_taking", 
 class Source:
     """One kind of SRC.
 
-    ``convert``: runs the conversion of a :class:`~packer.ops.options.ConvertRequest` (its SRC
+    ``convert``: runs the conversion of a :class:`~packer.conversion.options.ConvertRequest` (its SRC
     local unless ``reads_urls``) and returns the ConvertReport. ``takes``: the source options
-    (:class:`~packer.ops.options.SourceOptions` fields but ``classes_from``) it takes; ``needs``: those it cannot do
+    (:class:`~packer.conversion.options.SourceOptions` fields but ``classes_from``) it takes; ``needs``: those it cannot do
     without, each with what it is. ``splits``: converts in parts, one per rank, under torchrun.
     ``reads_urls``: reads a URL SRC itself (else a URL SRC must be ``packed``, and is downloaded).
     ``packed``: a packed dataset (it converts to an image folder too). ``pins_classes``: takes
@@ -42,7 +42,7 @@ class Source:
 
 
 def _imagefolder(r: ConvertRequest) -> Any:
-    from .engine import convert_imagefolder
+    from ..pipeline.engine import convert_imagefolder
 
     return convert_imagefolder(r.src, r.dst, r.dst_format, r.options)
 
@@ -71,7 +71,7 @@ def _coco(r: ConvertRequest) -> Any:
 
 
 def _imported(open_table: Callable[[ConvertRequest], Any], r: ConvertRequest) -> Any:
-    """Convert an MDS, LitData or Parquet dataset (packer.ops.importers), read by ``open_table``."""
+    """Convert an MDS, LitData or Parquet dataset (packer.sources.importers), read by ``open_table``."""
     from .importers.common import convert_import
 
     s = r.source
@@ -109,7 +109,7 @@ def _packed(r: ConvertRequest) -> Any:
 
     from ..description.manifest import MANIFEST_NAME
     from ..formats import read_manifest
-    from .transcode import convert_dataset, processing_for
+    from ..operations.transcode import convert_dataset, processing_for
 
     src_manifest = read_manifest(r.src) if os.path.exists(os.path.join(r.src, MANIFEST_NAME)) else None
     processing = processing_for(src_manifest, r.resize, r.encode, r.options.processing)

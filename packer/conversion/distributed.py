@@ -5,7 +5,7 @@ gloo): SRC as given, and each file's path, label, size and modification time. Ev
 that it was given the same SRC and that the files of its share are the ones rank 0 listed, and
 any difference fails every rank before an image is converted; each file is checked again as it
 is read. Each rank converts one contiguous part into a hidden folder beside the destination with its
-own worker processes; rank 0 merges the parts (:mod:`packer.ops.merge`; shards taken whole are
+own worker processes; rank 0 merges the parts (:mod:`packer.operations.merge`; shards taken whole are
 hard-linked, not copied) and publishes. The result
 holds the samples of a one-process conversion with the same seed, in the same order, with the same
 stored bytes. Any rank failing fails every rank, with nothing at the destination; the finished
@@ -30,9 +30,8 @@ from ..description.manifest import Manifest, Skipped
 from ..errors import PackerError, SourceError
 from ..files.filesystem import check_destination, claim_destination, drop_stale_claim, sibling_path
 from ..formats import read_manifest
-from ..sizes import seconds_from_env
-from ..wording import noun, plural
-from .engine import (
+from ..operations.merge import merge
+from ..pipeline.engine import (
     ConvertOptions,
     ConvertReport,
     describe_stamp,
@@ -40,8 +39,9 @@ from .engine import (
     nothing_converted,
     scan_ordered,
 )
-from .items import convert_items
-from .merge import merge
+from ..pipeline.items import convert_items
+from ..sizes import seconds_from_env
+from ..wording import noun, plural
 
 __all__ = ["DistributedError", "Launch", "torchrun_launch", "part_range", "part_path", "rank_timeout",
            "convert_imagefolder_torchrun"]

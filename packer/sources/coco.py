@@ -23,7 +23,7 @@ import numpy as np
 from ..description.samples import encode_meta
 from ..errors import SourceError
 from ..fields.mask import encode_mask
-from .itemfields import MadeSource, SourceSize
+from ..pipeline.itemfields import MadeSource, SourceSize
 
 __all__ = ["CocoSource", "DrawnMask", "MASK_KINDS", "read_coco", "convert_coco", "rle_counts", "decode_rle"]
 
@@ -309,9 +309,9 @@ def convert_coco(path: str | os.PathLike[str], dst: str | os.PathLike[str], fmt:
     """Convert a COCO detection file (:func:`read_coco`) into a packed dataset of format ``fmt``
     at ``dst``; returns the ConvertReport. Samples are keyed by ``file_name`` and shuffled at write
     time with ``options.seed`` unless ``options.shuffle`` is off (then they keep the file's order)."""
-    from .engine import ConvertOptions
-    from .items import convert_items
-    from .order import recorded_seed, write_order
+    from ..pipeline.engine import ConvertOptions
+    from ..pipeline.items import convert_items
+    from ..pipeline.order import recorded_seed, write_order
 
     options = options if options is not None else ConvertOptions()
     source = read_coco(path, images, masks)

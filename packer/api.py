@@ -10,10 +10,11 @@ import tempfile
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
-from ..fields.sample import check_field_name
-from ..files.spool import write_spooled
-from .engine import ConvertReport
-from .options import OPTIONS, Caller, convert_request
+from .conversion.options import OPTIONS, Caller
+from .conversion.request import convert_request
+from .fields.sample import check_field_name
+from .files.spool import write_spooled
+from .pipeline.engine import ConvertReport
 
 __all__ = ["convert", "pack", "RESERVED_FIELDS"]
 
@@ -37,12 +38,12 @@ def convert(src_format: str, dst_format: str, src: str | os.PathLike[str], dst: 
     rank (``no_torchrun=True`` converts in this process alone); ranks other than 0 return None.
 
     TypeError for an unknown option (naming those taken) or a value of the wrong type; ValueError
-    (:class:`~packer.ops.options.OptionError`) for a bad value or combination, naming the keyword;
+    (:class:`~packer.conversion.options.OptionError`) for a bad value or combination, naming the keyword;
     the conversion's own errors as the command line reports them (FileExistsError when ``dst``
     exists without ``overwrite=True``, SourceError, ...).
     """
-    from .conversion import run_conversion
-    from .distributed import torchrun_launch
+    from .conversion.distributed import torchrun_launch
+    from .conversion.run import run_conversion
 
     request = convert_request(_CONVERT, src_format, dst_format, src, dst, options)
     launch = None if request.no_torchrun else torchrun_launch()
@@ -61,7 +62,7 @@ def pack(inputs: Iterable[Any], dst: str | os.PathLike[str], format: str, fn: Ca
 
     - ``"image"``: a file path, the bytes of an image file, or an H x W x 3 uint8 RGB array;
     - ``"label"``: a class name or number (a list of them with ``label_kind="multi"``, a float
-      with ``"number"``; see :func:`~packer.ops.items.convert_items`);
+      with ``"number"``; see :func:`~packer.pipeline.items.convert_items`);
     - ``"key"`` (optional): the sample's name (default: the path, or ``item-N`` for bytes and
       arrays, N the input's position);
     - ``"mask"`` (optional): a label map, as a file path, a file's bytes or an H x W uint8 or
@@ -88,9 +89,9 @@ def pack(inputs: Iterable[Any], dst: str | os.PathLike[str], format: str, fn: Ca
     the worker's traceback as its cause: as the same type where that type can be built from one
     message, else as :class:`~packer.errors.WorkerError` (``type_name`` holds the original type).
     """
-    from .items import check_classes, convert_items
-    from .order import recorded_seed, write_order
-    from .pool import ordered_map
+    from .pipeline.items import check_classes, convert_items
+    from .pipeline.order import recorded_seed, write_order
+    from .pipeline.pool import ordered_map
 
     if fn is not None and not callable(fn):
         raise TypeError(f"packer.pack(): fn must be callable, not {type(fn).__name__}")
@@ -183,8 +184,8 @@ def _make_samples(chunk: Sequence[tuple[int, Any]], fn: Callable[[Any], Any] | N
 def _input_error(i: int, e: Exception) -> Exception:
     """What ``fn``'s exception ``e`` for input ``i`` is raised as: the same type with a message that
     names the input, or, for a type that cannot be built from one message, a WorkerError with it."""
-    from ..errors import WorkerError
-    from .pool import rebuildable, type_name
+    from .errors import WorkerError
+    from .pipeline.pool import rebuildable, type_name
 
     message = f"input {i}: fn raised {type_name(e)}: {e}"
     if rebuildable(e):
@@ -224,7 +225,7 @@ def _spooled(i: int, name: str, value: Any, spool: str, to_bytes: Callable[[int,
 
 def _sample_fields(i: int, sample: dict[str, Any], spool: str, images: tuple[str, ...]) -> dict[str, Any] | None:
     """The sample's mask, extra images and boxes as convert_items' fields (None: it has none)."""
-    from .itemfields import item_fields
+    from .pipeline.itemfields import item_fields
 
     fields: dict[str, Any] = {}
     if sample.get("mask") is not None:
@@ -245,7 +246,7 @@ def _mask_bytes(i: int, mask: Any, what: str = "mask") -> bytes:
     """A mask given as bytes or an H x W uint8 or uint16 array, as the bytes of a PNG file."""
     import numpy as np
 
-    from ..fields.mask import encode_mask
+    from .fields.mask import encode_mask
 
     array = _array(i, mask, "'mask'", "an H x W uint8 or uint16 array")
     if array is None:

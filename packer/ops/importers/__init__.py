@@ -1,7 +1,0 @@
-"""Importing datasets of other tools (MosaicML Streaming's MDS, LitData's optimized chunks, Parquet):
-each reader yields rows that :func:`packer.ops.importers.common.convert_import` converts; the
-source table (:mod:`packer.ops.sources`) names them and opens each one's reader."""
-
-from __future__ import annotations
-
-__all__: list[str] = []
