@@ -19,6 +19,7 @@ from packer.conversion.options import Caller
 from packer.conversion.request import convert_request
 
 from .helpers import tree
+from .workerfns import RowError, fails_on_three, make_sample, two_arg_error_on_three
 
 FORMATS = ["lmdb", "hdf5", "tar", "tfrecord"]
 
@@ -96,13 +97,6 @@ def test_convert_options_are_checked_as_the_command_line_checks_them(tiny_folder
     assert report.manifest.num_samples == 14 and report.manifest.shuffle_seed is None
 
 
-def make_sample(i: int) -> dict:
-    """A pack function (module level, so spawned workers can import it): an array, a label, metadata."""
-    rng = np.random.default_rng(i)
-    return {"image": rng.integers(0, 256, (6 + i % 3, 9, 3), dtype=np.uint8), "label": f"c{i % 3}",
-            "score": i / 2, "tags": ["even" if i % 2 == 0 else "odd"]}
-
-
 def test_pack_arrays_with_a_function_in_two_workers(tmp_path):
     report = packer.pack(range(20), tmp_path / "out", format="lmdb", fn=make_sample, workers=2, encode="png",
                          quiet=True)
@@ -137,50 +131,24 @@ def _bad_array(i: int) -> dict:
     return {"image": np.zeros((4, 4), np.float32), "label": 0}
 
 
-def _fails_on_three(i: int) -> dict:
-    if i == 3:
-        raise KeyError(f"no record {i}")
-    return make_sample(i)
-
-
 def test_an_error_in_fn_names_the_input(tmp_path):
     with pytest.raises(KeyError, match="input 3: fn raised KeyError: 'no record 3'"):
-        packer.pack(range(6), tmp_path / "out", "lmdb", fn=_fails_on_three, workers=2, quiet=True)
+        packer.pack(range(6), tmp_path / "out", "lmdb", fn=fails_on_three, workers=2, quiet=True)
     assert not os.path.exists(tmp_path / "out")
     assert os.listdir(tmp_path) == []
 
 
-class TwoArgError(Exception):
-    """An exception whose constructor takes two arguments (it cannot be rebuilt from its message)."""
-
-    def __init__(self, code: int, what: str) -> None:
-        super().__init__(f"code {code}: {what}")
-        self.code = code
-
-
-class RowError(ValueError):
-    """A user's own exception type built from one message: it comes back as itself."""
-
-
-def _two_arg_error_on_three(i: int) -> dict:
-    if i == 3:
-        raise TwoArgError(7, "bad row")
-    if i == 4:
-        raise RowError(f"row {i} is short")
-    return make_sample(i)
-
-
 @pytest.mark.parametrize("workers", [1, 2])
 def test_any_exception_in_fn_comes_back_with_its_type_message_and_input(tmp_path, workers):
-    with pytest.raises(packer.WorkerError, match=r"^input 3: fn raised tests\.test_api\.TwoArgError: code 7: bad row$") as e:
-        packer.pack(range(4), tmp_path / "out", "lmdb", fn=_two_arg_error_on_three, workers=workers, quiet=True)
-    assert e.value.type_name == "tests.test_api.TwoArgError"
+    with pytest.raises(packer.WorkerError, match=r"^input 3: fn raised tests\.workerfns\.TwoArgError: code 7: bad row$") as e:
+        packer.pack(range(4), tmp_path / "out", "lmdb", fn=two_arg_error_on_three, workers=workers, quiet=True)
+    assert e.value.type_name == "tests.workerfns.TwoArgError"
     cause = "".join(__import__("traceback").format_exception(e.value))
     assert 'raise TwoArgError(7, "bad row")' in cause  # the worker's traceback, shown with the error
     if workers > 1:
         assert 'raise TwoArgError(7, "bad row")' in e.value.worker_traceback
-    with pytest.raises(RowError, match=r"^input 0: fn raised tests\.test_api\.RowError: row 4 is short$"):
-        packer.pack(range(4, 6), tmp_path / "out", "lmdb", fn=_two_arg_error_on_three, workers=workers, quiet=True)
+    with pytest.raises(RowError, match=r"^input 0: fn raised tests\.workerfns\.RowError: row 4 is short$"):
+        packer.pack(range(4, 6), tmp_path / "out", "lmdb", fn=two_arg_error_on_three, workers=workers, quiet=True)
     assert os.listdir(tmp_path) == []
 
 

@@ -18,6 +18,7 @@ from packer.pipeline.engine import ConvertOptions, _results, convert_imagefolder
 from packer.pipeline.pool import ordered_map
 from packer.pipeline.scan import scan_imagefolder
 from tests.helpers import make_folder
+from tests.workerfns import big_answers, chunk_fails_on_three
 
 
 @pytest.mark.parametrize("workers", [1, 2])
@@ -72,20 +73,10 @@ def test_a_dying_worker_raises_instead_of_hanging(tmp_path):
     assert not multiprocessing.active_children()
 
 
-def _big_answers(items):
-    return [b"x" * (16 << 20) for _ in items]
-
-
-def _fail_on_three(items):
-    if 3 in items:
-        raise OSError(f"item {items[0]} cannot be read")
-    return list(items)
-
-
 def test_a_worker_killed_in_the_middle_of_an_answer_raises_instead_of_hanging():
     # 16 MiB answers are far larger than a pipe's buffer: after the first one is taken, every
     # worker is blocked halfway through writing its next answer when it is killed.
-    results = ordered_map(_big_answers, list(range(12)), 2, lambda i: f"item {i}", chunk=1)
+    results = ordered_map(big_answers, list(range(12)), 2, lambda i: f"item {i}", chunk=1)
     assert len(next(results)) == 16 << 20
     time.sleep(0.5)
     for child in multiprocessing.active_children():
@@ -97,11 +88,11 @@ def test_a_worker_killed_in_the_middle_of_an_answer_raises_instead_of_hanging():
 
 
 def test_an_exception_in_a_worker_is_raised_in_order():
-    results = ordered_map(_fail_on_three, list(range(8)), 2, chunk=1)
+    results = ordered_map(chunk_fails_on_three, list(range(8)), 2, chunk=1)
     assert [next(results) for _ in range(3)] == [0, 1, 2]
     with pytest.raises(OSError, match="item 3 cannot be read"):
         next(results)
-    assert list(ordered_map(_fail_on_three, [0, 1, 2, 4, 5], 2, chunk=2)) == [0, 1, 2, 4, 5]
+    assert list(ordered_map(chunk_fails_on_three, [0, 1, 2, 4, 5], 2, chunk=2)) == [0, 1, 2, 4, 5]
 
 
 def test_ctrl_c_stops_cleanly(tmp_path):
