@@ -72,6 +72,8 @@ def pack(inputs: Iterable[Any], dst: str | os.PathLike[str], format: str, fn: Ca
       as the labels);
     - the keys named in ``images``: extra images (path, bytes or H x W x 3 uint8 RGB array, as
       ``"image"``), processed like the image and stored under their key's name;
+    - the field name of a kind added to :data:`packer.fields.KINDS` (a user's): that field, as a
+      file path or a file's bytes, processed by its kind;
     - every other key: per-sample metadata (JSON values), read back by ``fields=("meta", ...)``.
 
     Every sample must have the same fields (ValueError naming the first input that differs).
@@ -208,7 +210,9 @@ def _sample_item(i: int, sample: Any, spool: str,
     path = _spooled(i, "", image, spool, _image_bytes)
     if key is None:
         key = os.fspath(image).replace(os.sep, "/") if isinstance(image, (str, os.PathLike)) else f"item-{i:010d}"
-    taken = ("image", "label", "key", *RESERVED_FIELDS, *images)
+    from .pipeline.itemfields import payload_keys
+
+    taken = ("image", "label", "key", *RESERVED_FIELDS, *payload_keys(), *images)
     meta = {k: v for k, v in sample.items() if k not in taken}
     return key, path, sample["label"], meta or None, _sample_fields(i, sample, spool, images)
 
@@ -225,11 +229,14 @@ def _spooled(i: int, name: str, value: Any, spool: str, to_bytes: Callable[[int,
 
 def _sample_fields(i: int, sample: dict[str, Any], spool: str, images: tuple[str, ...]) -> dict[str, Any] | None:
     """The sample's mask, extra images and boxes as convert_items' fields (None: it has none)."""
-    from .pipeline.itemfields import item_fields
+    from .pipeline.itemfields import item_fields, payload_keys
 
     fields: dict[str, Any] = {}
     if sample.get("mask") is not None:
         fields["mask"] = _spooled(i, "mask", sample["mask"], spool, _mask_bytes)
+    for k in payload_keys():  # the fields of kinds added to packer.fields.KINDS (a user's)
+        if sample.get(k) is not None:
+            fields[k] = _spooled(i, k, sample[k], spool, _file_bytes)
     if images:
         fields["images"] = {n: _spooled(i, n, sample[n], spool, _image_bytes) for n in images}
     for k in ("boxes", "box_labels"):
@@ -255,6 +262,14 @@ def _mask_bytes(i: int, mask: Any, what: str = "mask") -> bytes:
         raise ValueError(f"input {i}: a mask array must be H x W uint8 or uint16 (a label map), not "
                          f"{'x'.join(map(str, array.shape))} {array.dtype}")
     return encode_mask(np.ascontiguousarray(array))
+
+
+def _file_bytes(i: int, value: Any, what: str) -> bytes:
+    """A field of a user's kind given as a file's bytes (its kind reads the file); TypeError naming
+    the input for anything else."""
+    if not isinstance(value, (bytes, bytearray, memoryview)):
+        raise TypeError(f"input {i}: {what!r} must be a path or a file's bytes, not {type(value).__name__}")
+    return bytes(value)
 
 
 def _image_bytes(i: int, image: Any, what: str = "image") -> bytes:

@@ -11,6 +11,7 @@ import cv2
 import numpy as np
 import pytest
 
+import packer
 from packer import fields
 from packer.datasets import open_dataset
 from packer.description.manifest import FIELD_KINDS, read_manifest
@@ -82,3 +83,23 @@ def test_a_bad_toy_field_is_a_skip_that_names_it(depth_kind, tmp_path):
              (image, 0, None, {"depth": _png(np.zeros((8, 8), np.uint8))})]
     report = convert_items(items, tmp_path / "out", "lmdb", ConvertOptions(workers=1, shuffle=False), classes=["a"])
     assert [s.reason for s in report.skipped] == ["depth: not a one-channel 16-bit PNG"]
+
+
+@pytest.mark.parametrize("workers", [1, 2])
+def test_pack_takes_a_toy_field_kind(depth_kind, tmp_path, workers):
+    """A user's kind, added by its one row, is a field of ``packer.pack``'s samples under its name
+    (a path or a file's bytes), also in spawned workers (the row travels with them)."""
+    rng = np.random.default_rng(4)
+    depths = [rng.integers(0, 65535, (40, 60), dtype=np.uint16) for _ in range(3)]
+    (tmp_path / "d1.png").write_bytes(_png(depths[1]))
+    samples = [{"image": rng.integers(0, 255, (40, 60, 3), dtype=np.uint8), "label": "ab"[i % 2],
+                "depth": str(tmp_path / "d1.png") if i == 1 else _png(d)} for i, d in enumerate(depths)]
+    packer.pack(samples, tmp_path / "out", "tar", resize="shorter:20", workers=workers, no_shuffle=True, quiet=True)
+    assert read_manifest(str(tmp_path / "out")).fields == [{"name": "depth", "kind": "depth"}]
+    with open_dataset(tmp_path / "out", fields=("label", "depth", "meta"), output="numpy") as ds:
+        for i, d in enumerate(depths):
+            label, depth, meta = ds[i]
+            assert label == i % 2 and not meta
+            assert np.array_equal(depth, cv2.resize(d, (30, 20), interpolation=cv2.INTER_NEAREST))
+    with pytest.raises(TypeError, match=r"input 0: 'depth' must be a path or a file's bytes, not ndarray"):
+        packer.pack([{**samples[0], "depth": depths[0]}], tmp_path / "bad", "lmdb", workers=1, quiet=True)

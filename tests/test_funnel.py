@@ -97,8 +97,8 @@ def test_an_image_folder_journals_the_fingerprint_earlier_runs_wrote(tiny_folder
 
 
 def test_images_reach_the_writers_through_one_pipeline():
-    # every image source ends in engine.convert_source; packed sources and merge copy stored
-    # records into the writer half (write_packed / write_packed_result) directly
+    # every image source ends in engine.convert_source, packed sources (convert_dataset) included;
+    # merge copies stored records into the writer half (write_packed / write_packed_result) directly
     import ast
 
     callers = {}
@@ -116,5 +116,4 @@ def test_images_reach_the_writers_through_one_pipeline():
                                 "write_packed", "write_packed_result"):
                             callers.setdefault(os.path.relpath(path, ROOT), set()).add(fn.name)
     assert callers == {"packer/pipeline/engine.py": {"write_packed", "convert_source"},
-                       "packer/operations/transcode.py": {"_convert_dataset_claimed"},
                        "packer/operations/merge.py": {"_merge_records"}}, callers

@@ -64,6 +64,45 @@ def test_packed_to_packed_copies_bytes_labels_keys_and_facts(tiny_folder, tmp_pa
     assert mb.source["source"]["kind"] == "imagefolder"
 
 
+@pytest.mark.parametrize("dst_fmt", FORMATS)
+def test_a_copy_writes_the_bytes_a_conversion_of_the_same_items_writes(tiny_folder, tmp_path, dst_fmt):
+    """Through the one funnel, a packed source's copy gives the files (payload files, indexes, the
+    sample table) that the image folder gives converted straight to that format: byte for byte;
+    the manifests differ only in the source they name."""
+    src, _ = tiny_folder
+    (tmp_path / "src" / "dog" / "broken.jpg").write_bytes(b"\xff\xd8 not really")
+    pack(src, tmp_path / "straight", dst_fmt, encode="jpeg:80", seed=7)
+    pack(src, tmp_path / "a", "lmdb", encode="jpeg:80", seed=7)
+    convert_dataset(tmp_path / "a", tmp_path / "b", "lmdb", dst_fmt, ConvertOptions(processing=COPY, workers=2))
+    straight, copied = tree(tmp_path / "straight"), tree(tmp_path / "b")
+    assert straight.keys() == copied.keys()
+    inside = {"data.h5"} if dst_fmt == "hdf5" else set()  # HDF5 keeps the manifest inside its file too
+    assert {k: v for k, v in straight.items() if k not in {MANIFEST_NAME, *inside}} == {
+        k: v for k, v in copied.items() if k not in {MANIFEST_NAME, *inside}}
+    ms, mb = read_manifest(tmp_path / "straight").to_json(), read_manifest(tmp_path / "b").to_json()
+    for entry in (*ms["files"], *mb["files"]):
+        if entry["name"] in inside:
+            del entry["sha256"]
+    assert mb.pop("source")["source"] == ms.pop("source") and mb == ms
+    if inside:
+        assert _hdf5_contents(tmp_path / "straight" / "data.h5") == _hdf5_contents(tmp_path / "b" / "data.h5")
+
+
+def _hdf5_contents(path) -> dict[str, bytes | str]:
+    """Every dataset's bytes and every attribute of an HDF5 file, the manifest attribute left out."""
+    import h5py
+
+    out: dict[str, bytes | str] = {}
+    with h5py.File(path, "r") as f:
+        def add(name, obj):
+            if isinstance(obj, h5py.Dataset):
+                out[name] = obj[()].tobytes() if obj.dtype.kind != "O" else repr(obj[()].tolist())
+            out.update({f"{name}@{k}": repr(v) for k, v in obj.attrs.items()})
+        f.visititems(add)
+        out.update({f"@{k}": repr(v) for k, v in f.attrs.items() if k != "manifest"})
+    return out
+
+
 def test_copy_is_deterministic(tiny_folder, tmp_path):
     src, _ = tiny_folder
     pack(src, tmp_path / "a", "lmdb", encode="png")

@@ -12,7 +12,7 @@ import os
 import shutil
 import time
 import unicodedata
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -54,14 +54,15 @@ from ..pipeline.engine import (
     ConvertReport,
     Item,
     convert_imagefolder,
+    convert_source,
     options_fingerprint,
-    ordered_map,
     publish,
     recover_publish,
+    source_items,
     temp_dir_for,
-    write_packed_result,
 )
 from ..pipeline.scan import IMG_EXTENSIONS
+from ..pipeline.sourcefiles import Result
 from ..storage.shardspec import has_braces
 
 __all__ = ["COPY", "TranscodeReport", "convert_dataset", "is_copy", "reprocess", "processing_for", "safe_relpath"]
@@ -250,26 +251,53 @@ def reprocess_one(ds: Any, i: int, opts: ProcessOptions, copy: bool = False) -> 
         return rec.key, rec.label, None, f"{type(e).__name__}: {e}"
 
 
-def _reprocess_chunk(indices: Sequence[int], src: str, src_format: str, opts: ProcessOptions) -> list[Item]:
+def _reprocess_chunk(indices: Sequence[int], src: str, src_format: str, opts: ProcessOptions) -> list[Result]:
     ds = _worker_source(src, src_format)
-    return [reprocess_one(ds, i, opts) for i in indices]
+    return [reprocess_one(ds, i, opts)[2:] for i in indices]
 
 
-def _items(ds: Any, src: str, src_format: str, options: ConvertOptions, copy: bool, start: int = 0) -> Iterator[Item]:
-    """Every source sample from ``start`` on as an engine item, in source order; strict: the
-    first bad one raises."""
-    n = len(ds)
-    if copy or options.workers <= 1:
-        results: Iterator[Item] = (reprocess_one(ds, i, options.processing, copy) for i in range(start, n))
-    else:
-        fn = functools.partial(_reprocess_chunk, src=src, src_format=src_format, opts=options.processing)
-        results = ordered_map(fn, list(range(start, n)), options.workers, lambda i: f"sample {start + i} of {src}")
-    for index, (key, label, image, reason) in enumerate(results, start):
-        if image is None and options.strict:
-            raise ImageError(f"{src}: {key}: {reason}")
-        if image is not None:  # with its multi-label classes, number and metadata
-            label = carried_label(ds, index, label)
-        yield key, label, image, reason
+class _PackedItems:
+    """A packed dataset as an :class:`~packer.pipeline.engine.ItemSource` of the one conversion funnel:
+    ``process`` copies its samples (``copy``) or processes them again, in this process
+    (``local``) or in worker processes that open the source themselves. A sample's key and label
+    come from the record ``process`` read here, or, from workers, from reading it again here."""
+
+    def __init__(self, ds: Any, src: str, src_format: str, opts: ProcessOptions, copy: bool, local: bool) -> None:
+        self.ds, self.src = ds, src
+        self.read: dict[int, tuple[str, Any]] = {}  # key and label of the samples processed here, until asked
+        if local:
+            self.process: Callable[[Sequence[int]], list[Result]] = functools.partial(self._here, opts=opts, copy=copy)
+        else:
+            self.process = functools.partial(_reprocess_chunk, src=src, src_format=src_format, opts=opts)
+
+    def __len__(self) -> int:
+        return len(self.ds)
+
+    def sources(self, start: int) -> Sequence[int]:
+        return range(start, len(self.ds))
+
+    def _here(self, indices: Sequence[int], opts: ProcessOptions, copy: bool) -> list[Result]:
+        out = []
+        for i in indices:
+            key, label, image, reason = reprocess_one(self.ds, i, opts, copy)
+            # with its multi-label classes, number and metadata (a skip's label is not written)
+            self.read[i] = key, carried_label(self.ds, i, label) if image is not None else label
+            out.append((image, reason))
+        return out
+
+    def _key_label(self, pos: int) -> tuple[str, Any]:
+        if pos in self.read:
+            return self.read[pos]
+        rec, _ = _read(self.ds, pos)  # as the worker read it: a skip when it cannot be read
+        return (f"sample {pos}", -1) if rec is None else (rec.key, carried_label(self.ds, pos, rec.label))
+
+    def sample(self, pos: int) -> tuple[str, Any]:
+        key_label = self._key_label(pos)
+        self.read.pop(pos, None)
+        return key_label
+
+    def name(self, pos: int) -> str:
+        return f"{self.src}: {self._key_label(pos)[0]}"
 
 
 def _source_fingerprint(src: str, sm: Manifest) -> str:
@@ -435,8 +463,8 @@ def convert_dataset(
     ``options.shuffle``/``seed`` are not used: the source's classes, processing facts, order and
     seed are kept. Unreadable samples are skipped and listed (``strict``: the first one raises).
     ``src_format == "imagefolder"`` is :func:`packer.pipeline.engine.convert_imagefolder`. Packed output
-    is built by the same writers, in the same hidden temporary folder, manifest last and published
-    by rename, as an ImageFolder conversion (:func:`packer.pipeline.engine.write_packed_result`).
+    goes through the one conversion funnel every source feeds (:func:`packer.pipeline.engine.convert_source`:
+    the same writers, hidden temporary folder, journal, manifest last, publish by rename).
 
     Unpacking writes ``DST/<class>/<path>``, the path taken from the sample's key (its path
     relative to the source root when it was packed), so with ``keep`` encoding imagefolder -> X ->
@@ -484,6 +512,9 @@ def _convert_dataset_claimed(
     if sm.source:
         source["source"] = sm.source
     classes = list(sm.classes)
+    local = copy or options.workers <= 1
+    items = _PackedItems(ds, src, src_format, options.processing, copy, local)
+    funnel = replace(options, workers=1) if local else options  # copies are read in this process
     try:
         if dst_format != "imagefolder":
             template = Manifest(
@@ -494,25 +525,21 @@ def _convert_dataset_claimed(
             template.version = FIELDS_VERSION if template.fields else MANIFEST_VERSION
             fingerprint = {"source": _source_fingerprint(ds.root, sm),
                            "options": options_fingerprint(dst_format, template, options)}
-            counts: dict[str, int] = {}
-            manifest, resumed, notes = write_packed_result(
-                dst, dst_format, lambda start: _items(ds, src, src_format, options, copy, start), template, options,
-                len(ds), src, fingerprint, counts,
-            )
+            done = convert_source(items, dst, dst_format, template, funnel, fingerprint, shown=src, t0=t0)
+            manifest = done.manifest
             new_skips = manifest.skipped[: len(manifest.skipped) - len(sm.skipped)]
-            return TranscodeReport(dst, manifest, time.perf_counter() - t0, list(new_skips), copied=copy,
-                                   resumed=resumed, notes=notes, left_small=counts["left_small"])
+            return TranscodeReport(dst, manifest, done.seconds, list(new_skips), copied=copy, resumed=done.resumed,
+                                   notes=done.notes, left_small=done.left_small)
         if sm.label_kind != "class" or sm.fields:
             what = f"{sm.label_kind} labels" if sm.label_kind != "class" else f"fields ({', '.join(sm.field_names)})"
             raise SourceError(f"{src} has {what}, which class folders cannot hold; convert it to another packed "
                               f"format instead")
-        items = _items(ds, src, src_format, options, copy)
         tmp = temp_dir_for(dst)
         if os.path.lexists(tmp):
             shutil.rmtree(tmp)
         os.makedirs(tmp)
         try:
-            count, skipped, renamed = _unpack(items, tmp, classes)
+            count, skipped, renamed = _unpack(source_items(items, funnel)(0), tmp, classes)
             if count == 0:
                 raise SourceError(f"no sample of {src} could be unpacked ({len(skipped)} skipped)")
             os.sync()  # every file durable before the folder appears under its name

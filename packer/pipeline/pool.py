@@ -158,7 +158,7 @@ class _Worker:
     def __init__(self, ctx: Any, fn: Callable[..., Any]) -> None:
         task_r, self.tasks = ctx.Pipe(duplex=False)
         self.results, result_w = ctx.Pipe(duplex=False)
-        self.proc = ctx.Process(target=_serve, args=(fn, task_r, result_w, os.getpid()), daemon=True,
+        self.proc = ctx.Process(target=_serve, args=(fn, task_r, result_w, os.getpid(), _added_kinds()), daemon=True,
                                 name="packer-worker")
         self.proc.start()
         task_r.close()  # only the worker may hold these: its death must be seen as end-of-file
@@ -248,9 +248,23 @@ def _how(exitcode: int | None) -> str:
     return f"exit code {exitcode}"
 
 
-def _serve(fn: Callable[..., Any], tasks: Connection, results: Connection, parent: int) -> None:
-    """A worker's life: take ``(k, chunk)`` tasks until ``None`` or end-of-file, answer each with
-    ``("ok", k, fn(chunk))`` or ``("error", k, error_report(exception))``."""
+def _added_kinds() -> dict[str, Any]:
+    """The field kinds this process added to :data:`packer.fields.KINDS` (a user's, by one row):
+    a spawned worker starts with the built-in ones only, and adds these to its table."""
+    from ..fields import FIELD_KINDS, KINDS
+
+    return {name: kind for name, kind in KINDS.items() if name not in FIELD_KINDS}
+
+
+def _serve(fn: Callable[..., Any], tasks: Connection, results: Connection, parent: int,
+           kinds: dict[str, Any] | None = None) -> None:
+    """A worker's life: add the parent's field ``kinds`` to its table, take ``(k, chunk)`` tasks
+    until ``None`` or end-of-file, answer each with ``("ok", k, fn(chunk))`` or ``("error", k,
+    error_report(exception))``."""
+    if kinds:
+        from ..fields import KINDS
+
+        KINDS.update(kinds)
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent handles Ctrl-C and stops us
     signal.signal(signal.SIGTERM, signal.SIG_IGN)  # and a SIGTERM sent to the whole job (preemption)
     threading.Thread(target=_exit_with_parent, args=(parent,), daemon=True, name="packer-orphan-watch").start()

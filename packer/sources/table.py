@@ -151,23 +151,31 @@ SOURCES: dict[str, Source] = {s.name: s for s in (
 )}
 
 
+def _rows() -> dict[str, Source]:
+    """SOURCES, with a packed row for each format added to the registry after this module was
+    imported (a plugin's format, a test's toy one): the registry is the one list of formats."""
+    late = [fmt for fmt in format_names() if fmt not in SOURCES]
+    return {**SOURCES, **{fmt: Source(fmt, _packed, packed=True) for fmt in late}} if late else SOURCES
+
+
 def source_names() -> list[str]:
     """The names a conversion takes as its source format."""
-    return list(SOURCES)
+    return list(_rows())
 
 
 def get_source(name: str) -> Source:
     """The source named ``name``; KeyError naming those there are."""
+    rows = _rows()
     try:
-        return SOURCES[name]
+        return rows[name]
     except KeyError:
-        raise KeyError(f"no source {name!r}; there are {', '.join(SOURCES)}") from None
+        raise KeyError(f"no source {name!r}; there are {', '.join(rows)}") from None
 
 
 def sources_taking() -> dict[str, list[Source]]:
     """Each source option that some source takes -> the sources that take it, in table order."""
     out: dict[str, list[Source]] = {}
-    for s in SOURCES.values():
+    for s in _rows().values():
         for k in s.takes:
             out.setdefault(k, []).append(s)
     return out
