@@ -24,7 +24,9 @@ from tests.test_streaming import SHARD, N, convert, expected
 HERE = os.path.dirname(os.path.abspath(__file__))
 # Formats with several payload files; LMDB (one file) partitioned by blocks when none exists.
 SHARDED = [f for f in ("tar", "tfrecord") if f in format_names()]
-CASES = [(f, 0) for f in SHARDED] or [("lmdb", 4)]  # (format, block_samples; 0: whole files)
+# (format, block_samples; 0: whole files); the second sharded format reads through the same
+# partition code, so it is in the slow suite
+CASES = [pytest.param(f, 0, marks=[pytest.mark.slow] if k else []) for k, f in enumerate(SHARDED)] or [("lmdb", 4)]
 EPOCHS = ["auto", "auto", "5"]  # two epochs counted by the workers, then set_epoch(5)
 
 

@@ -239,6 +239,7 @@ def test_torchrun_rank_killed_fails_the_job(tmp_path):
     assert not os.path.exists(dst)
 
 
+@pytest.mark.slow  # the one-node run of test_torchrun_tar_matches_one_process checks the same result
 def test_torchrun_two_nodes_match_one_process(folder, tmp_path):
     """--nnodes=2 with a localhost rendezvous: two torchrun launches (node ranks 0 and 1, one rank
     each) convert to the same DST; the result holds the one-process samples and manifest facts."""

@@ -358,6 +358,7 @@ def _watch_peak(base: int, peak: list[int], stop) -> None:  # noqa: ANN001
         time.sleep(0.001)
 
 
+@pytest.mark.slow  # three races of two spawned ranks (tens of seconds alone on the machine)
 def test_ranks_started_at_the_same_instant_commit_one_segment(images: str, tmp_path) -> None:
     """Both ranks pass a barrier, then open the dataset: one segment of /dev/shm, never two (the
     loser of the race for the name had committed a whole segment of its own)."""

@@ -230,9 +230,10 @@ def test_the_command_line_converts_to_reads_from_and_verifies_urls(s3, tmp_path)
     assert r.returncode == 1 and "s3://data/cli/none/manifest.json does not exist" in r.stderr, r.stderr
 
 
-# The service-specific variable goes the same way through botocore: its run repeats the first's
-# checks, so it is in the slow suite.
-@pytest.mark.parametrize("variable", ["AWS_ENDPOINT_URL", pytest.param("AWS_ENDPOINT_URL_S3", marks=pytest.mark.slow)])
+# Slow: the docs test runs every S3 example of README.md and docs/ with AWS_ENDPOINT_URL alone
+# (convert to a URL, info, verify, a reader), so the default suite already covers this path.
+@pytest.mark.slow
+@pytest.mark.parametrize("variable", ["AWS_ENDPOINT_URL", "AWS_ENDPOINT_URL_S3"])
 def test_the_standard_endpoint_variable_serves_every_command(s3, local_sets, tmp_path, variable):
     """The AWS tools' own endpoint variable, set once, reaches the server from a conversion to a URL,
     ``info``, ``verify`` and a reader: no ``--storage-option``, nothing packer-specific."""
