@@ -25,6 +25,7 @@ import threading
 import warnings
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, replace
+from functools import partial
 from typing import Any
 
 import numpy as np
@@ -38,9 +39,12 @@ from packer.wording import plural
 
 from .mixture import MixOptions, Mixture
 from .partition import (
+    LAZY_ORDER,
+    ORDERS,
     EpochCounts,
     Partition,
     epoch_counts,
+    epoch_plan,
     plan,
     rank_span,
     resharded_count,
@@ -93,6 +97,9 @@ class StreamOptions:
             a number of samples (an int); ``None``: all of it. Consecutive epochs continue one
             pass over the dataset (:func:`~packer.datasets.partition.stream_indices`), so
             ``subset=0.1`` reads every sample once in 10 epochs, a different part each epoch.
+        order: the version of the reading order. 2 (the default): the plan computed on demand
+            (:func:`~packer.datasets.partition.epoch_plan`), O(shards) memory per worker; 1: the
+            first order, every stage materialised; a state saved under order 1 resumes in it.
     """
 
     shuffle: bool = True
@@ -103,8 +110,11 @@ class StreamOptions:
     batch_size: int = 1
     subset: float | int | None = None
     shuffle_shards: int | None = None
+    order: int = LAZY_ORDER
 
     def __post_init__(self) -> None:
+        if self.order not in ORDERS:
+            raise ValueError(f"order must be one of {ORDERS}, got {self.order!r}")
         if self.shuffle_shards is not None:
             object.__setattr__(self, "shuffle_shards", check_int("shuffle_shards", self.shuffle_shards, 1))
         if not isinstance(self.shuffle, bool):
@@ -409,7 +419,8 @@ class StreamingDataset(ResumableStream, IterableDataset):
                               f"iteration runs epoch {epoch} (set_epoch); it starts from the "
                               f"beginning", UserWarning, stacklevel=2)
         opts = self.options
-        indices = plan(self._sizes, world, seed=opts.seed, epoch=epoch, shuffle=opts.shuffle,
+        make = epoch_plan if opts.order == LAZY_ORDER else partial(plan, order=opts.order)
+        indices = make(self._sizes, world, seed=opts.seed, epoch=epoch, shuffle=opts.shuffle,
                        partition=opts.partition, buffer_size=opts.shuffle_buffer,
                        batch_size=opts.batch_size, skip=skip, **self._draws(),
                        history=self._history_of(epoch), window_shards=opts.shuffle_shards)
@@ -453,15 +464,15 @@ class StreamingDataset(ResumableStream, IterableDataset):
             return None
         return iteration_key(info.seed - info.id, count)
 
-    def _samples(self, indices: np.ndarray, position: Position) -> Iterator[tuple[Any, Any]]:
+    def _samples(self, indices: Any, position: Position) -> Iterator[tuple[Any, Any]]:
         getitem = self.reader.__getitem__ if self._mix is None else self._mix.__getitem__
         ahead = None
         if (self._mix is None and self.prefetch_shards and self.reader.url is not None
                 and hasattr(self.reader, "shard_paths")):
-            ahead = ShardReadAhead(self.reader, indices, self.prefetch_shards)
+            ahead = ShardReadAhead(self.reader, np.asarray(indices), self.prefetch_shards)
         try:
             for start in range(0, len(indices), _CHUNK):
-                for offset, index in enumerate(indices[start : start + _CHUNK].tolist()):
+                for offset, index in enumerate(np.asarray(indices[start : start + _CHUNK]).tolist()):
                     if ahead is not None:
                         ahead.at(start + offset)
                     sample = getitem(index)

@@ -9,13 +9,14 @@ import hashlib
 import json
 import multiprocessing.context
 import struct
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
 
 from packer.checks import check_int
 
+from .partition import LAZY_ORDER, ORDERS
 from .shm.locks import ProcessLock
 from .shm.region import SharedRegion, SlotTable, int64_rows
 
@@ -24,10 +25,11 @@ __all__ = ["STATE_VERSION", "ORDER_VERSION", "MAX_EPOCH", "EpochClock", "Positio
 
 #: Version of the dicts :meth:`StreamingDataset.state_dict` returns; others are refused.
 STATE_VERSION = 1
-#: Version of the reading order (partition.py's plan): a state saved under another is refused.
-#: A state without the field predates it and is of order 1, as are states without the fields
-#: added since (``subset``...), which then take their defaults.
-ORDER_VERSION = 1
+#: Version of the reading order of new runs (partition.py's plan). A state of order 1 resumes in
+#: order 1 (and the run goes on in it); other orders are refused. A state without the field
+#: predates it and is of order 1, as are states without the fields added since (``subset``...),
+#: which then take their defaults.
+ORDER_VERSION = LAZY_ORDER
 _LAYOUT_DEFAULTS: dict[str, Any] = {"order": 1, "subset": None, "mixture": None}
 
 #: Epochs are below this.
@@ -196,7 +198,7 @@ class ResumableStream:
             "world_size": self._rank_world()[1],
             "subset": opts.subset,
             "mixture": None if self._mix is None else self._mix.takes,
-            "order": ORDER_VERSION,
+            "order": opts.order,
             **({"shuffle_shards": opts.shuffle_shards} if opts.shuffle_shards is not None else {}),
         }
 
@@ -268,8 +270,10 @@ class ResumableStream:
         if state.get("version") != STATE_VERSION:
             raise ValueError(f"unknown StreamingDataset state version {state.get('version')!r} "
                              f"(this version of packer reads version {STATE_VERSION})")
-        mine = self._layout()
         state = {**_LAYOUT_DEFAULTS, **state}
+        if state["order"] in ORDERS and state["order"] != self.options.order:  # resume in its order
+            self.options = replace(self.options, order=state["order"])
+        mine = self._layout()
         missing = [k for k in (*mine, "epoch", "samples_consumed") if k not in state]
         if missing:
             raise ValueError(f"StreamingDataset state lacks {', '.join(missing)}")

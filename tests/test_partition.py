@@ -159,7 +159,7 @@ def plan_for(case: Case, rank: int, worker: int, skip: int = 0) -> np.ndarray:
                   num_workers=case.num_workers)
     return plan(case.sizes, world, seed=case.seed, epoch=case.epoch, shuffle=case.shuffle,
                 partition=case.partition, buffer_size=case.buffer_size,
-                batch_size=case.batch_size, skip=skip)
+                batch_size=case.batch_size, skip=skip, order=1)
 
 
 # --------------------------------------------------------------------------------------------
@@ -474,7 +474,7 @@ class _PlannedIndices(IterableDataset):
     def __iter__(self):
         world = World.detect()  # runs in the worker: sees RANK/WORLD_SIZE and the worker info
         indices = plan(self.sizes, world, seed=4, epoch=1, shuffle=True, partition="pad",
-                       buffer_size=8, batch_size=self.batch_size)
+                       buffer_size=8, batch_size=self.batch_size, order=1)
         return iter(torch.from_numpy(indices))
 
 
