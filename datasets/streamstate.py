@@ -271,9 +271,8 @@ class ResumableStream:
             raise ValueError(f"unknown StreamingDataset state version {state.get('version')!r} "
                              f"(this version of packer reads version {STATE_VERSION})")
         state = {**_LAYOUT_DEFAULTS, **state}
-        if state["order"] in ORDERS and state["order"] != self.options.order:  # resume in its order
-            self.options = replace(self.options, order=state["order"])
-        mine = self._layout()
+        order = state["order"] if state["order"] in ORDERS else self.options.order  # resume in its order
+        mine = {**self._layout(), "order": order}
         missing = [k for k in (*mine, "epoch", "samples_consumed") if k not in state]
         if missing:
             raise ValueError(f"StreamingDataset state lacks {', '.join(missing)}")
@@ -292,6 +291,7 @@ class ResumableStream:
             raise ValueError(f"invalid StreamingDataset state: {e}") from None
         if elastic and consumed:  # the rest of the epoch is split over this world's ranks
             history, consumed = [*history, (state["world_size"], consumed)], 0
+        self.options = replace(self.options, order=order)
         if history:
             self._epoch_len(history)  # refuses what cannot change world size (partition="exact")
         self._elastic = (epoch, history) if history else None
