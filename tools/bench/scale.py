@@ -212,7 +212,40 @@ class TreeMemory:
         self.thread.join()
 
 
+def _uss_kb() -> int:
+    """This process's private memory (USS, kB)."""
+    with open("/proc/self/smaps_rollup") as f:
+        return sum(int(line.split()[1]) for line in f if line.startswith(("Private_Clean:", "Private_Dirty:")))
+
+
+def simulated_plan(samples: int, ranks: int, workers: int, order: int, skip: int) -> dict[str, Any]:
+    """Child: worker 0 of rank 0's plan of epoch 0 over ``samples`` simulated samples in shards of
+    1,000 (shard sizes only: no records), made and its first 4,096 indices computed; seconds and
+    the growth of peak RSS and of USS over the process before it."""
+    import resource
+
+    from packer.datasets.partition import World, epoch_plan, plan
+
+    sizes = np.full(-(-samples // 1000), 1000, dtype=np.int64)
+    sizes[-1] = samples - 1000 * (len(sizes) - 1)
+    world = World(0, ranks, 0, workers)
+    args = dict(seed=1, epoch=0, shuffle=True, partition="pad", buffer_size=65536, batch_size=64, skip=skip)
+    rss0, uss0 = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss, _uss_kb()
+    t0 = time.perf_counter()
+    if order == 1:
+        got = plan(sizes, world, order=1, **args)
+        first = got[:4096]
+    else:
+        got = epoch_plan(sizes, world, **args)
+        first = got.take(0, 4096)
+    seconds = time.perf_counter() - t0
+    assert len(first) == min(4096, len(got))
+    return {"plan_s": seconds, "rss_mb": (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - rss0) / 1024,
+            "uss_mb": (_uss_kb() - uss0) / 1024, "per_worker": len(got)}
+
+
 SCALE_CHILDREN: dict[str, Callable[[list[str]], dict[str, Any]]] = {
+    "simplan": lambda r: simulated_plan(*map(int, r)),
     "build": lambda r: scale_build(r[0], int(r[1]), r[2], int(r[3])),
     "open": lambda r: scale_open(r[0]),
     "pss": lambda r: scale_pss(r[0], r[1], int(r[2]), int(r[3])),
@@ -314,6 +347,38 @@ def scale(a: argparse.Namespace) -> int:
     return 0
 
 
+PLAN_GRID = [(10_000_000, 64, 8), (100_000_000, 64, 8), (100_000_000, 8, 8), (100_000_000, 1, 8),
+             (1_000_000_000, 64, 8)]
+
+
+def scale_plan_table(a: argparse.Namespace) -> int:
+    """A billion samples: one worker's plan, order 1 (materialised) against order 2 (computed),
+    at 10M, 100M and 1B simulated samples (shard sizes only, shards of 1,000), each figure in a
+    fresh child; order 1 is skipped where it would take more than ``--max-old`` samples per rank."""
+    if a.child:
+        print(json.dumps(SCALE_CHILDREN[a.child[0]](a.child[1:])))
+        return 0
+    header("samples", "ranks x workers", "order", "plan + first 4,096 indices", "peak RSS growth", "USS growth",
+           f"resume at {a.resume_at:,}: plan + first 4,096")
+    for samples, ranks, workers in PLAN_GRID:
+        for order in (1, 2):
+            if order == 1 and samples // ranks > a.max_old:
+                row(f"{samples:,}", f"{ranks} x {workers}", "1", "not run (see below)", "", "", "")
+                continue
+            got = run_child("simplan", samples, ranks, workers, order, 0)
+            at = min(a.resume_at, -(-samples // ranks) // 2)  # a rank of 64 holds fewer than 5M
+            resumed = run_child("simplan", samples, ranks, workers, order, at)
+            row(f"{samples:,}", f"{ranks} x {workers}", str(order), f"{got['plan_s'] * 1000:.0f} ms",
+                f"{got['rss_mb']:.1f} MB", f"{got['uss_mb']:.1f} MB", f"{resumed['plan_s'] * 1000:.0f} ms (at {at:,})")
+    return 0
+
+
+def _scale_plan_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--resume-at", type=int, default=5_000_000)
+    p.add_argument("--max-old", type=int, default=20_000_000, help="largest rank (samples) order 1 is run for")
+    p.add_argument("--child", nargs="+", help=argparse.SUPPRESS)
+
+
 def _scale_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--root", default="/tmp/packer-scale", help="where the datasets are made and kept")
     p.add_argument("--formats", nargs="+", default=["lmdb", "tar"], choices=FORMATS)
@@ -328,4 +393,4 @@ def _scale_args(p: argparse.ArgumentParser) -> None:
 
 
 #: subcommand of ``python -m tools.bench_parts`` -> (what it runs, what adds its arguments).
-SUBCOMMANDS: dict[str, Subcommand] = {"scale": (scale, _scale_args)}
+SUBCOMMANDS: dict[str, Subcommand] = {"scale": (scale, _scale_args), "scale-plan": (scale_plan_table, _scale_plan_args)}
