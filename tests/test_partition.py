@@ -18,7 +18,6 @@ from torch.utils.data import DataLoader, IterableDataset
 from packer.datasets.partition import (
     EpochCounts,
     World,
-    _buffer_draws,  # replayed through a plain loop below
     epoch_counts,
     plan,
     rank_indices,
@@ -27,6 +26,7 @@ from packer.datasets.partition import (
     shuffle_buffer,
     worker_indices,
 )
+from packer.datasets.stages import _buffer_draws  # replayed through a plain loop below
 
 # --------------------------------------------------------------------------------------------
 # Helpers: independent re-implementations of what the code under test must agree with.
