@@ -68,15 +68,33 @@ OLD_PATHS = {"packer.description.registry": "packer.formats",
 TOOLS_FOR_TESTS = {"tools.sample_images", "tools.faultlib"}
 
 
+@functools.cache
+def _parsed(tree: str) -> tuple[tuple[str, ast.Module, int], ...]:
+    """(path, syntax tree, line count) of each module under ``tree``: parsed once per session, as
+    the rules only read the trees."""
+    found = []
+    for folder, dirs, files in os.walk(os.path.join(ROOT, tree)):
+        dirs[:] = sorted(d for d in dirs if d not in ("__pycache__", "data"))
+        for name in sorted(files):
+            path = os.path.join(folder, name)
+            if name.endswith(".py"):
+                with open(path, encoding="utf-8") as f:
+                    text = f.read()
+                lines = text.count("\n") + (not text.endswith("\n") and text != "")  # as iterating the file counts
+                found.append((os.path.relpath(path, ROOT), ast.parse(text, path), lines))
+    return tuple(found)
+
+
 def _modules(trees: tuple[str, ...] = TREES) -> Iterator[tuple[str, ast.Module]]:
     for tree in trees:
-        for folder, dirs, files in os.walk(os.path.join(ROOT, tree)):
-            dirs[:] = sorted(d for d in dirs if d not in ("__pycache__", "data"))
-            for name in sorted(files):
-                path = os.path.join(folder, name)
-                if name.endswith(".py"):
-                    with open(path, encoding="utf-8") as f:
-                        yield os.path.relpath(path, ROOT), ast.parse(f.read(), path)
+        for path, module, _ in _parsed(tree):
+            yield path, module
+
+
+@functools.cache
+def _nodes(module: ast.Module) -> tuple[ast.AST, ...]:
+    """Every node of ``module``, as ``ast.walk`` gives them, listed once per session."""
+    return tuple(ast.walk(module))
 
 
 def _body_lines(node: ast.FunctionDef | ast.AsyncFunctionDef) -> int:
@@ -89,7 +107,7 @@ def _body_lines(node: ast.FunctionDef | ast.AsyncFunctionDef) -> int:
 
 def test_functions_are_at_most_60_lines():
     long = [f"{path}:{node.lineno} {node.name} ({_body_lines(node)} lines)"
-            for path, module in _modules() for node in ast.walk(module)
+            for path, module in _modules() for node in _nodes(module)
             if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and _body_lines(node) > MAX_FUNCTION_LINES]
     assert not long, "split these functions:\n" + "\n".join(long)
 
@@ -111,7 +129,7 @@ def _is_sys_path(node: ast.AST) -> bool:
 def test_no_module_edits_sys_path():
     edits = []
     for path, module in _modules():
-        for node in ast.walk(module):
+        for node in _nodes(module):
             target = None
             if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute):
                 target = node.func.value
@@ -170,6 +188,9 @@ def _resolved(node: ast.Import | ast.ImportFrom, package: str, known: Collection
         yield _known(base, known), tuple(names)
 
 
+_HOLDS_STATEMENTS = (ast.stmt, ast.excepthandler, ast.match_case)
+
+
 def module_imports(module: ast.Module, name: str, is_package: bool, known: Collection[str]) -> list[Import]:
     """Every import in ``module`` (named ``name``), at module level and inside functions alike."""
     package = name if is_package else name.rpartition(".")[0]
@@ -177,6 +198,8 @@ def module_imports(module: ast.Module, name: str, is_package: bool, known: Colle
 
     def visit(node: ast.AST, scope: str, typing_only: bool) -> None:
         for child in ast.iter_child_nodes(node):
+            if not isinstance(child, _HOLDS_STATEMENTS):  # an import is a statement: skip expressions
+                continue
             if isinstance(child, (ast.Import, ast.ImportFrom)):
                 found.extend(Import(t, names, child.lineno, scope, typing_only)
                              for t, names in _resolved(child, package, known))
@@ -364,15 +387,14 @@ def oversized(modules: Iterable[tuple[str, ast.Module, int]], max_module: int = 
     for path, module, lines in modules:
         if lines > max_module:
             found.append(path)
-        found += [f"{path}:{node.name}" for node in ast.walk(module) if isinstance(node, ast.ClassDef)
+        found += [f"{path}:{node.name}" for node in _nodes(module) if isinstance(node, ast.ClassDef)
                   and node.end_lineno - node.lineno + 1 > max_class]
     return sorted(found)
 
 
 def _sized_modules() -> Iterator[tuple[str, ast.Module, int]]:
-    for path, module in _modules(PACKAGE + ("tools",)):
-        with open(os.path.join(ROOT, path), encoding="utf-8") as f:
-            yield path, module, sum(1 for _ in f)
+    for tree in PACKAGE + ("tools",):
+        yield from _parsed(tree)
 
 
 def test_modules_and_classes_are_not_too_large():
