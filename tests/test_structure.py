@@ -23,7 +23,7 @@ from __future__ import annotations
 import ast
 import functools
 import os
-from collections.abc import Collection, Iterable, Iterator
+from collections.abc import Callable, Collection, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 
 import pytest
@@ -405,27 +405,69 @@ def test_modules_and_classes_are_not_too_large():
     assert not gone, "these are small enough now: remove them from LARGE_TO_SHRINK:\n" + "\n".join(gone)
 
 
-def _compares_format_name(node: ast.AST) -> bool:
+def compared_strings(node: ast.AST) -> set[str]:
+    """The strings a comparison compares with, alone or in a tuple, list or set (``x == "a"``,
+    ``x in ("a", "b")``); none for a node that is not a comparison."""
     if not isinstance(node, ast.Compare):
-        return False
-    values = [node.left, *node.comparators]
-    for value in values:
-        if isinstance(value, ast.Constant) and value.value in FORMAT_NAMES:
-            return True
-        if isinstance(value, (ast.Tuple, ast.List, ast.Set)) and any(
-                isinstance(e, ast.Constant) and e.value in FORMAT_NAMES for e in value.elts):
-            return True
-    return False
+        return set()
+    return {e.value for v in [node.left, *node.comparators]
+            for e in ([v] if isinstance(v, ast.Constant) else getattr(v, "elts", []))
+            if isinstance(e, ast.Constant) and isinstance(e.value, str)}
+
+
+def misplaced_names(modules: Iterable[tuple[str, ast.Module]], homes: Mapping[str, Collection[str]],
+                    compared: Callable[[ast.AST], set[str]] = compared_strings) -> list[str]:
+    """``path:line compares 'name'`` for each comparison (what ``compared`` finds) with a name of
+    ``homes`` in a module outside that name's homes (path prefixes)."""
+    return [f"{path}:{node.lineno} compares {name!r}" for path, module in modules for node in _nodes(module)
+            for name in sorted(compared(node)) if name in homes and not path.startswith(tuple(homes[name]))]
 
 
 def test_format_names_are_compared_only_in_the_formats_own_modules():
-    found = [f"{path}:{node.lineno}" for path, module in _modules(PACKAGE)
-             if not path.startswith(FORMAT_HOMES) for node in ast.walk(module) if _compares_format_name(node)]
+    from packer.formats import format_names
+
+    assert set(format_names()) == FORMAT_NAMES  # the names this test looks for are the registry's
+    found = misplaced_names(_modules(PACKAGE), dict.fromkeys(FORMAT_NAMES, FORMAT_HOMES))
     assert not found, "ask the format's registry record instead of comparing its name:\n" + "\n".join(found)
 
 
+#: Where each source's name (the source table's, packer/sources/table.py, but the packed formats,
+#: whose names the format rule keeps) may be compared: the table, and the source's own module(s).
+#: An image folder is also a destination: the list of destinations names it (packer.conversion.options).
+SOURCE_HOMES = {
+    "imagefolder": ("packer/pipeline/engine.py", "packer/conversion/options.py"),
+    "list": ("packer/sources/listsource.py",),
+    "coco": ("packer/sources/coco.py",),
+    "mds": ("packer/sources/importers/mdsreader.py",),
+    "litdata": ("packer/sources/importers/litreader.py",),
+    "parquet": ("packer/sources/importers/parquetreader.py",),
+}
+SOURCE_TABLE = "packer/sources/table.py"
+#: Modules that compare a source's name today, each with its reason: the list to shrink (ask the
+#: source table's row, or packer.conversion.options.writes_image_folder; never add to it).
+SOURCE_NAMES_TO_MOVE = {
+    "packer/api.py",  # packer.pack refuses the imagefolder destination by name; it sits in a part in flight
+    "packer/operations/transcode.py",  # convert_dataset dispatches on imagefolder by name, until it goes
+                                       # through the one conversion funnel (a part in flight)
+}
+
+
+def test_source_names_are_compared_only_in_the_table_and_their_own_modules():
+    from packer.formats import format_names
+    from packer.sources.table import source_names
+
+    assert set(SOURCE_HOMES) == set(source_names()) - set(format_names())  # the table's names, each with a home
+    found = misplaced_names(_modules(PACKAGE), {n: (SOURCE_TABLE, *homes) for n, homes in SOURCE_HOMES.items()})
+    paths = {f.split(":")[0] for f in found}
+    new = [f for f in found if f.split(":")[0] not in SOURCE_NAMES_TO_MOVE]
+    assert not new, "ask the source table's row instead of comparing its name:\n" + "\n".join(new)
+    gone = sorted(SOURCE_NAMES_TO_MOVE - paths)
+    assert not gone, "these are fixed: remove them from SOURCE_NAMES_TO_MOVE:\n" + "\n".join(gone)
+
+
 #: The built-in field kinds' names, from their table, and where they may be compared: the kinds'
-#: own modules and the table (packer/fields/). Elsewhere, ask the kind object.
+#: own modules and the table (packer/fields/), their one home; every other module (the manifest,
+#: the writers, the readers, verify, the sources) asks the kind object (packer.fields.KINDS).
 FIELD_KIND_NAMES = {"mask", "image", "boxes"}
 FIELD_HOMES = ("packer/fields/",)
 
@@ -440,27 +482,41 @@ def _is_kind_expr(node: ast.AST) -> bool:
     return isinstance(node, ast.Name) and node.id == "kind"
 
 
-def _compares_field_kind(node: ast.AST) -> bool:
-    """A comparison with ``"mask"`` or ``"boxes"`` (a kind that names its field, so a field-name
-    test is a kind test), or of a field's kind with any kind's name (``"image"`` is also the
-    sample's own image, so it counts only against a kind)."""
-    if not isinstance(node, ast.Compare):
-        return False
-    values = [node.left, *node.comparators]
-    consts = [e.value for v in values for e in ([v] if isinstance(v, ast.Constant) else getattr(v, "elts", []))
-              if isinstance(e, ast.Constant)]
-    if any(c in FIELD_KIND_NAMES - {"image"} for c in consts):
-        return True
-    return any(c in FIELD_KIND_NAMES for c in consts) and any(_is_kind_expr(v) for v in values)
+def compared_field_kinds(node: ast.AST) -> set[str]:
+    """The strings a comparison compares with, but ``"image"`` unless it is compared with a field's
+    kind: ``"image"`` is also the sample's own image, while ``"mask"`` and ``"boxes"`` name their
+    field, so a test of a field's name is a test of its kind."""
+    found = compared_strings(node)
+    if "image" in found and not any(_is_kind_expr(v) for v in [node.left, *node.comparators]):
+        found.discard("image")
+    return found
 
 
 def test_field_kind_names_are_compared_only_in_their_modules_and_the_table():
     from packer.fields import FIELD_KINDS
 
     assert set(FIELD_KINDS) == FIELD_KIND_NAMES  # the names this test looks for are the table's
-    found = [f"{path}:{node.lineno}" for path, module in _modules(("packer", "converters", "datasets"))
-             if not path.startswith(FIELD_HOMES) for node in ast.walk(module) if _compares_field_kind(node)]
+    found = misplaced_names(_modules(PACKAGE), dict.fromkeys(FIELD_KIND_NAMES, FIELD_HOMES), compared_field_kinds)
     assert not found, "ask the field kind (packer.fields) instead of comparing its name:\n" + "\n".join(found)
+
+
+#: Where ``argparse`` may be imported: the command line, the tools, and the test scripts that
+#: torchrun starts with flags (tests/ddp_worker.py, tests/ddp_eval_worker.py). The Python API
+#: takes typed options (packer.conversion.options) and never parses flags.
+ARGPARSE_HOMES = ("packer.cli", "tools", "tests.ddp_worker", "tests.ddp_eval_worker")
+
+
+def argparse_users(imports: dict[str, list[Import]], homes: Collection[str]) -> list[str]:
+    """``module:line imports argparse`` for each import of argparse (lazy or not) in a module that
+    is not one of ``homes`` nor under one."""
+    return [f"{m}:{i.line} imports argparse" for m, found in imports.items()
+            if not any(m == h or m.startswith(h + ".") for h in homes)
+            for i in found if i.target.split(".")[0] == "argparse"]
+
+
+def test_argparse_only_in_the_command_line_and_tools():
+    found = argparse_users(tree_imports(), ARGPARSE_HOMES)
+    assert not found, "parse flags only in packer.cli (or tools); elsewhere take typed options:\n" + "\n".join(found)
 
 
 @pytest.mark.parametrize("source, lines", [
@@ -554,6 +610,27 @@ def test_the_size_rule():
     module = ast.parse(src)
     assert oversized([("m.py", module, src.count("\n"))], max_module=20, max_class=4) == ["m.py:Big"]
     assert oversized([("m.py", module, src.count("\n"))], max_module=5, max_class=10) == ["m.py"]
+
+
+def test_the_name_comparison_rule():
+    modules = [("pkg/table.py", ast.parse("def get(n):\n    return n == 'coco'\n")),
+               ("pkg/coco.py", ast.parse("ok = kind in ('coco', 'x')\n")),
+               ("pkg/run.py", ast.parse("a = src == 'coco'\nb = src not in ['list', 'other']\nc = {'coco': 1}\n"
+                                        "d = 'coco'\ne = src == 'lists'\n"))]
+    homes = {"coco": ("pkg/table.py", "pkg/coco.py"), "list": ("pkg/table.py",)}
+    assert misplaced_names(modules, homes) == ["pkg/run.py:1 compares 'coco'", "pkg/run.py:2 compares 'list'"]
+    # field kinds: "image" counts only against a field's kind, "mask" in any comparison
+    kinds = [("pkg/w.py", ast.parse("a = name == 'mask'\nb = key == 'image'\nc = f['kind'] == 'image'\n"
+                                    "d = kind in ('image',)\n")), ("pkg/fields/mask.py", ast.parse("a = n == 'mask'\n"))]
+    assert misplaced_names(kinds, dict.fromkeys(("mask", "image"), ("pkg/fields/",)), compared_field_kinds) == [
+        "pkg/w.py:1 compares 'mask'", "pkg/w.py:3 compares 'image'", "pkg/w.py:4 compares 'image'"]
+
+
+def test_the_argparse_rule():
+    table = _table({"pkg": "", "pkg.cli": "", "pkg.cli.parser": "import argparse\n", "pkg.clever": "import argparse\n",
+                    "pkg.api": "import os\ndef convert():\n    from argparse import Namespace\n"})
+    assert argparse_users(table, ("pkg.cli",)) == ["pkg.clever:1 imports argparse", "pkg.api:3 imports argparse"]
+    assert argparse_users(table, ("pkg",)) == []
 
 
 def test_every_package_folder_is_installed():
