@@ -5,7 +5,8 @@
 - module docstrings are at most 20 lines (user guides live in docs/);
 - no module edits ``sys.path`` (packages import as installed, tools and tests as packages);
 - readers (``packer.datasets``) import no writer (``packer.converters``);
-- format names are compared only in the formats' own modules and the registry;
+- a format's name is compared only in its modules and the registry, a source's in the source
+  table and its module, a field kind's in packer/fields/; ``argparse`` only in packer.cli and tools;
 - imports point down the layers (``import x`` and ``from x import y`` alike, lazy ones included):
   the foundation, files, images, the dataset description, storage, layouts, writers and readers,
   the format registry (``packer.formats``, above the parts it lists), the readers' front door
@@ -15,13 +16,15 @@
 - no circle of imports between modules, lazy ones included; the registry's loaders, which import
   each format's writer, reader and layout when it is asked for, are the one exemption;
 - no private name (``_x``) imported from another module; tests import tools only from a list.
-The rules are functions over a module -> imports table, each also run on a tiny made-up table.
+The rules are functions over a module table (imports, or syntax trees), each also run on a tiny
+made-up table; each tree is parsed once per run.
 """
 
 from __future__ import annotations
 
 import ast
 import functools
+import gc
 import os
 from collections.abc import Callable, Collection, Iterable, Iterator, Mapping
 from dataclasses import dataclass
@@ -70,20 +73,36 @@ TOOLS_FOR_TESTS = {"tools.sample_images", "tools.faultlib"}
 
 @functools.cache
 def _parsed(tree: str) -> tuple[tuple[str, ast.Module, int], ...]:
-    """(path, syntax tree, line count) of each module under ``tree``: parsed once per session, as
-    the rules only read the trees."""
+    """(path, syntax tree, line count) of each module under ``tree``: parsed once while this
+    module's tests run, as the rules only read the trees."""
     found = []
-    for folder, dirs, files in os.walk(os.path.join(ROOT, tree)):
-        dirs[:] = sorted(d for d in dirs if d not in ("__pycache__", "data"))
-        for name in sorted(files):
-            path = os.path.join(folder, name)
-            if name.endswith(".py"):
-                with open(path, encoding="utf-8") as f:
-                    text = f.read()
-                lines = text.count("\n") + (not text.endswith("\n") and text != "")  # as iterating the file counts
-                found.append((os.path.relpath(path, ROOT), ast.parse(text, path), lines))
+    collecting = gc.isenabled()
+    gc.disable()  # a million new nodes, none in a cycle: no collection need walk them, now or later
+    try:
+        for folder, dirs, files in os.walk(os.path.join(ROOT, tree)):
+            dirs[:] = sorted(d for d in dirs if d not in ("__pycache__", "data"))
+            for name in sorted(files):
+                path = os.path.join(folder, name)
+                if name.endswith(".py"):
+                    with open(path, encoding="utf-8") as f:
+                        text = f.read()
+                    lines = text.count("\n") + (not text.endswith("\n") and text != "")  # as iterating the file counts
+                    found.append((os.path.relpath(path, ROOT), ast.parse(text, path), lines))
+    finally:
+        gc.freeze()  # until the module's end (_release_the_trees)
+        if collecting:
+            gc.enable()
     return tuple(found)
 
+
+@pytest.fixture(autouse=True, scope="module")
+def _release_the_trees() -> Iterator[None]:
+    """The parsed trees are kept while this module's tests run, then let go (so that nothing
+    after them, pytest's last garbage collection included, walks a million nodes)."""
+    yield
+    for cached in (_parsed, _nodes, tree_imports):
+        cached.cache_clear()
+    gc.unfreeze()
 
 def _modules(trees: tuple[str, ...] = TREES) -> Iterator[tuple[str, ast.Module]]:
     for tree in trees:
