@@ -201,6 +201,31 @@ def test_torchrun_environment_in_process(folder, tmp_path, monkeypatch, capsys):
     assert capsys.readouterr().out.startswith("wrote 12 images")
 
 
+
+def test_a_source_that_does_not_split_says_so_under_torchrun(tmp_path, monkeypatch, capsys):
+    """Under torchrun a list or COCO source is refused before any work, with the flag that runs it
+    in one process; the list's row adds how to convert it in parts by hand."""
+    import packer
+    from packer.cli import main
+    from packer.conversion.options import OptionError
+
+    for k, v in {"RANK": "0", "WORLD_SIZE": "1", "LOCAL_RANK": "0", "MASTER_ADDR": "127.0.0.1",
+                 "MASTER_PORT": str(free_port())}.items():
+        monkeypatch.setenv(k, v)
+    (tmp_path / "l.csv").write_text("")
+    (tmp_path / "c.json").write_text("")
+    hint = " (or split the list and merge the parts: packer merge)"
+    assert main(["convert", "list", "lmdb", str(tmp_path / "l.csv"), str(tmp_path / "a")]) == 2
+    assert capsys.readouterr().err.strip() == ("packer convert: a list source converts in one process; under "
+                                               "torchrun add --no-torchrun" + hint)
+    assert main(["convert", "coco", "lmdb", str(tmp_path / "c.json"), str(tmp_path / "b"), "--images",
+                 str(tmp_path)]) == 2
+    assert capsys.readouterr().err.strip() == ("packer convert: a coco source converts in one process; under "
+                                               "torchrun add --no-torchrun")
+    with pytest.raises(OptionError, match=r"under torchrun add no_torchrun \(or split the list"):
+        packer.convert("list", "lmdb", tmp_path / "l.csv", tmp_path / "c")
+    assert sorted(os.listdir(tmp_path)) == ["c.json", "l.csv"]
+
 @pytest.mark.slow
 def _kill_the_lock_holder(proc: subprocess.Popen, lock: str) -> bool:
     """SIGKILL the process whose pid the claim file ``lock`` names, as soon as it is written,

@@ -5,7 +5,8 @@
 - module docstrings are at most 20 lines (user guides live in docs/);
 - no module edits ``sys.path`` (packages import as installed, tools and tests as packages);
 - readers (``packer.datasets``) import no writer (``packer.converters``);
-- format names are compared only in the formats' own modules and the registry;
+- a format's name is compared only in its modules and the registry, a source's in the source
+  table and its module, a field kind's in packer/fields/; ``argparse`` only in packer.cli and tools;
 - imports point down the layers (``import x`` and ``from x import y`` alike, lazy ones included):
   the foundation, files, images, the dataset description, storage, layouts, writers and readers,
   the format registry (``packer.formats``, above the parts it lists), the readers' front door
@@ -15,15 +16,17 @@
 - no circle of imports between modules, lazy ones included; the registry's loaders, which import
   each format's writer, reader and layout when it is asked for, are the one exemption;
 - no private name (``_x``) imported from another module; tests import tools only from a list.
-The rules are functions over a module -> imports table, each also run on a tiny made-up table.
+The rules are functions over a module table (imports, or syntax trees), each also run on a tiny
+made-up table; each tree is parsed once per run.
 """
 
 from __future__ import annotations
 
 import ast
 import functools
+import gc
 import os
-from collections.abc import Collection, Iterable, Iterator
+from collections.abc import Callable, Collection, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 
 import pytest
@@ -68,15 +71,49 @@ OLD_PATHS = {"packer.description.registry": "packer.formats",
 TOOLS_FOR_TESTS = {"tools.sample_images", "tools.faultlib"}
 
 
-def _modules(trees: tuple[str, ...] = TREES) -> Iterator[tuple[str, ast.Module]]:
-    for tree in trees:
+@functools.cache
+def _parsed(tree: str) -> tuple[tuple[str, ast.Module, int], ...]:
+    """(path, syntax tree, line count) of each module under ``tree``: parsed once while this
+    module's tests run, as the rules only read the trees."""
+    found = []
+    collecting = gc.isenabled()
+    gc.disable()  # a million new nodes, none in a cycle: no collection need walk them, now or later
+    try:
         for folder, dirs, files in os.walk(os.path.join(ROOT, tree)):
             dirs[:] = sorted(d for d in dirs if d not in ("__pycache__", "data"))
             for name in sorted(files):
                 path = os.path.join(folder, name)
                 if name.endswith(".py"):
                     with open(path, encoding="utf-8") as f:
-                        yield os.path.relpath(path, ROOT), ast.parse(f.read(), path)
+                        text = f.read()
+                    lines = text.count("\n") + (not text.endswith("\n") and text != "")  # as iterating the file counts
+                    found.append((os.path.relpath(path, ROOT), ast.parse(text, path), lines))
+    finally:
+        gc.freeze()  # until the module's end (_release_the_trees)
+        if collecting:
+            gc.enable()
+    return tuple(found)
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _release_the_trees() -> Iterator[None]:
+    """The parsed trees are kept while this module's tests run, then let go (so that nothing
+    after them, pytest's last garbage collection included, walks a million nodes)."""
+    yield
+    for cached in (_parsed, _nodes, tree_imports):
+        cached.cache_clear()
+    gc.unfreeze()
+
+def _modules(trees: tuple[str, ...] = TREES) -> Iterator[tuple[str, ast.Module]]:
+    for tree in trees:
+        for path, module, _ in _parsed(tree):
+            yield path, module
+
+
+@functools.cache
+def _nodes(module: ast.Module) -> tuple[ast.AST, ...]:
+    """Every node of ``module``, as ``ast.walk`` gives them, listed once per session."""
+    return tuple(ast.walk(module))
 
 
 def _body_lines(node: ast.FunctionDef | ast.AsyncFunctionDef) -> int:
@@ -89,7 +126,7 @@ def _body_lines(node: ast.FunctionDef | ast.AsyncFunctionDef) -> int:
 
 def test_functions_are_at_most_60_lines():
     long = [f"{path}:{node.lineno} {node.name} ({_body_lines(node)} lines)"
-            for path, module in _modules() for node in ast.walk(module)
+            for path, module in _modules() for node in _nodes(module)
             if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and _body_lines(node) > MAX_FUNCTION_LINES]
     assert not long, "split these functions:\n" + "\n".join(long)
 
@@ -111,7 +148,7 @@ def _is_sys_path(node: ast.AST) -> bool:
 def test_no_module_edits_sys_path():
     edits = []
     for path, module in _modules():
-        for node in ast.walk(module):
+        for node in _nodes(module):
             target = None
             if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute):
                 target = node.func.value
@@ -170,6 +207,9 @@ def _resolved(node: ast.Import | ast.ImportFrom, package: str, known: Collection
         yield _known(base, known), tuple(names)
 
 
+_HOLDS_STATEMENTS = (ast.stmt, ast.excepthandler, ast.match_case)
+
+
 def module_imports(module: ast.Module, name: str, is_package: bool, known: Collection[str]) -> list[Import]:
     """Every import in ``module`` (named ``name``), at module level and inside functions alike."""
     package = name if is_package else name.rpartition(".")[0]
@@ -177,6 +217,8 @@ def module_imports(module: ast.Module, name: str, is_package: bool, known: Colle
 
     def visit(node: ast.AST, scope: str, typing_only: bool) -> None:
         for child in ast.iter_child_nodes(node):
+            if not isinstance(child, _HOLDS_STATEMENTS):  # an import is a statement: skip expressions
+                continue
             if isinstance(child, (ast.Import, ast.ImportFrom)):
                 found.extend(Import(t, names, child.lineno, scope, typing_only)
                              for t, names in _resolved(child, package, known))
@@ -361,15 +403,14 @@ def oversized(modules: Iterable[tuple[str, ast.Module, int]], max_module: int = 
     for path, module, lines in modules:
         if lines > max_module:
             found.append(path)
-        found += [f"{path}:{node.name}" for node in ast.walk(module) if isinstance(node, ast.ClassDef)
+        found += [f"{path}:{node.name}" for node in _nodes(module) if isinstance(node, ast.ClassDef)
                   and node.end_lineno - node.lineno + 1 > max_class]
     return sorted(found)
 
 
 def _sized_modules() -> Iterator[tuple[str, ast.Module, int]]:
-    for path, module in _modules(PACKAGE + ("tools",)):
-        with open(os.path.join(ROOT, path), encoding="utf-8") as f:
-            yield path, module, sum(1 for _ in f)
+    for tree in PACKAGE + ("tools",):
+        yield from _parsed(tree)
 
 
 def test_modules_and_classes_are_not_too_large():
@@ -380,27 +421,69 @@ def test_modules_and_classes_are_not_too_large():
     assert not gone, "these are small enough now: remove them from LARGE_TO_SHRINK:\n" + "\n".join(gone)
 
 
-def _compares_format_name(node: ast.AST) -> bool:
+def compared_strings(node: ast.AST) -> set[str]:
+    """The strings a comparison compares with, alone or in a tuple, list or set (``x == "a"``,
+    ``x in ("a", "b")``); none for a node that is not a comparison."""
     if not isinstance(node, ast.Compare):
-        return False
-    values = [node.left, *node.comparators]
-    for value in values:
-        if isinstance(value, ast.Constant) and value.value in FORMAT_NAMES:
-            return True
-        if isinstance(value, (ast.Tuple, ast.List, ast.Set)) and any(
-                isinstance(e, ast.Constant) and e.value in FORMAT_NAMES for e in value.elts):
-            return True
-    return False
+        return set()
+    return {e.value for v in [node.left, *node.comparators]
+            for e in ([v] if isinstance(v, ast.Constant) else getattr(v, "elts", []))
+            if isinstance(e, ast.Constant) and isinstance(e.value, str)}
+
+
+def misplaced_names(modules: Iterable[tuple[str, ast.Module]], homes: Mapping[str, Collection[str]],
+                    compared: Callable[[ast.AST], set[str]] = compared_strings) -> list[str]:
+    """``path:line compares 'name'`` for each comparison (what ``compared`` finds) with a name of
+    ``homes`` in a module outside that name's homes (path prefixes)."""
+    return [f"{path}:{node.lineno} compares {name!r}" for path, module in modules for node in _nodes(module)
+            for name in sorted(compared(node)) if name in homes and not path.startswith(tuple(homes[name]))]
 
 
 def test_format_names_are_compared_only_in_the_formats_own_modules():
-    found = [f"{path}:{node.lineno}" for path, module in _modules(PACKAGE)
-             if not path.startswith(FORMAT_HOMES) for node in ast.walk(module) if _compares_format_name(node)]
+    from packer.formats import format_names
+
+    assert set(format_names()) == FORMAT_NAMES  # the names this test looks for are the registry's
+    found = misplaced_names(_modules(PACKAGE), dict.fromkeys(FORMAT_NAMES, FORMAT_HOMES))
     assert not found, "ask the format's registry record instead of comparing its name:\n" + "\n".join(found)
 
 
+#: Where each source's name (the source table's, packer/sources/table.py, but the packed formats,
+#: whose names the format rule keeps) may be compared: the table, and the source's own module(s).
+#: An image folder is also a destination: the list of destinations names it (packer.conversion.options).
+SOURCE_HOMES = {
+    "imagefolder": ("packer/pipeline/engine.py", "packer/conversion/options.py"),
+    "list": ("packer/sources/listsource.py",),
+    "coco": ("packer/sources/coco.py",),
+    "mds": ("packer/sources/importers/mdsreader.py",),
+    "litdata": ("packer/sources/importers/litreader.py",),
+    "parquet": ("packer/sources/importers/parquetreader.py",),
+}
+SOURCE_TABLE = "packer/sources/table.py"
+#: Modules that compare a source's name today, each with its reason: the list to shrink (ask the
+#: source table's row, or packer.conversion.options.writes_image_folder; never add to it).
+SOURCE_NAMES_TO_MOVE = {
+    "packer/api.py",  # packer.pack refuses the imagefolder destination by name; it sits in a part in flight
+    "packer/operations/transcode.py",  # convert_dataset dispatches on imagefolder by name, until it goes
+                                       # through the one conversion funnel (a part in flight)
+}
+
+
+def test_source_names_are_compared_only_in_the_table_and_their_own_modules():
+    from packer.formats import format_names
+    from packer.sources.table import source_names
+
+    assert set(SOURCE_HOMES) == set(source_names()) - set(format_names())  # the table's names, each with a home
+    found = misplaced_names(_modules(PACKAGE), {n: (SOURCE_TABLE, *homes) for n, homes in SOURCE_HOMES.items()})
+    paths = {f.split(":")[0] for f in found}
+    new = [f for f in found if f.split(":")[0] not in SOURCE_NAMES_TO_MOVE]
+    assert not new, "ask the source table's row instead of comparing its name:\n" + "\n".join(new)
+    gone = sorted(SOURCE_NAMES_TO_MOVE - paths)
+    assert not gone, "these are fixed: remove them from SOURCE_NAMES_TO_MOVE:\n" + "\n".join(gone)
+
+
 #: The built-in field kinds' names, from their table, and where they may be compared: the kinds'
-#: own modules and the table (packer/fields/). Elsewhere, ask the kind object.
+#: own modules and the table (packer/fields/), their one home; every other module (the manifest,
+#: the writers, the readers, verify, the sources) asks the kind object (packer.fields.KINDS).
 FIELD_KIND_NAMES = {"mask", "image", "boxes"}
 FIELD_HOMES = ("packer/fields/",)
 
@@ -415,27 +498,41 @@ def _is_kind_expr(node: ast.AST) -> bool:
     return isinstance(node, ast.Name) and node.id == "kind"
 
 
-def _compares_field_kind(node: ast.AST) -> bool:
-    """A comparison with ``"mask"`` or ``"boxes"`` (a kind that names its field, so a field-name
-    test is a kind test), or of a field's kind with any kind's name (``"image"`` is also the
-    sample's own image, so it counts only against a kind)."""
-    if not isinstance(node, ast.Compare):
-        return False
-    values = [node.left, *node.comparators]
-    consts = [e.value for v in values for e in ([v] if isinstance(v, ast.Constant) else getattr(v, "elts", []))
-              if isinstance(e, ast.Constant)]
-    if any(c in FIELD_KIND_NAMES - {"image"} for c in consts):
-        return True
-    return any(c in FIELD_KIND_NAMES for c in consts) and any(_is_kind_expr(v) for v in values)
+def compared_field_kinds(node: ast.AST) -> set[str]:
+    """The strings a comparison compares with, but ``"image"`` unless it is compared with a field's
+    kind: ``"image"`` is also the sample's own image, while ``"mask"`` and ``"boxes"`` name their
+    field, so a test of a field's name is a test of its kind."""
+    found = compared_strings(node)
+    if "image" in found and not any(_is_kind_expr(v) for v in [node.left, *node.comparators]):
+        found.discard("image")
+    return found
 
 
 def test_field_kind_names_are_compared_only_in_their_modules_and_the_table():
     from packer.fields import FIELD_KINDS
 
     assert set(FIELD_KINDS) == FIELD_KIND_NAMES  # the names this test looks for are the table's
-    found = [f"{path}:{node.lineno}" for path, module in _modules(("packer", "converters", "datasets"))
-             if not path.startswith(FIELD_HOMES) for node in ast.walk(module) if _compares_field_kind(node)]
+    found = misplaced_names(_modules(PACKAGE), dict.fromkeys(FIELD_KIND_NAMES, FIELD_HOMES), compared_field_kinds)
     assert not found, "ask the field kind (packer.fields) instead of comparing its name:\n" + "\n".join(found)
+
+
+#: Where ``argparse`` may be imported: the command line, the tools, and the test scripts that
+#: torchrun starts with flags (tests/ddp_worker.py, tests/ddp_eval_worker.py). The Python API
+#: takes typed options (packer.conversion.options) and never parses flags.
+ARGPARSE_HOMES = ("packer.cli", "tools", "tests.ddp_worker", "tests.ddp_eval_worker")
+
+
+def argparse_users(imports: dict[str, list[Import]], homes: Collection[str]) -> list[str]:
+    """``module:line imports argparse`` for each import of argparse (lazy or not) in a module that
+    is not one of ``homes`` nor under one."""
+    return [f"{m}:{i.line} imports argparse" for m, found in imports.items()
+            if not any(m == h or m.startswith(h + ".") for h in homes)
+            for i in found if i.target.split(".")[0] == "argparse"]
+
+
+def test_argparse_only_in_the_command_line_and_tools():
+    found = argparse_users(tree_imports(), ARGPARSE_HOMES)
+    assert not found, "parse flags only in packer.cli (or tools); elsewhere take typed options:\n" + "\n".join(found)
 
 
 @pytest.mark.parametrize("source, lines", [
@@ -529,6 +626,27 @@ def test_the_size_rule():
     module = ast.parse(src)
     assert oversized([("m.py", module, src.count("\n"))], max_module=20, max_class=4) == ["m.py:Big"]
     assert oversized([("m.py", module, src.count("\n"))], max_module=5, max_class=10) == ["m.py"]
+
+
+def test_the_name_comparison_rule():
+    modules = [("pkg/table.py", ast.parse("def get(n):\n    return n == 'coco'\n")),
+               ("pkg/coco.py", ast.parse("ok = kind in ('coco', 'x')\n")),
+               ("pkg/run.py", ast.parse("a = src == 'coco'\nb = src not in ['list', 'other']\nc = {'coco': 1}\n"
+                                        "d = 'coco'\ne = src == 'lists'\n"))]
+    homes = {"coco": ("pkg/table.py", "pkg/coco.py"), "list": ("pkg/table.py",)}
+    assert misplaced_names(modules, homes) == ["pkg/run.py:1 compares 'coco'", "pkg/run.py:2 compares 'list'"]
+    # field kinds: "image" counts only against a field's kind, "mask" in any comparison
+    kinds = [("pkg/w.py", ast.parse("a = name == 'mask'\nb = key == 'image'\nc = f['kind'] == 'image'\n"
+                                    "d = kind in ('image',)\n")), ("pkg/fields/mask.py", ast.parse("a = n == 'mask'\n"))]
+    assert misplaced_names(kinds, dict.fromkeys(("mask", "image"), ("pkg/fields/",)), compared_field_kinds) == [
+        "pkg/w.py:1 compares 'mask'", "pkg/w.py:3 compares 'image'", "pkg/w.py:4 compares 'image'"]
+
+
+def test_the_argparse_rule():
+    table = _table({"pkg": "", "pkg.cli": "", "pkg.cli.parser": "import argparse\n", "pkg.clever": "import argparse\n",
+                    "pkg.api": "import os\ndef convert():\n    from argparse import Namespace\n"})
+    assert argparse_users(table, ("pkg.cli",)) == ["pkg.clever:1 imports argparse", "pkg.api:3 imports argparse"]
+    assert argparse_users(table, ("pkg",)) == []
 
 
 def test_every_package_folder_is_installed():

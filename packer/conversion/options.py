@@ -18,7 +18,8 @@ if TYPE_CHECKING:
     from ..pipeline.engine import ConvertOptions
 
 __all__ = ["Option", "OPTIONS", "STORAGE_GROUP", "Caller", "COMMAND_LINE", "OptionError", "SourceOptions", "StorageOptions",
-           "ConvertRequest", "get_option", "options_named", "dst_formats"]
+           "ConvertRequest", "get_option", "options_named", "dst_formats",
+           "writes_image_folder"]
 
 
 class OptionError(ValueError):
@@ -156,6 +157,12 @@ def options_named(*groups: str) -> tuple[Option, ...]:
 def dst_formats() -> list[str]:
     """What a conversion writes: every packed format, and an image folder (from a packed source)."""
     return [*format_names(), "imagefolder"]
+
+
+def writes_image_folder(dst_format: str) -> bool:
+    """Whether a conversion to ``dst_format`` writes an image folder, the one destination of
+    :func:`dst_formats` that is not packed (the one place that names it)."""
+    return dst_format == "imagefolder"
 
 
 @dataclass(frozen=True)

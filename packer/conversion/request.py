@@ -21,6 +21,7 @@ from .options import (
     StorageOptions,
     dst_formats,
     get_option,
+    writes_image_folder,
 )
 
 if TYPE_CHECKING:
@@ -49,7 +50,7 @@ def convert_request(caller: Caller, src_format: str, dst_format: str, src: str |
             raise caller.error(f"{what}: invalid choice: {value!r} (choose from {', '.join(choices)})")
     _check_source_options(caller, src_format, v)
     options = _convert_options(caller, dst_format, v)
-    if not get_source(src_format).packed and dst_format == "imagefolder":
+    if not get_source(src_format).packed and writes_image_folder(dst_format):
         raise caller.error(f"{src_format} -> imagefolder is not a conversion")
     if v["classes_from"] is not None and not get_source(src_format).pins_classes:
         raise caller.error(f"{caller.name('classes_from')} applies to imagefolder and list sources and to mds, "
@@ -163,7 +164,7 @@ def _convert_options(caller: Caller, dst_format: str, v: Mapping[str, Any]) -> C
             (v["log_interval"] is not None and not v["log_interval"] > 0, f"{n('log_interval')} must be above 0 seconds"),
             (shard_bytes is not None and shard_bytes < 1, f"{n('shard_size')} must be at least 1 byte"),
             (v["shard_samples"] is not None and v["shard_samples"] < 1, f"{n('shard_samples')} must be at least 1"),
-            (v["resume"] and dst_format == "imagefolder",
+            (v["resume"] and writes_image_folder(dst_format),
              f"{n('resume')} applies to packed output (lmdb, hdf5, tar, tfrecord) only"),
             (v["checkpoint_samples"] is not None and v["checkpoint_samples"] < 1,
              f"{n('checkpoint_samples')} must be at least 1")):
@@ -174,7 +175,7 @@ def _convert_options(caller: Caller, dst_format: str, v: Mapping[str, Any]) -> C
                                checkpoint_samples=v["checkpoint_samples"], prefix=v["prefix"])
     except ValueError as e:
         raise caller.error(f"{n('prefix')}: {e}") from None
-    refused = get_format(dst_format).refused_options(writer) if dst_format != "imagefolder" else [
+    refused = get_format(dst_format).refused_options(writer) if not writes_image_folder(dst_format) else [
         f for f in _WRITER_OPTIONS if getattr(writer, f) not in (None, False)]
     if refused:
         raise caller.error(f"{n(_WRITER_OPTIONS[refused[0]])} applies to {' and '.join(formats_taking(refused[0]))} "

@@ -15,7 +15,7 @@ from ..errors import PackerError
 from ..formats import format_names
 from ..sources.table import get_source
 from ..wording import plural
-from .options import Caller, ConvertRequest, OptionError
+from .options import Caller, ConvertRequest, OptionError, writes_image_folder
 
 __all__ = ["run_conversion", "pinned_classes", "remote_deadline"]
 
@@ -35,7 +35,7 @@ def run_conversion(r: ConvertRequest, launch: Any = None) -> Any:
     source, n = get_source(r.src_format), r.caller.name
     with remote_deadline(r.storage.remote_deadline):
         if launch is not None and not source.splits and not source.packed:
-            split = " (or split the list and merge the parts: packer merge)" if r.src_format == "list" else ""
+            split = f" (or {source.split_hint})" if source.split_hint else ""
             raise r.caller.error(f"a {r.src_format} source converts in one process; under torchrun add "
                                  f"{n('no_torchrun')}{split}")
         if launch is not None:
@@ -126,7 +126,7 @@ def _warn_partial_output(r: ConvertRequest) -> None:
     from ..files.filesystem import temp_dir_for
     from ..pipeline.engine import interrupted_samples
 
-    if r.options.resume or r.dst_format == "imagefolder" or (os.path.lexists(r.dst) and not r.options.overwrite):
+    if r.options.resume or writes_image_folder(r.dst_format) or (os.path.lexists(r.dst) and not r.options.overwrite):
         return
     dropped = interrupted_samples(r.dst)
     if dropped is not None:
@@ -146,7 +146,7 @@ def _convert_torchrun(r: ConvertRequest, launch: Any) -> Any:
     if not r.quiet:
         print(f"packer: torchrun detected: {launch.describe()}; converting one part per rank, rank 0 merges",
               flush=True)
-    if not get_source(r.src_format).splits or r.dst_format == "imagefolder" or is_url(r.dst):
+    if not get_source(r.src_format).splits or writes_image_folder(r.dst_format) or is_url(r.dst):
         raise r.caller.error("under torchrun only an image folder converts in parts, to a local packed "
                              "destination; run other conversions without torchrun")
     timeout = rank_timeout() if r.rank_timeout is None else timedelta(seconds=r.rank_timeout)

@@ -28,7 +28,8 @@ class Source:
     without, each with what it is. ``splits``: converts in parts, one per rank, under torchrun.
     ``reads_urls``: reads a URL SRC itself (else a URL SRC must be ``packed``, and is downloaded).
     ``packed``: a packed dataset (it converts to an image folder too). ``pins_classes``: takes
-    ``classes_from``. ``one_image_column``: ``image_column`` names its one image column."""
+    ``classes_from``. ``one_image_column``: ``image_column`` names its one image column.
+    ``split_hint``: how to convert it in parts by hand, said when it does not split under torchrun."""
 
     name: str
     convert: Callable[[ConvertRequest], Any]
@@ -39,6 +40,7 @@ class Source:
     packed: bool = False
     pins_classes: bool = False
     one_image_column: bool = False
+    split_hint: str = ""
 
 
 def _imagefolder(r: ConvertRequest) -> Any:
@@ -142,7 +144,8 @@ def _importer(name: str, open_table: Callable[[ConvertRequest], Any], *also: str
 #: (one row each, from the format registry) after the sources that are not packed.
 SOURCES: dict[str, Source] = {s.name: s for s in (
     Source("imagefolder", _imagefolder, splits=True, pins_classes=True),
-    Source("list", _list, takes=_LIST_TAKES, pins_classes=True),
+    Source("list", _list, takes=_LIST_TAKES, pins_classes=True,
+           split_hint="split the list and merge the parts: packer merge"),
     Source("coco", _coco, takes=("images", "masks"), needs=(("images", "the folder of its images"),)),
     *(Source(fmt, _packed, packed=True) for fmt in format_names()),
     _importer("mds", _mds),
