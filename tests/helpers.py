@@ -8,8 +8,14 @@ import numpy as np
 
 from tools.sample_images import draw, make_folder, write_image
 
-__all__ = ["draw", "write_image", "make_folder", "need_optional", "import_optional", "psnr", "pack", "forge_manifest_sizes", "records_by_key", "place_seed_by_spec", "fixed_image", "moto_s3",
+__all__ = ["TESTS", "ROOT", "DATA", "draw", "write_image", "make_folder", "need_optional", "import_optional", "psnr", "pack", "forge_manifest_sizes", "records_by_key", "place_seed_by_spec", "fixed_image", "moto_s3",
            "tree"]
+
+#: The tests folder, the repository's root and the archived datasets (tests/data), for a test
+#: module in any folder under tests/.
+TESTS = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(TESTS)
+DATA = os.path.join(TESTS, "data")
 
 
 def need_optional(available: bool, reason: str) -> None:

@@ -9,9 +9,8 @@ import sys
 
 import pytest
 
-from tests.helpers import import_optional, make_folder
+from tests.helpers import ROOT, import_optional, make_folder
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 DOC = os.path.join(ROOT, "docs", "distributed.md")
 
 

@@ -13,9 +13,7 @@ import pytest
 from packer.conversion.distributed import part_range, torchrun_launch
 from packer.datasets import open_dataset
 from packer.description.manifest import read_manifest
-from tests.helpers import make_folder, pack
-
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+from tests.helpers import ROOT, make_folder, pack
 
 
 def free_port() -> int:

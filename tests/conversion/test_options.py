@@ -18,8 +18,7 @@ from packer.conversion.options import OPTIONS, Caller, OptionError, SourceOption
 from packer.conversion.request import convert_request
 from packer.datasets import open_dataset
 from packer.sources.table import SOURCES, Source, add_source, get_source, source_names
-
-from .helpers import tree
+from tests.helpers import tree
 
 PROBE = """
 import json, sys

@@ -27,10 +27,9 @@ from packer.images.imageproc import (
     window_decoder_version,
     window_decoding,
 )
-from tests.helpers import draw, make_folder, need_optional, pack
+from tests.helpers import DATA, draw, make_folder, need_optional, pack
 
 PHOTO = cv2.cvtColor(draw(np.random.default_rng(5), 83, 121), cv2.COLOR_RGB2BGR)
-DATA = os.path.join(os.path.dirname(__file__), "data")
 
 
 def need_module() -> None:

@@ -19,9 +19,10 @@ import torch
 
 from packer.datasets import open_dataset
 from packer.description.registry import format_names
-from tests.test_streaming import SHARD, N, convert, expected
+from tests.datasets.test_streaming import SHARD, N, convert, expected
+from tests.helpers import TESTS
 
-HERE = os.path.dirname(os.path.abspath(__file__))
+HERE = TESTS  # the folder of ddp_worker.py
 # Formats with several payload files; LMDB (one file) partitioned by blocks when none exists.
 SHARDED = [f for f in ("tar", "tfrecord") if f in format_names()]
 CASES = [(f, 0) for f in SHARDED] or [("lmdb", 4)]  # (format, block_samples; 0: whole files)

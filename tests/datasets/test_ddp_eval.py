@@ -9,10 +9,11 @@ import sys
 
 import pytest
 
-from tests.test_ddp import free_port
-from tests.test_streaming_modes import numbered
+from tests.datasets.test_ddp import free_port
+from tests.datasets.test_streaming_modes import numbered
+from tests.helpers import TESTS
 
-HERE = os.path.dirname(os.path.abspath(__file__))
+HERE = TESTS  # the folder of ddp_eval_worker.py
 
 
 @pytest.mark.slow

@@ -16,8 +16,8 @@ from torch.utils.data import DataLoader
 from packer.cli import main
 from packer.datasets import ShardSpecError, StreamingDataset, open_dataset
 from packer.storage.shardspec import expand_braces
+from tests.formats.test_interop_wds_tfrecord import _write_tfrecords  # the tfrecord package's files
 from tests.helpers import draw, pack
-from tests.test_interop_wds_tfrecord import _write_tfrecords  # the tfrecord package's files
 
 
 def _encode(rgb, ext=".png"):

@@ -16,8 +16,8 @@ from torch.utils.data import DataLoader
 
 from packer.datasets import ExactDistributedSampler, StreamingDataset, open_dataset
 from packer.datasets.partition import World, plan, rank_span, stream_indices
+from tests.datasets.test_streaming import N, epoch_ids, ids_by_index, lmdb_packed, loader, stream  # noqa: F401
 from tests.helpers import pack, write_image
-from tests.test_streaming import N, epoch_ids, ids_by_index, lmdb_packed, loader, stream  # noqa: F401
 
 
 def make_numbered(root: str, count: int, classes: int = 3, prefix: str = "c") -> None:
@@ -298,7 +298,7 @@ def test_mixture_resumes_mid_epoch(sources):
 
 def in_order(sizes, world, *, epoch=1, skip=0, history=()):
     """What one rank's DataLoader yields: plan per worker, batches taken in turn (batch 3)."""
-    from tests.test_partition import dataloader_order
+    from tests.datasets.test_partition import dataloader_order
 
     parts = [plan(sizes, World(world.rank, world.world_size, w, world.num_workers), seed=3,
                   epoch=epoch, shuffle=True, partition="pad", buffer_size=7, batch_size=3,

@@ -16,9 +16,7 @@ import pytest
 
 from packer.datasets import open_dataset
 from packer.errors import CorruptDataError
-from tests.helpers import place_seed_by_spec, tree, write_fields_dataset
-
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+from tests.helpers import ROOT, place_seed_by_spec, tree, write_fields_dataset
 
 
 def _mask(payload) -> np.ndarray:

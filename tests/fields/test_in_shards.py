@@ -31,8 +31,8 @@ from packer.images.fields import FieldSources, process_sample
 from packer.images.imageproc import ProcessOptions, parse_encoding, parse_resize
 from packer.layouts.tar import read_index
 from packer.pipeline.engine import ConvertOptions, write_packed
+from tests.formats.test_tar import ustar
 from tests.helpers import place_seed_by_spec, write_fields_dataset
-from tests.test_tar import ustar
 
 SHARDED = [("tar", {}), ("tfrecord", {}), ("tfrecord", {"gzip": True})]
 

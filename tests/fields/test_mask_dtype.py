@@ -16,8 +16,8 @@ from packer.description.registry import format_names
 from packer.images.imageproc import ProcessOptions, parse_encoding, parse_resize
 from packer.pipeline.engine import ConvertOptions
 from packer.pipeline.items import convert_items
+from tests.conversion.test_resume import interrupt_after
 from tests.helpers import run_bounded
-from tests.test_resume import interrupt_after
 
 
 def _masks(wide: set[int], n: int = 5) -> list[np.ndarray]:
@@ -101,7 +101,7 @@ def test_merge_refuses_a_version_3_part_with_a_version_4_one_naming_it(tmp_path)
 
     from packer.errors import SourceError
     from packer.operations.merge import merge
-    from tests.test_format_versions import DATA
+    from tests.formats.test_format_versions import DATA
 
     with tarfile.open(f"{DATA}/v3-fields-datasets.tar.gz") as tf:
         tf.extractall(tmp_path, filter="data")
@@ -116,7 +116,7 @@ def test_a_version_3_dataset_of_mixed_masks_transcodes_to_one_declared_uint16(tm
     import tarfile
 
     from packer.operations.transcode import convert_dataset
-    from tests.test_format_versions import DATA
+    from tests.formats.test_format_versions import DATA
 
     with tarfile.open(f"{DATA}/v3-fields-datasets.tar.gz") as tf:
         tf.extractall(tmp_path, filter="data")

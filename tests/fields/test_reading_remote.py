@@ -9,7 +9,7 @@ from torch.utils.data import DataLoader
 from packer.datasets import StreamingDataset, collate, open_dataset
 from packer.datasets.world import World
 from tests.helpers import import_optional, write_fields_dataset
-from tests.test_remote import _upload, s3  # noqa: F401 - the moto server fixture
+from tests.storage.test_remote import _upload, s3  # noqa: F401 - the moto server fixture
 
 import_optional("s3fs", "s3:// tests need s3fs: pip install 'packer[s3]'")
 

@@ -22,8 +22,8 @@ from packer.images.imageproc import ProcessOptions, parse_encoding, parse_resize
 from packer.pipeline.engine import ConvertOptions
 from packer.pipeline.items import convert_items
 from packer.sources.listsource import convert_list, read_list
+from tests.conversion.test_resume import interrupt_after
 from tests.helpers import fields_sources, run_bounded
-from tests.test_resume import interrupt_after
 
 
 def _png(a: np.ndarray) -> bytes:

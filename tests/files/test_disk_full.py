@@ -10,9 +10,8 @@ import sys
 
 import pytest
 
-from tests.test_hostile import big_source, small_fs  # noqa: F401 - fixtures: 24 PNGs, a 2 MB tmpfs
-
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+from tests.formats.test_hostile import big_source, small_fs  # noqa: F401 - fixtures: 24 PNGs, a 2 MB tmpfs
+from tests.helpers import ROOT
 
 
 def size(shown: str) -> float:

@@ -13,8 +13,8 @@ import pytest
 
 from packer.datasets import StreamingDataset, open_dataset
 from packer.description.registry import format_names
+from tests.helpers import ROOT
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 DATA = os.path.join(ROOT, "tests", "data")
 
 #: (key, label, decoded shape, first 16 hex digits of the SHA-256 of the decoded RGB pixels); the

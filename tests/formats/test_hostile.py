@@ -34,9 +34,8 @@ from packer.layouts.tar import INDEX_HEADER, pack_index, unpack_index
 from packer.layouts.tfrecord import masked_crc32c
 from packer.operations.transcode import convert_dataset
 from packer.pipeline.engine import ConvertOptions, convert_imagefolder, temp_dir_for
-from tests.helpers import make_folder
+from tests.helpers import ROOT, make_folder
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 FORMATS = format_names()
 LFS = b"version https://git-lfs.github.com/spec/v1\noid sha256:4d7a2146\nsize 123456\n"
 HTML = b"<!DOCTYPE html>\n<html><head><title>404 Not Found</title></head><body>Not Found</body></html>\n"

@@ -10,11 +10,10 @@ import pytest
 
 import packer
 from packer import formats
+from packer.cli import main
 from packer.datasets import open_dataset
 from packer.formats import Format
-from packer.cli import main
-
-from . import toyformat
+from tests import toyformat
 
 
 @pytest.fixture

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import struct
 
 import cv2
@@ -22,7 +23,7 @@ from packer.images.imageproc import (
     reduction_factor,
     target_size,
 )
-from tests.helpers import draw, psnr
+from tests.helpers import DATA, draw, psnr
 
 
 def enc(img: np.ndarray, ext: str, params=()) -> bytes:
@@ -241,7 +242,7 @@ def test_cut_jpegs_with_an_end_marker_are_skipped_as_truncated(name):
     if name == "huffman-progressive":
         data = enc(draw(np.random.default_rng(5), 83, 121), ".jpg", [cv2.IMWRITE_JPEG_PROGRESSIVE, 1])
     else:
-        with open(os.path.join(os.path.dirname(__file__), "data", name), "rb") as f:
+        with open(os.path.join(DATA, name), "rb") as f:
             data = f.read()
     assert jpeg_truncation(data) is None
     assert process_image(data, opts(encode="raw")).height == 83
@@ -273,12 +274,12 @@ def test_cut_jpegs_with_an_end_marker_are_skipped_as_truncated(name):
 
 
 def test_truncation_reasons_say_what_is_missing():
-    with open(__file__.replace("test_imageproc.py", "data/arithmetic-progressive.jpg"), "rb") as f:
+    with open(os.path.join(DATA, "arithmetic-progressive.jpg"), "rb") as f:
         data = f.read()
     scans = _scan_starts(data)
     assert "no end-of-image marker" in jpeg_truncation(data[:-2])
     assert "cut between two scans: after scan 3, some" in jpeg_truncation(data[: scans[3]] + b"\xff\xd9")
-    with open(__file__.replace("test_imageproc.py", "data/arithmetic.jpg"), "rb") as f:
+    with open(os.path.join(DATA, "arithmetic.jpg"), "rb") as f:
         baseline = f.read()
     assert jpeg_truncation(baseline[: len(baseline) // 2] + b"\xff\xd9") == (
         "truncated JPEG (arithmetic-coded scan 1 of 1 is at least 256 bytes short)")

@@ -12,6 +12,7 @@ from packer.cli import main
 from packer.datasets import collation
 from packer.images import imageproc
 from packer.operations.doctor import collect, format_report
+from tests.helpers import ROOT
 
 
 def test_json_report_in_a_fresh_process_says_what_is_on():
@@ -38,7 +39,7 @@ def _declared_extras() -> dict[str, list[str]]:
     import re
 
     cfg = configparser.ConfigParser()
-    cfg.read(os.path.join(os.path.dirname(os.path.dirname(__file__)), "setup.cfg"))
+    cfg.read(os.path.join(ROOT, "setup.cfg"))
     return {name: [re.match(r"[A-Za-z0-9._-]+", line.strip()).group(0)
                    for line in value.splitlines() if line.strip()]
             for name, value in cfg["options.extras_require"].items()}

@@ -15,7 +15,7 @@ from packer.operations.merge import merge, merged_classes
 from packer.operations.verify import verify_dataset
 from packer.pipeline.engine import ConvertOptions
 from packer.pipeline.items import convert_items
-from tests.helpers import make_folder
+from tests.helpers import DATA, make_folder
 
 FORMATS = ["lmdb", "hdf5", "tar", "tfrecord"]
 CLASSES = ["cat", "dog", "eel"]
@@ -157,7 +157,7 @@ def test_merge_refuses_version_1(items, tmp_path):
     """A packer 0.1 part has no file ids to keep: converting it first is the way."""
     import tarfile
 
-    with tarfile.open(os.path.join(os.path.dirname(__file__), "data", "v1-datasets.tar.gz")) as tf:
+    with tarfile.open(os.path.join(DATA, "v1-datasets.tar.gz")) as tf:
         tf.extractall(tmp_path, filter="data")
     _convert(items[:2], tmp_path / "a", "tar")
     with pytest.raises(SourceError, match="version 1; merge needs version 2"):

@@ -14,9 +14,8 @@ from packer.datasets import open_dataset
 from packer.pipeline.engine import ConvertOptions, convert_imagefolder
 from packer.pipeline.order import recorded_seed, write_order
 from packer.sources.listsource import convert_list
-from tests.test_resume import interrupt_after
-
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+from tests.conversion.test_resume import interrupt_after
+from tests.helpers import ROOT
 
 
 def _keys(path):

@@ -16,9 +16,9 @@ import pytest
 import packer
 from packer.cli import main
 from packer.datasets import open_dataset
-from tests.helpers import import_optional, moto_s3
+from tests.helpers import DATA, import_optional, moto_s3
 
-HERE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "data", "importers")
+HERE = os.path.join(DATA, "importers")
 LABELS = [0, 1, 2, 0, 1, 2]
 NAMES = ["cat", "dog", "fox"]
 

@@ -20,8 +20,8 @@ from packer.datasets import StreamingDataset, open_dataset
 from packer.description.manifest import read_manifest
 from packer.errors import DatasetChangedError
 from packer.storage.remote import Remote, RemoteError, read_remote_manifest
+from tests.datasets.test_ddp import free_port
 from tests.helpers import import_optional, make_folder, pack
-from tests.test_ddp import free_port
 
 gcsfs = import_optional("gcsfs", "gs:// tests need gcsfs: pip install 'packer[gcs]'")
 emulator = import_optional("gcp_storage_emulator.server",

@@ -504,12 +504,12 @@ def test_two_torchrun_ranks_stream_from_s3_every_sample_once(s3, tmp_path_factor
     import subprocess
     import sys
 
-    from tests.test_ddp import free_port
-    from tests.test_streaming import N, convert, expected
+    from tests.datasets.test_ddp import free_port
+    from tests.datasets.test_streaming import N, convert, expected
 
     data = convert(tmp_path_factory, "tar")
     url = _upload(s3, data, "ddp/tar")
-    here = os.path.dirname(os.path.abspath(__file__))
+    from tests.helpers import TESTS as here  # the folder of ddp_worker.py
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", f"--master_port={free_port()}",
            os.path.join(here, "ddp_worker.py"), "--data", url, "--out", str(tmp_path), "--epochs", "auto,auto",
            "--batch-size", "3", "--workers", "2", "--storage-options", json.dumps(s3),

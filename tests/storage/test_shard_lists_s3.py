@@ -10,9 +10,9 @@ from torch.utils.data import DataLoader
 
 from packer.cli import main
 from packer.datasets import ShardSpecError, StreamingDataset, open_dataset
+from tests.datasets.test_shard_lists import _records, _write_wds
 from tests.helpers import import_optional, pack
-from tests.test_remote import _remote, s3  # noqa: F401 - the moto server fixture
-from tests.test_shard_lists import _records, _write_wds
+from tests.storage.test_remote import _remote, s3  # noqa: F401 - the moto server fixture
 
 import_optional("s3fs", "s3:// tests need s3fs: pip install 'packer[s3]'")
 
