@@ -207,3 +207,9 @@ def moto_s3(*buckets: str):  # noqa: ANN201 - a context manager
             server.stop()
 
     return served()
+
+
+def _src(tmp_path, name="src", n=3):  # the trust tests' small source: 2 classes of n images
+    root = str(tmp_path / name)
+    make_folder(root, {"a": [(f"a{i}.jpg", 24, 24) for i in range(n)], "b": [(f"b{i}.png", 20, 28) for i in range(n)]})
+    return root
