@@ -4,7 +4,7 @@ uninterrupted result byte for byte) and nothing may be let in (``verify`` fails 
 where the byte belongs to one, the sample; readers raise CorruptDataError or return correct data).
 
 The default run keeps a small subset (2 kill points, 3 flips, 2 cuts per format); the sweeps that
-docs/reliability.md reports are marked slow: ``python -m pytest -m slow tests/test_faults.py``.
+docs/reliability.md reports are marked slow: ``python -m pytest -m slow tests/conversion/test_faults.py``.
 `python -m tools.fault_table` runs the same sweeps and prints the table.
 """
 
