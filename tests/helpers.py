@@ -8,8 +8,14 @@ import numpy as np
 
 from tools.sample_images import draw, make_folder, write_image
 
-__all__ = ["draw", "write_image", "make_folder", "need_optional", "import_optional", "psnr", "pack", "forge_manifest_sizes", "records_by_key", "place_seed_by_spec", "fixed_image", "moto_s3",
+__all__ = ["TESTS", "ROOT", "DATA", "draw", "write_image", "make_folder", "need_optional", "import_optional", "psnr", "pack", "forge_manifest_sizes", "records_by_key", "place_seed_by_spec", "fixed_image", "moto_s3",
            "tree"]
+
+#: The tests folder, the repository's root and the archived datasets (tests/data), for a test
+#: module in any folder under tests/.
+TESTS = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(TESTS)
+DATA = os.path.join(TESTS, "data")
 
 
 def need_optional(available: bool, reason: str) -> None:
@@ -201,3 +207,9 @@ def moto_s3(*buckets: str):  # noqa: ANN201 - a context manager
             server.stop()
 
     return served()
+
+
+def _src(tmp_path, name="src", n=3):  # the trust tests' small source: 2 classes of n images
+    root = str(tmp_path / name)
+    make_folder(root, {"a": [(f"a{i}.jpg", 24, 24) for i in range(n)], "b": [(f"b{i}.png", 20, 28) for i in range(n)]})
+    return root

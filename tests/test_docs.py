@@ -38,7 +38,7 @@
 #       runs), not run;
 #   ``<!-- docs-test: needs MODULE -->``  an optional extra: skipped when MODULE does not import
 #       (a failure under PACKER_REQUIRE_OPTIONAL=1, as in CI);
-#   ``<!-- docs-test: slow (repeats tests/test_x.py) -->``  runs in the slow suite only (CI runs it),
+#   ``<!-- docs-test: slow (repeats tests/FOLDER/test_x.py) -->``  runs in the slow suite only (CI runs it),
 #       for a block that takes long and repeats what the named test file checks in the default suite.
 #       A slow block is never run as the prerequisite of a later block, so it must leave nothing
 #       that a later block needs (the default suite, which skips it, proves that).
@@ -133,7 +133,7 @@ def runnable(doc: str) -> list[Block]:
 
 
 ALL = [b for d in documents() for b in runnable(d)]
-_SLOW = re.compile(r"slow \(repeats (tests/test_\w+\.py)\b.*\)")
+_SLOW = re.compile(r"slow \(repeats (tests/(?:\w+/)*test_\w+\.py)\b.*\)")
 
 
 def _param(block: Block):
@@ -369,7 +369,7 @@ def test_fences_markers_and_prompts_are_read():
         (4, "python", "skip (needs a GPU)"), (10, "bash", ""), (14, "text", ""), (20, "console", "file run.py")]
     assert blocks[1].text == "echo hi\n" and _console_script(blocks[3].text) == "python run.py\n"
     assert _skip_reason(blocks[0]) == "needs a GPU" and _skip_reason(blocks[1]) is None
-    slow = Block("x.md", 1, "bash", "true\n", "slow (repeats tests/test_ddp.py: its two-rank runs)")
+    slow = Block("x.md", 1, "bash", "true\n", "slow (repeats tests/datasets/test_ddp.py: its two-rank runs)")
     assert _skip_reason(slow) is None and not _runs(slow) and _param(slow).marks[0].name == "slow"
     for marker in ("skip (slow)", "skp (needs a GPU)", "slow (takes long)", "slow (repeats tests/test_nothing.py)"):
         with pytest.raises(AssertionError):  # only a GPU, a cluster or the internet excuse a block

@@ -1,4 +1,4 @@
-"""A toy packed format in one module, for tests/test_toy_format.py: one flat file of packed records
+"""A toy packed format in one module, for tests/formats/test_toy_format.py: one flat file of packed records
 (``data.toy``, the records LMDB stores as values) and their byte offsets in the manifest's layout.
 Its writer, its reader and its ``identify`` are all a format needs; the test adds its row."""
 

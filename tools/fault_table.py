@@ -1,4 +1,4 @@
-"""Run the fault-injection sweeps of tests/test_faults.py (same seeds, same trial counts), the
+"""Run the fault-injection sweeps of tests/conversion/test_faults.py (same seeds, same trial counts), the
 hostile-input tests and the trust tests, and print the tables of docs/reliability.md.
 
     python -m tools.fault_table [--quick]
@@ -91,7 +91,7 @@ def byte_rows(work: str, src: str, uniform: int, structure: int, cuts: int) -> l
     return rows
 
 
-#: test in tests/test_hostile.py -> (hostile input, what must happen)
+#: test in tests/formats/test_hostile.py -> (hostile input, what must happen)
 HOSTILE = {
     "test_no_unsafe_deserialisation_in_any_reader": (
         "code paths that could run code from data (pickle, marshal, torch.load, yaml.load, eval, np.load "
@@ -333,7 +333,14 @@ TRUST = {
         "the window's pixels, window decode included (was an empty image); TypeError naming the sample"),
 }
 
-#: JPEGs that decode to wrong pixels without a libjpeg warning (tests/test_imageproc.py, tests/test_crop.py).
+#: The files of the trust tests (TRUST), each in the folder of tests/ for the part of packer it tests.
+TRUST_FILES = ("files/test_destinations.py", "datasets/test_dataset_identity.py", "description/test_manifest_checks.py",
+               "images/test_damaged_images.py", "description/test_places.py", "formats/test_writer_options.py",
+               "datasets/test_read_errors.py", "formats/test_foreign_files.py", "formats/test_hdf5_bounds.py",
+               "pipeline/test_source_names.py", "conversion/test_torchrun_faults.py", "sources/test_list_rows.py",
+               "storage/test_node_cache_failures.py", "images/test_crop_windows.py")
+
+#: JPEGs that decode to wrong pixels without a libjpeg warning (tests/images/test_imageproc.py, tests/datasets/test_crop.py).
 JPEG = {
     "test_cut_jpegs_with_an_end_marker_are_skipped_as_truncated": (
         "arithmetic-coded baseline and progressive JPEGs, and a Huffman progressive one, cut within a scan or "
@@ -387,7 +394,7 @@ REMOTE = {
 }
 
 
-#: The node-wide RAM cache (tests/test_node_cache.py).
+#: The node-wide RAM cache (tests/datasets/shm/test_node_cache.py).
 NODE_RAM = {
     "test_ranks_started_at_the_same_instant_commit_one_segment": (
         "two ranks of one job (same TORCHELASTIC_RUN_ID) past a barrier open one dataset with cache='decoded' "
@@ -397,8 +404,10 @@ NODE_RAM = {
 }
 
 
-def hostile_rows(test_file: str = "test_hostile.py", names: dict | None = None, only: bool = False) -> list[list[str]]:
-    """One row per test of ``test_file`` that ``names`` describes; ``only``: run those tests alone."""
+def hostile_rows(test_file: str | tuple[str, ...] = "formats/test_hostile.py", names: dict | None = None,
+                 only: bool = False) -> list[list[str]]:
+    """One row per test of ``test_file`` (a path under tests/, or several) that ``names`` describes;
+    ``only``: run those tests alone."""
     import pytest
 
     names = HOSTILE if names is None else names
@@ -411,7 +420,8 @@ def hostile_rows(test_file: str = "test_hostile.py", names: dict | None = None, 
                 results[report.nodeid.split("::", 1)[1].split("[")[0]][report.outcome] += 1
 
     select = ["-k", " or ".join(names)] if only else []
-    pytest.main([os.path.join(TESTS, test_file), "-q", "-p", "no:cacheprovider", "-o", "addopts=", *select],
+    files = (test_file,) if isinstance(test_file, str) else test_file
+    pytest.main([*(os.path.join(TESTS, f) for f in files), "-q", "-p", "no:cacheprovider", "-o", "addopts=", *select],
                 plugins=[Collect()])
     rows = []
     for name, c in results.items():
@@ -432,7 +442,7 @@ def table(head: list[str], rows: list[list[str]]) -> str:
 
 def trust_only() -> None:
     """Print only the trust table (``--trust``): about 90 s."""
-    print(table(["fault", "required", "outcome"], hostile_rows("test_trust.py", TRUST)))
+    print(table(["fault", "required", "outcome"], hostile_rows(TRUST_FILES, TRUST)))
 
 
 def main() -> int:
@@ -453,25 +463,25 @@ def main() -> int:
     finally:
         shutil.rmtree(work, ignore_errors=True)
     hrows = hostile_rows()
-    trows = hostile_rows("test_trust.py", TRUST)
-    rrows = hostile_rows("test_remote.py", REMOTE, only=True)
-    jrows = hostile_rows("test_imageproc.py", JPEG) + hostile_rows("test_crop.py", JPEG)
-    nrows = hostile_rows("test_node_cache.py", NODE_RAM, only=True)
+    trows = hostile_rows(TRUST_FILES, TRUST)
+    rrows = hostile_rows("storage/test_remote.py", REMOTE, only=True)
+    jrows = hostile_rows("images/test_imageproc.py", JPEG) + hostile_rows("datasets/test_crop.py", JPEG)
+    nrows = hostile_rows("datasets/shm/test_node_cache.py", NODE_RAM, only=True)
     print("\n## SIGKILL during conversion, then --resume\n")
     print(table(["format", "kills", "writing starts / run ends", "DST absent / complete", "resumes that kept samples",
                  "samples lost", "byte-identical after resume", "failures"], krows))
     print("\n## Damaged payload files\n")
     print(table(["format", "fault", "trials", "verify fails naming the file", "verify names the sample",
                  "reader: refused / raised / correct", "reader wrong or leaked", "undetected"], brows))
-    print("\n## Hostile inputs (tests/test_hostile.py)\n")
+    print("\n## Hostile inputs (tests/formats/test_hostile.py)\n")
     print(table(["hostile input", "required", "outcome"], hrows))
-    print("\n## Sources, destinations, readers and places (tests/test_trust.py)\n")
+    print("\n## Sources, destinations, readers and places (the trust tests)\n")
     print(table(["fault", "required", "outcome"], trows))
-    print("\n## Object storage (tests/test_remote.py, selected)\n")
+    print("\n## Object storage (tests/storage/test_remote.py, selected)\n")
     print(table(["fault", "required", "outcome"], rrows))
-    print("\n## JPEGs that decode wrong without a warning (tests/test_imageproc.py, tests/test_crop.py)\n")
+    print("\n## JPEGs that decode wrong without a warning (tests/images/test_imageproc.py, tests/datasets/test_crop.py)\n")
     print(table(["fault", "required", "outcome"], jrows))
-    print("\n## The node-wide RAM cache (tests/test_node_cache.py, selected)\n")
+    print("\n## The node-wide RAM cache (tests/datasets/shm/test_node_cache.py, selected)\n")
     print(table(["fault", "required", "outcome"], nrows))
     print(f"\n({time.time() - t0:.0f} s, python {sys.version.split()[0]}, {os.cpu_count()} cores)")
     return 0

@@ -1,4 +1,4 @@
-"""Fault injection shared by tests/test_faults.py and tools/fault_table.py: kill the converter at
+"""Fault injection shared by tests/conversion/test_faults.py and tools/fault_table.py: kill the converter at
 chosen moments, flip or cut bytes of payload files, and check what readers, ``verify`` and
 ``--resume`` make of it. Every trial returns a small record; the tests assert on them and the
 table tool counts them."""

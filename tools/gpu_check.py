@@ -98,7 +98,7 @@ def convert(src: str, dst: str, encode: str) -> str:
 def run_cuda_tests(timeout: int) -> dict[str, Any]:
     """pytest ``-k cuda`` over the prefetch and decode tests: exit status and the output's tail."""
     cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-rs", "-k", "cuda",
-           "tests/test_prefetch.py", "tests/test_encoded.py"]
+           "tests/datasets/test_prefetch.py", "tests/datasets/test_encoded.py"]
     try:
         done = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=timeout)
     except subprocess.TimeoutExpired as e:

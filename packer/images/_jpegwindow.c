@@ -8,7 +8,7 @@
  * it is not used, packer decodes whole images and crops them (the same pixels).
  *
  * The columns are widened by one iMCU on each side before cropping, so that the chroma upsampler
- * sees the neighbours a full decode sees; tests/test_crop.py checks that the pixels equal a full
+ * sees the neighbours a full decode sees; tests/datasets/test_crop.py checks that the pixels equal a full
  * decode's (simplejpeg's and OpenCV's, which use libjpeg-turbo with the same defaults).
  * Strict: a libjpeg warning (damaged data) or error ends the decode and the call returns None.
  * Colour spaces other than gray, YCbCr and RGB, precisions other than 8 bits and arithmetic-coded

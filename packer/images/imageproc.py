@@ -392,7 +392,7 @@ _WINDOW_SLACK = 96
 
 
 #: The oldest libjpeg-turbo the window decode is used with: the version its pixels were checked
-#: against whole decodes with (tests/test_crop.py). Built against an older one, packer decodes
+#: against whole decodes with (tests/datasets/test_crop.py). Built against an older one, packer decodes
 #: whole images and crops them.
 WINDOW_DECODER_MINIMUM = (2, 1, 5)
 

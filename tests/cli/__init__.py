@@ -1,0 +1,1 @@
+"""Tests of packer/cli/: the command line, called as packer.cli.main([...])."""

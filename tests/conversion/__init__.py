@@ -1,0 +1,1 @@
+"""Tests of packer/conversion/: options, runs, resume, faults and torchrun."""

@@ -1,0 +1,1 @@
+"""Tests of packer.datasets: the readers' front door, streaming, partitions, crops and batches."""

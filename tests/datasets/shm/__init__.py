@@ -1,0 +1,1 @@
+"""Tests of packer.datasets.shm: shared memory, the RAM cache, worker memory."""

@@ -1,0 +1,1 @@
+"""Tests of packer/description/: manifests, sample tables, labels and place binding."""

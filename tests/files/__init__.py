@@ -1,0 +1,1 @@
+"""Tests of packer/files/: destinations, claims and full disks."""

@@ -1,0 +1,1 @@
+"""Tests of packer/images/: decoding, processing and encoding images."""

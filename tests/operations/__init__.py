@@ -1,0 +1,1 @@
+"""Tests of packer/operations/: merge, transcode, preview, bench and doctor."""

@@ -1,0 +1,1 @@
+"""Tests of packer/pipeline/: the one conversion pipeline (engine, items, scan, order)."""

@@ -1,0 +1,1 @@
+"""Tests of packer/sources/: lists and other tools' datasets."""
