@@ -212,7 +212,7 @@ def _open_url(url: str, format: str | None, *, storage_options: dict[str, Any] |
                          f"through the file's own pages, not at offsets an index gives; reading by range is for "
                          f"{', '.join(RANGE_FORMATS)}")
     if remote != "whole" and manifest.format in RANGE_FORMATS:
-        files = RangeFiles(files.remote, manifest, files.cache, files.view)
+        files = RangeFiles(files.remote, manifest, files.cache, files.view, fallback=remote is None)
     ds = reader_class(manifest.format)(files.view, manifest=manifest, remote_files=files, **kwargs)
     ds.url = url
     ds._ensure_cache()

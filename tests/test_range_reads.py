@@ -1,11 +1,9 @@
 """Records of a dataset at a URL read by byte range: a real S3 server (moto's, on 127.0.0.1) behind
-a proxy that counts the bytes and requests it answers."""
+a proxy that counts the bytes and requests it answers (the benchmarks' proxy)."""
 
 from __future__ import annotations
 
 import os
-import socket
-import threading
 import time
 
 import numpy as np
@@ -18,6 +16,7 @@ from packer.description.manifest import read_manifest
 from packer.errors import CorruptDataError, DatasetChangedError
 from packer.storage.remote import Remote, RemoteError, upload_dataset
 from tests.helpers import import_optional, make_folder, moto_s3, pack
+from tools.bench.remote import LatencyProxy
 
 import_optional("s3fs", "s3:// tests need s3fs: pip install 'packer[s3]'")
 import_optional("moto.server", "s3:// tests need moto's server: pip install 'moto[server]'")
@@ -25,64 +24,6 @@ import_optional("moto.server", "s3:// tests need moto's server: pip install 'mot
 RANGED = ["tar", "tfrecord", "hdf5"]
 #: The issue's target: 20 random reads after open fetch at most 2x their records + 64 KiB each.
 SLACK = 64 << 10
-
-
-class CountingProxy:
-    """A TCP proxy in front of the S3 server: ``bytes`` answered to the client and ``requests``
-    made (each GET or HEAD), since the last :meth:`reset`; ``delay`` holds each request that long."""
-
-    def __init__(self, port: int) -> None:
-        self.target = ("127.0.0.1", port)
-        self.bytes = self.requests = 0
-        self.delay = 0.0
-        self._lock = threading.Lock()
-        self.sock = socket.create_server(("127.0.0.1", 0))
-        self.port = self.sock.getsockname()[1]
-        threading.Thread(target=self._accept, daemon=True).start()
-
-    def reset(self) -> None:
-        with self._lock:
-            self.bytes = self.requests = 0
-
-    def _accept(self) -> None:
-        while True:
-            try:
-                client, _ = self.sock.accept()
-            except OSError:
-                return
-            threading.Thread(target=self._serve, args=(client,), daemon=True).start()
-
-    def _serve(self, client: socket.socket) -> None:
-        try:
-            server = socket.create_connection(self.target)
-        except OSError:  # the server stopped (at the end of the module): the request fails
-            client.close()
-            return
-        threading.Thread(target=self._answers, args=(server, client), daemon=True).start()
-        try:
-            while data := client.recv(1 << 16):
-                if data[:4] in (b"GET ", b"HEAD"):
-                    with self._lock:
-                        self.requests += 1
-                    time.sleep(self.delay)
-                server.sendall(data)
-        except OSError:
-            pass
-        finally:
-            for s in (client, server):
-                s.close()
-
-    def _answers(self, server: socket.socket, client: socket.socket) -> None:
-        try:
-            while data := server.recv(1 << 16):
-                with self._lock:
-                    self.bytes += len(data)
-                client.sendall(data)
-        except OSError:
-            pass
-
-    def options(self, s3: dict) -> dict:
-        return {**s3, "client_kwargs": {**s3["client_kwargs"], "endpoint_url": f"http://127.0.0.1:{self.port}"}}
 
 
 @pytest.fixture(scope="module")
@@ -94,7 +35,8 @@ def s3():
 
 @pytest.fixture
 def proxy(s3):
-    p = CountingProxy(int(s3["client_kwargs"]["endpoint_url"].rsplit(":", 1)[1]))
+    """A proxy in front of the server that counts the bytes it answers (``down``) and the requests."""
+    p = LatencyProxy(("127.0.0.1", int(s3["client_kwargs"]["endpoint_url"].rsplit(":", 1)[1])), 0.0)
     yield p
     p.sock.close()
 
@@ -131,8 +73,8 @@ def _get(s3, url) -> bytes:
 def test_twenty_random_reads_fetch_their_records_and_little_else(s3, proxy, local_sets, tmp_path, fmt):
     url = _upload(s3, local_sets[fmt], f"twenty/{fmt}")
     local = open_dataset(local_sets[fmt])
-    ds = open_dataset(url, storage_options=proxy.options(s3), cache_dir=str(tmp_path / "c"))
-    opened = proxy.bytes
+    ds = open_dataset(url, storage_options=proxy.options("testing"), cache_dir=str(tmp_path / "c"))
+    opened = proxy.down
     proxy.reset()
     picks = np.random.default_rng(0).choice(len(ds), 20, replace=False).tolist()
     for i in picks:
@@ -140,22 +82,22 @@ def test_twenty_random_reads_fetch_their_records_and_little_else(s3, proxy, loca
         assert label == wlabel and torch.equal(img, want), i
     records = sum(len(local.read_record(i).payload) for i in picks)
     total = sum(f.bytes for f in read_manifest(local_sets[fmt]).files)
-    assert proxy.bytes <= 2 * records + 20 * SLACK, (proxy.bytes, records)
-    assert proxy.bytes < total / 2 and opened < total / 2, (proxy.bytes, opened, total)  # whole shards: ~total
+    assert proxy.down <= 2 * records + 20 * SLACK, (proxy.down, records)
+    assert proxy.down < total / 2 and opened < total / 2, (proxy.down, opened, total)  # whole shards: ~total
     shards = len([f for f in read_manifest(local_sets[fmt]).files if f.samples])
     assert proxy.requests <= 20 + shards  # one GET per record, one HEAD per shard first read
 
 
 def test_whole_mode_downloads_whole_files_as_before(s3, proxy, local_sets, tmp_path):
     url = _upload(s3, local_sets["tar"], "whole/tar")
-    ds = open_dataset(url, storage_options=proxy.options(s3), cache_dir=str(tmp_path / "c"), remote="whole")
+    ds = open_dataset(url, storage_options=proxy.options("testing"), cache_dir=str(tmp_path / "c"), remote="whole")
     proxy.reset()
     ds[0]
     shard = next(f for f in read_manifest(local_sets["tar"]).files if f.samples)
     assert os.path.getsize(os.path.join(ds.root, shard.name)) == shard.bytes  # in the node cache
-    assert proxy.bytes >= shard.bytes
-    assert not getattr(StreamingDataset(url, storage_options=s3, cache_dir=str(tmp_path / "c")).reader,
-                       "_ranged")  # streaming reads whole shards
+    assert proxy.down >= shard.bytes
+    streaming = StreamingDataset(url, storage_options=s3, cache_dir=str(tmp_path / "c"))
+    assert not streaming.reader._ranged  # streaming reads whole shards
 
 
 @pytest.mark.parametrize("fmt", RANGED)
@@ -209,17 +151,17 @@ def test_info_and_preview_of_a_url_download_only_ranges(s3, proxy, local_sets, t
     proxy.reset()
     assert main(["info", url, *_cli_options(proxy, tmp_path)]) == 0
     assert "remote reads" in capsys.readouterr().out
-    assert proxy.bytes < 4 * os.path.getsize(os.path.join(local_sets[fmt], "manifest.json")) + SLACK
+    assert proxy.down < 4 * os.path.getsize(os.path.join(local_sets[fmt], "manifest.json")) + SLACK
     proxy.reset()
     out = tmp_path / "sheet.png"
     assert main(["preview", url, "--out", str(out), "--n", "4", *_cli_options(proxy, tmp_path)]) == 0
     # open included (HDF5's index: a few chunks of 64 KiB), against all the files below
-    assert out.exists() and proxy.bytes < total / 2, (proxy.bytes, total)
-    ranged = proxy.bytes
+    assert out.exists() and proxy.down < total / 2, (proxy.down, total)
+    ranged = proxy.down
     proxy.reset()
     assert main(["preview", url, "--out", str(out), "--n", "4", "--remote", "whole",
                  *_cli_options(proxy, tmp_path / "other")]) == 0
-    assert proxy.bytes > 2 * ranged  # whole files, as before
+    assert proxy.down > 2 * ranged  # whole files, as before
 
 
 def test_lmdb_at_a_url_says_it_is_read_whole(s3, local_sets, tmp_path):
@@ -247,7 +189,7 @@ def test_a_server_that_stops_answering_fails_a_range_read_within_the_deadline(s3
                                                                                monkeypatch):
     monkeypatch.setenv("PACKER_REMOTE_DEADLINE", "2")
     url = _upload(s3, local_sets["tar"], "stalled/tar")
-    ds = open_dataset(url, storage_options=proxy.options(s3), cache_dir=str(tmp_path / "c"))
+    ds = open_dataset(url, storage_options=proxy.options("testing"), cache_dir=str(tmp_path / "c"))
     ds[0]
     proxy.delay = 3600
     start = time.monotonic()

@@ -352,6 +352,14 @@ class HDF5Dataset(PackedDataset):
             self._meta = meta
 
     def _open(self) -> None:
+        try:
+            self._open_file_and_index()
+        except CorruptDataError:
+            if self._remote is None or self._ranged or not getattr(self._remote, "fallback", False):
+                raise
+            self._open_file_and_index()  # a server without range requests (the index read failed): whole
+
+    def _open_file_and_index(self) -> None:
         inherited = self._meta  # the parent's index (fork), or the one sent in shared memory (spawn)
         self._drop()  # the handles inherited through fork belong to the parent: never used
         path = self._path

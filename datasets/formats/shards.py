@@ -26,7 +26,7 @@ from packer.description.manifest import FileEntry, Manifest
 from packer.description.placement import place_seed
 from packer.errors import CorruptDataError, ManifestError
 from packer.files.fileio import pread_buffer
-from packer.storage.ranges import coalesce
+from packer.storage.ranges import RangesRefused, coalesce
 from packer.storage.remote import is_url
 from packer.storage.shardspec import ShardSpecError
 
@@ -169,7 +169,10 @@ class ShardedDataset(PackedDataset):
         or cannot be read. Read by range (a dataset at a URL), one ranged GET, or bytes that
         :meth:`_prefetch` fetched."""
         if self._ranged:
-            return self._ranged_read(shard, size, offset, sample)
+            try:
+                return self._ranged_read(shard, size, offset, sample)
+            except RangesRefused:  # a plain HTTP server: whole shards through the node cache from now on
+                pass
         fd = self._fd(shard)
         end = self._fsizes[shard]  # type: ignore[index]
         if offset < 0 or size < 0 or offset + size > end:
@@ -195,7 +198,10 @@ class ShardedDataset(PackedDataset):
         self._window = None
         if self._ranged and len(spans) > 1 and len(coalesce(spans)) == 1:
             name = os.path.basename(self._shard_paths[shard])
-            start, data = self._remote.read_spans(name, spans, sample)  # type: ignore[union-attr]
+            try:
+                start, data = self._remote.read_spans(name, spans, sample)  # type: ignore[union-attr]
+            except RangesRefused:  # whole shards from now on (see _pread)
+                return
             self._window = (shard, start, data)
 
     def _ranged_read(self, shard: int, size: int, offset: int, sample: int) -> memoryview:

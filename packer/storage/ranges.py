@@ -15,7 +15,7 @@ from ..description.manifest import Manifest
 from ..errors import CorruptDataError, DatasetChangedError
 from .remote import Remote, RemoteError, RemoteFiles, bounded_call
 
-__all__ = ["RANGE_FORMATS", "REMOTE_MODES", "COALESCE_GAP", "RangeFiles", "RangeFile", "coalesce"]
+__all__ = ["RANGE_FORMATS", "REMOTE_MODES", "COALESCE_GAP", "RangeFiles", "RangeFile", "RangesRefused", "coalesce"]
 
 #: How a dataset at a URL is read: ``"range"`` (each record by one ranged GET; index files and the
 #: sample table whole, once) or ``"whole"`` (every file downloaded whole into the node cache).
@@ -39,6 +39,11 @@ def coalesce(spans: Sequence[tuple[int, int]], gap: int = COALESCE_GAP) -> list[
     return [(a, b) for a, b in out]
 
 
+class RangesRefused(RemoteError):
+    """The server answers a ranged GET with the whole object (a plain HTTP server): with the default
+    mode the reader goes on with whole files (``files.ranged`` is then False)."""
+
+
 class RangeFiles(RemoteFiles):
     """:class:`RemoteFiles` that also reads byte ranges of a file straight from the server.
 
@@ -48,12 +53,15 @@ class RangeFiles(RemoteFiles):
     opens it once (the server's size, and on S3 its ETag, which every later GET must match): a
     size other than the manifest's, a GET refused because the object changed, or an answer
     shorter than asked is an error naming the URL, never other bytes (the readers' record
-    checksums catch changed bytes of the same size)."""
+    checksums catch changed bytes of the same size).
 
-    ranged = True
+    ``fallback`` (the default mode, not an explicit ``remote="range"``): a server that does not
+    answer range requests makes the reader download whole files instead of failing."""
 
-    def __init__(self, remote: Remote, manifest: Manifest, cache: Any, view: str) -> None:
+    def __init__(self, remote: Remote, manifest: Manifest, cache: Any, view: str, fallback: bool = False) -> None:
         super().__init__(remote, manifest, cache, view)
+        self.ranged = True
+        self.fallback = fallback
         self._open: dict[str, Any] = {}
         self._pid = os.getpid()
         self._guard = threading.Lock()
@@ -83,20 +91,25 @@ class RangeFiles(RemoteFiles):
             return got
         url = self.url(name)
         fs, path = self.remote.filesystem()
-        f = bounded_call(self.remote.deadline, url, fs.open, posixpath.join(path, name), "rb", cache_type="none")
+        try:
+            f = bounded_call(self.remote.deadline, url, fs.open, posixpath.join(path, name), "rb", cache_type="none")
+        except RemoteError as e:
+            if self._replaced():
+                raise self.changed_error(name) from e
+            raise
         size, want = getattr(f, "size", None), self.size(name)
         if size is not None and size != want:
             f.close()
-            self._raise_changed(name, f"is {size:,} bytes, the manifest says {want:,}")
+            self._raise_changed(name, f"the server holds {size:,} bytes, the manifest says {want:,}")
         got = self._open[name] = (f, threading.Lock())
         return got
 
     def _raise_changed(self, name: str, why: str) -> None:
         url = self.url(name)
         if self._replaced():
-            raise DatasetChangedError(f"{self.remote.url} was replaced after this reader opened it: {url} {why}; "
-                                      f"open the dataset again", path=url)
-        raise CorruptDataError(f"{url} {why} (replaced or damaged on the server?)", path=url)
+            raise DatasetChangedError(f"{self.remote.url} was replaced or removed after this reader opened it: "
+                                      f"{url}: {why}; open the dataset again", path=url)
+        raise CorruptDataError(f"{url}: {why} (the object was replaced or damaged on the server)", path=url)
 
     def read(self, name: str, offset: int, size: int, sample: int | None = None) -> bytes:
         """Exactly ``size`` bytes at ``offset`` of file ``name``: one ranged GET. RemoteError
@@ -115,9 +128,19 @@ class RangeFiles(RemoteFiles):
                 f.seek(offset)
                 data = bounded_call(self.remote.deadline, url, f.read, size)
         except RemoteError as e:
-            if "FileExpired" in str(e) or "pre-condition" in str(e).lower() or "precondition" in str(e).lower():
-                self._drop(name)
-                self._raise_changed(name, "no longer holds the object this reader opened (its ETag changed)")
+            self._drop(name)
+            text = str(e).lower()
+            if "fileexpired" in text or "pre-condition" in text or "precondition" in text:
+                self._raise_changed(name, "the server no longer holds the object this reader opened (its ETag changed)")
+            if "support range requests" in text:
+                if self.fallback:
+                    self.ranged = False
+                    raise RangesRefused(f"{url}: the server does not answer range requests; reading whole "
+                                        f"files") from None
+                raise RemoteError(f"{url}: the server does not answer range requests; open the dataset with "
+                                  f"remote='whole' (--remote whole) to download whole files instead") from None
+            if self._replaced():
+                raise self.changed_error(name) from e
             raise
         if len(data) != size:
             self._drop(name)

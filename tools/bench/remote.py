@@ -18,18 +18,22 @@ from tools.bench.common import Subcommand, cpu_seconds, header, row
 
 class LatencyProxy:
     """A TCP proxy to ``target`` that waits ``delay`` seconds before forwarding each HTTP request
-    (each client chunk that starts with a method name) and counts the bytes sent back."""
+    (each client chunk that starts with a method name) and counts the bytes sent back (``down``)
+    and the GET and HEAD requests (``requests``)."""
 
     def __init__(self, target: tuple[str, int], delay: float) -> None:
-        self.target, self.delay, self.down = target, delay, 0
+        self.target, self.delay, self.down, self.requests = target, delay, 0, 0
         self.sock = socket.create_server(("127.0.0.1", 0))
         self.port = self.sock.getsockname()[1]
         threading.Thread(target=self._accept, daemon=True).start()
 
     def _accept(self) -> None:
         while True:
-            client, _ = self.sock.accept()
-            server = socket.create_connection(self.target)
+            try:
+                client, _ = self.sock.accept()
+                server = socket.create_connection(self.target)
+            except OSError:  # the proxy closed, or the server stopped
+                return
             threading.Thread(target=self._pipe, args=(client, server, True), daemon=True).start()
             threading.Thread(target=self._pipe, args=(server, client, False), daemon=True).start()
 
@@ -40,6 +44,7 @@ class LatencyProxy:
                 if not data:
                     break
                 if upstream and data[:4] in (b"GET ", b"HEAD", b"PUT ", b"POST"):
+                    self.requests += data[:4] in (b"GET ", b"HEAD")
                     time.sleep(self.delay)
                 if not upstream:
                     self.down += len(data)
@@ -53,9 +58,13 @@ class LatencyProxy:
                 except OSError:
                     pass
 
-    def options(self) -> dict:
-        """fsspec storage options that reach the S3 server through this proxy."""
-        return {"key": "x", "secret": "x", "client_kwargs": {"endpoint_url": f"http://127.0.0.1:{self.port}",
+    def reset(self) -> None:
+        """Count from zero."""
+        self.down = self.requests = 0
+
+    def options(self, key: str = "x") -> dict:
+        """fsspec storage options that reach the S3 server through this proxy (credentials ``key``)."""
+        return {"key": key, "secret": key, "client_kwargs": {"endpoint_url": f"http://127.0.0.1:{self.port}",
                                                               "region_name": "us-east-1"}}
 
 
@@ -102,7 +111,8 @@ def _remote_rows(a: argparse.Namespace, local: str, proxies: dict[str, LatencyPr
                     ds = StreamingDataset("s3://bench/ds", storage_options=proxy.options(), cache_dir=cache,
                                           shuffle=False, batch_size=64, prefetch_shards=a.prefetch_shards)
                 else:
-                    ds = open_dataset("s3://bench/ds", storage_options=proxy.options(), cache_dir=cache)
+                    ds = open_dataset("s3://bench/ds", storage_options=proxy.options(), cache_dir=cache,
+                                      remote="whole")
                 rate, cpu = remote_epoch(ds)
                 rows.append((f"S3 {kind}, latency {label}, {which}", rate, cpu, proxy.down - before))
     return rows
