@@ -16,7 +16,7 @@ from packer.description.manifest import read_manifest
 from packer.errors import CorruptDataError, DatasetChangedError
 from packer.storage.remote import Remote, RemoteError, upload_dataset
 from tests.helpers import import_optional, make_folder, moto_s3, pack
-from tools.bench.remote import LatencyProxy
+from tools.faultlib import LatencyProxy
 
 import_optional("s3fs", "s3:// tests need s3fs: pip install 'packer[s3]'")
 import_optional("moto.server", "s3:// tests need moto's server: pip install 'moto[server]'")
