@@ -53,7 +53,7 @@ def local_sets(tmp_path_factory):
 
 
 def _upload(s3, local, name):
-    url = f"s3://data/{name}"
+    url = f"s3://data/ranges/{name}"  # moto keeps one store per process: names apart from other modules'
     upload_dataset(local, Remote(url, s3), read_manifest(local))
     return url
 
