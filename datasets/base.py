@@ -240,6 +240,11 @@ class PackedDataset(FieldsPlan, CachedReads, SkipPolicy, Dataset):
                         raise
                     self._pid = pid
 
+    @property
+    def _ranged(self) -> bool:
+        """True for a dataset at a URL read by byte range (:mod:`packer.storage.ranges`)."""
+        return bool(getattr(self._remote, "ranged", False))
+
     def _read_small_file(self, name: str, what: str) -> bytes:
         """The whole of the dataset's (index) file ``name``, read at construction: a regular file
         inside the dataset, of the manifest's size, or CorruptDataError naming it as ``what``."""

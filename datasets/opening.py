@@ -20,6 +20,7 @@ from packer.formats import (
     shard_format,
     shard_suffixes,
 )
+from packer.storage.ranges import RANGE_FORMATS, REMOTE_MODES
 from packer.storage.remote import is_url
 from packer.storage.shardspec import ShardList, ShardSpecError, resolve_paths
 
@@ -30,7 +31,7 @@ __all__ = ["open_dataset", "listed_format"]
 
 
 def open_dataset(path: str | os.PathLike[str] | Sequence[str | os.PathLike[str]], *, format: str | None = None,
-                 **kwargs: Any) -> PackedDataset:
+                 remote: str | None = None, **kwargs: Any) -> PackedDataset:
     """Open a packed dataset, choosing the reader from its manifest's ``format`` field.
 
     Keyword arguments go to the reader: ``transform``, ``target_transform``, ``output``
@@ -47,7 +48,12 @@ def open_dataset(path: str | os.PathLike[str] | Sequence[str | os.PathLike[str]]
     matching extra, e.g. ``pip install 'packer[s3]'``): ``storage_options`` go to fsspec, and the
     files are downloaded on first use into the node cache ``cache_dir`` (default
     ``PACKER_CACHE_DIR``, else ``~/.cache/packer``), which keeps at most ``cache_limit`` bytes
-    (e.g. ``"20GB"``) and is shared by every process on the machine.
+    (e.g. ``"20GB"``) and is shared by every process on the machine. ``remote`` chooses how:
+    ``"range"`` (the default for tar, TFRecord and HDF5) fetches the index files and the sample
+    table once, then each ``ds[i]`` is one ranged GET of that record (with the fields asked for),
+    its checksum checked as for a local file; ``"whole"`` downloads each file whole into the node
+    cache on first use and reads it from there (LMDB's default and only way: its records are
+    found through the file's B-tree pages). ``StreamingDataset`` reads whole shards.
 
     ``path`` may also name the shards of one dataset (tar or TFRecord, packer's or another
     tool's): a list of shard files, or a brace pattern (``data/shard-{000000..000009}.tar``) as
@@ -59,11 +65,13 @@ def open_dataset(path: str | os.PathLike[str] | Sequence[str | os.PathLike[str]]
     is a mixture (:class:`StreamingDataset`); files mixed with folders, mixed endings or a pattern
     that matches nothing raise ShardSpecError naming what was found.
     """
+    if remote is not None and remote not in REMOTE_MODES:
+        raise ValueError(f"remote must be one of {REMOTE_MODES} (or None: the format's default), not {remote!r}")
     listed = resolve_paths(path, shard_suffixes())
     if listed is not None:
-        return _open_listed(listed, format, **kwargs)
+        return _open_listed(listed, format, remote=remote, **kwargs)
     if is_url(path):
-        return _open_url(os.fspath(path), format, **kwargs)
+        return _open_url(os.fspath(path), format, remote=remote, **kwargs)
     path = os.path.expanduser(os.fspath(path))
     if format is None or os.path.exists(os.path.join(path, MANIFEST_NAME)):
         try:
@@ -83,18 +91,18 @@ def open_dataset(path: str | os.PathLike[str] | Sequence[str | os.PathLike[str]]
     return ds
 
 
-def _open_listed(listed: ShardList, format: str | None, **kwargs: Any) -> PackedDataset:
+def _open_listed(listed: ShardList, format: str | None, remote: str | None = None, **kwargs: Any) -> PackedDataset:
     """open_dataset for a list of shard files or a brace pattern (see there)."""
     if listed.datasets:
         if len(listed.datasets) == 1:  # a list or a pattern that names one dataset
-            return open_dataset(listed.datasets[0], format=format, **kwargs)
+            return open_dataset(listed.datasets[0], format=format, remote=remote, **kwargs)
         raise ShardSpecError(f"{len(listed.datasets)} datasets ({', '.join(listed.datasets[:2])}, ...): a list of "
                              f"datasets is a mixture; read it with StreamingDataset([...]), or give shard files for "
                              f"one dataset")
     fmt = listed_format(listed.files, format)
     folder, names = listed_shards(listed.files)  # one folder (or URL prefix), or ShardSpecError
     if is_url(listed.files[0]):
-        return _open_listed_urls(listed, folder, fmt, names, **kwargs)
+        return _open_listed_urls(listed, folder, fmt, names, remote=remote, **kwargs)
     if os.path.exists(os.path.join(folder, MANIFEST_NAME)):
         manifest = read_manifest(folder)
         if manifest.format == fmt and names == [f.name for f in manifest.files if f.samples]:
@@ -108,21 +116,24 @@ def _open_listed(listed: ShardList, format: str | None, **kwargs: Any) -> Packed
 
 def _open_listed_urls(listed: ShardList, folder: str, fmt: str, names: list[str], *,
                       storage_options: dict[str, Any] | None = None, cache_dir: str | None = None,
-                      cache_limit: int | str | None = None, **kwargs: Any) -> PackedDataset:
+                      cache_limit: int | str | None = None, remote: str | None = None, **kwargs: Any) -> PackedDataset:
     """Shard URLs: all of a packer dataset's shards open that dataset; other shards are
     downloaded into the node cache (all at once: the index is built by one scan at open) and read
     from there, fetched again if the cache evicts them."""
     from packer.storage.remote import Remote, read_remote_manifest, remote_shards
 
-    remote = dict(storage_options=storage_options, cache_dir=cache_dir, cache_limit=cache_limit)
+    mode, options = remote, dict(storage_options=storage_options, cache_dir=cache_dir, cache_limit=cache_limit)
     try:
         manifest = read_remote_manifest(Remote(folder, dict(storage_options or {})), format_names())[0]
     except UnfinishedDatasetError:
         manifest = None
     if manifest is not None and manifest.format == fmt and names == [f.name for f in manifest.files if f.samples]:
-        return _open_url(folder, fmt, **remote, **kwargs)
+        return _open_url(folder, fmt, remote=mode, **options, **kwargs)
     if not get_format(fmt).foreign:
         raise ShardSpecError(f"{fmt} data is one file with its manifest, not shards: open its URL")
+    if mode == "range":
+        raise ValueError(f"{listed.pattern or folder}: other tools' shards have no index to read records by range "
+                         f"from (one scan of every shard builds it): open them with remote='whole'")
     files = remote_shards(listed.files, storage_options, cache_dir, cache_limit)
     limit, sizes = files.cache.limit, [f.bytes for f in files.manifest.files]
     if limit is not None and files.cache.disk_bytes(sizes) > limit:
@@ -186,13 +197,22 @@ def _refuse_companions(found: dict[str | None, list[str]]) -> None:
 
 
 def _open_url(url: str, format: str | None, *, storage_options: dict[str, Any] | None = None,
-              cache_dir: str | None = None, cache_limit: int | str | None = None, **kwargs: Any) -> PackedDataset:
-    """open_dataset for a packed dataset at a URL: its files are read through the node cache."""
+              cache_dir: str | None = None, cache_limit: int | str | None = None, remote: str | None = None,
+              **kwargs: Any) -> PackedDataset:
+    """open_dataset for a packed dataset at a URL: its records read by range, or its files
+    whole through the node cache (``remote``; see open_dataset)."""
+    from packer.storage.ranges import RangeFiles
     from packer.storage.remote import open_remote
 
     manifest, files = open_remote(url, storage_options, cache_dir, cache_limit, format_names())
     if format is not None and manifest.format != format:
         raise ValueError(f"{url} holds a {manifest.format!r} dataset, not {format!r}")
+    if remote == "range" and manifest.format not in RANGE_FORMATS:
+        raise ValueError(f"{url}: {manifest.format} data is read whole (remote='whole'): its records are found "
+                         f"through the file's own pages, not at offsets an index gives; reading by range is for "
+                         f"{', '.join(RANGE_FORMATS)}")
+    if remote != "whole" and manifest.format in RANGE_FORMATS:
+        files = RangeFiles(files.remote, manifest, files.cache, files.view, fallback=remote is None)
     ds = reader_class(manifest.format)(files.view, manifest=manifest, remote_files=files, **kwargs)
     ds.url = url
     ds._ensure_cache()

@@ -250,6 +250,7 @@ class StreamingDataset(ResumableStream, IterableDataset):
         from .opening import open_dataset
 
         # Handles open lazily in the process that reads, so the readers pickle to workers.
+        kwargs.setdefault("remote", "whole")  # a URL's shards whole, never a request per sample
         if mix is None:
             if "source" in (kwargs.get("fields") or ()):
                 raise ValueError("the \"source\" field is a mixture's: give a list of paths")

@@ -1,7 +1,8 @@
 """Fault injection shared by tests/conversion/test_faults.py and tools/fault_table.py: kill the converter at
 chosen moments, flip or cut bytes of payload files, and check what readers, ``verify`` and
 ``--resume`` make of it. Every trial returns a small record; the tests assert on them and the
-table tool counts them."""
+table tool counts them. Also a proxy in front of a loopback server that delays and counts requests
+(the object-storage tests and benchmarks)."""
 
 from __future__ import annotations
 
@@ -12,8 +13,10 @@ import os
 import random
 import shutil
 import signal
+import socket
 import subprocess
 import sys
+import threading
 import time
 from dataclasses import dataclass, field
 
@@ -619,3 +622,55 @@ def structure_offsets(pristine: str, regions: dict, trials: int, seed: int) -> l
         a, b = ranges[int(np.searchsorted(np.cumsum(weights), rng.random() * weights.sum(), side="right"))]
         out.append((name, a + rng.randrange(b - a)))
     return out
+
+
+class LatencyProxy:
+    """A TCP proxy to ``target`` that waits ``delay`` seconds before forwarding each HTTP request
+    (each client chunk that starts with a method name) and counts the bytes sent back (``down``)
+    and the GET and HEAD requests (``requests``)."""
+
+    def __init__(self, target: tuple[str, int], delay: float) -> None:
+        self.target, self.delay, self.down, self.requests = target, delay, 0, 0
+        self.sock = socket.create_server(("127.0.0.1", 0))
+        self.port = self.sock.getsockname()[1]
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self) -> None:
+        while True:
+            try:
+                client, _ = self.sock.accept()
+                server = socket.create_connection(self.target)
+            except OSError:  # the proxy closed, or the server stopped
+                return
+            threading.Thread(target=self._pipe, args=(client, server, True), daemon=True).start()
+            threading.Thread(target=self._pipe, args=(server, client, False), daemon=True).start()
+
+    def _pipe(self, src: socket.socket, dst: socket.socket, upstream: bool) -> None:
+        try:
+            while True:
+                data = src.recv(1 << 16)
+                if not data:
+                    break
+                if upstream and data[:4] in (b"GET ", b"HEAD", b"PUT ", b"POST"):
+                    self.requests += data[:4] in (b"GET ", b"HEAD")
+                    time.sleep(self.delay)
+                if not upstream:
+                    self.down += len(data)
+                dst.sendall(data)
+        except OSError:
+            pass
+        finally:
+            for s in (src, dst):
+                try:
+                    s.shutdown(socket.SHUT_RDWR)
+                except OSError:
+                    pass
+
+    def reset(self) -> None:
+        """Count from zero."""
+        self.down = self.requests = 0
+
+    def options(self, key: str = "x") -> dict:
+        """fsspec storage options that reach the S3 server through this proxy (credentials ``key``)."""
+        return {"key": key, "secret": key, "client_kwargs": {"endpoint_url": f"http://127.0.0.1:{self.port}",
+                                                              "region_name": "us-east-1"}}

@@ -4,6 +4,7 @@ reads without h5py, under fork and spawn, and what it refuses: docs/datasets.md 
 
 from __future__ import annotations
 
+import bisect
 import copy
 import math
 import os
@@ -22,6 +23,7 @@ from packer.images.codecs import CODEC_IDS, CODEC_NAMES
 from packer.images.imageproc import ProcessedField
 from packer.images.placeholder import file_placeholder_reason
 from packer.layouts.hdf5 import FIELDS_LAYOUT_VERSION, LAYOUT_VERSIONS, field_group
+from packer.storage.ranges import coalesce
 
 from ..base import PackedDataset
 from ..shm.region import SharedRegion, region_views
@@ -71,14 +73,16 @@ class _Meta:
               "f_offsets", "f_shapes", "f_crcs", "f_codecs", "f_depths")
 
     def __init__(self, path: str, num_samples: int, verify: bool, fd: int | None = None,
-                 fields: tuple[str, ...] | None = None) -> None:
+                 fields: tuple[str, ...] | None = None, source: Any = None, size: int | None = None) -> None:
         """The index of ``path``; ``fields``: the stored fields a version 3 manifest lists (None
-        before version 3)."""
+        before version 3). ``source``: a file object to read instead (a remote file read by
+        range, of ``size`` bytes)."""
         self.path = path
         self.fd = fd
         self.fields = fields
+        self.size = size if size is not None else os.fstat(fd).st_size if fd is not None else os.path.getsize(path)
         try:
-            f = _h5open(path, fd)
+            f = h5py.File(source, "r") if source is not None else _h5open(path, fd)
         except Exception as e:  # noqa: BLE001 - any h5py/HDF5 failure to open is a bad file
             why = file_placeholder_reason(path)
             raise CorruptDataError(f"{path} is {why}" if why else f"unreadable HDF5 file ({type(e).__name__}: {e})",
@@ -173,7 +177,6 @@ class _Meta:
             if name in f and (not isinstance(f[name], h5py.Dataset) or f[name].dtype.kind not in "iu"):
                 raise CorruptDataError(f"/{name} is not an integer dataset (dtype "
                                        f"{getattr(f[name], 'dtype', 'group')})", path=self.path)
-        self.size = os.fstat(self.fd).st_size if self.fd is not None else os.path.getsize(self.path)
         self.labels = self._rows(f, "labels", n, verify).astype(np.int64, copy=False)
         self.shapes = self._rows(f, "shapes", n, verify)
         self.crcs = self._rows(f, "crc32c", n, verify)
@@ -322,12 +325,21 @@ class HDF5Dataset(PackedDataset):
 
     @property
     def _path(self) -> str:
+        """The file's path, or its URL when read by range."""
+        if self._ranged:
+            return self._remote.url(self.data_file)  # type: ignore[union-attr]
         return os.path.join(self.root, self.data_file)
+
+    def _h5file(self) -> h5py.File:
+        """The data file opened by h5py (through the open descriptor, or by range from its URL)."""
+        if self._ranged:
+            return h5py.File(self._remote.file(self.data_file), "r")  # type: ignore[union-attr]
+        return _h5open(self._path, self._file.fileno())
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         """Takes :class:`PackedDataset`'s arguments; also loads the index (module docstring)."""
         super().__init__(*args, **kwargs)
-        if self._remote is None:
+        if self._remote is None or self._ranged:
             # The index is loaded here, before any DataLoader worker starts, so forked workers
             # share this process's copy and spawned ones get it in shared memory (_Meta.share).
             # No handle stays open (a damaged file reports at its first read, as before).
@@ -340,23 +352,36 @@ class HDF5Dataset(PackedDataset):
             self._meta = meta
 
     def _open(self) -> None:
+        try:
+            self._open_file_and_index()
+        except CorruptDataError:
+            if self._remote is None or self._ranged or not getattr(self._remote, "fallback", False):
+                raise
+            self._open_file_and_index()  # a server without range requests (the index read failed): whole
+
+    def _open_file_and_index(self) -> None:
         inherited = self._meta  # the parent's index (fork), or the one sent in shared memory (spawn)
         self._drop()  # the handles inherited through fork belong to the parent: never used
         path = self._path
-        self._file = os.fdopen(self._open_file(self.data_file), "rb", buffering=0)
-        fd = self._file.fileno()
-        if inherited is not None and inherited.path == path and inherited.size == os.fstat(fd).st_size:
+        fields = tuple(self.manifest.stored_fields) if self.manifest.fields else None
+        if self._ranged:  # read by range: the index through h5py's reads of the remote file, in blocks
+            self._file = self._remote.file(self.data_file)  # type: ignore[union-attr]
+            size, fd = self._file.length, None
+        else:
+            self._file = os.fdopen(self._open_file(self.data_file), "rb", buffering=0)
+            fd = self._file.fileno()
+            size = os.fstat(fd).st_size
+        if inherited is not None and inherited.path == path and inherited.size == size:
             meta = inherited.reopened(fd)
         else:
-            fields = tuple(self.manifest.stored_fields) if self.manifest.fields else None
-            meta = _Meta(path, len(self), self.verify, fd, fields)
+            meta = _Meta(path, len(self), self.verify, fd, fields, source=self._file if fd is None else None, size=size)
             self._shared_meta = None  # of the index loaded before, if any
         self._fid = self.manifest.files[0].id if self.manifest.files else ""
         if self._fid != meta.file_id:  # the file's identity, cheap to check at open
             raise CorruptDataError(f"{path} is another file than the manifest names (file id "
                                    f"{meta.file_id or 'none'}, the manifest says {self._fid or 'none'})", path=path)
         if any(b is None and t is None for b, t, _ in [(meta.base, meta.table, 0), *meta.f_where]):
-            self._h5 = _h5open(path, self._file.fileno())
+            self._h5 = self._h5file()
         self._meta = meta
         self._keys = {}
 
@@ -397,7 +422,6 @@ class HDF5Dataset(PackedDataset):
         """Bytes [start, end) of the logical /images byte stream (with ``field``, of that field's
         images) in a new writable buffer, and the file offset of ``start``."""
         m = self._meta
-        fd = self._file.fileno()
         base, table, chunk = (m.base, m.table, m.chunk) if field is None else m.f_where[field]
         if base is not None:
             parts = [(base + start, end - start)]
@@ -418,6 +442,9 @@ class HDF5Dataset(PackedDataset):
             if off < 0 or off + n > m.size:
                 raise CorruptDataError(f"sample data at {off}..{off + n} lies outside the file ({m.size} bytes; "
                                        f"truncated?)", path=self._path, sample=index, offset=off)
+        if self._ranged:
+            return self._ranged_parts(parts, end - start, index), (parts[0][0] if parts else -1)
+        fd = self._file.fileno()
         buf = memoryview(np.empty(end - start, np.uint8))
         pos = 0
         for off, n in parts:
@@ -431,6 +458,21 @@ class HDF5Dataset(PackedDataset):
                 )
             pos += n
         return buf, (parts[0][0] if parts else -1)
+
+    def _ranged_parts(self, parts: list[tuple[int, int]], total: int, index: int) -> memoryview:
+        """The ``(file offset, size)`` parts of a sample's bytes, in order, fetched by range: one
+        GET for parts that lie close together (the chunks of one sample usually follow each other)."""
+        buf = memoryview(np.empty(total, np.uint8))
+        got: dict[int, tuple[int, bytes]] = {}
+        for a, b in coalesce(parts):
+            got[a] = (a, self._remote.read(self.data_file, a, b - a, index))  # type: ignore[union-attr]
+        starts = sorted(got)
+        pos = 0
+        for off, n in parts:
+            a, data = got[starts[bisect.bisect_right(starts, off) - 1]]
+            buf[pos : pos + n] = data[off - a : off - a + n]
+            pos += n
+        return buf
 
     def _images(self, field: int | None) -> str:
         """The path of /images, or of field number ``field``'s images."""
@@ -485,7 +527,7 @@ class HDF5Dataset(PackedDataset):
         if keys is None:
             start = block * _KEY_BLOCK
             try:
-                with _h5open(self._path, self._file.fileno()) as f:
+                with self._h5file() as f:
                     keys = f["keys"].asstr(errors="replace")[start : start + _KEY_BLOCK].tolist()
             except Exception as e:  # noqa: BLE001 - h5py reports damage as OSError, KeyError, ...
                 raise CorruptDataError(f"cannot read /keys ({type(e).__name__}: {e})", path=self._path,
@@ -528,7 +570,7 @@ class HDF5Dataset(PackedDataset):
         if self._file_boxes is None:
             m = self._meta
             try:
-                with _h5open(self._path, self._file.fileno()) as f:
+                with self._h5file() as f:
                     ends = m._rows(f, "box_offsets", len(self) + 1, True).astype(np.int64)
                     if ends[0] != 0 or np.any(np.diff(ends) < 0):
                         raise CorruptDataError("/box_offsets is not an ascending list from 0", path=self._path)

@@ -26,6 +26,7 @@ from packer.description.manifest import FileEntry, Manifest
 from packer.description.placement import place_seed
 from packer.errors import CorruptDataError, ManifestError
 from packer.files.fileio import pread_buffer
+from packer.storage.ranges import RangesRefused, coalesce
 from packer.storage.remote import is_url
 from packer.storage.shardspec import ShardSpecError
 
@@ -49,6 +50,8 @@ class ShardedDataset(PackedDataset):
     shard_suffixes: tuple[str, ...] = ()
     _fds: list[int | None] | None = None
     _fsizes: list[int] | None = None
+    #: Read by range: the bytes of one GET that covered several reads of a record (shard, offset, bytes).
+    _window: tuple[int, int, bytes] | None = None
 
     def _shard_entries(self) -> list[FileEntry]:
         """The payload files in sample order: for other tools' data (no index files, any names such
@@ -61,7 +64,9 @@ class ShardedDataset(PackedDataset):
         held = sum(f.samples for f in entries)
         if held != len(self):  # a reader never yields fewer samples than its length without an error
             raise ManifestError(f"{self.root}: its shards hold {held} samples, the manifest says {len(self)}")
-        self._shard_paths = [os.path.join(self.root, f.name) for f in entries]
+        # Read by range from a URL, a record's errors name the shard's URL, not the cache's folder.
+        self._shard_paths = [self._remote.url(f.name) if self._ranged else os.path.join(self.root, f.name)  # type: ignore[union-attr]
+                             for f in entries]
         self._sizes = [f.samples for f in entries]
         self._bytes = [f.bytes for f in entries]
         self._fids = [f.id for f in entries]  # version 2: each shard's identity (packer.description.placement)
@@ -98,7 +103,7 @@ class ShardedDataset(PackedDataset):
                 os.close(fd)
 
     def _handle_attrs(self) -> tuple[str, ...]:
-        return ("_fds", "_fsizes")
+        return ("_fds", "_fsizes", "_window")
 
     # -- the index in shared memory for spawn / forkserver workers ------------------------------
     def __getstate__(self) -> dict[str, Any]:
@@ -161,7 +166,13 @@ class ShardedDataset(PackedDataset):
     def _pread(self, shard: int, size: int, offset: int, sample: int) -> memoryview:
         """Exactly ``size`` bytes at ``offset`` of shard ``shard``, in a new writable buffer;
         CorruptDataError when the file does not hold them (checked before anything is allocated)
-        or cannot be read."""
+        or cannot be read. Read by range (a dataset at a URL), one ranged GET, or bytes that
+        :meth:`_prefetch` fetched."""
+        if self._ranged:
+            try:
+                return self._ranged_read(shard, size, offset, sample)
+            except RangesRefused:  # a plain HTTP server: whole shards through the node cache from now on
+                pass
         fd = self._fd(shard)
         end = self._fsizes[shard]  # type: ignore[index]
         if offset < 0 or size < 0 or offset + size > end:
@@ -180,6 +191,26 @@ class ShardedDataset(PackedDataset):
                 path=self._shard_paths[shard], sample=sample, offset=offset,
             )
         return data
+
+    def _prefetch(self, shard: int, spans: list[tuple[int, int]], sample: int) -> None:
+        """Read by range, fetch the ``(offset, size)`` spans of one record (its image and fields)
+        by one GET when they lie close together, for the reads that follow."""
+        self._window = None
+        if self._ranged and len(spans) > 1 and len(coalesce(spans)) == 1:
+            name = os.path.basename(self._shard_paths[shard])
+            try:
+                start, data = self._remote.read_spans(name, spans, sample)  # type: ignore[union-attr]
+            except RangesRefused:  # whole shards from now on (see _pread)
+                return
+            self._window = (shard, start, data)
+
+    def _ranged_read(self, shard: int, size: int, offset: int, sample: int) -> memoryview:
+        window = self._window
+        if window is not None and window[0] == shard and window[1] <= offset and offset + size <= window[1] + len(window[2]):
+            at = offset - window[1]
+            return memoryview(bytearray(window[2][at : at + size]))
+        name = os.path.basename(self._shard_paths[shard])
+        return memoryview(bytearray(self._remote.read(name, offset, size, sample)))  # type: ignore[union-attr]
 
 
 def listed_shards(paths: Sequence[str | os.PathLike[str]]) -> tuple[str, list[str]]:

@@ -243,6 +243,8 @@ class TarDataset(ShardedDataset):
         masks and extra images are read (None: all of them), each with one ``pread``."""
         shard = int(self._shard[index])
         offset = int(self._offset[index])
+        if self._ranged and self._field_names:  # the image and the fields asked for: one GET
+            self._prefetch(shard, self._record_spans(index, fields), index)
         buf = self._pread(shard, int(self._size[index]), offset, index)
         if self.verify and self._has_crc:
             self._check_crc(buf, int(self._crc[index]), shard, index, offset, "image data")
@@ -260,6 +262,16 @@ class TarDataset(ShardedDataset):
                           **self._foreign_fields(index, shard, fields))
         stored = self._read_fields(index, shard, fields) if self._field_names else ()
         return Record(codec, int(self._label[index]), height, width, key, payload, fields=stored)
+
+    def _record_spans(self, index: int, wanted: Collection[str] | None) -> list[tuple[int, int]]:
+        """``(offset, size)`` of sample ``index``'s image member and of its stored fields in ``wanted``."""
+        spans = [(int(self._offset[index]), int(self._size[index]))]
+        count = len(self._field_names)
+        for j, name in enumerate(self._field_names):
+            if wanted is None or name in wanted:
+                k = index * count + j
+                spans.append((int(self._f_offset[k]), int(self._f_size[k])))  # type: ignore[index]
+        return spans
 
     def _foreign_fields(self, index: int, shard: int, wanted: Collection[str] | None) -> dict[str, Any]:
         """Another tool's sample's ``KEY.mask.png`` member as its mask field, and ``boxes`` (with

@@ -111,6 +111,12 @@ def _run_info(a: argparse.Namespace) -> int:
     # Read from a URL, every process reading at once (ranks x DataLoader workers on a node) holds
     # one file open in the node cache; read-ahead uses only what is left.
     largest = max((f.bytes for f in m.files), default=0)
+    if is_url(folder):
+        from ..storage.ranges import RANGE_FORMATS
+
+        print("remote reads " + ("ds[i] by one ranged GET of its record (open_dataset(..., remote=\"range\"), the "
+                                 "default); StreamingDataset whole shards" if m.format in RANGE_FORMATS else
+                                 f"{m.format} files are downloaded whole (records are found through the file's pages)"))
     print("node cache  cache_limit >= largest file x processes reading at once on a node (ranks x workers): "
           + ", ".join(f"{n}: {format_size(largest * n)}" for n in (1, 2, 4, 8)))
     return EXIT_OK
@@ -238,6 +244,9 @@ def _add_preview(p: argparse.ArgumentParser) -> None:
     p.add_argument("--n", type=int, default=16, help="samples to show (default: 16)")
     p.add_argument("--seed", type=int, default=0, help="which samples: the same seed shows the same ones (default: 0)")
     p.add_argument("--tile", type=int, default=160, help="pixels per tile side (default: 160)")
+    p.add_argument("--remote", choices=("range", "whole"), default=None,
+                   help="for a URL: fetch each sample shown by one ranged GET (range: the default for tar, "
+                        "TFRecord and HDF5) or download whole files into the node cache (whole: LMDB's only way)")
     add_storage(p)
 
 
@@ -249,7 +258,8 @@ def _run_preview(a: argparse.Namespace) -> int:
 
     if a.n < 1 or a.tile < 16:
         raise UsageError("packer preview: --n must be at least 1 and --tile at least 16")
-    remote = dict(storage_options=storage_options(a), cache_dir=a.cache_dir, cache_limit=a.cache_limit) if is_url(a.path) else {}
+    remote = dict(storage_options=storage_options(a), cache_dir=a.cache_dir, cache_limit=a.cache_limit,
+                  remote=a.remote) if is_url(a.path) else {}
     ds = open_dataset(a.path, output="numpy", **remote)
     try:
         total = len(ds)

@@ -323,11 +323,15 @@ class RemoteFiles:
                                     lambda: self.remote.open(name), self.remote.join(name), ahead=ahead)
         except (CorruptDataError, RemoteError) as e:
             if self._replaced():
-                raise DatasetChangedError(
-                    f"{self.remote.url} was replaced or removed after this reader opened it (e.g. by a conversion "
-                    f"with --overwrite), so {name} is no longer this dataset's; open the dataset again",
-                    path=self.remote.url) from e
+                raise self.changed_error(name) from e
             raise
+
+    def changed_error(self, name: str) -> DatasetChangedError:
+        """The error for file ``name`` of a dataset that is no longer at the URL as it was opened."""
+        return DatasetChangedError(
+            f"{self.remote.url} was replaced or removed after this reader opened it (e.g. by a conversion "
+            f"with --overwrite), so {name} is no longer this dataset's; open the dataset again",
+            path=self.remote.url)
 
     def _replaced(self) -> bool:
         """True when the URL no longer holds the manifest this reader opened."""

@@ -137,7 +137,7 @@ def test_overwrite_on_gcs_uploads_new_names_and_never_feeds_an_open_reader_a_mix
     common = ["--encode", "png", "--shard-samples", "2", "--no-shuffle", "-q", *_opts(gcs, str(tmp_path / "work"))]
     r = _cli("convert", "imagefolder", "tar", a, url, *common)
     assert r.returncode == 0, r.stderr
-    old = open_dataset(url, storage_options=gcs, cache_dir=str(tmp_path / "reader"))
+    old = open_dataset(url, storage_options=gcs, cache_dir=str(tmp_path / "reader"), remote="whole")
     first = old[0]
     r = _cli("convert", "imagefolder", "tar", b, url, *common)
     assert r.returncode == 1 and "already holds a packed dataset" in r.stderr and "Traceback" not in r.stderr

@@ -94,11 +94,11 @@ def test_a_dataset_in_s3_reads_like_its_local_copy(s3, local_sets, tmp_path, fmt
 def test_the_cache_is_shared_and_downloads_each_file_once(s3, local_sets, tmp_path):
     url = _upload(s3, local_sets["tar"], "once/tar")
     cache = str(tmp_path / "cache")
-    first = open_dataset(url, storage_options=s3, cache_dir=cache)
+    first = open_dataset(url, storage_options=s3, cache_dir=cache, remote="whole")
     [first[i] for i in range(len(first))]
     view = first.root
     stamps = {n: os.stat(os.path.join(view, n)).st_ino for n in os.listdir(view) if not n.startswith(".")}
-    second = open_dataset(url, storage_options=s3, cache_dir=cache)
+    second = open_dataset(url, storage_options=s3, cache_dir=cache, remote="whole")
     assert second.root == view
     [second[i] for i in range(len(second))]
     assert {n: os.stat(os.path.join(view, n)).st_ino for n in stamps} == stamps  # nothing fetched again
@@ -110,7 +110,7 @@ def test_cache_limit_holds_at_every_moment(s3, local_sets, tmp_path):
     total = sum(f.bytes for f in read_manifest(local).files)
     limit = total // 4
     cache_dir = str(tmp_path / "cache")
-    ds = open_dataset(url, storage_options=s3, cache_dir=cache_dir, cache_limit=limit)
+    ds = open_dataset(url, storage_options=s3, cache_dir=cache_dir, cache_limit=limit, remote="whole")
     cache = NodeCache(cache_dir)
     peak, stop = [0], threading.Event()
 
@@ -152,7 +152,7 @@ def test_a_shard_altered_on_the_server_is_detected(s3, local_sets, tmp_path):
     data = bytearray(fs.cat(f"data/altered/tar/{name}"))
     data[700] ^= 0xFF
     fs.pipe(f"data/altered/tar/{name}", bytes(data))
-    ds = open_dataset(url, storage_options=s3, cache_dir=str(tmp_path / "c"))
+    ds = open_dataset(url, storage_options=s3, cache_dir=str(tmp_path / "c"), remote="whole")
     with pytest.raises(CorruptDataError, match="SHA-256"):
         ds[0]
     assert not [n for n in os.listdir(ds.root) if n.endswith(".partial")]
@@ -176,7 +176,7 @@ def test_storage_options_from_the_command_line():
 def test_a_killed_download_leaves_nothing_that_breaks_the_next(s3, local_sets, tmp_path):
     url = _upload(s3, local_sets["hdf5"], "killed/hdf5")
     cache_dir = str(tmp_path / "c")
-    ds = open_dataset(url, storage_options=s3, cache_dir=cache_dir)
+    ds = open_dataset(url, storage_options=s3, cache_dir=cache_dir, remote="whole")
     name = ds.manifest.files[0].name
     # What a downloader killed mid-file leaves: an allocated partial file and a lock file.
     work = os.path.join(cache_dir, "work", os.path.basename(ds.root))
@@ -289,7 +289,7 @@ def test_a_server_that_stops_gives_a_clear_error_in_bounded_time(local_sets, tmp
 
 
 def _read_all(url, cache_dir):
-    ds = open_dataset(url, cache_dir=cache_dir)
+    ds = open_dataset(url, cache_dir=cache_dir, remote="whole")
     return [int(ds[i][1]) for i in range(len(ds))]
 
 
@@ -650,7 +650,7 @@ def test_overwrite_never_feeds_an_open_reader_a_mix(s3, tmp_path):
     opts = _cli_opts(s3, str(tmp_path / "cache"))
     common = ["--encode", "png", "--shard-samples", "2", "--no-shuffle", "-q", *opts]
     assert _cli("convert", "imagefolder", "tar", a, url, *common).returncode == 0
-    old = open_dataset(url, storage_options=s3, cache_dir=str(tmp_path / "reader"))
+    old = open_dataset(url, storage_options=s3, cache_dir=str(tmp_path / "reader"), remote="whole")
     first = old[0]
     fs = s3fs.S3FileSystem(**s3)
     r = _cli("convert", "imagefolder", "tar", b, url, "--overwrite", *common)
@@ -681,7 +681,7 @@ def test_overwrite_of_a_one_file_dataset_uploads_a_new_name(s3, tmp_path, fmt):
     url = f"s3://data/overwritten1/{fmt}"
     common = ["--encode", "png", "--no-shuffle", "-q", *_cli_opts(s3, str(tmp_path / "cache"))]
     assert _cli("convert", "imagefolder", fmt, a, url, *common).returncode == 0
-    old = open_dataset(url, storage_options=s3, cache_dir=str(tmp_path / "reader"))
+    old = open_dataset(url, storage_options=s3, cache_dir=str(tmp_path / "reader"), remote="whole")
     before = [old[i][1] for i in range(len(old))]
     r = _cli("convert", "imagefolder", fmt, b, url, "--overwrite", *common)
     assert r.returncode == 0, r.stderr
@@ -798,7 +798,7 @@ def test_a_forged_file_size_reserves_nothing_and_names_the_url(s3, local_sets, t
 
     _forged_manifest(s3, url, forge)
     cache_dir = str(tmp_path / "cache")
-    ds = open_dataset(url, storage_options=s3, cache_dir=cache_dir)  # no cache_limit
+    ds = open_dataset(url, storage_options=s3, cache_dir=cache_dir, remote="whole")  # no cache_limit
     peak, stop = [0], threading.Event()
 
     def poll():

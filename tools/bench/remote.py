@@ -7,56 +7,13 @@ import argparse
 import os
 import shutil
 import socket
-import threading
 import time
 from typing import Any
 
 from torch.utils.data import DataLoader
 
 from tools.bench.common import Subcommand, cpu_seconds, header, row
-
-
-class LatencyProxy:
-    """A TCP proxy to ``target`` that waits ``delay`` seconds before forwarding each HTTP request
-    (each client chunk that starts with a method name) and counts the bytes sent back."""
-
-    def __init__(self, target: tuple[str, int], delay: float) -> None:
-        self.target, self.delay, self.down = target, delay, 0
-        self.sock = socket.create_server(("127.0.0.1", 0))
-        self.port = self.sock.getsockname()[1]
-        threading.Thread(target=self._accept, daemon=True).start()
-
-    def _accept(self) -> None:
-        while True:
-            client, _ = self.sock.accept()
-            server = socket.create_connection(self.target)
-            threading.Thread(target=self._pipe, args=(client, server, True), daemon=True).start()
-            threading.Thread(target=self._pipe, args=(server, client, False), daemon=True).start()
-
-    def _pipe(self, src: socket.socket, dst: socket.socket, upstream: bool) -> None:
-        try:
-            while True:
-                data = src.recv(1 << 16)
-                if not data:
-                    break
-                if upstream and data[:4] in (b"GET ", b"HEAD", b"PUT ", b"POST"):
-                    time.sleep(self.delay)
-                if not upstream:
-                    self.down += len(data)
-                dst.sendall(data)
-        except OSError:
-            pass
-        finally:
-            for s in (src, dst):
-                try:
-                    s.shutdown(socket.SHUT_RDWR)
-                except OSError:
-                    pass
-
-    def options(self) -> dict:
-        """fsspec storage options that reach the S3 server through this proxy."""
-        return {"key": "x", "secret": "x", "client_kwargs": {"endpoint_url": f"http://127.0.0.1:{self.port}",
-                                                              "region_name": "us-east-1"}}
+from tools.faultlib import LatencyProxy
 
 
 def remote_epoch(ds) -> tuple[float, float]:  # noqa: ANN001
@@ -67,7 +24,7 @@ def remote_epoch(ds) -> tuple[float, float]:  # noqa: ANN001
     return n / (time.perf_counter() - t), cpu_seconds() - c
 
 
-def _s3_server() -> tuple[Any, int]:
+def s3_server() -> tuple[Any, int]:
     """A started moto S3 server on a free loopback port with bucket ``bench``, and its port."""
     import logging
 
@@ -102,7 +59,8 @@ def _remote_rows(a: argparse.Namespace, local: str, proxies: dict[str, LatencyPr
                     ds = StreamingDataset("s3://bench/ds", storage_options=proxy.options(), cache_dir=cache,
                                           shuffle=False, batch_size=64, prefetch_shards=a.prefetch_shards)
                 else:
-                    ds = open_dataset("s3://bench/ds", storage_options=proxy.options(), cache_dir=cache)
+                    ds = open_dataset("s3://bench/ds", storage_options=proxy.options(), cache_dir=cache,
+                                      remote="whole")
                 rate, cpu = remote_epoch(ds)
                 rows.append((f"S3 {kind}, latency {label}, {which}", rate, cpu, proxy.down - before))
     return rows
@@ -128,7 +86,7 @@ def remote(a: argparse.Namespace) -> int:
          "--workers", "2", "-q"])
     m = read_manifest(local)
     size = sum(f.bytes for f in m.files)
-    server, port = _s3_server()
+    server, port = s3_server()
     proxies = {"none": LatencyProxy(("127.0.0.1", port), 0.0)}
     if not a.egress_only:
         proxies[f"{a.latency_ms:g} ms"] = LatencyProxy(("127.0.0.1", port), a.latency_ms / 1000)
