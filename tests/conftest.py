@@ -65,6 +65,7 @@ EXCLUSIVE_TESTS = frozenset({
     "test_remote.py::test_a_server_that_answers_every_request_slowly_fails_the_file_within_its_deadline",
     "test_remote.py::test_a_killed_upload_resumes_without_uploading_again",
     "test_gcs.py::test_a_gcs_server_that_stops_gives_a_clear_error_in_bounded_time",
+    "test_range_reads.py::test_a_server_that_stops_answering_fails_a_range_read_within_the_deadline",
     "test_distributed_convert.py::test_a_rank_that_dies_stops_or_leaves_is_named",
     "test_engine.py::test_ctrl_c_stops_cleanly",
     "test_resume.py::test_ctrl_c_or_sigterm_keeps_resumable_output_and_resume_completes_it",

@@ -187,12 +187,12 @@ def test_range_reads_in_dataloader_workers_match_the_local_dataset(s3, local_set
 
 def test_a_server_that_stops_answering_fails_a_range_read_within_the_deadline(s3, proxy, local_sets, tmp_path,
                                                                                monkeypatch):
-    monkeypatch.setenv("PACKER_REMOTE_DEADLINE", "2")
+    monkeypatch.setenv("PACKER_REMOTE_DEADLINE", "5")  # the open's small reads too: room for a loaded machine
     url = _upload(s3, local_sets["tar"], "stalled/tar")
     ds = open_dataset(url, storage_options=proxy.options("testing"), cache_dir=str(tmp_path / "c"))
     ds[0]
     proxy.delay = 3600
     start = time.monotonic()
-    with pytest.raises(RemoteError, match="within 2 s") as e:
+    with pytest.raises(RemoteError, match="within 5 s") as e:
         ds[1]
-    assert time.monotonic() - start < 10 and f"{url}/" in str(e.value)
+    assert time.monotonic() - start < 20 and f"{url}/" in str(e.value)
