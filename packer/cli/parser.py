@@ -94,7 +94,12 @@ def _main(argv: Sequence[str] | None, terminated: list[bool]) -> int:
         if a.command is None:
             raise UsageError("packer: no command given (see packer --help)")
         with remote_deadline(getattr(a, "remote_deadline", None)):
-            return COMMANDS[a.command][2](a)
+            status = COMMANDS[a.command][2](a)
+        # What the command printed reaches its reader now, not at interpreter exit, where a torchrun
+        # rank's stdout has been seen to go missing on a loaded machine (and a closed pipe is ours
+        # to report, below).
+        sys.stdout.flush()
+        return status
     except OptionError as e:
         say(str(e))
         return EXIT_USAGE

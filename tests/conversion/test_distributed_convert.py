@@ -161,7 +161,8 @@ def test_torchrun_prints_the_summary_of_one_process_once(folder, tmp_path):
     assert packer_lines(out.stderr) == packer_lines(one.stderr)[:-1] + [
         f"1 file skipped: 1 for {BAD_REASON}; exit status 0"]
     wrote = [line for line in out.stdout.splitlines() if line.startswith("wrote ")]
-    assert len(wrote) == 1 and wrote[0].startswith(f"wrote 12 images in 4 classes to {tmp_path / 'dst'} (tar, ")
+    assert len(wrote) == 1 and wrote[0].startswith(f"wrote 12 images in 4 classes to {tmp_path / 'dst'} (tar, "), (
+        out.stdout, out.stderr)
     assert one.stdout.startswith(f"wrote 12 images in 4 classes to {tmp_path / 'one'} (tar, ")
 
 
