@@ -2,7 +2,8 @@
 
 ``import packer`` is light: ``packer.convert``, ``packer.pack``, ``packer.open_dataset``,
 ``packer.StreamingDataset``, ``packer.collate``, ``packer.convert_items``, ``packer.merge`` and
-``packer.ConvertOptions`` import what they need when first used.
+``packer.ConvertOptions`` import what they need when first used; ``packer.ray`` (Ray Data's
+``Sink`` and ``Source``) and ``packer.spark`` (``write``) import their engine when first used.
 """
 
 from __future__ import annotations
@@ -27,10 +28,17 @@ _LAZY = {
     "collate": "packer.datasets",
 }
 
+#: Public name -> a module of the cluster engines, imported (with its engine) on first use.
+_ENGINES = {"ray": "packer.engines.ray", "spark": "packer.engines.spark"}
+
 __all__ = ["__version__", *_LAZY, *_error_names]
 
 
 def __getattr__(name: str) -> Any:
+    if name in _ENGINES:
+        value = importlib.import_module(_ENGINES[name])
+        globals()[name] = value
+        return value
     module = _LAZY.get(name)
     if module is None:
         raise AttributeError(f"module 'packer' has no attribute {name!r}")
@@ -40,4 +48,4 @@ def __getattr__(name: str) -> Any:
 
 
 def __dir__() -> list[str]:
-    return sorted({*globals(), *_LAZY})
+    return sorted({*globals(), *_LAZY, *_ENGINES})

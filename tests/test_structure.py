@@ -46,7 +46,8 @@ LAYERS = {"packer": 0, "packer.errors": 0, "packer.sizes": 0, "packer.progress":
           "packer.layouts": 5, "packer.converters": 6, "packer.datasets.*": 6, "packer.formats": 7,
           "packer.datasets": 8, "packer.datasets.opening": 8, "packer.datasets.streaming": 8,
           "packer.pipeline": 9, "packer.operations": 10, "packer.conversion.options": 11, "packer.sources": 12,
-          "packer.conversion": 13, "packer.api": 14, "packer.cli": 15, "packer.__main__": 15}
+          "packer.conversion": 13, "packer.api": 14, "packer.cli": 15, "packer.__main__": 15,
+          "packer.engines": 15}
 #: Where a format's name may be compared: its layout, writer and reader, and the registry.
 FORMAT_HOMES = ("packer/layouts/", "converters/", "datasets/formats/", "packer/formats.py")
 #: Compiled modules (no .py file), known so that imports of them resolve.
