@@ -213,3 +213,29 @@ def _src(tmp_path, name="src", n=3):  # the trust tests' small source: 2 classes
     root = str(tmp_path / name)
     make_folder(root, {"a": [(f"a{i}.jpg", 24, 24) for i in range(n)], "b": [(f"b{i}.png", 20, 28) for i in range(n)]})
     return root
+
+
+def run_cli(*argv):  # noqa: ANN201 - a CompletedProcess
+    """One ``packer`` command run in this process, as ``subprocess.run([... "-m", "packer", *argv],
+    capture_output=True, text=True)`` would give it: exit status, stdout and stderr. In-process: no
+    interpreter and torch start per call (about 2 CPU-seconds each). A traceback fails the test
+    where it happens, as it would show in a child's stderr."""
+    import contextlib
+    import io
+    import subprocess
+
+    from packer.cli import main
+
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        rc = main([str(a) for a in argv])
+    return subprocess.CompletedProcess(["packer", *map(str, argv)], rc, out.getvalue(), err.getvalue())
+
+
+def slow_except(values, *keep):  # noqa: ANN001, ANN201 - pytest parameters
+    """``values`` as pytest parameters, those not in ``keep`` marked slow: the default suite runs
+    the kept cases, the slow suite (which CI runs) the others, for a check whose cases repeat the
+    same path at several seconds each."""
+    import pytest
+
+    return [v if v in keep else pytest.param(v, marks=pytest.mark.slow) for v in values]

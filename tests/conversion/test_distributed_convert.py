@@ -13,7 +13,7 @@ import pytest
 from packer.conversion.distributed import part_range, torchrun_launch
 from packer.datasets import open_dataset
 from packer.description.manifest import read_manifest
-from tests.helpers import ROOT, make_folder, pack
+from tests.helpers import ROOT, make_folder, pack, slow_except
 
 
 def free_port() -> int:
@@ -363,7 +363,7 @@ def _peer(port: int, rank: int, mode: str, dst: str, timeout: float = 2.0) -> su
     return p
 
 
-@pytest.mark.parametrize("mode", ["kill", "stop", "exit", "leave"])
+@pytest.mark.parametrize("mode", slow_except(["kill", "stop", "exit", "leave"], "kill", "stop"))
 def test_a_rank_that_dies_stops_or_leaves_is_named(tmp_path, mode):
     """Rank 1 is a real process beating in a real store: SIGKILLed, or exiting without a word, it
     is named as dead within a few beats (not after the rank timeout); one that says why it leaves

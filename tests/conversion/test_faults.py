@@ -17,7 +17,7 @@ import pytest
 
 from packer.datasets import open_dataset
 from packer.errors import CorruptDataError
-from tests.helpers import import_optional
+from tests.helpers import import_optional, slow_except
 from tools import faultlib as fl
 
 FORMATS = fl.FORMATS
@@ -75,7 +75,7 @@ def byte_sweep(fmt, refs, tmp_path, uniform, structure, cuts, seed):
 
 
 # -- the default run: a few of each ---------------------------------------------------------------
-@pytest.mark.parametrize("fmt", FORMATS)
+@pytest.mark.parametrize("fmt", slow_except(FORMATS, "tar"))  # the slow sweep: 20 kill points each
 def test_sigkill_then_resume(fmt, source, refs, tmp_path):
     kill_sweep(fmt, source, refs, tmp_path, n=2, seed=7)
 

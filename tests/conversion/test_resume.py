@@ -368,8 +368,8 @@ def _wait_for_checkpoint(proc, dst: str) -> None:
     assert proc.poll() is None, "the conversion finished before it could be stopped"
 
 
-@pytest.mark.parametrize("sig, status, said", [(signal.SIGINT, 130, "interrupted"),
-                                               (signal.SIGTERM, 143, "terminated (SIGTERM)")])
+@pytest.mark.parametrize("sig, status, said", [  # Ctrl-C stopping a conversion: also tests/pipeline/test_engine.py
+    pytest.param(signal.SIGINT, 130, "interrupted", marks=pytest.mark.slow), (signal.SIGTERM, 143, "terminated (SIGTERM)")])
 def test_ctrl_c_or_sigterm_keeps_resumable_output_and_resume_completes_it(tmp_path, sig, status, said):
     argv = _slow_source(tmp_path)
     dst = argv[7]

@@ -69,8 +69,8 @@ def _expected(ds, batch_size):  # noqa: ANN001, ANN202
     return [default_collate([ds[i] for i in range(s, min(s + batch_size, len(ds)))]) for s in range(0, len(ds), batch_size)]
 
 
-@pytest.mark.parametrize("ctx", ["fork", "spawn"])
-@pytest.mark.parametrize("persistent", [False, True])
+@pytest.mark.parametrize("persistent, ctx", [(False, "fork"), (True, "fork"), (True, "spawn"),
+                                             pytest.param(False, "spawn", marks=pytest.mark.slow)])
 def test_same_batches_as_default_collate(ctx, persistent):
     ds = Structured()
     expected = _expected(ds, 5)

@@ -20,7 +20,7 @@ import torch
 from packer.datasets import open_dataset
 from packer.description.registry import format_names
 from tests.datasets.test_streaming import SHARD, N, convert, expected
-from tests.helpers import TESTS
+from tests.helpers import TESTS, slow_except
 
 HERE = TESTS  # the folder of ddp_worker.py
 # Formats with several payload files; LMDB (one file) partitioned by blocks when none exists.
@@ -84,7 +84,7 @@ def run_script(launcher: list[str], data: str, *args: str) -> str:
     return proc.stdout
 
 
-@pytest.mark.parametrize("mode", list(MODES))
+@pytest.mark.parametrize("mode", slow_except(MODES, "map-style"))
 def test_reference_training_script_runs_on_two_ranks(tmp_path_factory, tmp_path, mode):
     data = convert(tmp_path_factory, "lmdb")
     torchrun = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2",
@@ -100,7 +100,7 @@ def test_reference_training_script_runs_on_two_ranks(tmp_path_factory, tmp_path,
     assert state["data"]["epoch"] == 2 and state["data"]["samples_consumed"] == 0
 
 
-@pytest.mark.parametrize("mode", list(MODES))
+@pytest.mark.parametrize("mode", slow_except(MODES, "streaming"))
 def test_reference_training_script_resumes_mid_epoch(tmp_path_factory, tmp_path, mode):
     """One process: stop 2 steps into epoch 1 (of 8 steps: 23 samples, batches of 3), resume."""
     data = convert(tmp_path_factory, "lmdb")

@@ -5,15 +5,13 @@ from __future__ import annotations
 
 import os
 import shutil
-import subprocess
-import sys
 
 import pytest
 
 from packer.cli import main
 from packer.description.registry import format_names
 from tests.datasets.test_dataset_identity import _two_datasets
-from tests.helpers import ROOT, _src, pack
+from tests.helpers import _src, pack, run_cli
 
 FORMATS = format_names()
 
@@ -30,7 +28,7 @@ def test_manifest_file_names_outside_the_dataset_are_refused(tmp_path, fmt):
     for bad in (f"../{name}", str(tmp_path / name), "", "..", "a\\b"):
         m.files[0].name = bad
         write_manifest(dst, m)
-        r = subprocess.run([sys.executable, "-m", "packer", "verify", dst], cwd=ROOT, capture_output=True, text=True)
+        r = run_cli("verify", dst)
         assert r.returncode == 1 and "not a plain file name" in r.stderr and "Traceback" not in r.stderr
 
 
@@ -45,7 +43,7 @@ def test_symlinked_payload_is_refused(tmp_path, fmt):
     os.symlink(tmp_path / "moved", os.path.join(dst, name))
     with pytest.raises(CorruptDataError, match="regular file|symlink"):
         open_dataset(dst)[0]
-    r = subprocess.run([sys.executable, "-m", "packer", "verify", dst], cwd=ROOT, capture_output=True, text=True)
+    r = run_cli("verify", dst)
     assert r.returncode == 1 and "not a regular file" in r.stdout + r.stderr
 
 
@@ -59,8 +57,7 @@ def test_fifo_in_place_of_a_packed_file_does_not_hang(tmp_path, what):
     os.remove(os.path.join(dst, name))
     os.mkfifo(os.path.join(dst, name))
     for cmd in (["info", dst], ["verify", dst]) if what == "manifest" else (["verify", dst],):
-        r = subprocess.run([sys.executable, "-m", "packer", *cmd], cwd=ROOT, capture_output=True, text=True,
-                           timeout=60)
+        r = run_cli(*cmd)
         out = r.stdout + r.stderr
         assert r.returncode == 1 and "regular file" in out and "Traceback" not in out, out
 
@@ -92,8 +89,7 @@ def test_malformed_sample_counts_are_refused(tmp_path, literal):
     d = json.loads(text)
     d["num_samples"] = "__N__"
     open(path, "w").write(json.dumps(d).replace('"__N__"', literal))
-    r = subprocess.run([sys.executable, "-m", "packer", "info", dst], cwd=ROOT, capture_output=True, text=True,
-                       timeout=60)
+    r = run_cli("info", dst)
     assert r.returncode == 1 and ("num_samples" in r.stderr or "digits" in r.stderr), r.stderr
     assert "Traceback" not in r.stderr and len(r.stderr.strip().splitlines()) == 1
 
@@ -101,8 +97,7 @@ def test_malformed_sample_counts_are_refused(tmp_path, literal):
 def test_deeply_nested_manifest_is_refused(tmp_path):
     dst, _ = _two_datasets(tmp_path, "lmdb")
     open(os.path.join(dst, "manifest.json"), "w").write("[" * 100_000 + "]" * 100_000)
-    r = subprocess.run([sys.executable, "-m", "packer", "verify", dst], cwd=ROOT, capture_output=True, text=True,
-                       timeout=60)
+    r = run_cli("verify", dst)
     assert r.returncode == 1 and "nested too deeply" in r.stderr and "Traceback" not in r.stderr, r.stderr
 
 
@@ -180,8 +175,7 @@ def test_a_sample_count_the_files_cannot_hold_is_refused_at_once(tmp_path, fmt):
     d["num_samples"] = 10**15
     json.dump(d, open(path, "w"))
     for cmd in ("info", "verify"):
-        r = subprocess.run([sys.executable, "-m", "packer", cmd, dst], cwd=ROOT, capture_output=True, text=True,
-                           timeout=60)
+        r = run_cli(cmd, dst)
         assert r.returncode == 1 and "every sample takes at least one byte" in r.stderr, r.stdout + r.stderr
         assert len(r.stderr.strip().splitlines()) == 1
 
@@ -199,8 +193,7 @@ def test_a_sample_count_the_payload_does_not_hold_is_one_problem_in_verify(tmp_p
     d["files"][0]["samples"] += n - d["num_samples"]
     d["num_samples"] = n
     json.dump(d, open(path, "w"))
-    r = subprocess.run([sys.executable, "-m", "packer", "verify", dst], cwd=ROOT, capture_output=True, text=True,
-                       timeout=60)
+    r = run_cli("verify", dst)
     assert r.returncode == 1 and "cannot open" in r.stdout + r.stderr and "more problems" not in r.stdout, r.stdout
 
 

@@ -360,10 +360,9 @@ def test_merge_and_format_conversion_carry_labels_and_metadata(fmt, photos, tmp_
 
 
 def _cli(*args):
-    import subprocess
-    import sys
+    from tests.helpers import run_cli
 
-    return subprocess.run([sys.executable, "-m", "packer", *args], capture_output=True, text=True, timeout=120)
+    return run_cli(*args)
 
 
 def test_cli_list_source_is_shuffled_with_its_seed_and_classes_pinned(photos, tmp_path):

@@ -5,14 +5,12 @@ from __future__ import annotations
 
 import os
 import shutil
-import subprocess
-import sys
 
 import pytest
 
 from packer.cli import main
 from packer.description.registry import format_names
-from tests.helpers import ROOT, make_folder, pack
+from tests.helpers import make_folder, pack, run_cli
 
 FORMATS = format_names()
 
@@ -154,7 +152,7 @@ def test_a_sample_table_that_is_not_the_datasets_own_is_refused(tmp_path, fmt, h
         assert [ds[i][1] for i in range(len(ds))] == truth[0]
     rep = verify_dataset(a)
     assert not rep.ok and any(table in p and "not this dataset's" in p for p in rep.problems), rep.problems
-    r = subprocess.run([sys.executable, "-m", "packer", "verify", a], cwd=ROOT, capture_output=True, text=True)
+    r = run_cli("verify", a)
     assert r.returncode == 1 and "samples.table" in r.stdout + r.stderr and "Traceback" not in r.stderr
 
 

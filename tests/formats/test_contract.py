@@ -87,8 +87,9 @@ def _loader_labels(ds, ctx):
     return seen
 
 
-@pytest.mark.parametrize("fmt", FORMATS)
-@pytest.mark.parametrize("ctx", ["fork", "spawn"])
+# spawned workers: one format in the default suite (the others repeat it at a few seconds each)
+@pytest.mark.parametrize("ctx, fmt", [(c, f) if c == "fork" or f == "lmdb" else pytest.param(c, f, marks=pytest.mark.slow)
+                                      for c in ("fork", "spawn") for f in FORMATS])
 def test_dataloader_workers_see_every_sample_once(tiny_folder, tmp_path, fmt, ctx):
     src, pixels = tiny_folder
     convert(src, tmp_path / "out", fmt, encode="jpeg:90", resize="24x24")

@@ -185,6 +185,7 @@ def test_range_reads_in_dataloader_workers_match_the_local_dataset(s3, local_set
         assert label == local[i][1] and torch.equal(img, local[i][0])
 
 
+@pytest.mark.slow  # waits out a deadline; the whole-file reads' own is in the default suite (test_remote.py)
 def test_a_server_that_stops_answering_fails_a_range_read_within_the_deadline(s3, proxy, local_sets, tmp_path,
                                                                                monkeypatch):
     monkeypatch.setenv("PACKER_REMOTE_DEADLINE", "5")  # the open's small reads too: room for a loaded machine

@@ -190,11 +190,10 @@ def test_a_killed_download_leaves_nothing_that_breaks_the_next(s3, local_sets, t
                           open(os.path.join(local_sets["hdf5"], name), "rb").read())
 
 
-def _cli(*args, cwd=None):
-    import subprocess
-    import sys
+def _cli(*args):
+    from tests.helpers import run_cli
 
-    return subprocess.run([sys.executable, "-m", "packer", *args], capture_output=True, text=True, timeout=300)
+    return run_cli(*args)
 
 
 def test_the_command_line_converts_to_reads_from_and_verifies_urls(s3, tmp_path):
