@@ -14,6 +14,7 @@ pipeline is run unfused.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Any
 
@@ -38,15 +39,23 @@ class V2Crop(Crop):
     """A torchvision v2 crop step run by the reader: its window drawn by the step, the window's
     pixels finished by the step's kernels for the reader's output (``"pil"`` or a tensor kind)."""
 
-    def __init__(self, step: Any, output: str) -> None:
+    def __init__(self, step: Any, output: str, quick: bool | None = None, resize: str = "torchvision") -> None:
+        import torch
         from torchvision.transforms.v2 import functional
 
         self.step, self.output, self._f = step, output, functional
         self.name = type(step).__name__
         self.size = tuple(int(v) for v in step.size)
+        #: ``"opencv"``: a bilinear RandomResizedCrop resizes the image as ``crop=`` does (faster; close pixels).
+        self.resize = resize
+        if self.name == "RandomResizedCrop":  # what the step's __init__ computes, as floats
+            self._log_ratio = tuple(float(v) for v in torch.log(torch.tensor(step.ratio)))
+        #: Draw with :func:`_quick_draw` (the step's own torch calls on fewer tensors), where it was
+        #: checked here to give the step's windows and leave torch's generator as the step does.
+        self.quick = _quick_draws_match(self) if quick is None else quick
 
     def __reduce__(self) -> tuple[Any, ...]:  # the functional module is imported again where it is unpickled
-        return V2Crop, (self.step, self.output)
+        return V2Crop, (self.step, self.output, self.quick, self.resize)
 
     def window(self, height: int, width: int) -> tuple[int, int, int, int]:
         th, tw = self.size
@@ -54,6 +63,12 @@ class V2Crop(Crop):
             top, h = (int(round((height - th) / 2.0)), th) if th <= height else (0, height)
             left, w = (int(round((width - tw) / 2.0)), tw) if tw <= width else (0, width)
             return top, left, h, w
+        if self.quick and (self.name == "RandomResizedCrop" or (th <= height and tw <= width)):
+            return _quick_draw(self, height, width)
+        return self.step_window(height, width)
+
+    def step_window(self, height: int, width: int) -> tuple[int, int, int, int]:
+        """The window the step's own ``make_params`` draws for a ``height`` x ``width`` image."""
         import torch
 
         stand_in = torch.empty((1, 1), dtype=torch.uint8).expand(height, width)  # query_size reads its shape
@@ -75,13 +90,18 @@ class V2Crop(Crop):
     def finish(self, pixels: np.ndarray) -> np.ndarray:
         if self.name == "RandomCrop" or pixels.shape[:2] == self.size:
             return pixels
+        if self.resize == "opencv" and self.name == "RandomResizedCrop" and \
+                getattr(self.step.interpolation, "value", self.step.interpolation) == "bilinear":
+            return _opencv_resized(pixels, self.size)
         if self.output == "pil":
             from PIL import Image
 
             return np.asarray(self._run(Image.fromarray(np.ascontiguousarray(pixels)), False))
         import torch
 
-        if not pixels.flags.writeable:  # a decoded cache's view: torch takes no read-only memory
+        if not (pixels.flags.writeable and pixels.flags.c_contiguous):
+            # A window is a view of wider rows (or of a decoded cache, which torch cannot take):
+            # torch resizes contiguous H x W x C rows about twice as fast, to the same pixels.
             pixels = pixels.copy()
         return self._run(torch.from_numpy(pixels).permute(2, 0, 1), False).permute(1, 2, 0).numpy()
 
@@ -119,6 +139,67 @@ class V2Crop(Crop):
 
     def __repr__(self) -> str:
         return f"V2Crop({self.step!r})"
+
+
+def _opencv_resized(pixels: np.ndarray, size: tuple[int, ...]) -> np.ndarray:
+    """A window resized to ``size`` as ``crop=RandomResizedCrop`` resizes it (INTER_AREA where
+    it shrinks on both sides, else INTER_LINEAR)."""
+    import cv2
+
+    th, tw = size
+    shrink = pixels.shape[0] >= th and pixels.shape[1] >= tw
+    return cv2.resize(pixels, (tw, th), interpolation=cv2.INTER_AREA if shrink else cv2.INTER_LINEAR)
+
+
+def _quick_draw(crop: V2Crop, height: int, width: int) -> tuple[int, int, int, int]:
+    """``crop.step_window(height, width)`` with the same torch generator calls, in the same
+    order, made on two one-element tensors (a third of the time): ``torch.randint(0, n)`` is
+    ``random_(0, n)`` on an int64 tensor, ``torch.empty(1).uniform_`` the same on a reused one."""
+    import torch
+
+    floats, ints = torch.empty(1), torch.empty(1, dtype=torch.int64)
+    if crop.name == "RandomCrop":
+        th, tw = crop.size
+        top = int(ints.random_(0, height - th + 1)) if height > th else 0
+        return top, int(ints.random_(0, width - tw + 1)) if width > tw else 0, th, tw
+    scale, (low, high) = crop.step.scale, crop._log_ratio
+    area = height * width
+    for _ in range(10):
+        target = area * floats.uniform_(scale[0], scale[1]).item()
+        aspect = floats.uniform_(low, high).exp_().item()
+        w = int(round(math.sqrt(target * aspect)))
+        h = int(round(math.sqrt(target / aspect)))
+        if 0 < w <= width and 0 < h <= height:
+            return int(ints.random_(0, height - h + 1)), int(ints.random_(0, width - w + 1)), h, w
+    ratio = crop.step.ratio  # ten misses: the centred window within the ratio, drawing nothing
+    if width / height < min(ratio):
+        h, w = int(round(width / min(ratio))), width
+    elif width / height > max(ratio):
+        h, w = height, int(round(height * max(ratio)))
+    else:
+        h, w = height, width
+    return (height - h) // 2, (width - w) // 2, h, w
+
+
+def _quick_draws_match(crop: V2Crop) -> bool:
+    """True when :func:`_quick_draw` gives the step's windows for a range of image sizes (the
+    ten-miss fallback included) and leaves torch's generator where the step leaves it; drawn
+    under a forked generator, so the caller's stays as it was."""
+    import torch
+
+    if crop.name == "CenterCrop":
+        return False
+    th, tw = crop.size
+    sizes = [(th + 3 * k, tw + 5 * k) for k in range(12)] + [(th + 1, 40 * tw), (40 * th, tw + 2), (th, tw)]
+    with torch.random.fork_rng(devices=[]):
+        for seed, (h, w) in enumerate(sizes * 2):
+            drawn = []
+            for draw in (crop.step_window, lambda h, w: _quick_draw(crop, h, w)):
+                torch.manual_seed(seed)
+                drawn.append((draw(h, w), torch.rand(2).tolist()))
+            if drawn[0] != drawn[1]:
+                return False
+    return True
 
 
 @dataclass(frozen=True)
@@ -169,11 +250,14 @@ def _sample_reason(ds: Any, source: str) -> str | None:
     return None
 
 
-def fuse_v2_crop(ds: Any) -> Fusion | None:
+def fuse_v2_crop(ds: Any, mode: bool | str = True) -> Fusion | None:
     """Fuse the first crop of ``ds``'s v2 pipeline into its decode: set ``ds.crop`` to a
     :class:`V2Crop` and ``ds.transform`` (or ``ds.transforms``) to the steps after it; return
-    what was done, or None (nothing changed) where the pipeline or the samples do not allow it."""
-    if ds.crop is not None:
+    what was done, or None (nothing changed) where the pipeline or the samples do not allow it.
+    ``mode``: True (torchvision's kernels), ``"opencv"`` (a bilinear resize by OpenCV) or False."""
+    if mode not in (True, False, "opencv"):
+        raise ValueError(f"fuse_crop must be True, False or 'opencv', not {mode!r}")
+    if not mode or ds.crop is not None:
         return None  # the reader's own crop comes first
     source = "transform" if ds.transform is not None else "transforms"
     pipeline = getattr(ds, source)
@@ -184,7 +268,7 @@ def fuse_v2_crop(ds: Any) -> Fusion | None:
     rest = None
     if len(steps) > 1:
         rest = type(pipeline)(steps[1:])
-    crop = V2Crop(steps[0], ds.output)
+    crop = V2Crop(steps[0], ds.output, resize="opencv" if mode == "opencv" else "torchvision")
     ds.crop = crop
     setattr(ds, source, rest)
     return Fusion(source, pipeline, crop, rest)

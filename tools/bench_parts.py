@@ -13,13 +13,25 @@ from __future__ import annotations
 import argparse
 import inspect
 
-from tools.bench import distributed, fields, ranges, reads, reduced, remote, scale, versions, window
+from tools.bench import (
+    distributed,
+    fields,
+    ranges,
+    reads,
+    reduced,
+    remote,
+    scale,
+    v2fusion,
+    versions,
+    window,
+)
 from tools.bench.common import Subcommand
 
 #: subcommand -> (what it runs, what adds its arguments); the help is the first line of the docstring.
 SUBCOMMANDS: dict[str, Subcommand] = {
     **reads.SUBCOMMANDS,  # getitems, cache-fill
     **window.SUBCOMMANDS,
+    **v2fusion.SUBCOMMANDS,
     **reduced.SUBCOMMANDS,
     **remote.SUBCOMMANDS,
     **ranges.SUBCOMMANDS,

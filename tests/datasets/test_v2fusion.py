@@ -87,6 +87,7 @@ def test_the_window_decode_gets_torchvisions_windows(photos, monkeypatch):
     step = v2.RandomResizedCrop(24)
     with open_dataset(photos, transform=v2.Compose([step, v2.RandomHorizontalFlip()])) as fused, \
             open_dataset(photos) as whole:
+        assert fused.crop.quick  # the draw on reused tensors, checked against the step's own at open
         calls = spy_on_window_decodes(monkeypatch)
         for i in range(len(fused)):
             torch.manual_seed(i)
@@ -172,3 +173,29 @@ def test_a_single_step_is_fused_whole_and_pickles(photos):
         copy = pickle.loads(pickle.dumps(fused))  # as a spawned DataLoader worker gets it
         assert isinstance(copy.crop, V2Crop) and _same(copy[0], plain[0])
         _compare(fused, plain, seeds=[0])
+
+
+def test_opencv_resize_keeps_the_windows_and_gives_close_pixels(photos):
+    pipeline = v2.Compose([v2.RandomResizedCrop(24), v2.RandomHorizontalFlip()])
+    with open_dataset(photos, transform=pipeline, fuse_crop="opencv") as fast, \
+            open_dataset(photos, transform=pipeline, fuse_crop=False) as plain:
+        assert fast.crop.resize == "opencv"
+        for i in range(len(fast)):
+            torch.manual_seed(i)
+            got = fast[i][0]
+            after = torch.rand(1)
+            torch.manual_seed(i)
+            want = plain[i][0]
+            assert torch.equal(after, torch.rand(1)) and got.shape == want.shape == (3, 24, 24)
+            diff = (got.float() - want.float()).abs()
+            assert diff.mean() < 6 and diff.max() < 128
+    with pytest.raises(ValueError, match="fuse_crop must be"):
+        open_dataset(photos, transform=pipeline, fuse_crop="fast")
+
+
+def test_a_step_the_quick_draw_does_not_match_draws_with_its_own_make_params(photos):
+    step = v2.RandomResizedCrop(24)
+    step.ratio = (0.5, 2.0)  # make_params still draws with the ratio given to __init__
+    with open_dataset(photos, transform=step) as fused, open_dataset(photos, transform=step, fuse_crop=False) as plain:
+        assert not fused.crop.quick
+        _compare(fused, plain)
