@@ -41,6 +41,7 @@ from .readcache import CachedReads
 from .shm.skips import SkipCounter
 from .shm.worker_memory import settle_worker
 from .skipping import SkipPolicy
+from .v2fusion import Fusion, fuse_v2_crop
 
 __all__ = ["PackedDataset", "OUTPUTS", "FIELDS"]
 
@@ -107,6 +108,11 @@ class PackedDataset(FieldsPlan, CachedReads, SkipPolicy, Dataset):
             ``transforms``), applied last, after ``transform`` and ``target_transform``: called
             with the dict of fields under ``as_dict=True`` (and returning one), else with the
             fields as arguments (``transforms(image, mask, boxes)``, returning them as a tuple).
+        fuse_crop: run the first crop of a torchvision v2 ``transform`` (or, without one,
+            ``transforms``) in the decode, as ``crop=`` does: the same windows from the same torch
+            draws, the rest of the pipeline after it (:mod:`packer.datasets.v2fusion`; ``self.fusion``
+            says what was fused, None when nothing). ``False`` runs the pipeline as given;
+            ``"opencv"`` resizes a bilinear ``RandomResizedCrop`` as ``crop=`` does (faster, close pixels).
     """
 
     format: str = ""
@@ -130,6 +136,7 @@ class PackedDataset(FieldsPlan, CachedReads, SkipPolicy, Dataset):
         crop: Crop | int | Sequence[int] | None = None,
         as_dict: bool = False,
         transforms: Callable[..., Any] | None = None,
+        fuse_crop: bool | str = True,
     ) -> None:
         if output not in OUTPUTS:
             raise ValueError(f"output must be one of {OUTPUTS}, not {output!r}")
@@ -160,6 +167,7 @@ class PackedDataset(FieldsPlan, CachedReads, SkipPolicy, Dataset):
         if as_dict and len(set(self.fields)) != len(self.fields):
             raise ValueError(f"as_dict=True: fields must not repeat a name, not {fields!r}")
         self.as_dict = bool(as_dict)
+        self.fusion: Fusion | None = fuse_v2_crop(self, fuse_crop)
         self.verify = verify
         self.on_error = on_error
         self._skips = SkipCounter() if on_error == "skip" else None

@@ -28,6 +28,7 @@ from collections.abc import Sequence
 import cv2
 import numpy as np
 
+from packer.fields.boxes import move_boxes
 from packer.images.imageproc import Window
 
 __all__ = ["Crop", "CenterCrop", "RandomCrop", "RandomResizedCrop", "as_crop"]
@@ -66,6 +67,11 @@ class Crop:
     def output_size(self, window: Window) -> tuple[int, int]:
         """(height, width) of :meth:`finish`'s output for ``window`` (the window's, by default)."""
         return window[2], window[3]
+
+    def move_boxes(self, boxes: np.ndarray, labels: np.ndarray, window: Window) -> tuple[np.ndarray, np.ndarray]:
+        """N x 4 boxes and their labels in the output made of ``window``: shifted, clipped and
+        scaled with it, a box left with no area dropped with its label (by default)."""
+        return move_boxes(boxes, labels, window, self.output_size(window))
 
 
 class _FixedSize(Crop):

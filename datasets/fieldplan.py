@@ -26,7 +26,7 @@ from packer.images.imageproc import crop_window, decode_payload, decode_payload_
 from packer.storage.datasetdir import DatasetDir
 
 from .crops import Crop
-from .fields import check_fields, dataset_fields, move_boxes, output_kind
+from .fields import check_fields, dataset_fields, output_kind
 
 __all__ = ["FieldsPlan", "FIELDS", "DEFAULT_FIELDS", "ENCODED_FIELDS"]
 
@@ -243,7 +243,7 @@ class FieldsPlan:
             else:  # the boxes, from the sample table
                 boxes, labels = self._boxes(index, rec)
                 if crop is not None and window is not None:
-                    boxes, labels = move_boxes(boxes, labels, window, crop.output_size(window))
+                    boxes, labels = crop.move_boxes(boxes, labels, window)
                 values.update(zip(kind.outputs(f["name"]), (boxes, labels)))
 
     def _stored_field(self, rec: Record | None, name: str, index: int) -> Any:

@@ -22,6 +22,7 @@ from tools.bench import (
     reduced,
     remote,
     scale,
+    v2fusion,
     versions,
     window,
 )
@@ -31,6 +32,7 @@ from tools.bench.common import Subcommand
 SUBCOMMANDS: dict[str, Subcommand] = {
     **reads.SUBCOMMANDS,  # getitems, cache-fill
     **window.SUBCOMMANDS,
+    **v2fusion.SUBCOMMANDS,
     **reduced.SUBCOMMANDS,
     **remote.SUBCOMMANDS,
     **ranges.SUBCOMMANDS,
