@@ -331,8 +331,8 @@ def sessions(start_home, tmp_path_factory):
     return get
 
 
-@pytest.mark.parametrize("block", [_param(b) for b in ALL])
-def test_block_runs_as_written(block, sessions, request):
+def _run_as_written(block: Block, sessions: Callable[[str], Session], request: pytest.FixtureRequest) -> None:
+    """Run ``block``, after the blocks of its document above it that have not run yet."""
     reason = _skip_reason(block)
     if reason is not None:
         pytest.skip(reason)
@@ -358,6 +358,25 @@ def test_block_runs_as_written(block, sessions, request):
         session.done[block.line] = str(e).splitlines()[0]
         raise
     session.done[block.line] = None
+
+
+def _document_tests(doc: str) -> type:
+    """The test class of one document's blocks. A class per document, because the suite spreads
+    its tests over workers by module and class (``--dist loadscope``): each document runs whole on
+    one worker (its earlier blocks are made once) while the documents run side by side."""
+
+    class Document:
+        @pytest.mark.parametrize("block", [_param(b) for b in ALL if b.doc == doc])
+        def test_block_runs_as_written(self, block, sessions, request):
+            _run_as_written(block, sessions, request)
+
+    Document.__name__ = Document.__qualname__ = "TestDocument_" + re.sub(r"\W", "_", doc)
+    return Document
+
+
+for _doc in sorted({b.doc for b in ALL}):
+    _tests = _document_tests(_doc)
+    globals()[_tests.__name__] = _tests
 
 
 def test_fences_markers_and_prompts_are_read():
