@@ -13,7 +13,18 @@ from __future__ import annotations
 import argparse
 import inspect
 
-from tools.bench import distributed, fields, ranges, reads, reduced, remote, scale, versions, window
+from tools.bench import (
+    distributed,
+    fields,
+    ranges,
+    reads,
+    reduced,
+    remote,
+    scale,
+    streamcost,
+    versions,
+    window,
+)
 from tools.bench.common import Subcommand
 
 #: subcommand -> (what it runs, what adds its arguments); the help is the first line of the docstring.
@@ -23,6 +34,7 @@ SUBCOMMANDS: dict[str, Subcommand] = {
     **reduced.SUBCOMMANDS,
     **remote.SUBCOMMANDS,
     **ranges.SUBCOMMANDS,
+    **streamcost.SUBCOMMANDS,
     **scale.SUBCOMMANDS,
     **distributed.SUBCOMMANDS,
     **versions.SUBCOMMANDS,
