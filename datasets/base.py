@@ -248,6 +248,13 @@ class PackedDataset(FieldsPlan, CachedReads, SkipPolicy, Dataset):
                         raise
                     self._pid = pid
 
+    def remote_traffic(self) -> tuple[int, int] | None:
+        """For a dataset at a URL, ``(requests, bytes)`` that every process on this node has asked
+        of the server for its files so far (the difference over an epoch: the epoch's cost, see
+        docs/datasets.md); None for a local dataset."""
+        traffic = getattr(self._remote, "traffic", None)
+        return traffic() if traffic is not None else None
+
     @property
     def _ranged(self) -> bool:
         """True for a dataset at a URL read by byte range (:mod:`packer.storage.ranges`)."""

@@ -25,6 +25,7 @@ from numpy.typing import NDArray
 
 from packer.checks import check_int
 
+from .nodeshards import NodeOrder
 from .permutation import derive_key, mix64, permute
 from .stages import (
     LAZY_ORDER,
@@ -91,6 +92,7 @@ def plan(
     history: Sequence[tuple[int, int]] = (),
     window_shards: int | None = None,
     order: int = LAZY_ORDER,
+    stable_nodes: tuple[int, int] | None = None,
 ) -> NDArray[np.int64]:
     """Global sample indices that this worker of this rank reads this epoch, in order.
 
@@ -108,12 +110,15 @@ def plan(
     sources have ``sources`` shards each (see :func:`rank_indices`). ``history``: the epoch was
     resumed after changes of world size (see :func:`resharded_sequence`). ``window_shards``:
     shuffle with :func:`window_shuffle` over that many shards instead of the sample buffer.
+    ``stable_nodes``: see :func:`epoch_plan` (order 2 only).
     """
     if order == LAZY_ORDER:
         return np.asarray(epoch_plan(shard_sizes, world, seed=seed, epoch=epoch, shuffle=shuffle,
                                      partition=partition, buffer_size=buffer_size, batch_size=batch_size,
                                      skip=skip, take=take, sources=sources, history=history,
-                                     window_shards=window_shards))
+                                     window_shards=window_shards, stable_nodes=stable_nodes))
+    if stable_nodes is not None:
+        raise ValueError("stable node shards need order 2")
     if order != 1:
         raise ValueError(f"order must be one of {ORDERS}, got {order!r}")
     if not isinstance(world, World):
@@ -268,11 +273,13 @@ class _Windowed:
 
 
 def _rank_order2(passes: _Passes, *, seed: int, epoch: int, rank: int, world_size: int, shuffle: bool,
-                 partition: Partition, buffer_size: int, window_shards: int | None) -> _RankOrder | _Windowed:
-    """Order 2's rank sequence of ``rank`` of ``world_size``: :class:`_RankOrder`, shuffled in
-    windows of ``buffer_size`` positions, or with ``window_shards`` in windows of that many mean
-    shards' samples."""
-    base = _RankOrder(passes, epoch, rank, world_size, partition)
+                 partition: Partition, buffer_size: int, window_shards: int | None,
+                 stable_nodes: tuple[int, int] | None = None) -> Any:
+    """Order 2's rank sequence of ``rank`` of ``world_size``: :class:`_RankOrder` (with
+    ``stable_nodes``, :func:`_node_order`), shuffled in windows of ``buffer_size`` positions, or
+    with ``window_shards`` in windows of that many mean shards' samples."""
+    base = (_RankOrder(passes, epoch, rank, world_size, partition) if stable_nodes is None
+            else _node_order(passes, seed, epoch, rank, world_size, partition, shuffle, stable_nodes))
     if not shuffle:
         return base
     size = buffer_size
@@ -283,6 +290,17 @@ def _rank_order2(passes: _Passes, *, seed: int, epoch: int, rank: int, world_siz
     if size <= 1 or base.length <= 1:
         return base
     return _Windowed(base, size, derive_key(seed, _DOMAIN_WINDOW, epoch, rank))
+
+
+def _node_order(passes: _Passes, seed: int, epoch: int, rank: int, world_size: int, partition: Partition,
+                shuffle: bool, stable_nodes: tuple[int, int]) -> NodeOrder:
+    """The rank sequence with stable node shard sets (:mod:`.nodeshards`): ``stable_nodes`` is
+    ``(ranks per node, epochs between dealings; 0: one dealing)``; one whole dataset only."""
+    if len(passes.parts) != 1 or passes.totals[0] != passes.parts[0][2]:
+        raise ValueError("stable node shards are for one whole dataset (not a mixture or a subset)")
+    node_ranks, every = stable_nodes
+    return NodeOrder(passes.parts[0][0], seed=seed, epoch=epoch, rank=rank, world_size=world_size,
+                     partition=partition, shuffle=shuffle, node_ranks=node_ranks, every=every)
 
 
 class _Resharded:
@@ -389,6 +407,7 @@ def epoch_plan(
     sources: Sequence[int] | None = None,
     history: Sequence[tuple[int, int]] = (),
     window_shards: int | None = None,
+    stable_nodes: tuple[int, int] | None = None,
 ) -> EpochPlan:
     """This worker's indices of one epoch in order 2, as an :class:`EpochPlan` (computed on demand).
 
@@ -400,7 +419,8 @@ def epoch_plan(
     buffer; ``buffer_size`` at least a rank's count is one uniform permutation of the rank's
     samples. Every stage maps a position to a position, so item ``i`` costs O(log shards) without
     the items before it and a resume at ``skip`` generates nothing skipped. Memory: the shard order
-    of the epoch's passes, O(shards).
+    of the epoch's passes, O(shards). ``stable_nodes``: ``(ranks per node, epochs between
+    dealings)``, each node keeps its shards across epochs (:mod:`.nodeshards`).
     """
     if not isinstance(world, World):
         raise TypeError(f"world must be a World, got {type(world).__name__}")
@@ -418,7 +438,8 @@ def epoch_plan(
 
     def rank_sequence(rank: int, world_size: int) -> Any:
         return _rank_order2(passes, seed=seed, epoch=epoch, rank=rank, world_size=world_size, shuffle=shuffle,
-                            partition=partition, buffer_size=buffer_size, window_shards=window_shards)
+                            partition=partition, buffer_size=buffer_size, window_shards=window_shards,
+                            stable_nodes=stable_nodes)
 
     if history:
         seq = _Resharded(rank_sequence, history, world.rank, world.world_size, partition)

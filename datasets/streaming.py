@@ -97,6 +97,11 @@ class StreamOptions:
             a number of samples (an int); ``None``: all of it. Consecutive epochs continue one
             pass over the dataset (:func:`~packer.datasets.partition.stream_indices`), so
             ``subset=0.1`` reads every sample once in 10 epochs, a different part each epoch.
+        stable_shards: None: the shards are dealt to the nodes anew each epoch; 0: each node
+            (``node_ranks`` consecutive ranks) reads the same shards every epoch, in a new order
+            (:mod:`~packer.datasets.nodeshards`), so a node cache that holds the node's share
+            downloads nothing after the first epoch; N >= 1: dealt anew every N epochs.
+        node_ranks: ranks per node for ``stable_shards`` (``LOCAL_WORLD_SIZE``).
         order: the version of the reading order. 2 (the default): the plan computed on demand
             (:func:`~packer.datasets.partition.epoch_plan`), O(shards) memory per worker; 1: the
             first order, every stage materialised; a state saved under order 1 resumes in it.
@@ -111,10 +116,17 @@ class StreamOptions:
     subset: float | int | None = None
     shuffle_shards: int | None = None
     order: int = LAZY_ORDER
+    stable_shards: int | None = None
+    node_ranks: int = 1
 
     def __post_init__(self) -> None:
         if self.order not in ORDERS:
             raise ValueError(f"order must be one of {ORDERS}, got {self.order!r}")
+        if self.stable_shards is not None:
+            object.__setattr__(self, "stable_shards", check_int("stable_shards", self.stable_shards, 0))
+            if self.order != LAZY_ORDER:
+                raise ValueError(f"stable_shards needs order {LAZY_ORDER}")
+        object.__setattr__(self, "node_ranks", check_int("node_ranks", self.node_ranks, 1))
         if self.shuffle_shards is not None:
             object.__setattr__(self, "shuffle_shards", check_int("shuffle_shards", self.shuffle_shards, 1))
         if not isinstance(self.shuffle, bool):
@@ -168,6 +180,11 @@ class StreamingDataset(ResumableStream, IterableDataset):
         world: rank and world size to use instead of detecting them (``torch.distributed`` when
             initialised, else ``RANK``/``WORLD_SIZE``, else a single process). Worker and number
             of workers come from the DataLoader inside a worker, and from ``world`` outside one.
+        stable_shards: ``True``: each node keeps the same shards every epoch (shuffled inside its
+            share; the node's ranks are ``LOCAL_WORLD_SIZE`` consecutive ranks), so a node cache
+            that holds a node's share downloads nothing after epoch 1; an int N: the shards are
+            dealt to the nodes anew every N epochs; ``False`` (the default): anew every epoch.
+            One whole dataset only (not a mixture or a subset).
         prefetch_shards: for a dataset at a URL, how many shards of its plan each worker
             downloads ahead of the one it reads (0: none; a mixture reads without it).
         weights, epoch_samples, return_source, classes: how the datasets of a list are mixed,
@@ -201,6 +218,7 @@ class StreamingDataset(ResumableStream, IterableDataset):
         output: str = "tensor",
         world: World | None = None,
         prefetch_shards: int = 2,
+        stable_shards: bool | int = False,
         weights: Sequence[float] | None = None,
         epoch_samples: int | None = None,
         return_source: bool = False,
@@ -220,7 +238,9 @@ class StreamingDataset(ResumableStream, IterableDataset):
             block_samples = None if any(is_url(p) for p in named) else 4096
         self.options = StreamOptions(shuffle=shuffle, seed=seed, shuffle_buffer=shuffle_buffer,
                                      block_samples=block_samples, partition=partition,
-                                     batch_size=batch_size, subset=subset)
+                                     batch_size=batch_size, subset=subset, **_stable_options(stable_shards))
+        if self.options.stable_shards is not None and (not single or subset is not None):
+            raise ValueError("stable_shards is for one whole dataset (not a mixture or a subset)")
         if world is not None and not isinstance(world, World):
             raise TypeError(f"world must be a packer.datasets.partition.World, got "
                             f"{type(world).__name__}")
@@ -317,6 +337,11 @@ class StreamingDataset(ResumableStream, IterableDataset):
     def num_samples(self) -> int:
         """Samples in the dataset (all ranks together, without padding; all sources)."""
         return len(self.reader) if self._mix is None else sum(map(len, self._mix.readers))
+
+    def remote_traffic(self) -> tuple[int, int] | None:
+        """``(requests, bytes)`` this node has asked of the server for the dataset at a URL, over
+        every process (ranks, DataLoader workers) and epoch; None for local data or a mixture."""
+        return self.reader.remote_traffic() if self._mix is None else None
 
     @property
     def source_takes(self) -> list[int]:
@@ -424,7 +449,8 @@ class StreamingDataset(ResumableStream, IterableDataset):
         indices = make(self._sizes, world, seed=opts.seed, epoch=epoch, shuffle=opts.shuffle,
                        partition=opts.partition, buffer_size=opts.shuffle_buffer,
                        batch_size=opts.batch_size, skip=skip, **self._draws(),
-                       history=self._history_of(epoch), window_shards=opts.shuffle_shards)
+                       history=self._history_of(epoch), window_shards=opts.shuffle_shards,
+                       **({} if opts.stable_shards is None else {"stable_nodes": (opts.node_ranks, opts.stable_shards)}))
         if done > len(indices):
             raise ValueError(f"the state says this worker yielded {done} samples of epoch {epoch}, "
                              f"but it has only {len(indices)}")
@@ -495,6 +521,16 @@ class StreamingDataset(ResumableStream, IterableDataset):
     def __repr__(self) -> str:
         return (f"{type(self).__name__}({self.root!r}, format={self.reader.format!r}, "
                 f"samples={self.num_samples}, options={self.options})")
+
+
+def _stable_options(stable_shards: bool | int) -> dict[str, Any]:
+    """StreamOptions' ``stable_shards`` and ``node_ranks`` for the dataset's ``stable_shards``."""
+    if stable_shards is False:
+        return {}
+    if stable_shards is not True and (not isinstance(stable_shards, int) or stable_shards < 1):
+        raise ValueError(f"stable_shards must be True, False or a number of epochs >= 1, got {stable_shards!r}")
+    return {"stable_shards": 0 if stable_shards is True else stable_shards,
+            "node_ranks": int(os.environ.get("LOCAL_WORLD_SIZE", "1") or 1)}
 
 
 def _block_sizes(file_sizes: list[int], block: int | None) -> np.ndarray:

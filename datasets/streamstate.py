@@ -200,6 +200,7 @@ class ResumableStream:
             "mixture": None if self._mix is None else self._mix.takes,
             "order": opts.order,
             **({"shuffle_shards": opts.shuffle_shards} if opts.shuffle_shards is not None else {}),
+            **({"stable_shards": [opts.stable_shards, opts.node_ranks]} if opts.stable_shards is not None else {}),
         }
 
     def state_dict(self, samples_consumed: int | None = None) -> dict[str, Any]:

@@ -117,6 +117,12 @@ def _run_info(a: argparse.Namespace) -> int:
         print("remote reads " + ("ds[i] by one ranged GET of its record (open_dataset(..., remote=\"range\"), the "
                                  "default); StreamingDataset whole shards" if m.format in RANGE_FORMATS else
                                  f"{m.format} files are downloaded whole (records are found through the file's pages)"))
+        from ..storage.remote import streaming_cost
+
+        (open_n, open_b), (epoch_n, epoch_b) = streaming_cost(m)
+        print(f"requests    open {open_n} ({format_size(open_b)}); a streaming epoch through an empty node cache "
+              f"{epoch_n} ({format_size(epoch_b)}, whole shards, one GET per 16 MiB; its cost: requests x price per "
+              f"request + bytes x egress price)")
     print("node cache  cache_limit >= largest file x processes reading at once on a node (ranks x workers): "
           + ", ".join(f"{n}: {format_size(largest * n)}" for n in (1, 2, 4, 8)))
     return EXIT_OK

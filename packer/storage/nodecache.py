@@ -21,6 +21,7 @@ import fcntl
 import hashlib
 import os
 import stat
+import struct
 import time
 from collections.abc import Callable, Iterable, Iterator
 from typing import IO, Any
@@ -29,7 +30,7 @@ from ..description.manifest import MANIFEST_NAME
 from ..errors import CorruptDataError, PackerError
 from ..sizes import parse_size
 
-__all__ = ["NodeCache", "CacheFullError", "NodeCacheError", "default_cache_dir"]
+__all__ = ["NodeCache", "CacheFullError", "NodeCacheError", "default_cache_dir", "DOWNLOAD_CHUNK"]
 
 _LOCK = ".lock"  # the whole cache's lock, beside its folders
 _WANT = ".want"  # held (shared) by readers waiting for room: read-ahead stands back meanwhile
@@ -39,6 +40,9 @@ _FETCH = ".fetch"  # suffix of a file's download lock
 _PARTIAL = ".partial"  # suffix of a download in progress
 _AHEAD = ".ahead"  # suffix of a read-ahead's hold (shared lock) on a file not read yet
 _CHUNK = 1 << 24  # bytes per read of a download: one request each
+#: Bytes per request of a whole-file download: a file up to this size is one GET.
+DOWNLOAD_CHUNK = _CHUNK
+_TRAFFIC = ".traffic-"  # .traffic-VIEW beside the lock: requests and bytes this node asked for VIEW (16 bytes)
 _OPEN_DIR = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 
 
@@ -157,6 +161,34 @@ class NodeCache:
         with _named(self.root, self.root):
             block = max(os.statvfs(self.root).f_frsize, 512)
         return sum(-(-int(n) // block) * block for n in sizes)
+
+    def count(self, view_path: str, requests: int, nbytes: int) -> None:
+        """Add ``requests`` and ``nbytes`` to what this node (every process) asked of the server for
+        the dataset whose folder is ``view_path`` (from :meth:`view`)."""
+        if not requests and not nbytes:
+            return
+        view = os.path.basename(view_path)
+        with _named(self.root, view_path), _folder(self.root) as root:
+            fd = _open_lock(root, _TRAFFIC + view, fcntl.LOCK_EX)
+            try:
+                was = os.pread(fd, 16, 0)
+                had = struct.unpack("<QQ", was) if len(was) == 16 else (0, 0)
+                os.pwrite(fd, struct.pack("<QQ", had[0] + requests, had[1] + nbytes), 0)
+            finally:
+                os.close(fd)
+
+    def traffic(self, view_path: str) -> tuple[int, int]:
+        """(requests, bytes) this node's processes asked of the server for the dataset in
+        ``view_path`` since its folder was made: downloads and range reads (retries inside the
+        storage library are not seen)."""
+        view = os.path.basename(view_path)
+        with _named(self.root, view_path), _folder(self.root) as root:
+            fd = _open_lock(root, _TRAFFIC + view, fcntl.LOCK_SH)
+            try:
+                was = os.pread(fd, 16, 0)
+            finally:
+                os.close(fd)
+        return struct.unpack("<QQ", was) if len(was) == 16 else (0, 0)
 
     def usage(self) -> int:
         """Bytes every file under the cache's folders takes on disk now (downloads in progress at

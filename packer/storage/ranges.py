@@ -97,6 +97,7 @@ class RangeFiles(RemoteFiles):
             if self._replaced():
                 raise self.changed_error(name) from e
             raise
+        self.cache.count(self.view, 1, 0)  # the open asked for the size (and ETag): a HEAD
         size, want = getattr(f, "size", None), self.size(name)
         if size is not None and size != want:
             f.close()
@@ -128,6 +129,7 @@ class RangeFiles(RemoteFiles):
                 f.seek(offset)
                 data = bounded_call(self.remote.deadline, url, f.read, size)
         except RemoteError as e:
+            self.cache.count(self.view, 1, 0)
             self._drop(name)
             text = str(e).lower()
             if "fileexpired" in text or "pre-condition" in text or "precondition" in text:
@@ -142,6 +144,7 @@ class RangeFiles(RemoteFiles):
             if self._replaced():
                 raise self.changed_error(name) from e
             raise
+        self.cache.count(self.view, 1, len(data))
         if len(data) != size:
             self._drop(name)
             if self._replaced():

@@ -15,8 +15,9 @@ import os
 import posixpath
 import threading
 import time
-from collections.abc import Collection, Iterable, Iterator, Sequence
+from collections.abc import Callable, Collection, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field, replace
+from functools import partial
 from typing import Any
 
 from ..description.manifest import MANIFEST_NAME, MAX_MANIFEST_BYTES, Manifest
@@ -47,6 +48,8 @@ __all__ = [
     "parse_storage_options",
     "read_remote_manifest",
     "upload_dataset",
+    "download_requests",
+    "streaming_cost",
 ]
 
 #: Protocol -> the pip extra that brings its fsspec implementation.
@@ -151,7 +154,11 @@ class Remote:
         url = self.join(name)
         ends = time.monotonic() + self.deadline  # one deadline for the whole file, open included
         f = bounded_call(self.deadline, url, fs.open, posixpath.join(path, name), "rb", **extra)
-        return _Stream(f, url, self.deadline, ends)
+        if "size" in extra and hasattr(type(f), "details"):
+            f.details = {"name": posixpath.join(path, name), "size": size}  # else s3fs asks for them (a HEAD)
+        stream = _Stream(f, url, self.deadline, ends)
+        stream.requests = int("size" not in extra)  # the server was asked for the size (a HEAD)
+        return stream
 
 
 def _gcs_filesystem(url: str, options: dict[str, Any]) -> tuple[Any, str]:
@@ -182,13 +189,22 @@ class _Stream:
     def __init__(self, f: Any, url: str, deadline: float | None = None, ends: float | None = None) -> None:
         self._f, self._url, self._deadline = f, url, deadline
         self._ends = ends if ends is not None or deadline is None else time.monotonic() + deadline
+        self.requests = 0  # asked of the server so far (a read that returns nothing asks nothing)
+        self.received = 0  # bytes it answered
+        self.on_close: Callable[[int, int], None] | None = None  # given (requests, received) once, at close
 
     def read(self, n: int = -1) -> bytes:
+        left = self.size - self._f.tell() if self.size is not None and hasattr(self._f, "tell") else None
         try:
             if self._deadline is None or self._ends is None:
-                return call(self._url, self._f.read, n)
-            return bounded_call(self._ends - time.monotonic(), self._url, self._f.read, n, whole=self._deadline)
+                data = call(self._url, self._f.read, n)
+            else:
+                data = bounded_call(self._ends - time.monotonic(), self._url, self._f.read, n, whole=self._deadline)
+            self.requests += bool(data) or left is None or left > 0
+            self.received += len(data)
+            return data
         except RemoteError as e:
+            self.requests += 1
             if "range is not satisfiable" in str(e).lower() or "invalidrange" in str(e).lower():
                 return b""  # the object ended before the size the manifest gives: a short download
             raise
@@ -200,11 +216,15 @@ class _Stream:
         return size if isinstance(size, int) else None
 
     def close(self) -> None:
-        """Close the remote file (errors of a file that failed already are dropped)."""
+        """Close the remote file (errors of a file that failed already are dropped); report what it
+        asked of the server to ``on_close``."""
         try:
             self._f.close()
         except Exception:  # noqa: BLE001 - closing after a failed read
             pass
+        report, self.on_close = self.on_close, None
+        if report is not None:
+            report(self.requests, self.received)
 
     def __enter__(self) -> _Stream:
         return self
@@ -266,6 +286,26 @@ def _denied(e: Exception) -> bool:
     return isinstance(e, OSError) and str(e).startswith("Forbidden:")
 
 
+def download_requests(nbytes: int) -> int:
+    """Requests of one whole-file download of ``nbytes`` through the node cache: one GET per
+    :data:`~packer.storage.nodecache.DOWNLOAD_CHUNK`, and a HEAD first for a file larger than one."""
+    from .nodecache import DOWNLOAD_CHUNK
+
+    gets = max(1, -(-nbytes // DOWNLOAD_CHUNK))
+    return gets + (gets > 1)
+
+
+def streaming_cost(manifest: Manifest) -> tuple[tuple[int, int], tuple[int, int]]:
+    """What streaming the dataset costs from object storage, as ``(requests, bytes)``: at open
+    (the manifest, a HEAD and a GET, and each index file, once per node while the node cache
+    keeps them), and per epoch through an empty node cache (every shard downloaded whole once per
+    node: :func:`download_requests`); storage libraries' retries come on top."""
+    index = [f.bytes for f in manifest.files if not f.samples]
+    shards = [f.bytes for f in manifest.files if f.samples]
+    opened = (2 + sum(map(download_requests, index)), len(manifest.dumps()) + sum(index))
+    return opened, (sum(map(download_requests, shards)), sum(shards))
+
+
 def read_remote_manifest(remote: Remote, formats: Collection[str] | None = None) -> tuple[Manifest, bytes]:
     """The manifest at ``remote`` (validated; its ``format`` one of ``formats`` when given) and
     its exact bytes."""
@@ -317,14 +357,31 @@ class RemoteFiles:
         the cache has no room to spare now (see :meth:`packer.storage.nodecache.NodeCache.fetch`)."""
         size, sha = self._entries[name]
         try:
-            # Opened without the manifest's size: the server says what it holds, and the cache
-            # reserves room only for that (a forged size is refused before anything is taken).
-            return self.cache.fetch(os.path.join(self.view, name), size, sha,
-                                    lambda: self.remote.open(name), self.remote.join(name), ahead=ahead)
+            return self.cache.fetch(os.path.join(self.view, name), size, sha, lambda: self._source(name, size, sha),
+                                    self.remote.join(name), ahead=ahead)
         except (CorruptDataError, RemoteError) as e:
             if self._replaced():
                 raise self.changed_error(name) from e
             raise
+
+    def _source(self, name: str, size: int, sha: str) -> _Stream:
+        """File ``name`` opened for its download, its requests counted in the node cache. A file of
+        at most one download request (:data:`~packer.storage.nodecache.DOWNLOAD_CHUNK`) with a
+        SHA-256 is opened at the manifest's size: one GET, no HEAD; the cache reserves at most that
+        much, and the digest refuses any other object. Larger files (and other tools' shards, which
+        have no digest) are opened without it: the server says what it holds, and the cache
+        reserves room only for that (a forged size is refused before anything is taken)."""
+        from .nodecache import DOWNLOAD_CHUNK
+
+        stream = self.remote.open(name, size if sha and size <= DOWNLOAD_CHUNK else None)
+        stream.on_close = partial(self.cache.count, self.view)
+        return stream
+
+    def traffic(self) -> tuple[int, int]:
+        """(requests, bytes) every process on this node has asked of the server for this dataset's
+        files (downloads and range reads; not the manifest; retries inside the storage library
+        unseen): the difference over an epoch is what the epoch cost."""
+        return self.cache.traffic(self.view)
 
     def changed_error(self, name: str) -> DatasetChangedError:
         """The error for file ``name`` of a dataset that is no longer at the URL as it was opened."""

@@ -15,8 +15,7 @@ from packer.datasets import StreamingDataset, open_dataset
 from packer.description.manifest import read_manifest
 from packer.errors import CorruptDataError, DatasetChangedError
 from packer.storage.remote import Remote, RemoteError, upload_dataset
-from tests.helpers import import_optional, make_folder, moto_s3, pack
-from tools.faultlib import LatencyProxy
+from tests.helpers import import_optional, make_folder, pack
 
 import_optional("s3fs", "s3:// tests need s3fs: pip install 'packer[s3]'")
 import_optional("moto.server", "s3:// tests need moto's server: pip install 'moto[server]'")
@@ -24,21 +23,6 @@ import_optional("moto.server", "s3:// tests need moto's server: pip install 'mot
 RANGED = ["tar", "tfrecord", "hdf5"]
 #: The issue's target: 20 random reads after open fetch at most 2x their records + 64 KiB each.
 SLACK = 64 << 10
-
-
-@pytest.fixture(scope="module")
-def s3():
-    with moto_s3("data") as endpoint:
-        yield {"key": "testing", "secret": "testing", "client_kwargs": {"endpoint_url": endpoint,
-                                                                         "region_name": "us-east-1"}}
-
-
-@pytest.fixture
-def proxy(s3):
-    """A proxy in front of the server that counts the bytes it answers (``down``) and the requests."""
-    p = LatencyProxy(("127.0.0.1", int(s3["client_kwargs"]["endpoint_url"].rsplit(":", 1)[1])), 0.0)
-    yield p
-    p.sock.close()
 
 
 @pytest.fixture(scope="module")
