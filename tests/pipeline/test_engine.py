@@ -100,7 +100,7 @@ def test_ctrl_c_stops_cleanly(tmp_path):
     make_folder(str(root), {"a": [(f"{i}.png", 400, 400) for i in range(300)]})
     proc = subprocess.Popen(
         [sys.executable, "-m", "packer", "convert", "imagefolder", "lmdb", str(root), str(tmp_path / "out"),
-         "--workers", "2", "--encode", "png"],
+         "--workers", "2", "--encode", "png", "--resize", "shorter:1600", "--upscale"],  # seconds of work, not one
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
     )
     tmp = temp_dir_for(str(tmp_path / "out"))
