@@ -239,3 +239,13 @@ def slow_except(values, *keep):  # noqa: ANN001, ANN201 - pytest parameters
     import pytest
 
     return [v if v in keep else pytest.param(v, marks=pytest.mark.slow) for v in values]
+
+
+def sigint_as_in_a_terminal() -> None:
+    """A ``preexec_fn`` for a child that a test stops with SIGINT: SIGINT back at its default
+    action, so Python turns it into KeyboardInterrupt. A test run started in the background by a
+    shell without job control (``cmd &`` in a script, as CI runners may) inherits SIGINT ignored,
+    and a Python started so keeps ignoring it, as it should."""
+    import signal
+
+    signal.signal(signal.SIGINT, signal.SIG_DFL)

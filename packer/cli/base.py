@@ -23,5 +23,12 @@ class UsageError(OptionError):
 
 
 def say(msg: str) -> None:
-    """``msg`` as one line on stderr."""
-    print(msg, file=sys.stderr)
+    """``msg`` as one line on stderr, in one write: under torchrun (unbuffered streams) the ranks
+    share the terminal, and a line written as text, then newline, can be split by another rank's."""
+    sys.stderr.write(msg + "\n")
+    sys.stderr.flush()
+
+
+def tell(msg: str) -> None:
+    """``msg`` as one line on stdout, in one write (see :func:`say`)."""
+    sys.stdout.write(msg + "\n")

@@ -18,7 +18,7 @@ from ..conversion.options import (
 from ..conversion.request import convert_request
 from ..sources.table import source_names
 from ..wording import describe_skips, noun, plural
-from .base import EXIT_OK, EXIT_SKIPPED, Command, UsageError, say
+from .base import EXIT_OK, EXIT_SKIPPED, Command, UsageError, say, tell
 
 __all__ = ["COMMAND", "add_storage", "storage_options"]
 
@@ -69,7 +69,7 @@ def _run_convert(a: argparse.Namespace) -> int:
         return _summary(a, report)
     if launch.rank != 0:
         if not a.quiet:
-            print(f"rank {launch.rank}: part converted; rank 0 merged the parts into {a.dst}")
+            tell(f"rank {launch.rank}: part converted; rank 0 merged the parts into {a.dst}")
         return EXIT_OK
     # Done with skipped files is status 0 under torchrun: torchrun reports any other status as a
     # failed job (the skips are printed and listed in the manifest).
@@ -112,7 +112,7 @@ def _say_done(a: argparse.Namespace, report) -> None:  # noqa: ANN001 - a Conver
 
     m = report.manifest
     if getattr(report, "already_complete", False):
-        print(f"{a.dst} is already complete ({plural(m.num_samples, 'image')}, same source and options); nothing to do")
+        tell(f"{a.dst} is already complete ({plural(m.num_samples, 'image')}, same source and options); nothing to do")
         return
     for note in getattr(report, "notes", []):
         say(f"packer: {note}")
@@ -120,7 +120,7 @@ def _say_done(a: argparse.Namespace, report) -> None:  # noqa: ANN001 - a Conver
         say(f"packer: resumed: kept {plural(report.resumed['written'], 'sample')} written before the interruption")
     size = sum(f.bytes for f in m.files)
     where = f"{format_size(size)}, {plural(len(m.files), 'file')}" if m.files else "one file per image"
-    print(f"wrote {plural(m.num_samples, 'image')} in {plural(len(m.classes), 'class')} to {a.dst} ({m.format}, "
+    tell(f"wrote {plural(m.num_samples, 'image')} in {plural(len(m.classes), 'class')} to {a.dst} ({m.format}, "
           f"{where}) in {report.seconds:.1f} s = {report.rate:.0f} img/s")
     ignored = [f"{n} {_IGNORED.get(k, (k, k))[n != 1]}" for k, n in m.ignored.items() if n]
     if ignored:

@@ -33,7 +33,7 @@ from packer.pipeline.engine import (
     recover_publish,
     temp_dir_for,
 )
-from tests.helpers import make_folder
+from tests.helpers import make_folder, sigint_as_in_a_terminal
 from tools import faultlib as fl
 
 FORMATS = fl.FORMATS
@@ -373,7 +373,8 @@ def _wait_for_checkpoint(proc, dst: str) -> None:
 def test_ctrl_c_or_sigterm_keeps_resumable_output_and_resume_completes_it(tmp_path, sig, status, said):
     argv = _slow_source(tmp_path)
     dst = argv[7]
-    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            preexec_fn=sigint_as_in_a_terminal)
     _wait_for_checkpoint(proc, dst)
     proc.send_signal(sig)
     out, err = proc.communicate(timeout=60)

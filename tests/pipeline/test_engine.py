@@ -17,7 +17,7 @@ from packer.errors import ImageError, PackerError, SourceError
 from packer.pipeline.engine import ConvertOptions, _results, convert_imagefolder, temp_dir_for
 from packer.pipeline.pool import ordered_map
 from packer.pipeline.scan import scan_imagefolder
-from tests.helpers import make_folder
+from tests.helpers import make_folder, sigint_as_in_a_terminal
 from tests.workerfns import big_answers, chunk_fails_on_three
 
 
@@ -101,7 +101,7 @@ def test_ctrl_c_stops_cleanly(tmp_path):
     proc = subprocess.Popen(
         [sys.executable, "-m", "packer", "convert", "imagefolder", "lmdb", str(root), str(tmp_path / "out"),
          "--workers", "2", "--encode", "png", "--resize", "shorter:1600", "--upscale"],  # seconds of work, not one
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, preexec_fn=sigint_as_in_a_terminal,
     )
     tmp = temp_dir_for(str(tmp_path / "out"))
     deadline = time.time() + 30
