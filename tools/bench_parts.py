@@ -13,7 +13,18 @@ from __future__ import annotations
 import argparse
 import inspect
 
-from tools.bench import distributed, fields, ranges, reads, reduced, remote, scale, shuffle, versions, window
+from tools.bench import (
+    distributed,
+    fields,
+    ranges,
+    reads,
+    reduced,
+    remote,
+    scale,
+    shuffle,
+    versions,
+    window,
+)
 from tools.bench.common import Subcommand
 
 #: subcommand -> (what it runs, what adds its arguments); the help is the first line of the docstring.

@@ -5,7 +5,12 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from packer.datasets.orderstats import live_shards, order_quality, shards_per_window, uniform_expectation
+from packer.datasets.orderstats import (
+    live_shards,
+    order_quality,
+    shards_per_window,
+    uniform_expectation,
+)
 from packer.datasets.partition import World, epoch_plan
 
 N, CLASSES, SHARD = 100_000, 100, 1000
