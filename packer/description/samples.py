@@ -38,6 +38,7 @@ from ..errors import CorruptDataError
 from ..fields import KINDS, named
 from ..fields.boxes import BOXES
 from .manifest import FileEntry, file_sha256
+from .nodecheck import check_once
 
 __all__ = [
     "LABEL_KINDS", "MAX_META_BYTES", "MAX_META_DEPTH", "TABLE_NAME", "Label", "SampleTable", "SampleTableWriter",
@@ -503,9 +504,10 @@ class _Strings(Sequence[str]):
 
 
 class SampleTable:
-    """A sample table opened from a descriptor (memory-mapped: DataLoader workers share its pages).
-    Every section is checked against the header's CRC32C once, at open; CorruptDataError names the
-    file and what is wrong. With ``entry`` (the table's manifest entry) the table must also be the
+    """A sample table opened from a descriptor (memory-mapped: every process on a node shares its
+    pages, and reads only those it uses). Every section is checked against the header's CRC32C
+    and its offsets at open, once per node (:mod:`.nodecheck`: later opens of the same unchanged
+    file skip it, ``checked_here`` False); CorruptDataError names the file and what is wrong. With ``entry`` (the table's manifest entry) the table must also be the
     one the manifest lists: its id (:func:`table_id`) equal to the entry's, or, for tables listed
     without an id (written before tables had one), its SHA-256 equal to the entry's."""
 
@@ -530,33 +532,31 @@ class SampleTable:
             raise CorruptDataError(f"sample table holds {n} samples, the manifest says {num_samples}", path=path, offset=8)
         self.kind = LABEL_KINDS[kind]
         multi = self.kind == "multi"
-        label_bytes = 8 * n + (4 * (m + m % 2) if multi else 0)
-        want = _HEADER_BYTES + label_bytes + 16 * n + k + e
-        if version == BOXES_TABLE_VERSION:
-            want += -(k + e) % 8
-            b = struct.unpack_from("<Q", buf, want)[0] if size >= want + 8 else 0
-            self._box_at, self._box_total = want, b
-            want += 8 + 8 * n + 20 * b + 4 * (b % 2) if b < size else size + 1
-        if size != want:
-            raise CorruptDataError(f"sample table is {size} bytes, its header implies {want}", path=path)
-        if crc32c.crc32c(buf[_HEADER_BYTES:]) != body_crc:
-            raise CorruptDataError("sample table is damaged (checksum mismatch)", path=path, offset=_HEADER_BYTES)
-        off = _HEADER_BYTES
-        first = np.frombuffer(self._map, "<i8" if not multi else "<u8", n, off)
-        off += 8 * n
-        self._ids = np.frombuffer(self._map, "<u4", m, off) if multi else None
-        off += 4 * (m + m % 2) if multi else 0
+        self._check_size(buf, size, version, multi, n, m, k + e)
+        first = np.frombuffer(self._map, "<i8" if not multi else "<u8", n, _HEADER_BYTES)
+        self._ids = np.frombuffer(self._map, "<u4", m, _HEADER_BYTES + 8 * n) if multi else None
+        off = _HEADER_BYTES + 8 * n + (4 * (m + m % 2) if multi else 0)
         self._labels = first
         key_ends = np.frombuffer(self._map, "<u8", n, off)
         meta_ends = np.frombuffer(self._map, "<u8", n, off + 8 * n)
         off += 16 * n
-        for ends, total, what in ((key_ends, k, "key"), (meta_ends, e, "metadata")):
-            if n and (int(ends[-1]) != total or bool(np.any(np.diff(ends.astype(np.int64)) < 0))):
-                raise CorruptDataError(f"sample table's {what} offsets are inconsistent", path=path)
-        if multi and n and (int(first[-1]) != m or bool(np.any(np.diff(first.astype(np.int64)) < 0))):
-            raise CorruptDataError("sample table's label offsets are inconsistent", path=path)
-        if entry is not None and not entry.id and entry.sha256 and hashlib.sha256(buf).hexdigest() != entry.sha256:
-            raise _not_this_datasets(path, "its SHA-256 differs from the manifest's")
+        sha = entry.sha256 if entry is not None and not entry.id and entry.sha256 else ""
+
+        def check_whole() -> None:  # reads every page: once per node (nodecheck)
+            if crc32c.crc32c(buf[_HEADER_BYTES:]) != body_crc:
+                raise CorruptDataError("sample table is damaged (checksum mismatch)", path=path, offset=_HEADER_BYTES)
+            for ends, total, what in ((key_ends, k, "key"), (meta_ends, e, "metadata"), (first, m, "label")):
+                if what == "label" and not multi:
+                    continue
+                if n and (int(ends[-1]) != total or bool(np.any(ends[1:] < ends[:-1]))):
+                    raise CorruptDataError(f"sample table's {what} offsets are inconsistent", path=path)
+            if sha and hashlib.sha256(buf).hexdigest() != sha:
+                raise _not_this_datasets(path, "its SHA-256 differs from the manifest's")
+            if version == BOXES_TABLE_VERSION:
+                self._open_boxes(n, check=True)
+
+        #: True when this process checked the whole table, False when a process on this node had.
+        self.checked_here = check_once(fd, f"sample table {self.id} {sha}", check_whole)
         self.keys = _Strings(buf[off:off + k], key_ends)
         self._meta = _Strings(buf[off + k:off + k + e], meta_ends)
         self.num_samples = n
@@ -564,10 +564,21 @@ class SampleTable:
         if self.has_boxes:
             self._open_boxes(n)
 
-    def _open_boxes(self, n: int) -> None:
+    def _check_size(self, buf: memoryview, size: int, version: int, multi: bool, n: int, m: int, blobs: int) -> None:
+        """The file's size against the header's counts (and, in version 2, the boxes section's)."""
+        want = _HEADER_BYTES + 8 * n + (4 * (m + m % 2) if multi else 0) + 16 * n + blobs
+        if version == BOXES_TABLE_VERSION:
+            want += -blobs % 8
+            b = struct.unpack_from("<Q", buf, want)[0] if size >= want + 8 else 0
+            self._box_at, self._box_total = want, b
+            want += 8 + 8 * n + 20 * b + 4 * (b % 2) if b < size else size + 1
+        if size != want:
+            raise CorruptDataError(f"sample table is {size} bytes, its header implies {want}", path=self.path)
+
+    def _open_boxes(self, n: int, check: bool = False) -> None:
         at, b = self._box_at + 8, self._box_total
         self._box_ends = np.frombuffer(self._map, "<u8", n, at)
-        if n and (int(self._box_ends[-1]) != b or bool(np.any(np.diff(self._box_ends.astype(np.int64)) < 0))):
+        if check and n and (int(self._box_ends[-1]) != b or bool(np.any(np.diff(self._box_ends.astype(np.int64)) < 0))):
             raise CorruptDataError("sample table's box offsets are inconsistent", path=self.path, offset=at)
         self._boxes = np.frombuffer(self._map, "<f4", 4 * b, at + 8 * n).reshape(b, 4)
         self._box_labels = np.frombuffer(self._map, "<i4", b, at + 8 * n + 16 * b)
@@ -583,12 +594,12 @@ class SampleTable:
 
     @property
     def targets(self) -> np.ndarray | list[list[int]]:
-        """Every sample's label: int64 class indices (``class``), float64 (``number``), or a list
-        of class-index lists (``multi``)."""
+        """Every sample's label: int64 class indices (``class``), float64 (``number``), both read-only
+        views of the mapped file (no copy), or a list of class-index lists (``multi``)."""
         if self.kind == "class":
-            return np.array(self._labels, np.int64)
+            return self._labels.astype(np.int64, copy=False)
         if self.kind == "number":
-            return self._labels.view("<f8").astype(np.float64)
+            return self._labels.view("<f8").astype(np.float64, copy=False)
         return [self.labels_of(i) for i in range(self.num_samples)]
 
     def labels_of(self, i: int) -> list[int]:

@@ -244,8 +244,68 @@ def simulated_plan(samples: int, ranks: int, workers: int, order: int, skip: int
             "uss_mb": (_uss_kb() - uss0) / 1024, "per_worker": len(got)}
 
 
+def simulated_table(samples: int, path: str) -> dict[str, Any]:
+    """Child: a sample table of ``samples`` class labels (1,000 classes in stored order) and 25-byte
+    keys, written by ``write_table`` from spill files made with numpy (no records, no images)."""
+    from packer.description.samples import write_table
+
+    folder = os.path.dirname(path)
+    os.makedirs(folder, exist_ok=True)
+    spill = np.dtype([("value", "<i8"), ("keylen", "<u4"), ("metalen", "<u4")])  # the spill rows' layout
+    fixed = np.memmap(os.path.join(folder, "fixed"), spill, mode="w+", shape=(samples,))
+    t0 = time.perf_counter()
+    with open(os.path.join(folder, "keys"), "wb") as keys:
+        for a in range(0, samples, 1 << 22):
+            i = np.arange(a, min(samples, a + (1 << 22)))
+            fixed["value"][a:len(i) + a], fixed["keylen"][a:len(i) + a], fixed["metalen"][a:len(i) + a] = i * 1000 // samples, 25, 0
+            keys.write(np.char.add(np.char.add("n", np.char.zfill((i * 1000 // samples).astype(str), 8)),
+                                   np.char.add("/", np.char.add(np.char.zfill(i.astype(str), 10), ".JPEG"))).astype("S25").tobytes())
+    fixed.flush()
+    del fixed
+    for name in ("meta", "multi"):
+        open(os.path.join(folder, name), "wb").close()
+    parts = [os.path.join(folder, name) for name in ("fixed", "keys", "meta", "multi")]
+    write_table(path, "class", *parts)
+    for part in parts:
+        os.remove(part)
+    return {"seconds": time.perf_counter() - t0, "bytes": os.path.getsize(path)}
+
+
+def table_open(path: str, samples: int) -> dict[str, Any]:
+    """Child: open the sample table, take ``targets`` and read 1,000 random keys; seconds, and the
+    growth of this process's anonymous memory (heap: what it holds of its own) and its mapped table
+    pages (the file's RSS here: page cache, one copy for every process of the node)."""
+    from packer.description.samples import SampleTable
+
+    anon0 = _rss_kb(os.getpid())[1]
+    t0 = time.perf_counter()
+    fd = os.open(path, os.O_RDONLY)
+    table = SampleTable(fd, path, samples)
+    os.close(fd)
+    opened = time.perf_counter() - t0
+    seconds, targets = timed(lambda: table.targets)
+    counts = np.bincount(targets[:: max(1, samples // 1_000_000)], minlength=1000)  # touches a sample of the labels
+    keys_s, _ = timed(lambda: [table.keys[i] for i in np.random.default_rng(0).integers(0, samples, 1000).tolist()])
+    return {"open_s": opened, "checked_here": table.checked_here, "targets_s": seconds, "keys_ms": keys_s * 1000,
+            "anon_mb": (_rss_kb(os.getpid())[1] - anon0) / 1024, "mapped_mb": _mapped_kb(path) / 1024, "classes": int((counts > 0).sum())}
+
+
+def _mapped_kb(path: str) -> int:
+    total, inside = 0, False
+    with open("/proc/self/smaps") as f:
+        for line in f:
+            head = line.split()
+            if len(head) >= 5 and "-" in head[0]:
+                inside = line.rstrip().endswith(path)
+            elif inside and line.startswith("Rss:"):
+                total += int(head[1])
+    return total
+
+
 SCALE_CHILDREN: dict[str, Callable[[list[str]], dict[str, Any]]] = {
     "simplan": lambda r: simulated_plan(*map(int, r)),
+    "simtable": lambda r: simulated_table(int(r[0]), r[1]),
+    "tableopen": lambda r: table_open(r[0], int(r[1])),
     "build": lambda r: scale_build(r[0], int(r[1]), r[2], int(r[3])),
     "open": lambda r: scale_open(r[0]),
     "pss": lambda r: scale_pss(r[0], r[1], int(r[2]), int(r[3])),
@@ -392,5 +452,41 @@ def _scale_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--child", nargs="+", help=argparse.SUPPRESS)
 
 
+def scale_index_table(a: argparse.Namespace) -> int:
+    """The sample table per node: the first open on a node (checks the whole file) against every
+    later one (ranks and workers: the node's stamp), at 10M and 100M simulated samples.
+
+    Each table is written once under ``--root`` (labels and 25-byte keys; no records) and kept;
+    each open is a fresh child with a fresh stamp folder for the first and the same for the
+    others. The page cache is warm (the table was just written or read)."""
+    if a.child:
+        print(json.dumps(SCALE_CHILDREN[a.child[0]](a.child[1:])))
+        return 0
+    header("samples", "table", "open", "checked here", "targets", "1,000 random keys", "anonymous memory growth",
+           "table pages mapped")
+    for samples in a.samples:
+        path = os.path.join(a.root, f"table-{samples}", "samples.table")
+        if not os.path.exists(path):
+            made = run_child("simtable", samples, path)
+            print(f"# wrote {path}: {made['bytes'] / 2**20:,.0f} MiB in {made['seconds']:.0f} s", file=sys.stderr)
+        os.environ["PACKER_CHECKED_DIR"] = stamps = os.path.join(a.root, f"stamps-{samples}")
+        shutil.rmtree(stamps, ignore_errors=True)
+        os.utime(path, ns=(time.time_ns() - 10**10,) * 2)  # settled: a table written seconds ago is stamped too
+        time.sleep(2.1)  # its change time, which utime set to now, must settle as well
+        for when in ("first on the node", "every later one"):
+            got = run_child("tableopen", path, samples)
+            row(f"{samples:,}", f"{os.path.getsize(path) / 2**20:,.0f} MiB", f"{got['open_s'] * 1000:,.1f} ms ({when})",
+                str(got["checked_here"]), f"{got['targets_s'] * 1000:.2f} ms", f"{got['keys_ms']:.1f} ms",
+                f"{got['anon_mb']:.1f} MB", f"{got['mapped_mb']:,.1f} MB")
+    return 0
+
+
+def _scale_index_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--root", default="/tmp/packer-scale-index", help="where the tables are written and kept")
+    p.add_argument("--samples", type=int, nargs="+", default=[10_000_000, 100_000_000])
+    p.add_argument("--child", nargs="+", help=argparse.SUPPRESS)
+
+
 #: subcommand of ``python -m tools.bench_parts`` -> (what it runs, what adds its arguments).
-SUBCOMMANDS: dict[str, Subcommand] = {"scale": (scale, _scale_args), "scale-plan": (scale_plan_table, _scale_plan_args)}
+SUBCOMMANDS: dict[str, Subcommand] = {"scale": (scale, _scale_args), "scale-plan": (scale_plan_table, _scale_plan_args),
+                                      "scale-index": (scale_index_table, _scale_index_args)}
