@@ -145,8 +145,13 @@ def _check_fields(ds: Any, m: Manifest, rec: Record, i: int) -> None:
     names = [f.name for f in rec.fields]
     if names != m.stored_fields:
         raise CorruptDataError(f"has the fields {names}, the manifest lists {m.stored_fields}", **where)
+    declared = {e["name"]: e.get("dtype") for e in m.fields}
     for f in rec.fields:
         KINDS[str(m.field_kind(f.name))].verify(f, (rec.height, rec.width), where)
+        dtype = declared.get(f.name)
+        if dtype is not None and f.depth > 8 * np.dtype(dtype).itemsize:
+            raise CorruptDataError(f"field {f.name!r} is stored with {f.depth} bits per value, wider than the "
+                                   f"manifest's {dtype}", **where)
     spec = next((f for f in m.fields if KINDS[f["kind"]] is BOXES), None)
     if spec is not None:
         _check_boxes(ds.sample_table(), rec, bool(spec.get("labels")), i)

@@ -33,6 +33,7 @@ from .engine import (
 from .itemfields import (
     FieldFiles,
     ItemFields,
+    SourceSize,
     declared_fields,
     field_processor,
     fields_entry,
@@ -117,7 +118,11 @@ def _process_source(source: str | bytes, stamp: Stamp | None, files: FieldFiles 
     if files is None:
         return process_data(source, opts) if isinstance(source, bytes) else process_file(source, opts, stamp)
     process = field_processor(files)
-    return process(source, opts) if isinstance(source, bytes) else process_file(source, opts, stamp, process)
+    out = process(source, opts) if isinstance(source, bytes) else process_file(source, opts, stamp, process)
+    declared_by = files.size.declared_by if files.size is not None else None
+    if out[1] is not None and declared_by and declared_by != SourceSize.declared_by and declared_by not in out[1]:
+        return out[0], f"{declared_by}: {out[1]}"  # the entry that named this image (images[3] of a COCO file)
+    return out
 
 
 def _process_sources(sources: Sequence[tuple[Any, ...]], opts: ProcessOptions) -> list[tuple[Any, str | None]]:

@@ -143,6 +143,23 @@ def test_a_mask_stored_wider_than_the_declared_dtype_is_corrupt_data_naming_the_
     assert e.value.sample == 2
 
 
+@pytest.mark.parametrize("fmt", ["lmdb", "tar"])
+def test_verify_reports_a_mask_stored_wider_than_the_declared_dtype(tmp_path, fmt):
+    import json
+
+    from packer.operations.verify import verify_dataset
+
+    _convert(_masks({2}), tmp_path / "d", fmt)
+    assert verify_dataset(tmp_path / "d").ok
+    path = tmp_path / "d" / "manifest.json"
+    d = json.loads(path.read_text())
+    d["fields"][0]["dtype"] = "uint8"
+    path.write_text(json.dumps(d))
+    rep = verify_dataset(tmp_path / "d")
+    assert rep.bad_samples == [2]
+    assert len(rep.problems) == 1 and "16 bits per value, wider than the manifest's uint8" in rep.problems[0]
+
+
 # -- a mask's size comes from its header, before anything is decoded --------------------------------
 
 def _png_of_size(width: int, height: int, bits: int, rows: int | None = None) -> bytes:

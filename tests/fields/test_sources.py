@@ -413,9 +413,23 @@ def test_coco_problems_name_the_entry_or_skip_the_image(coco, tmp_path):
     report = convert_coco(root / "bad.json", tmp_path / "out", "lmdb", _options(), images=root)
     reasons = {s.path: s.reason for s in report.skipped}
     assert "is not an ordered box inside the 24x36 image" in reasons["img/002.png"]
-    assert reasons["img/003.png"].startswith("cannot read")
+    assert reasons["img/003.png"].startswith("images[2]: cannot read")
     assert report.manifest.num_samples == 1
     assert main(["convert", "coco", "lmdb", str(root / "instances.json"), str(tmp_path / "o2"), "-q"]) == 2
+
+
+def test_a_coco_image_file_that_does_not_decode_is_a_skip_naming_its_entry(coco, tmp_path):
+    from packer.sources.coco import convert_coco
+
+    root, _, _, _ = coco
+    data = (root / "img" / "002.png").read_bytes()
+    (root / "img" / "002.png").write_bytes(data[:40] + bytes(len(data) - 40))  # the header kept, pixels gone
+    for masks in ("semantic", None):
+        report = convert_coco(root / "instances.json", tmp_path / f"out-{masks}", "lmdb", _options(), images=root,
+                              masks=masks)
+        reasons = {s.path: s.reason for s in report.skipped}
+        assert list(reasons) == ["img/002.png"] and reasons["img/002.png"].startswith("images[1]: "), reasons
+        assert report.manifest.num_samples == 2
 
 
 def test_a_field_file_that_changes_after_listing_is_an_error_naming_it(src, tmp_path, monkeypatch):
