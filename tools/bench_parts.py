@@ -22,6 +22,7 @@ from tools.bench import (
     reduced,
     remote,
     scale,
+    scalegen,
     shuffle,
     streamcost,
     v2fusion,
@@ -40,6 +41,7 @@ SUBCOMMANDS: dict[str, Subcommand] = {
     **ranges.SUBCOMMANDS,
     **streamcost.SUBCOMMANDS,
     **scale.SUBCOMMANDS,
+    **scalegen.SUBCOMMANDS,  # scale-data
     **shuffle.SUBCOMMANDS,
     **distributed.SUBCOMMANDS,
     **versions.SUBCOMMANDS,

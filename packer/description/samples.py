@@ -206,13 +206,17 @@ class SampleTableWriter:
 
     _PARTS = ("fixed", "keys", "meta", "multi", "boxcount", "boxes", "boxlabels")
 
-    def __init__(self, writer: Any, label_kind: str = "class", boxes: bool = False) -> None:
+    def __init__(self, writer: Any, label_kind: str = "class", boxes: bool = False,
+                 checkpoints: bool | None = None) -> None:
+        """``checkpoints``: whether :meth:`checkpoint` will be called (None: when the writer is
+        resumable); only then are the spill lengths of each row kept until the next checkpoint,
+        so a run that never checkpoints (a merge, a conversion without a journal) keeps none."""
         if label_kind not in LABEL_KINDS:
             raise ValueError(f"label kind must be one of {LABEL_KINDS}, not {label_kind!r}")
         self.writer = writer
         self.kind = label_kind
         self.boxes = boxes
-        self.resumable = getattr(writer, "resumable", False)
+        self.resumable = getattr(writer, "resumable", False) if checkpoints is None else checkpoints
         self._files: dict[str, Any] = {}
         self._count = 0
         # spill lengths after each row since the last checkpoint, one group per row (row

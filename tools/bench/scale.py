@@ -314,9 +314,9 @@ SCALE_CHILDREN: dict[str, Callable[[list[str]], dict[str, Any]]] = {
 }
 
 
-def run_child(*args: Any) -> dict[str, Any]:
-    """Run ``scale --child args`` in a fresh interpreter; its JSON answer."""
-    out = subprocess.run([sys.executable, "-m", "tools.bench_parts", "scale", "--child", *map(str, args)],
+def run_child(*args: Any, sub: str = "scale") -> dict[str, Any]:
+    """Run ``SUB --child args`` in a fresh interpreter; its JSON answer."""
+    out = subprocess.run([sys.executable, "-m", "tools.bench_parts", sub, "--child", *map(str, args)],
                          stdout=subprocess.PIPE, text=True)
     if out.returncode:
         raise SystemExit(f"child {args} failed with exit status {out.returncode}")
