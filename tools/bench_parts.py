@@ -23,6 +23,7 @@ from tools.bench import (
     remote,
     scale,
     scalegen,
+    scalenode,
     shuffle,
     streamcost,
     v2fusion,
@@ -42,6 +43,7 @@ SUBCOMMANDS: dict[str, Subcommand] = {
     **streamcost.SUBCOMMANDS,
     **scale.SUBCOMMANDS,
     **scalegen.SUBCOMMANDS,  # scale-data
+    **scalenode.SUBCOMMANDS,  # scale-node
     **shuffle.SUBCOMMANDS,
     **distributed.SUBCOMMANDS,
     **versions.SUBCOMMANDS,

@@ -128,3 +128,57 @@ def _scale_data_args(p: Any) -> None:
 
 
 SUBCOMMANDS = {"scale-data": (scale_data, _scale_data_args)}
+
+
+def _merge_child(parts_root: str, count: int, dst: str) -> dict[str, Any]:
+    from packer.operations.merge import merge
+    from tools.bench.scale import TreeMemory
+
+    parts = [os.path.join(parts_root, f"part-{p:05d}") for p in range(count)]
+    with TreeMemory(os.getpid()) as memory:
+        t0 = time.perf_counter()
+        report = merge(parts, dst, overwrite=True)
+        seconds = time.perf_counter() - t0
+    return {"seconds": seconds, "samples": report.manifest.num_samples, "tree_peak_mb": memory.peak[0] / 1024,
+            "tree_anon_mb": memory.peak[1] / 1024}
+
+
+def scale_merge(a: Any) -> int:
+    """A merge of many parts (``--parts``, e.g. 100 and 1,000) in bounded memory: peak RSS and anonymous RSS.
+
+    One part of ``--part-samples`` real tiny records is made with ``scale-data``'s generator and
+    hard-linked into ``max(--parts)`` part folders (the same records in each: merge reads every
+    part's files whole, so they are real parts to it); each merge runs in a fresh child."""
+    from tools.bench.common import header, row
+    from tools.bench.scale import run_child
+
+    if a.child:
+        print(json.dumps(_merge_child(a.child[0], int(a.child[1]), a.child[2])))
+        return 0
+    root = os.path.join(a.root, f"parts-{a.format}")
+    one = os.path.join(root, "part-00000")
+    if not kept(one, a.part_samples):
+        build_real(a.format, a.part_samples, one)
+    for p in range(1, max(a.parts)):
+        dst = os.path.join(root, f"part-{p:05d}")
+        if not os.path.exists(dst):
+            os.makedirs(dst)
+            for name in os.listdir(one):
+                os.link(os.path.join(one, name), os.path.join(dst, name))
+    header("format", "parts", "samples", "merge", "peak RSS", "peak anonymous RSS")
+    for count in a.parts:
+        got = run_child(root, count, os.path.join(a.root, f"merged-{a.format}"), sub="scale-merge")
+        row(a.format, f"{count:,}", f"{got['samples']:,}", f"{got['seconds']:.0f} s", f"{got['tree_peak_mb']:.0f} MB",
+            f"{got['tree_anon_mb']:.0f} MB")
+    return 0
+
+
+def _scale_merge_args(p: Any) -> None:
+    p.add_argument("--root", default="/tmp/packer-scale-data", help="where the parts are made and kept")
+    p.add_argument("--format", default="lmdb", choices=["lmdb", "tar", "tfrecord", "hdf5"])
+    p.add_argument("--parts", type=int, nargs="+", default=[100, 1000])
+    p.add_argument("--part-samples", type=int, default=1000)
+    p.add_argument("--child", nargs="+", help=argparse.SUPPRESS)
+
+
+SUBCOMMANDS["scale-merge"] = (scale_merge, _scale_merge_args)
