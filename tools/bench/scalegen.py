@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import sys
 import time
 from collections.abc import Iterator
 from typing import Any
@@ -182,3 +183,128 @@ def _scale_merge_args(p: Any) -> None:
 
 
 SUBCOMMANDS["scale-merge"] = (scale_merge, _scale_merge_args)
+
+
+def build_simulated_tar(n: int, dst: str, shard_samples: int = 10_000, member: int = 2048) -> dict[str, Any]:
+    """A tar dataset of ``n`` samples at ``dst`` whose shards are sparse files (the size the writer
+    would give ``member``-byte samples, no bytes on disk) and whose per-shard index files and
+    sample table are real: offsets, sizes, labels and 25-byte keys as the writer lays them out,
+    the index files' CRCs real, the images' zero (there are no image bytes to check)."""
+    from packer import __version__
+    from packer.description.manifest import FileEntry, Manifest, write_manifest
+    from packer.description.placement import file_id
+    from packer.description.samples import TABLE_NAME, write_table
+    from packer.images.codecs import CODEC_IDS
+    from packer.layouts.tar import INDEX_ENTRY, INDEX_SUFFIX, final_size, pack_index
+
+    t0 = time.perf_counter()
+    os.makedirs(dst, exist_ok=True)
+    files: list[FileEntry] = []
+    spill = np.dtype([("value", "<i8"), ("keylen", "<u4"), ("metalen", "<u4")])  # the table's spill rows
+    fixed = np.memmap(os.path.join(dst, ".fixed"), spill, mode="w+", shape=(n,))
+    with open(os.path.join(dst, ".keys"), "wb") as keys_out:
+        for s, first in enumerate(range(0, n, shard_samples)):
+            i = np.arange(first, min(n, first + shard_samples), dtype=np.int64)
+            labels = (i * 7919) % len(CLASSES)
+            keys = np.char.add(np.char.add("n", np.char.zfill(labels.astype(str), 8)),
+                               np.char.add("/", np.char.add(np.char.zfill(i.astype(str), 10), ".JPEG"))).astype("S25")
+            e = np.zeros(len(i), INDEX_ENTRY)
+            e["offset"] = 512 + (i - first) * (member + 512)  # each image member after its 512-byte header
+            e["size"], e["label"], e["height"], e["width"] = member, labels, 16, 16
+            e["key_end"] = np.arange(1, len(i) + 1) * 25
+            e["codec"], e["channels"] = CODEC_IDS["jpeg"], 3
+            name = f"shard-{s:06d}"
+            size = final_size(len(i) * (member + 512))
+            with open(os.path.join(dst, name + ".tar"), "wb") as f:
+                f.truncate(size)
+            index = pack_index(first, e, keys.tobytes())
+            with open(os.path.join(dst, name + INDEX_SUFFIX), "wb") as f:
+                f.write(index)
+            fid = file_id(s, keys[0].decode(), bytes(member))  # as a writer names the shard (its first sample)
+            files += [FileEntry(name + ".tar", len(i), size, "", first, fid),
+                      FileEntry(name + INDEX_SUFFIX, 0, len(index), "", first)]
+            sl = slice(first, first + len(i))
+            fixed["value"][sl], fixed["keylen"][sl], fixed["metalen"][sl] = labels, 25, 0
+            keys_out.write(keys.tobytes())
+    fixed.flush()
+    del fixed
+    for part in ("meta", "multi"):
+        open(os.path.join(dst, "." + part), "wb").close()
+    parts = [os.path.join(dst, "." + p) for p in ("fixed", "keys", "meta", "multi")]
+    path = os.path.join(dst, TABLE_NAME)
+    tid = write_table(path, "class", *parts)
+    for p in parts:
+        os.remove(p)
+    files.append(FileEntry(TABLE_NAME, 0, os.path.getsize(path), "", 0, tid))  # bound by its id, not hashed
+    write_manifest(dst, Manifest(format="tar", num_samples=n, classes=list(CLASSES), processing={"encoding": "keep"},
+                                 files=files, source={"kind": "simulated", "generator": "tools.bench.scalegen"},
+                                 created_by=f"packer {__version__}"))
+    return {"seconds": time.perf_counter() - t0, "samples": n, "shards": len(files) // 2}
+
+
+def _sim_open(path: str, lazy: bool, reads: int) -> dict[str, Any]:
+    """Child: open the simulated tar (its index read lazily or loaded whole), read one sample and
+    ``reads`` random ones (records, not decoded: the payloads are zeros); seconds and memory."""
+    import packer.datasets.formats.shardindex as shardindex
+    from tools.bench.scale import _rss_kb
+    from tools.bench.scalenode import _uss_kb
+
+    shardindex.LAZY_INDEX_SAMPLES = 1 if lazy else 1 << 62  # either way whatever the size
+    import packer.datasets as pd
+
+    anon0, uss0 = _rss_kb(os.getpid())[1], _uss_kb()
+    t0 = time.perf_counter()
+    ds = pd.open_dataset(path, verify=False)
+    opened = time.perf_counter() - t0
+    ds.read_record(len(ds) - 1)
+    first = time.perf_counter() - t0
+    ds.targets  # noqa: B018 - the labels, as a sampler would take them
+    picks = np.random.default_rng(0).integers(0, len(ds), reads).tolist()
+    t1 = time.perf_counter()
+    for i in picks:
+        ds.read_record(i)
+    per_read = (time.perf_counter() - t1) / max(1, reads)
+    return {"open_s": opened, "first_s": first, "read_us": per_read * 1e6,
+            "anon_mb": (_rss_kb(os.getpid())[1] - anon0) / 1024, "uss_mb": (_uss_kb() - uss0) / 1024,
+            "lazy": ds._lazy is not None}
+
+
+def scale_tar(a: Any) -> int:
+    """A simulated tar dataset at 10M and 100M samples: open and reads with the index read where it lies or loaded whole.
+
+    Shards are sparse files, index files and the sample table real (``build_simulated_tar``); kept
+    under ``--root``. Each figure from a fresh child: ``open_dataset``, then the last sample read
+    (its shard's index checked), then ``--reads`` random records (no decode; the payloads are
+    zeros); memory is the child's growth (anonymous: its heap; USS: all it holds privately)."""
+    from tools.bench.common import header, row
+    from tools.bench.scale import run_child
+
+    if a.child:
+        print(json.dumps(_sim_open(a.child[0], a.child[1] == "lazy", int(a.child[2]))))
+        return 0
+    header("samples", "shards", "index", "open_dataset", "+ first read", "random read", "heap growth", "USS growth")
+    for n in a.samples:
+        dst = os.path.join(a.root, f"simtar-{n}")
+        if not kept(dst, n):
+            made = build_simulated_tar(n, dst)
+            print(f"# made {dst} in {made['seconds']:.0f} s", file=sys.stderr)
+        for mode in ("lazy", "loaded"):
+            if mode == "loaded" and n > a.max_loaded:
+                row(f"{n:,}", f"{n // 10_000:,}", "loaded whole", "not run (above --max-loaded)", "", "", "", "")
+                continue
+            got = run_child(dst, mode, a.reads, sub="scale-tar")
+            row(f"{n:,}", f"{n // 10_000:,}", "read where it lies" if got["lazy"] else "loaded whole",
+                f"{got['open_s'] * 1000:,.0f} ms", f"{got['first_s'] * 1000:,.0f} ms", f"{got['read_us']:.0f} us",
+                f"{got['anon_mb']:,.1f} MB", f"{got['uss_mb']:,.1f} MB")
+    return 0
+
+
+def _scale_tar_args(p: Any) -> None:
+    p.add_argument("--root", default="/tmp/packer-scale-data", help="where the simulated datasets are made and kept")
+    p.add_argument("--samples", type=int, nargs="+", default=[10_000_000, 100_000_000])
+    p.add_argument("--reads", type=int, default=2000)
+    p.add_argument("--max-loaded", type=int, default=20_000_000, help="largest dataset whose index is also loaded whole")
+    p.add_argument("--child", nargs="+", help=argparse.SUPPRESS)
+
+
+SUBCOMMANDS["scale-tar"] = (scale_tar, _scale_tar_args)
