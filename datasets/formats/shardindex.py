@@ -74,6 +74,7 @@ class _Shards:
         return s, index - self.firsts[s]
 
     def path(self, s: int) -> str:
+        """Shard ``s``'s index file, as errors name it."""
         return os.path.join(self.root, self.names[s])
 
     def close(self) -> None:

@@ -246,13 +246,13 @@ def _sim_open(path: str, lazy: bool, reads: int) -> dict[str, Any]:
     """Child: open the simulated tar (its index read lazily or loaded whole), read one sample and
     ``reads`` random ones (records, not decoded: the payloads are zeros); seconds and memory."""
     import packer.datasets.formats.shardindex as shardindex
-    from tools.bench.scale import _rss_kb
-    from tools.bench.scalenode import _uss_kb
+    from tools.bench.scale import rss_kb
+    from tools.bench.scalenode import uss_kb
 
     shardindex.LAZY_INDEX_SAMPLES = 1 if lazy else 1 << 62  # either way whatever the size
     import packer.datasets as pd
 
-    anon0, uss0 = _rss_kb(os.getpid())[1], _uss_kb()
+    anon0, uss0 = rss_kb(os.getpid())[1], uss_kb()
     t0 = time.perf_counter()
     ds = pd.open_dataset(path, verify=False)
     opened = time.perf_counter() - t0
@@ -269,7 +269,7 @@ def _sim_open(path: str, lazy: bool, reads: int) -> dict[str, Any]:
         ds.read_record(i)
     again = (time.perf_counter() - t1) / max(1, reads)
     return {"open_s": opened, "first_s": first, "read_us": per_read * 1e6, "again_us": again * 1e6,
-            "anon_mb": (_rss_kb(os.getpid())[1] - anon0) / 1024, "uss_mb": (_uss_kb() - uss0) / 1024,
+            "anon_mb": (rss_kb(os.getpid())[1] - anon0) / 1024, "uss_mb": (uss_kb() - uss0) / 1024,
             "lazy": ds._lazy is not None}
 
 

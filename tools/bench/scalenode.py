@@ -18,7 +18,8 @@ from tools.bench.common import header, row
 TARGETS = {"uss_ratio": 1.25, "uss_add_mb": 8.0, "first_ratio": 1.5, "first_add_s": 0.2, "resume_s": 1.0}
 
 
-def _uss_kb(pid: int | str = "self") -> int:
+def uss_kb(pid: int | str = "self") -> int:
+    """A process's private memory (USS: private clean + dirty pages, kB); 0 once it is gone."""
     try:
         with open(f"/proc/{pid}/smaps_rollup") as f:
             return sum(int(line.split()[1]) for line in f if line.startswith(("Private_Clean:", "Private_Dirty:")))
@@ -54,8 +55,8 @@ def rank_child(path: str, workers: int, batches: int, batch_size: int) -> dict[s
     for _ in range(batches - 1):
         next(it)
     seconds = time.perf_counter() - t0
-    uss = [_uss_kb(p) / 1024 for p in _children(os.getpid())]
-    return {"first_s": first, "seconds": seconds, "worker_uss_mb": uss, "rank_uss_mb": _uss_kb() / 1024,
+    uss = [uss_kb(p) / 1024 for p in _children(os.getpid())]
+    return {"first_s": first, "seconds": seconds, "worker_uss_mb": uss, "rank_uss_mb": uss_kb() / 1024,
             "samples": len(ds)}
 
 
@@ -92,7 +93,7 @@ def open_child(path: str) -> dict[str, Any]:
     ds.read_record(len(ds) - 1)
     table = ds.sample_table()
     return {"open_s": opened, "ready_s": time.perf_counter() - t0, "checked_here": table.checked_here,
-            "labels": len(targets), "uss_mb": _uss_kb() / 1024}
+            "labels": len(targets), "uss_mb": uss_kb() / 1024}
 
 
 def index_sizes(path: str) -> dict[str, Any]:
