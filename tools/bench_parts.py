@@ -22,6 +22,8 @@ from tools.bench import (
     reduced,
     remote,
     scale,
+    scalegen,
+    scalenode,
     shuffle,
     streamcost,
     v2fusion,
@@ -40,6 +42,8 @@ SUBCOMMANDS: dict[str, Subcommand] = {
     **ranges.SUBCOMMANDS,
     **streamcost.SUBCOMMANDS,
     **scale.SUBCOMMANDS,
+    **scalegen.SUBCOMMANDS,  # scale-data
+    **scalenode.SUBCOMMANDS,  # scale-node
     **shuffle.SUBCOMMANDS,
     **distributed.SUBCOMMANDS,
     **versions.SUBCOMMANDS,

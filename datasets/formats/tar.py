@@ -24,7 +24,7 @@ import numpy as np
 
 from packer.description.manifest import FIRST_FIELDS_VERSION, FileEntry
 from packer.description.record import Record
-from packer.description.samples import MAX_META_BYTES
+from packer.description.samples import MAX_META_BYTES, table_entry
 from packer.errors import CorruptDataError, ManifestError
 from packer.fields.boxes import BOXES
 from packer.fields.mask import MASK
@@ -43,6 +43,8 @@ from packer.layouts.tar import (
     scan_shard,
 )
 
+from . import shardindex
+from .shardindex import LazyTarIndex
 from .shards import ShardedDataset, foreign_manifest, listed_shards
 
 __all__ = ["TarDataset", "IMAGE_EXTENSIONS"]
@@ -73,6 +75,18 @@ class TarDataset(ShardedDataset):
         super().__init__(path, transform, target_transform, **kwargs)
         entries = self._shard_entries()
         self._init_shards(entries)
+        #: A large local dataset's shard indexes, read where they lie (packer.datasets.formats.shardindex).
+        self._lazy: LazyTarIndex | None = None
+        if index is None and self._reads_lazily():
+            names = {f.name for f in self.manifest.files}
+            idx = [index_name(f.name, names) for f in entries]
+            missing = next((f for f, i in zip(entries, idx) if i not in names), None)
+            if missing is not None:
+                raise ManifestError(f"{self.root}: manifest lists {missing.name} without its index "
+                                    f"{index_name(missing.name, names)}")
+            self._lazy = LazyTarIndex(idx, self._firsts, self._sizes, self._bytes, self.root)
+            self._has_crc, self._extras, self._field_names = True, None, []
+            return
         cols = index if index is not None else self._load_index(entries)
         self._offset: np.ndarray = cols["offset"]
         self._size: np.ndarray = cols["size"]
@@ -99,6 +113,19 @@ class TarDataset(ShardedDataset):
         self._f_depth: np.ndarray | None = fields.get("depth")
         if len(self._offset) != len(self):
             raise ManifestError(f"{self.root}: index lists {len(self._offset)} samples, manifest {len(self)}")
+
+    def _reads_lazily(self) -> bool:
+        """Whether the shard indexes are read where they lie: a local packer dataset of at least
+        :data:`LAZY_INDEX_SAMPLES` samples with a sample table (labels and keys come from it) and
+        no stored fields."""
+        m = self.manifest
+        return (len(self) >= shardindex.LAZY_INDEX_SAMPLES and self._remote is None and not m.layout.get("foreign")
+                and table_entry(m) is not None and m.version < FIRST_FIELDS_VERSION)
+
+    def _close(self) -> None:
+        super()._close()
+        if self._lazy is not None:
+            self._lazy.close()
 
     def _meta_without_table(self, index: int) -> dict[str, Any]:
         """Another tool's sample metadata, from the sample's other members: a ``.json`` object's
@@ -241,6 +268,8 @@ class TarDataset(ShardedDataset):
     def _read(self, index: int, fields: Collection[str] | None = None) -> Record:
         """Sample ``index``'s record; with ``fields`` (names of stored fields), only those of its
         masks and extra images are read (None: all of them), each with one ``pread``."""
+        if self._lazy is not None:
+            return self._read_lazily(index)
         shard = int(self._shard[index])
         offset = int(self._offset[index])
         if self._ranged and self._field_names:  # the image and the fields asked for: one GET
@@ -262,6 +291,18 @@ class TarDataset(ShardedDataset):
                           **self._foreign_fields(index, shard, fields))
         stored = self._read_fields(index, shard, fields) if self._field_names else ()
         return Record(codec, int(self._label[index]), height, width, key, payload, fields=stored)
+
+    def _read_lazily(self, index: int) -> Record:
+        """Sample ``index``'s record through its shard's index file (a dataset without fields)."""
+        shard, offset, size, label, height, width, crc, codec_id, key = self._lazy.entry(index, self._open_file)  # type: ignore[union-attr]
+        buf = self._pread(shard, size, offset, index)
+        if self.verify:
+            self._check_crc(buf, crc, shard, index, offset, "image data")
+        codec = _CODEC_NAMES[codec_id]
+        payload: bytes | memoryview = buf
+        if codec == "raw":
+            payload, height, width = npy_payload(buf, height, width, self._shard_paths[shard], index, offset)
+        return Record(codec, label, height, width, key, payload, fields=())
 
     def _record_spans(self, index: int, wanted: Collection[str] | None) -> list[tuple[int, int]]:
         """``(offset, size)`` of sample ``index``'s image member and of its stored fields in ``wanted``."""

@@ -28,6 +28,7 @@ import numpy as np
 
 from packer.description.manifest import FileEntry
 from packer.description.record import Record
+from packer.description.samples import table_entry
 from packer.errors import CorruptDataError, ManifestError
 from packer.layouts.tfexample import example_class
 from packer.layouts.tfrecord import (
@@ -46,6 +47,8 @@ from packer.layouts.tfrecord import (
     zlib_tfrecord,
 )
 
+from . import shardindex
+from .shardindex import LazyPairs
 from .shards import ShardedDataset, foreign_manifest, listed_shards
 
 __all__ = ["TFRecordDataset", "FOREIGN_SUFFIXES"]
@@ -76,6 +79,19 @@ class TFRecordDataset(ShardedDataset):
         entries = self._shard_entries()
         self._init_shards(entries)
         self._gzip = [f.name.endswith(GZIP_SUFFIX) for f in entries]
+        #: A large local dataset's shard indexes, parsed shard by shard when read (shardindex).
+        self._lazy: LazyPairs | None = None
+        m = self.manifest
+        if (index is None and len(self) >= shardindex.LAZY_INDEX_SAMPLES and self._remote is None
+                and not m.layout.get("foreign") and table_entry(m) is not None):
+            names = {f.name for f in m.files}
+            stems = [f.name[: -len(GZIP_SUFFIX if gz else TFRECORD_SUFFIX)] for f, gz in zip(entries, self._gzip)]
+            missing = next((st + INDEX_SUFFIX for st in stems if st + INDEX_SUFFIX not in names), None)
+            if missing is not None:
+                raise ManifestError(f"{self.root}: manifest does not list the index file {missing}")
+            self._stems, self._entries = stems, entries
+            self._lazy = LazyPairs(stems, self._firsts, self._sizes, self.root, self._parse_shard)
+            return
         cols = index if index is not None else self._load_index(entries)
         self._shard: np.ndarray = cols["shard"]
         self._offset: np.ndarray = cols["offset"]
@@ -121,6 +137,29 @@ class TFRecordDataset(ShardedDataset):
                                        f"the file has {f.bytes}", path=idx_path)
             pos += len(pairs)
         return cols
+
+    def _parse_shard(self, s: int, open_file: Callable[[str], int]) -> tuple[np.ndarray, ...]:
+        """Shard ``s``'s record offsets and lengths (and gzip segments), checked as a full load checks them."""
+        f, stem, gz = self._entries[s], self._stems[s], self._gzip[s]
+        idx_path = os.path.join(self.root, stem + INDEX_SUFFIX)
+        pairs = parse_idx(_read_fd(open_file(stem + INDEX_SUFFIX)), idx_path)
+        if len(pairs) != f.samples:
+            raise CorruptDataError(f"TFRecord index lists {len(pairs)} records, the manifest {f.samples}", path=idx_path)
+        if gz:
+            z_path = os.path.join(self.root, stem + ZINDEX_SUFFIX)
+            z = unpack_zindex(_read_fd(open_file(stem + ZINDEX_SUFFIX)), z_path)
+            if len(z) != len(pairs) + 1 or z[-1] > f.bytes:
+                raise CorruptDataError("gzip index does not match its file", path=z_path)
+            return pairs, z
+        if len(pairs) and int(pairs[-1, 0] + pairs[-1, 1]) != f.bytes:
+            raise CorruptDataError(f"TFRecord index covers {int(pairs[-1, 0] + pairs[-1, 1])} bytes, "
+                                   f"the file has {f.bytes}", path=idx_path)
+        return (pairs,)
+
+    def _close(self) -> None:
+        super()._close()
+        if self._lazy is not None:
+            self._lazy.close()
 
     @classmethod
     def open_foreign(cls, path: str | os.PathLike[str] | Sequence[str | os.PathLike[str]],
@@ -173,13 +212,16 @@ class TFRecordDataset(ShardedDataset):
     # -- reading ------------------------------------------------------------------------------
     def _record(self, index: int) -> tuple[bytes, int, int]:
         """The framed record bytes of sample ``index``, its shard and its (stream) offset."""
-        shard = int(self._shard[index])
-        offset = int(self._offset[index])
-        length = int(self._length[index])
+        if self._lazy is not None:
+            shard, j, parsed = self._lazy.get(index, self._open_file)
+            offset, length = int(parsed[0][j, 0]), int(parsed[0][j, 1])
+            zstart, zend = (int(parsed[1][j]), int(parsed[1][j + 1])) if len(parsed) > 1 else (0, 0)
+        else:
+            shard, offset, length = int(self._shard[index]), int(self._offset[index]), int(self._length[index])
+            zstart, zend = int(self._zstart[index]), int(self._zend[index])
         if not self._gzip[shard]:
             return self._pread(shard, length, offset, index), shard, offset
-        zstart = int(self._zstart[index])
-        segment = self._pread(shard, int(self._zend[index]) - zstart, zstart, index)
+        segment = self._pread(shard, zend - zstart, zstart, index)
         try:
             buf = zlib.decompressobj(-zlib.MAX_WBITS).decompress(segment, length + 1)
         except zlib.error as e:
@@ -223,3 +265,9 @@ def _empty_columns(n: int) -> dict[str, np.ndarray]:
         "shard": np.zeros(n, np.uint32), "offset": np.zeros(n, np.uint64), "length": np.zeros(n, np.uint64),
         "zstart": np.zeros(n, np.uint64), "zend": np.zeros(n, np.uint64),
     }
+
+
+def _read_fd(fd: int) -> bytes:
+    """The whole file open on ``fd``, which is then closed."""
+    with os.fdopen(fd, "rb") as f:
+        return f.read()

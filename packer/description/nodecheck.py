@@ -25,7 +25,7 @@ import tempfile
 import time
 from collections.abc import Callable
 
-__all__ = ["check_once", "stamp_folder", "SETTLED_NS"]
+__all__ = ["check_once", "stamp_folder", "scan_file", "SETTLED_NS", "SCAN_BYTES"]
 
 #: A file is stamped only once its modification and change times are this old (ns): file times
 #: advance by clock ticks, so a write in the same tick as the check would keep the stamp's name;
@@ -78,3 +78,43 @@ def check_once(fd: int, what: str, check: Callable[[], None]) -> bool:
         return True
     finally:
         os.close(lock)  # closing releases the lock
+
+
+#: Bytes a whole-file check reads at a time (into one buffer: the file is never mapped whole).
+SCAN_BYTES = 16 << 20
+
+
+def scan_file(fd: int, start: int, end: int, ordered: list[tuple[int, int, int]], crc: int = 0) -> tuple[int, int | None]:
+    """Read bytes ``start`` .. ``end`` of the file open on ``fd`` through one reused buffer:
+    their CRC32C (continuing ``crc``), and the first of the ``ordered`` sections (``(offset,
+    count, last)``: ``count`` little-endian u64 at an 8-byte-aligned ``offset`` that must not
+    decrease and must end at ``last``) that fails, by position in the list, or None. Reading with
+    ``preadv`` rather than through a mapping costs no page faults and leaves no pages mapped in
+    this process: only the page cache holds the file, for every process of the node."""
+    import crc32c
+    import numpy as np
+
+    buf = bytearray(min(SCAN_BYTES, max(0, end - start)) or 1)
+    view = memoryview(buf)
+    prev = [-1] * len(ordered)
+    bad: int | None = None
+    pos = start
+    while pos < end:
+        want = min(len(buf), end - pos)
+        got = os.preadv(fd, [view[:want]], pos)
+        if got != want:
+            raise OSError(f"short read at {pos}: {got} of {want} bytes")
+        crc = crc32c.crc32c(view[:want], crc)
+        for k, (offset, count, _last) in enumerate(ordered):
+            lo, hi = max(offset, pos), min(offset + 8 * count, pos + want)
+            if bad is not None or lo >= hi:
+                continue
+            vals = np.frombuffer(buf, "<u8", (hi - lo) // 8, lo - pos)  # sections and chunks: 8-aligned
+            if len(vals) and (int(vals[0]) < prev[k] or bool(np.any(vals[1:] < vals[:-1]))):
+                bad = k
+            elif len(vals):
+                prev[k] = int(vals[-1])
+        pos += want
+    if bad is None:
+        bad = next((k for k, (_o, count, last) in enumerate(ordered) if count and prev[k] != last), None)
+    return crc, bad

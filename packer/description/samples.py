@@ -38,7 +38,7 @@ from ..errors import CorruptDataError
 from ..fields import KINDS, named
 from ..fields.boxes import BOXES
 from .manifest import FileEntry, file_sha256
-from .nodecheck import check_once
+from .nodecheck import check_once, scan_file
 
 __all__ = [
     "LABEL_KINDS", "MAX_META_BYTES", "MAX_META_DEPTH", "TABLE_NAME", "Label", "SampleTable", "SampleTableWriter",
@@ -206,13 +206,17 @@ class SampleTableWriter:
 
     _PARTS = ("fixed", "keys", "meta", "multi", "boxcount", "boxes", "boxlabels")
 
-    def __init__(self, writer: Any, label_kind: str = "class", boxes: bool = False) -> None:
+    def __init__(self, writer: Any, label_kind: str = "class", boxes: bool = False,
+                 checkpoints: bool | None = None) -> None:
+        """``checkpoints``: whether :meth:`checkpoint` will be called (None: when the writer is
+        resumable); only then are the spill lengths of each row kept until the next checkpoint,
+        so a run that never checkpoints (a merge, a conversion without a journal) keeps none."""
         if label_kind not in LABEL_KINDS:
             raise ValueError(f"label kind must be one of {LABEL_KINDS}, not {label_kind!r}")
         self.writer = writer
         self.kind = label_kind
         self.boxes = boxes
-        self.resumable = getattr(writer, "resumable", False)
+        self.resumable = getattr(writer, "resumable", False) if checkpoints is None else checkpoints
         self._files: dict[str, Any] = {}
         self._count = 0
         # spill lengths after each row since the last checkpoint, one group per row (row
@@ -542,14 +546,14 @@ class SampleTable:
         off += 16 * n
         sha = entry.sha256 if entry is not None and not entry.id and entry.sha256 else ""
 
-        def check_whole() -> None:  # reads every page: once per node (nodecheck)
-            if crc32c.crc32c(buf[_HEADER_BYTES:]) != body_crc:
+        def check_whole() -> None:  # reads every byte, through one buffer: once per node (nodecheck)
+            ordered = [(off - 16 * n, n, k, "key"), (off - 8 * n, n, e, "metadata")]
+            ordered += [(_HEADER_BYTES, n, m, "label")] if multi else []
+            crc, bad = scan_file(fd, _HEADER_BYTES, size, [o[:3] for o in ordered])
+            if crc != body_crc:
                 raise CorruptDataError("sample table is damaged (checksum mismatch)", path=path, offset=_HEADER_BYTES)
-            for ends, total, what in ((key_ends, k, "key"), (meta_ends, e, "metadata"), (first, m, "label")):
-                if what == "label" and not multi:
-                    continue
-                if n and (int(ends[-1]) != total or bool(np.any(ends[1:] < ends[:-1]))):
-                    raise CorruptDataError(f"sample table's {what} offsets are inconsistent", path=path)
+            if bad is not None:
+                raise CorruptDataError(f"sample table's {ordered[bad][3]} offsets are inconsistent", path=path)
             if sha and hashlib.sha256(buf).hexdigest() != sha:
                 raise _not_this_datasets(path, "its SHA-256 differs from the manifest's")
             if version == BOXES_TABLE_VERSION:

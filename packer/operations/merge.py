@@ -83,8 +83,11 @@ def merged_classes(class_lists: Sequence[Sequence[str]]) -> tuple[list[str], lis
     names new in a later part are appended in that part's order), and each part's old -> new labels."""
     names: list[str] = []
     index: dict[str, int] = {}
-    labels = []
-    for classes in class_lists:
+    labels: list[list[int]] = []
+    for k, classes in enumerate(class_lists):
+        if k and classes == class_lists[k - 1]:  # the same list: one mapping shared (1,000 parts, 1,000 classes)
+            labels.append(labels[-1])
+            continue
         for c in classes:
             if c not in index:
                 index[c] = len(names)
@@ -106,7 +109,10 @@ def _read_parts(parts: Sequence[str]) -> list[Manifest]:
         seen[real] = p
         if not os.path.isdir(p):
             raise SourceError(f"part {p} is not a packed dataset directory")
-        manifests.append(read_manifest(p))
+        m = read_manifest(p)
+        if manifests and m.classes == manifests[-1].classes:
+            m.classes = manifests[-1].classes  # one list for parts with the same classes, not one per part
+        manifests.append(m)
     first, m0 = parts[0], manifests[0]
     for p, m in zip(parts, manifests):
         if m.format != m0.format:

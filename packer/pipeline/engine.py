@@ -376,7 +376,8 @@ class _Run:
                              f"({', '.join(self.template.field_names)}) yet; convert to lmdb")
         # Every format also gets the sample table (labels, keys, metadata: packer.description.samples).
         self.writer = SampleTableWriter(self.writer_class(self.tmp, self.options.writer), self.template.label_kind,
-                                        boxes=self.template.field_kind("boxes") is not None)
+                                        boxes=self.template.field_kind("boxes") is not None,
+                                        checkpoints=self.resumable)
         info = self.template.to_json()
         for k in ("num_samples", "files", "layout", "skipped", "ignored"):
             del info[k]

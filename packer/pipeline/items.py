@@ -143,7 +143,10 @@ class _Rows:
         self.image_order = [n for n, _ in self.first.images] if self.first is not None else []
         self.to_label = {c: i for i, c in enumerate(names)}
         self.count = len(names)
-        self.stamps = array("q")  # (size, mtime_ns) of each item's file as listed; NO_STAMP for bytes
+        # (size, mtime_ns) of each item's file as listed; NO_STAMP for bytes. Items given as bytes
+        # before the first file hold no entry (all-bytes items: none at all, memory flat in N).
+        self.stamps = array("q")
+        self.bytes_before_files = 0
         #: the same of each item's field files: (mask, extra images) slots per item, the files by path first
         self.field_stamps = array("q")
         self.field_slots = (self.first.mask is not None) + len(self.image_order) + len(self.first.payloads) \
@@ -208,7 +211,8 @@ class _Rows:
 
     def stamp(self, i: int) -> Stamp:
         """Item ``i``'s file as :meth:`fingerprint` listed it."""
-        return self.stamps[2 * i], self.stamps[2 * i + 1]
+        i -= self.bytes_before_files
+        return (self.stamps[2 * i], self.stamps[2 * i + 1]) if i >= 0 else NO_STAMP
 
     def listed_fields(self, i: int) -> FieldFiles | None:
         """Item ``i``'s field files, each with the stamp :meth:`fingerprint` listed for it."""
@@ -219,7 +223,8 @@ class _Rows:
         flat = self.field_stamps[at:at + 2 * len(checked[1].paths)]
         return with_stamps(checked[1], [(flat[k], flat[k + 1]) for k in range(0, len(flat), 2)])
 
-    def fingerprint(self, expected: Sequence[Stamp | None] | None = None) -> tuple[str, list[list[Any]]]:
+    def fingerprint(self, expected: Sequence[Stamp | None] | None = None,
+                    keep_records: bool = True) -> tuple[str, list[list[Any]]]:
         """Digest of the items: each key and label, and a file's size and modification time or the
         SHA-256 of bytes given directly (the rows hashed one by one, as ``digest(list)`` would);
         and each file's record (:data:`~packer.description.manifest.ITEM_RECORDS`). Each file's stamp is kept
@@ -230,6 +235,7 @@ class _Rows:
         records: list[list[Any]] = []
         del self.stamps[:]
         del self.field_stamps[:]
+        self.bytes_before_files = 0
         for i in range(len(self)):
             source, key, label = self.row(i)
             want = expected[i] if expected is not None else None
@@ -237,7 +243,10 @@ class _Rows:
                 if want is not None:
                     raise ValueError(f"item {i}: expected_stats applies to files, not to bytes (give None)")
                 entry: list[Any] = [key, int(label), hashlib.sha256(source).hexdigest()]
-                self.stamps.extend(NO_STAMP)  # bytes are recorded by the digest above alone
+                if self.stamps:  # bytes are recorded by the digest above alone
+                    self.stamps.extend(NO_STAMP)
+                else:
+                    self.bytes_before_files += 1
             else:
                 try:
                     st = os.stat(source)
@@ -248,7 +257,8 @@ class _Rows:
                     stamp = NO_STAMP
                 if want is not None and tuple(want) != stamp:
                     raise stamp_mismatch(source, stamp, tuple(want))
-                records.append([key, *stamp])
+                if keep_records:  # else none: a list of N lists is what would grow with N
+                    records.append([key, *stamp])
                 self.stamps.extend(stamp)
             fields = sample_fields(label)
             if fields:  # labels of other kinds and metadata (absent for plain items: same digest as before)
@@ -339,8 +349,9 @@ def convert_items(
     A Sequence (a list, or a lazy sequence that makes item ``i`` when asked) is read by position,
     item by item, and never copied: two or three passes (class names when ``classes`` is None,
     the fingerprint, the conversion), so it must give the same items each time; memory then
-    grows with the number of items only by the 16 bytes of each item's stamp (and of each of its
-    field files) and the list of file items the manifest keeps (below). Any other iterable is first made a list.
+    grows with the number of items only by the 16 bytes of each file item's stamp (and of each of
+    its field files; none for images given as bytes before the first file) and, with
+    ``record_files``, the list of file items the manifest keeps (below). Any other iterable is first made a list.
 
     Labels are class names or numbers (see :func:`item_classes` for ``classes=None``); give the
     full ``classes`` list when parts made separately are to be merged without renumbering. Images
@@ -402,7 +413,7 @@ def convert_items(
     if rows.first is not None:
         template.version, template.fields = FIELDS_VERSION, declared_fields(rows.first, rows.image_order)
 
-    listed, records = rows.fingerprint(expected_stats)
+    listed, records = rows.fingerprint(expected_stats, record_files)
     fingerprint = {"source": listed, "options": options_fingerprint(fmt, template, options)}
     template.source["fingerprint"] = digest(fingerprint)
     if records and record_files:

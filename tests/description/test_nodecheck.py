@@ -57,7 +57,9 @@ def _opened_in_child(path: str) -> tuple[bool, int, str]:
 
 def test_second_open_skips_the_check_and_reads_only_the_labels(stamped):
     first = _open(stamped)
-    assert first.checked_here and _mapped_kb(stamped) > 4000  # the check read every page
+    # the check read every byte through one buffer: none of the table's pages is mapped by it
+    assert first.checked_here and _mapped_kb(stamped) < 64 + 4
+    assert _mapped_kb(stamped) * 1024 < os.path.getsize(stamped) / 50
     del first
     second = _open(stamped)
     assert not second.checked_here
@@ -101,5 +103,28 @@ def test_fresh_files_and_shared_folders_are_checked_every_time(tmp_path, monkeyp
         os.chmod(tmp_path / "stamps" / f"packer-checked-{os.getuid()}", 0o777)  # not private: not trusted
         assert nodecheck.stamp_folder() is None
         assert [SampleTable(fd, path).checked_here for _ in range(2)] == [True, True]
+    finally:
+        os.close(fd)
+
+
+def test_scan_finds_disorder_across_its_chunks(tmp_path, monkeypatch):
+    """The whole-file check reads through one small buffer: its CRC is the file's, and offsets that
+    decrease across a chunk's edge, or end short of their total, are found as within one."""
+    import crc32c
+
+    monkeypatch.setattr(nodecheck, "SCAN_BYTES", 64)
+    ends = np.arange(1, 101, dtype="<u8") * 3
+    path = tmp_path / "f"
+    path.write_bytes(bytes(8) + ends.tobytes() + ends.tobytes())
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        size = os.path.getsize(path)
+        good = [(8, 100, 300), (808, 100, 300)]
+        assert nodecheck.scan_file(fd, 8, size, good) == (crc32c.crc32c(path.read_bytes()[8:]), None)
+        assert nodecheck.scan_file(fd, 8, size, [(8, 100, 300), (808, 100, 301)])[1] == 1  # ends short
+        bad = ends.copy()
+        bad[4] = 1  # the first value of a 64-byte chunk (file offset 840), lower than the last of the one before
+        path.write_bytes(bytes(8) + ends.tobytes() + bad.tobytes())
+        assert nodecheck.scan_file(fd, 8, size, good)[1] == 1
     finally:
         os.close(fd)

@@ -98,3 +98,28 @@ def test_not_an_lmdb_file_is_named(tmp_path):
     with pytest.raises(CorruptDataError, match="not an LMDB file"):
         LMDBFile(path, 1)
     assert os.path.exists(path)
+
+
+def test_branch_pages_kept_are_bounded(tmp_path, monkeypatch):
+    """A reader keeps at most BRANCH_PAGES parsed branch pages (what it holds does not grow with
+    the dataset), and reads in any order stay right as pages are dropped and parsed again."""
+    import random
+
+    import packer.layouts.lmdb as layout
+
+    monkeypatch.setattr(layout, "BRANCH_PAGES", 2)
+    n = 12_000
+    vals = [pack_record(f"k/{i}", i % 5, "png", 1, 1, bytes([i % 251]) * 20, seed=i) for i in range(n)]
+    path = _write(str(tmp_path / "data.mdb"), vals, txn_size=4000)
+    env = lmdb.open(path, subdir=False, readonly=True, lock=False)
+    assert env.stat()["depth"] >= 3 and env.stat()["branch_pages"] > 2
+    env.close()
+    f = LMDBFile(path, n)
+    try:
+        order = list(range(n))
+        random.Random(0).shuffle(order)
+        for i in order[:3000]:
+            assert bytes(f.read(i)) == vals[i]
+            assert len(f._branches) <= 2
+    finally:
+        f.close()

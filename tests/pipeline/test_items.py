@@ -201,3 +201,48 @@ def test_a_file_changed_after_it_was_listed_fails_the_conversion(folder, tmp_pat
         convert_items(items, tmp_path / "out", "lmdb", ConvertOptions(workers=workers), classes=["cat", "dog"],
                       root=folder)
     assert sorted(os.listdir(tmp_path)) == ["src"]
+
+
+def test_memory_per_item_stays_flat_for_bytes_and_unrecorded_files(folder, tmp_path):
+    """Images given as bytes before the first file hold no stamp, files after them keep theirs at
+    the right positions, and ``record_files=False`` keeps no per-file list at all (both would
+    otherwise grow with the number of items)."""
+    from packer.pipeline.items import _Rows
+    from packer.pipeline.sourcefiles import NO_STAMP
+
+    files = _folder_items(folder)
+    data = [(open(p, "rb").read(), c, None) for p, c, _ in files]
+    names = ["cat", "dog"]
+    only_bytes = _Rows(data, names, None)
+    only_bytes.fingerprint()
+    assert len(only_bytes.stamps) == 0 and only_bytes.stamp(3) == NO_STAMP
+    mixed = _Rows(data[:2] + files + data[:1], names, None)
+    _, records = mixed.fingerprint(keep_records=False)
+    assert records == [] and mixed.stamp(0) == mixed.stamp(1) == NO_STAMP == mixed.stamp(len(files) + 2)
+    st = os.stat(files[1][0])
+    assert mixed.stamp(3) == (st.st_size, st.st_mtime_ns) and len(mixed.stamps) == 2 * (len(files) + 1)
+    report = convert_items(data[:2] + files, tmp_path / "mixed", "tar", record_files=False)
+    assert report.manifest.num_samples == 2 + len(files) and "converted" not in report.manifest.source
+
+
+def test_a_run_without_checkpoints_keeps_no_row_lengths(tmp_path):
+    """The sample table's spill lengths are kept per row only until a checkpoint: a writer never
+    asked for one (a merge, an iterable of items) keeps none, so its memory is flat in N."""
+    import cv2
+    import numpy as np
+
+    from packer.converters.base import WriterOptions
+    from packer.converters.lmdb import LMDBWriter
+    from packer.description.samples import SampleTableWriter
+    from packer.images.imageproc import ProcessedImage
+
+    payload = cv2.imencode(".jpg", np.zeros((8, 8, 3), np.uint8))[1].tobytes()
+    for checkpoints, kept in ((False, 0), (True, 50)):
+        out = tmp_path / str(checkpoints)
+        out.mkdir()
+        writer = SampleTableWriter(LMDBWriter(str(out), WriterOptions(checkpoint_samples=1000)), checkpoints=checkpoints)
+        writer.begin({})
+        for i in range(50):
+            writer.add(i, f"k{i}", i % 3, ProcessedImage("jpeg", payload, 8, 8))
+        assert len(writer._lengths) == len(SampleTableWriter._PARTS) * (1 + kept)
+        writer.close()

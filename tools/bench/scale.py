@@ -175,7 +175,7 @@ def _tree(pid: int) -> list[int]:
     return out
 
 
-def _rss_kb(pid: int) -> tuple[int, int]:
+def rss_kb(pid: int) -> tuple[int, int]:
     """(resident kB, of which anonymous: heap and stacks, not file pages such as an mmapped LMDB)."""
     out = {"VmRSS": 0, "RssAnon": 0}
     try:
@@ -198,7 +198,7 @@ class TreeMemory:
 
     def _watch(self) -> None:
         while not self.done.wait(0.02):
-            sizes = [_rss_kb(p) for p in _tree(self.pid)]
+            sizes = [rss_kb(p) for p in _tree(self.pid)]
             self.peak[0] = max(self.peak[0], sum(r for r, _ in sizes))
             self.peak[1] = max(self.peak[1], sum(a for _, a in sizes))
 
@@ -277,7 +277,7 @@ def table_open(path: str, samples: int) -> dict[str, Any]:
     pages (the file's RSS here: page cache, one copy for every process of the node)."""
     from packer.description.samples import SampleTable
 
-    anon0 = _rss_kb(os.getpid())[1]
+    anon0 = rss_kb(os.getpid())[1]
     t0 = time.perf_counter()
     fd = os.open(path, os.O_RDONLY)
     table = SampleTable(fd, path, samples)
@@ -287,7 +287,7 @@ def table_open(path: str, samples: int) -> dict[str, Any]:
     counts = np.bincount(targets[:: max(1, samples // 1_000_000)], minlength=1000)  # touches a sample of the labels
     keys_s, _ = timed(lambda: [table.keys[i] for i in np.random.default_rng(0).integers(0, samples, 1000).tolist()])
     return {"open_s": opened, "checked_here": table.checked_here, "targets_s": seconds, "keys_ms": keys_s * 1000,
-            "anon_mb": (_rss_kb(os.getpid())[1] - anon0) / 1024, "mapped_mb": _mapped_kb(path) / 1024, "classes": int((counts > 0).sum())}
+            "anon_mb": (rss_kb(os.getpid())[1] - anon0) / 1024, "mapped_mb": _mapped_kb(path) / 1024, "classes": int((counts > 0).sum())}
 
 
 def _mapped_kb(path: str) -> int:
@@ -314,9 +314,9 @@ SCALE_CHILDREN: dict[str, Callable[[list[str]], dict[str, Any]]] = {
 }
 
 
-def run_child(*args: Any) -> dict[str, Any]:
-    """Run ``scale --child args`` in a fresh interpreter; its JSON answer."""
-    out = subprocess.run([sys.executable, "-m", "tools.bench_parts", "scale", "--child", *map(str, args)],
+def run_child(*args: Any, sub: str = "scale") -> dict[str, Any]:
+    """Run ``SUB --child args`` in a fresh interpreter; its JSON answer."""
+    out = subprocess.run([sys.executable, "-m", "tools.bench_parts", sub, "--child", *map(str, args)],
                          stdout=subprocess.PIPE, text=True)
     if out.returncode:
         raise SystemExit(f"child {args} failed with exit status {out.returncode}")
