@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import functools
 import os
+import warnings
 from collections.abc import Iterable, Sequence
 from typing import Any
 
@@ -82,7 +83,9 @@ def write(ds: Any, dst: str | os.PathLike[str], format: str = "tar", *, seed: in
     return the merge's report. With ``seed``, the rows are first put in the order that a
     one-process conversion of them with that seed writes (``packer.pack(rows, ..., seed=seed)``):
     each row's place is computed on the driver (8 bytes a row, shared with the tasks through
-    Ray's object store) and the Dataset sorted by it; the manifest records the seed."""
+    Ray's object store) and the Dataset sorted by it; the manifest records the seed. The rows
+    are numbered with ``Dataset.zip`` of a range, in order under ``preserve_order`` (Ray
+    deprecates ``zip`` for the order it gives otherwise)."""
     from dataclasses import replace
 
     import ray
@@ -101,7 +104,9 @@ def write(ds: Any, dst: str | os.PathLike[str], format: str = "tar", *, seed: in
             n = ds.count()
             where = ray.put(np.asarray(write_positions(n, seed), dtype=np.int64))
             column = "__packer_position"
-            ds = ds.zip(ray.data.range(n).rename_columns({"id": column}))
+            with warnings.catch_warnings():  # zip is deprecated for its order, which preserve_order fixes here
+                warnings.filterwarnings("ignore", message=".*zip.*", category=DeprecationWarning)
+                ds = ds.zip(ray.data.range(n).rename_columns({"id": column}))
             ds = ds.map_batches(functools.partial(_placed, column=column, where=[where]), batch_format="numpy")
             ds = ds.sort(column).drop_columns([column])
         ds.write_datasink(sink)
