@@ -259,7 +259,7 @@ def row_item(row: Mapping[str, Any], index: int, i: int, images: Sequence[str] =
         raise TypeError(f"{where}: 'key' must be a string, not {type(key).__name__}")
     fields: dict[str, Any] = {}
     if sample.get("mask") is not None:
-        fields["mask"] = _source(sample["mask"], where, "mask")
+        fields["mask"] = _source(sample["mask"], where, "mask", label_map=True)
     if images:
         fields["images"] = {n: _source(sample[n], where, n) for n in images}
     for k in ("boxes", "box_labels"):
@@ -271,8 +271,9 @@ def row_item(row: Mapping[str, Any], index: int, i: int, images: Sequence[str] =
     return (image, label, meta or None, fields or None), key
 
 
-def _source(value: Any, where: str, what: str) -> str | bytes:
-    """An image (or mask) given as a path, bytes or a NumPy array, as a path or a file's bytes."""
+def _source(value: Any, where: str, what: str, label_map: bool = False) -> str | bytes:
+    """An image (or, ``label_map``, a mask) given as a path, bytes or a NumPy array, as a path or
+    a file's bytes."""
     if isinstance(value, (str, os.PathLike)):
         return os.fspath(value)
     if isinstance(value, (bytes, bytearray, memoryview)):
@@ -283,7 +284,7 @@ def _source(value: Any, where: str, what: str) -> str | bytes:
         raise TypeError(f"{where}: {what!r} must be a path, bytes or an array, not {type(value).__name__}")
     import cv2
 
-    if what == "mask":
+    if label_map:
         from ..fields.mask import encode_mask
 
         return encode_mask(np.ascontiguousarray(value))
