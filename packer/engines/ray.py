@@ -79,8 +79,10 @@ class Sink(Datasink):
 def write(ds: Any, dst: str | os.PathLike[str], format: str = "tar", *, seed: int | None = None,
           **sink_options: Any) -> Any:
     """Pack the Ray Dataset ``ds`` into one packer dataset at ``dst`` through a :class:`Sink`
-    (``sink_options`` are its keywords), with Ray's ``preserve_order`` on for the write, and
-    return the merge's report. With ``seed``, the rows are first put in the order that a
+    (``sink_options`` are its keywords), with Ray's ``preserve_order`` on for the write and its
+    per-operator resource reservation off (on a small cluster it runs the write tasks one after
+    another: on 2 CPUs, the second task started when the first ended), both as they were after,
+    and return the merge's report. With ``seed``, the rows are first put in the order that a
     one-process conversion of them with that seed writes (``packer.pack(rows, ..., seed=seed)``):
     each row's place is computed on the driver (8 bytes a row, shared with the tasks through
     Ray's object store) and the Dataset sorted by it; the manifest records the seed. The rows
@@ -94,9 +96,11 @@ def write(ds: Any, dst: str | os.PathLike[str], format: str = "tar", *, seed: in
     sink = Sink(dst, format, **sink_options)
     if seed is not None:
         sink.plan = replace(sink.plan, seed=plan_seed(seed))
-    options = DataContext.get_current().execution_options
-    kept = options.preserve_order
+    context = DataContext.get_current()
+    options = context.execution_options
+    kept = options.preserve_order, context.op_resource_reservation_enabled
     options.preserve_order = True
+    context.op_resource_reservation_enabled = False
     try:
         if seed is not None:
             import numpy as np
@@ -111,7 +115,7 @@ def write(ds: Any, dst: str | os.PathLike[str], format: str = "tar", *, seed: in
             ds = ds.sort(column).drop_columns([column])
         ds.write_datasink(sink)
     finally:
-        options.preserve_order = kept
+        options.preserve_order, context.op_resource_reservation_enabled = kept
     return sink.report
 
 

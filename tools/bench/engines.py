@@ -52,6 +52,8 @@ import packer
 ctx = ray.data.DataContext.get_current()
 ctx.execution_options.preserve_order = True
 ctx.enable_progress_bars = False
+if sys.argv[5]:  # as packer.ray.write() sets it
+    ctx.op_resource_reservation_enabled = False
 classes = sorted(os.listdir(src))
 rows = [{"image": os.path.join(src, c, f), "label": c, "key": f"{c}/{f}"}
         for c in classes for f in sorted(os.listdir(os.path.join(src, c)))]
@@ -74,14 +76,19 @@ class Timed(packer.ray.Sink):
         times["merge"] = time.time() - start
 
 
+if sys.argv[4]:  # warm: a small write first, so each worker has imported Ray Data and packer
+    ray.data.from_items(rows[:4], override_num_blocks=2).write_datasink(
+        packer.ray.Sink(dst + "-warm", "tar", classes=classes, overwrite=True, resize="shorter:256"))
 t1, w1 = time.perf_counter(), time.time()
 ray.data.from_items(rows, override_num_blocks=2).write_datasink(
     Timed(dst, "tar", classes=classes, overwrite=True, resize="shorter:256", encode="jpeg:90"))
-t2 = time.perf_counter()
+t2, w2 = time.perf_counter(), time.time()
 tasks = times["tasks"]
-print(json.dumps({"write": t2 - t1, "total": t2 - t0, "merge": times["merge"],
-                  "to first task": min(s for s, _, _ in tasks) - w1,
-                  "tasks (longest)": max(e - s for s, e, _ in tasks), "code": tasks[0][2]}))
+print(json.dumps({"write": t2 - t1, "total": t2 - t0, "to first task": min(s for s, _, _ in tasks) - w1,
+                  "to last task": max(s for s, _, _ in tasks) - w1,
+                  "tasks (longest)": max(e - s for s, e, _ in tasks),
+                  "after last task": w2 - max(e for _, e, _ in tasks), "merge": times["merge"],
+                  "code": tasks[0][2]}))
 """
 
 #: One Spark local[2] conversion (rows of file paths, 2 partitions), the session's start apart.
@@ -117,9 +124,10 @@ def _packer(src: str, dst: str) -> float:
     return seconds
 
 
-def _run(code: str, what: str, *args: str) -> dict[str, float]:
-    """A conversion script's JSON line of seconds."""
-    out = subprocess.run([sys.executable, "-c", code, *args], capture_output=True, text=True)
+def _run(code: str, what: str, *args: str, cwd: str | None = None) -> dict[str, float]:
+    """A conversion script's JSON line of seconds (run in ``cwd``: away from a source tree, the
+    installed packer, or the baseline's, is the one imported)."""
+    out = subprocess.run([sys.executable, "-c", code, *args], capture_output=True, text=True, cwd=cwd)
     if out.returncode:
         raise SystemExit(f"the {what} conversion failed:\n{out.stderr[-3000:]}")
     return json.loads(out.stdout.strip().splitlines()[-1])
@@ -146,13 +154,16 @@ def engines(a: argparse.Namespace) -> int:
     SRC: an image folder (e.g. ``python ../shared/tools/make_imagefolder.py SRC --classes 4
     --per-class 500``). Each repeat runs, alternating: ``packer convert --workers 2
     --no-shuffle``; a Ray conversion (rows of file paths, 2 write tasks of 1 worker each); with
-    ``--baseline DIR`` the same Ray conversion with the packer tree in DIR; with ``--spark`` a
+    ``--baseline DIR`` the same Ray conversion with the packer tree in DIR; with ``--warm`` the
+    Ray conversion after an untimed small write on the same cluster; with ``--spark`` a
     Spark local[2] conversion (2 partitions of file paths); all to tar shards with ``--resize
     shorter:256 --encode jpeg:90``. Prints the median seconds and the speed ratio (packer's
     seconds / the engine's): for the write alone and with the engine's start, and Ray's write
-    split into the time until its first task ran, its longest task and the merge.
+    split into the time until its first and last task started, its longest task, and the time
+    after the last task ended (the merge among it).
     """
-    work = os.path.abspath(a.work or os.path.join(os.path.dirname(os.path.abspath(a.src)), "bench-engines"))
+    src = a.src = os.path.abspath(a.src)
+    work = os.path.abspath(a.work or os.path.join(os.path.dirname(src), "bench-engines"))
     os.makedirs(work, exist_ok=True)
     hook = ""
     if a.baseline:
@@ -162,19 +173,27 @@ def engines(a: argparse.Namespace) -> int:
     own = os.path.join(work, "own.tar")
     runs: dict[str, list[dict[str, float]]] = {"packer": []}
     outs = {"ray": os.path.join(work, "ray.tar"), "ray baseline": os.path.join(work, "base.tar"),
+            "ray warm": os.path.join(work, "warm.tar"), "ray write()": os.path.join(work, "write.tar"),
             "spark": os.path.join(work, "spark.tar")}
     codes: dict[str, str] = {}
     for _ in range(a.repeats):
         runs["packer"].append({"write": _packer(a.src, own)})
-        r = _run(RAY_RUN, "Ray", a.src, outs["ray"], "")
+        r = _run(RAY_RUN, "Ray", a.src, outs["ray"], "", "", "", cwd=work)
         codes["ray"] = str(r.pop("code"))
         runs.setdefault("ray", []).append(r)
+        r = _run(RAY_RUN, "Ray write()", a.src, outs["ray write()"], "", "", "write", cwd=work)
+        codes["ray write()"] = str(r.pop("code"))
+        runs.setdefault("ray write()", []).append(r)
+        if a.warm:
+            r = _run(RAY_RUN, "Ray (warm)", a.src, outs["ray warm"], "", "warm", "write", cwd=work)
+            codes["ray warm"] = str(r.pop("code"))
+            runs.setdefault("ray warm", []).append(r)
         if hook:
-            r = _run(RAY_RUN, "Ray baseline", a.src, outs["ray baseline"], hook)
+            r = _run(RAY_RUN, "Ray baseline", a.src, outs["ray baseline"], hook, "", "", cwd=work)
             codes["ray baseline"] = str(r.pop("code"))
             runs.setdefault("ray baseline", []).append(r)
         if a.spark:
-            runs.setdefault("spark", []).append(_run(SPARK_RUN, "Spark", a.src, outs["spark"]))
+            runs.setdefault("spark", []).append(_run(SPARK_RUN, "Spark", a.src, outs["spark"], cwd=work))
     n = len(packer_keys(own))
     base = statistics.median(r["write"] for r in runs["packer"])
     header("conversion", "images", "median s", "speed vs packer 2 workers")
@@ -203,6 +222,8 @@ def _engines_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("src", help="an image folder")
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--spark", action="store_true", help="also convert with Spark local[2]")
+    p.add_argument("--warm", action="store_true",
+                   help="also time a Ray write on warm workers (a small write first, untimed)")
     p.add_argument("--baseline", help="also run Ray with the packer source tree in this folder (an older checkout)")
     p.add_argument("--work", help="scratch folder (default: bench-engines beside SRC)")
 
