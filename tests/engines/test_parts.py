@@ -162,3 +162,22 @@ def test_seeded_positions_are_packs_write_order(tmp_path):
     assert read_manifest(str(tmp_path / "s.tar")).shuffle_seed == 7 == report.manifest.shuffle_seed
     got = samples(packer.open_dataset(str(tmp_path / "s.tar"), fields=("meta",), as_dict=True))
     assert got == one_process(rows, tmp_path, "tar", seed=7)
+
+
+def test_seeded_parts_equal_packer_convert_of_the_folder(tmp_path):
+    src = tmp_path / "src"
+    rows = []
+    for i, r in enumerate(jpeg_rows(24, seed=3)):
+        folder = src / r["label"]
+        folder.mkdir(parents=True, exist_ok=True)
+        (folder / f"{i:03d}.jpg").write_bytes(r["image"])
+    for c in CLASSES:  # the order an image folder is listed in: classes, then files, sorted
+        rows += [{"image": str(src / c / f), "label": c, "key": f"{c}/{f}"} for f in sorted(os.listdir(src / c))]
+    packer.convert("imagefolder", "tar", str(src), str(tmp_path / "one.tar"), seed=4, resize="shorter:16", quiet=True,
+                   workers=1, no_torchrun=True)
+    placed = [row for _, row in sorted(zip(write_positions(len(rows), 4), rows), key=lambda pr: pr[0])]
+    plan = plan_parts("spark", str(tmp_path / "parts.tar"), "tar", classes=CLASSES, seed=4,
+                      options={"resize": "shorter:16"})
+    merge_parts(plan, [write_part(plan, k, placed[k * 8:(k + 1) * 8]) for k in range(3)])
+    one = packer.open_dataset(str(tmp_path / "one.tar"), fields=("meta",), as_dict=True)
+    assert samples(packer.open_dataset(str(tmp_path / "parts.tar"), fields=("meta",), as_dict=True)) == samples(one)

@@ -126,6 +126,8 @@ def test_seeded_write_to_s3_equals_one_process_pack(cluster, tmp_path):
     assert samples(str(tmp_path / "r.tar")) == samples(one)
     m = read_manifest(str(tmp_path / "r.tar"))
     assert m.shuffle_seed == 5 and m.source["kind"] == "ray" and report.manifest.num_samples == 50
+    context = ray.data.DataContext.get_current()  # write() turned reservation off for the write alone
+    assert context.op_resource_reservation_enabled and context.execution_options.preserve_order
     assert [k for k, *_ in samples(one)] != sorted(k for k, *_ in samples(one))  # it was shuffled
     with pytest.raises(TypeError, match="use packer.ray.write"):
         packer.ray.Sink(str(tmp_path / "x.tar"), seed=1)
