@@ -109,7 +109,7 @@ def write(ds: Any, dst: str | os.PathLike[str], format: str = "tar", *, seed: in
             where = ray.put(np.asarray(write_positions(n, seed), dtype=np.int64))
             column = "__packer_position"
             with warnings.catch_warnings():  # zip is deprecated for its order, which preserve_order fixes here
-                warnings.filterwarnings("ignore", message=".*zip.*", category=DeprecationWarning)
+                warnings.filterwarnings("ignore", message=".*zip.*")
                 ds = ds.zip(ray.data.range(n).rename_columns({"id": column}))
             ds = ds.map_batches(functools.partial(_placed, column=column, where=[where]), batch_format="numpy")
             ds = ds.sort(column).drop_columns([column])
