@@ -105,6 +105,12 @@ def test_parts_stream_their_shards_to_s3_and_merge_there(s3, tmp_path):
     assert sorted(p.rsplit("/", 1)[1] for p in fs.ls("out/sets", refresh=True)) == ["train.tar"]  # staging gone
     with pytest.raises(FileExistsError, match="already holds a packed dataset"):
         plan_parts("ray", "s3://out/sets/train.tar", "tar", classes=CLASSES, storage_options=s3)
+    again = plan_parts("ray", "s3://out/sets/train.tar", "tar", classes=CLASSES, options=options, storage_options=s3,
+                       overwrite=True)
+    assert merge_parts(again, [write_part(again, 0, rows[:50])]).manifest.num_samples == 50
+    left = sorted(p.rsplit("/", 1)[1] for p in fs.ls("out/sets/train.tar", refresh=True))
+    assert left == ["manifest.json", "samples.table", "shard-000000.pkidx", "shard-000000.tar", "shard-000001.pkidx",
+                    "shard-000001.tar"]  # the old dataset's nine shards are gone
     with pytest.raises(ValueError, match="needs classes="):
         plan_parts("ray", "s3://out/sets/other.tar", "tar", storage_options=s3)
 
@@ -181,3 +187,18 @@ def test_seeded_parts_equal_packer_convert_of_the_folder(tmp_path):
     merge_parts(plan, [write_part(plan, k, placed[k * 8:(k + 1) * 8]) for k in range(3)])
     one = packer.open_dataset(str(tmp_path / "one.tar"), fields=("meta",), as_dict=True)
     assert samples(packer.open_dataset(str(tmp_path / "parts.tar"), fields=("meta",), as_dict=True)) == samples(one)
+
+
+def test_lmdb_parts_in_a_bucket_are_merged_on_the_driver_and_uploaded(s3, tmp_path):
+    rows = jpeg_rows(30, seed=4)
+    plan = plan_parts("spark", "s3://out/l.lmdb", "lmdb", classes=CLASSES, storage_options=s3,
+                      options={"resize": "shorter:16"}, local_dir=str(tmp_path))
+    report = merge_parts(plan, [write_part(plan, k, rows[k * 10:(k + 1) * 10]) for k in range(3)])
+    assert report.output == "s3://out/l.lmdb" and report.manifest.source["kind"] == "spark"
+    import fsspec
+
+    fs = fsspec.filesystem("s3", **s3)
+    fs.get("out/l.lmdb/", str(tmp_path / "got.lmdb"), recursive=True)
+    got = samples(packer.open_dataset(str(tmp_path / "got.lmdb"), fields=("meta",), as_dict=True))
+    assert got == one_process(rows, tmp_path, "lmdb", resize="shorter:16", no_shuffle=True)
+    assert sorted(p.rsplit("/", 1)[1] for p in fs.ls("out", refresh=True) if "l.lmdb" in p) == ["l.lmdb"]
