@@ -95,7 +95,7 @@ def write(ds: Any, dst: str | os.PathLike[str], format: str = "tar", *, seed: in
 
     sink = Sink(dst, format, **sink_options)
     if seed is not None:
-        sink.plan = replace(sink.plan, seed=plan_seed(seed))
+        sink.plan = replace(sink.plan, seed=_checked_seed(seed))
     context = DataContext.get_current()
     options = context.execution_options
     kept = options.preserve_order, context.op_resource_reservation_enabled
@@ -119,7 +119,7 @@ def write(ds: Any, dst: str | os.PathLike[str], format: str = "tar", *, seed: in
     return sink.report
 
 
-def plan_seed(seed: Any) -> int:
+def _checked_seed(seed: Any) -> int:
     """``seed`` checked: an int (TypeError otherwise)."""
     if isinstance(seed, bool) or not isinstance(seed, int):
         raise TypeError(f"packer.ray.write(): seed must be an int, not {type(seed).__name__}")
