@@ -3,7 +3,7 @@
 ``import packer`` is light: ``packer.convert``, ``packer.pack``, ``packer.open_dataset``,
 ``packer.StreamingDataset``, ``packer.collate``, ``packer.convert_items``, ``packer.merge`` and
 ``packer.ConvertOptions`` import what they need when first used; ``packer.ray`` (Ray Data's
-``Sink`` and ``Source``) and ``packer.spark`` (``write``) import their engine when first used.
+``Sink``, ``Source`` and ``write``) and ``packer.spark`` (``write``) import their engine when first used.
 """
 
 from __future__ import annotations

@@ -3,7 +3,8 @@
 ``ds.write_datasink(packer.ray.Sink(dst, format="tar", resize="shorter:256"))``: each write task
 packs its rows into a part, and completion merges the parts, in task order, into one dataset
 (:mod:`packer.engines.parts`: a failed or retried task never leaves a part in the result).
-``ray.data.read_datasource(packer.ray.Source(path))``: the rows of a packed dataset (``image``,
+``packer.ray.write(ds, dst, format, seed=...)`` does the same, the rows first put in the order a
+one-process conversion with that seed writes (the write-time shuffle). ``ray.data.read_datasource(packer.ray.Source(path))``: the rows of a packed dataset (``image``,
 ``label``, ``key``, the metadata's keys as columns), one read task per shard.
 """
 
@@ -11,10 +12,11 @@ from __future__ import annotations
 
 import functools
 import os
+import warnings
 from collections.abc import Iterable, Sequence
 from typing import Any
 
-from .parts import PartPlan, discard_parts, merge_parts, plan_parts, write_part
+from .parts import PartPlan, discard_parts, merge_parts, plan_parts, write_part, write_positions
 
 try:
     from ray.data import Datasource, ReadTask
@@ -23,7 +25,7 @@ try:
 except ImportError as e:  # pragma: no cover - the message is the point
     raise ImportError(f"packer.ray needs Ray Data: pip install 'packer[ray]' ({e})") from None
 
-__all__ = ["Sink", "Source"]
+__all__ = ["Sink", "Source", "write"]
 
 
 class Sink(Datasink):
@@ -32,9 +34,12 @@ class Sink(Datasink):
     Rows are sample dicts as :func:`packer.pack` takes them: ``image`` (a file path, an image
     file's bytes or an H x W x 3 uint8 array), ``label``, optional ``key``, ``mask``, ``boxes``,
     ``box_labels`` and the columns named in ``images``; every other column is metadata. A row
-    without ``key`` is named ``part-TASK/item-N``. ``options`` are pack's (``resize``, ``encode``,
-    ``shard_size``, ``workers`` per write task, default 1, ...), checked here. Give ``classes``
-    so every part numbers labels alike. With ``DataContext.get_current().execution_options.
+    without ``key`` is named by its path, or ``part-TASK/item-N`` for bytes and arrays.
+    ``options`` are pack's (``resize``, ``encode``, ``shard_size``, ``workers`` per write task,
+    default 1, ...), checked here. Give ``classes`` so every part numbers labels alike (required
+    for an ``s3://`` destination, reached with ``storage_options``). ``local_dir``: the folder on
+    each worker where parts are built, shard by shard (default: in place for a local ``dst``, the
+    system's temporary folder for a URL). For the write-time shuffle use :func:`write`. With ``DataContext.get_current().execution_options.
     preserve_order = True`` the result holds the rows in the Dataset's order, sample for sample
     what one ``packer.pack(rows, ..., no_shuffle=True)`` writes. After the write, ``report``
     holds the merge's report (``report.manifest``).
@@ -42,9 +47,14 @@ class Sink(Datasink):
 
     def __init__(self, dst: str | os.PathLike[str], format: str = "tar", *, classes: Sequence[str] | None = None,
                  label_kind: str = "class", images: Sequence[str] = (), overwrite: bool = False,
+                 storage_options: dict[str, Any] | None = None, local_dir: str | None = None,
                  **options: Any) -> None:
+        if "seed" in options:
+            raise TypeError("packer.ray.Sink: option 'seed' is not taken: a Datasink cannot reorder rows; "
+                            "use packer.ray.write(ds, dst, ..., seed=...)")
         self.plan: PartPlan = plan_parts("ray", dst, format, classes=classes, label_kind=label_kind, images=images,
-                                         overwrite=overwrite, options=options)
+                                         overwrite=overwrite, options=options, storage_options=storage_options,
+                                         local_dir=local_dir)
         self.report: Any = None
 
     def get_name(self) -> str:
@@ -64,6 +74,65 @@ class Sink(Datasink):
     def on_write_failed(self, error: Exception) -> None:
         """On the driver: the write failed; the staged parts are removed, nothing is published."""
         discard_parts(self.plan)
+
+
+def write(ds: Any, dst: str | os.PathLike[str], format: str = "tar", *, seed: int | None = None,
+          **sink_options: Any) -> Any:
+    """Pack the Ray Dataset ``ds`` into one packer dataset at ``dst`` through a :class:`Sink`
+    (``sink_options`` are its keywords), with Ray's ``preserve_order`` on for the write and its
+    per-operator resource reservation off (on a small cluster it runs the write tasks one after
+    another: on 2 CPUs, the second task started when the first ended), both as they were after,
+    and return the merge's report. With ``seed``, the rows are first put in the order that a
+    one-process conversion of them with that seed writes (``packer.pack(rows, ..., seed=seed)``):
+    each row's place is computed on the driver (8 bytes a row, shared with the tasks through
+    Ray's object store) and the Dataset sorted by it; the manifest records the seed. The rows
+    are numbered with ``Dataset.zip`` of a range, in order under ``preserve_order`` (Ray
+    deprecates ``zip`` for the order it gives otherwise)."""
+    from dataclasses import replace
+
+    import ray
+    from ray.data import DataContext
+
+    sink = Sink(dst, format, **sink_options)
+    if seed is not None:
+        sink.plan = replace(sink.plan, seed=_checked_seed(seed))
+    context = DataContext.get_current()
+    options = context.execution_options
+    kept = options.preserve_order, context.op_resource_reservation_enabled
+    options.preserve_order = True
+    context.op_resource_reservation_enabled = False
+    try:
+        if seed is not None:
+            import numpy as np
+
+            n = ds.count()
+            where = ray.put(np.asarray(write_positions(n, seed), dtype=np.int64))
+            column = "__packer_position"
+            with warnings.catch_warnings():  # zip is deprecated for its order, which preserve_order fixes here
+                warnings.filterwarnings("ignore", message=".*zip.*")
+                ds = ds.zip(ray.data.range(n).rename_columns({"id": column}))
+            ds = ds.map_batches(functools.partial(_placed, column=column, where=[where]), batch_format="numpy")
+            ds = ds.sort(column).drop_columns([column])
+        ds.write_datasink(sink)
+    finally:
+        options.preserve_order, context.op_resource_reservation_enabled = kept
+    return sink.report
+
+
+def _checked_seed(seed: Any) -> int:
+    """``seed`` checked: an int (TypeError otherwise)."""
+    if isinstance(seed, bool) or not isinstance(seed, int):
+        raise TypeError(f"packer.ray.write(): seed must be an int, not {type(seed).__name__}")
+    return seed
+
+
+def _placed(batch: dict[str, Any], column: str, where: list[Any]) -> dict[str, Any]:
+    """In a task: the batch's row numbers replaced by their places in the written dataset."""
+    import ray
+
+    positions = ray.get(where[0])
+    batch[column] = positions[batch[column]]
+    return batch
 
 
 class Source(Datasource):

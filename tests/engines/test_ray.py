@@ -105,3 +105,29 @@ def test_a_task_that_dies_after_its_part_leaves_no_duplicate(cluster, tmp_path):
     assert sorted(os.listdir(tmp_path)) == ["died-once", "one.lmdb", "out.lmdb"]  # the orphan part went with the staging
     got = ray.data.read_datasource(packer.ray.Source(dst), override_num_blocks=3).materialize()
     assert got.count() == 24 and got.num_blocks() == 3
+
+
+@pytest.mark.slow
+def test_seeded_write_to_s3_equals_one_process_pack(cluster, tmp_path):
+    from tests.engines.test_parts import jpeg_rows
+    from tests.helpers import moto_s3
+
+    data = jpeg_rows(50)
+    with moto_s3("out") as endpoint:
+        s3 = {"key": "testing", "secret": "testing", "client_kwargs": {"endpoint_url": endpoint, "region_name": "us-east-1"}}
+        ds = ray.data.from_items(data, override_num_blocks=3)
+        report = packer.ray.write(ds, "s3://out/r.tar", "tar", seed=5, classes=CLASSES, storage_options=s3,
+                                  resize="shorter:16", encode="jpeg:90", shard_samples=6)
+        import fsspec
+
+        fsspec.filesystem("s3", **s3).get("out/r.tar/", str(tmp_path / "r.tar"), recursive=True)
+    one = str(tmp_path / "one.tar")
+    packer.pack(data, one, "tar", classes=CLASSES, resize="shorter:16", encode="jpeg:90", seed=5, quiet=True, workers=1)
+    assert samples(str(tmp_path / "r.tar")) == samples(one)
+    m = read_manifest(str(tmp_path / "r.tar"))
+    assert m.shuffle_seed == 5 and m.source["kind"] == "ray" and report.manifest.num_samples == 50
+    context = ray.data.DataContext.get_current()  # write() turned reservation off for the write alone
+    assert context.op_resource_reservation_enabled and context.execution_options.preserve_order
+    assert [k for k, *_ in samples(one)] != sorted(k for k, *_ in samples(one))  # it was shuffled
+    with pytest.raises(TypeError, match="use packer.ray.write"):
+        packer.ray.Sink(str(tmp_path / "x.tar"), seed=1)

@@ -61,7 +61,30 @@ def test_spark_write_equals_one_process_pack(spark, tmp_path):
     assert sorted(os.listdir(tmp_path)) == ["one.tfrecord", "out.tfrecord"]
     with pytest.raises(ValueError, match="no column 'picture'"):
         packer.spark.write(df, str(tmp_path / "x.tar"), image="picture")
-    with pytest.raises(TypeError, match="'seed' is not taken: shuffle with the engine"):
-        packer.spark.write(df, str(tmp_path / "x.tar"), seed=3)
+    with pytest.raises(TypeError, match="'resume' is not taken: a retried task writes its part again"):
+        packer.spark.write(df, str(tmp_path / "x.tar"), resume=True)
     with pytest.raises(FileExistsError, match="destination exists"):
         packer.spark.write(df, dst, "tfrecord")
+
+
+@pytest.mark.slow
+def test_spark_seeded_write_to_s3_equals_one_process_pack(spark, tmp_path):
+    from tests.engines.test_parts import jpeg_rows
+    from tests.helpers import moto_s3
+
+    data = jpeg_rows(40, seed=2)
+    df = spark.sparkContext.parallelize([(r["image"], r["label"], r["key"], r["step"]) for r in data], 2) \
+        .toDF(["image", "label", "key", "step"])
+    with moto_s3("out") as endpoint:
+        s3 = {"key": "testing", "secret": "testing", "client_kwargs": {"endpoint_url": endpoint, "region_name": "us-east-1"}}
+        report = packer.spark.write(df, "s3://out/s.tfrecord", "tfrecord", key="key", seed=11, classes=CLASSES,
+                                    storage_options=s3, resize="shorter:12", encode="jpeg:90", shard_samples=5)
+        import fsspec
+
+        fsspec.filesystem("s3", **s3).get("out/s.tfrecord/", str(tmp_path / "s.tfrecord"), recursive=True)
+    one = str(tmp_path / "one.tfrecord")
+    packer.pack(data, one, "tfrecord", classes=CLASSES, resize="shorter:12", encode="jpeg:90", seed=11, quiet=True,
+                workers=1)
+    assert samples(str(tmp_path / "s.tfrecord")) == samples(one) and report.manifest.num_samples == 40
+    m = read_manifest(str(tmp_path / "s.tfrecord"))
+    assert m.shuffle_seed == 11 and m.source["kind"] == "spark" and m.source["tasks"] == 2

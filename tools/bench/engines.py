@@ -1,10 +1,14 @@
-"""Section 10 of docs/benchmarks.md, ``engines``: an image folder converted by Ray Data (a local
-cluster of 2 CPUs, ``packer.ray.Sink``, one worker per write task) against packer's own 2-worker
-conversion, side by side, alternating, as a speed ratio; the two results are checked equal."""
+"""Section 12 of docs/benchmarks.md, ``engines``: an image folder converted by Ray Data (a local
+cluster of 2 CPUs, ``packer.ray.Sink``, one worker per write task) and by Spark local[2]
+(``packer.spark.write``) against packer's own 2-worker conversion, side by side, alternating, as
+speed ratios, with where Ray's time goes (until the first task runs, the tasks, the merge); the
+results are checked equal. ``--baseline DIR`` also runs Ray with the packer tree in DIR (an
+older checkout), in the same run, for a before/after."""
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import shutil
 import statistics
@@ -15,23 +19,96 @@ from tools.bench.common import Subcommand, header, row, timed
 
 PROCESSING = {"resize": "shorter:256", "encode": "jpeg:90"}
 
-#: One Ray conversion, in a process of its own: cluster start, then the write timed alone.
+#: Run first in every process of a baseline run (driver and Ray workers): the editable install's
+#: finder is pointed at the baseline tree before packer is imported.
+HOOK = """
+import sys
+ROOT = {root!r}
+
+
+def use():
+    for name, mod in list(sys.modules.items()):
+        if name.startswith("__editable__") and hasattr(mod, "MAPPING"):
+            mod.MAPPING.update({{"packer": ROOT + "/packer", "packer.datasets": ROOT + "/datasets",
+                                "packer.converters": ROOT + "/converters"}})
+"""
+
+#: One Ray conversion, in a process of its own: cluster start, then the write timed alone; the
+#: tasks report when they ran, the driver how long the merge took.
 RAY_RUN = """
 import json, os, sys, time
-import ray, packer
+hook = sys.argv[3]
+if hook:
+    sys.path.insert(0, os.path.dirname(hook))
+    import packer_baseline_hook
+    packer_baseline_hook.use()
+import ray
 src, dst = sys.argv[1], sys.argv[2]
 t0 = time.perf_counter()
-ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+env = {"worker_process_setup_hook": "packer_baseline_hook.use",
+       "env_vars": {"PYTHONPATH": os.path.dirname(hook)}} if hook else None
+ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, runtime_env=env)
+import packer
 ctx = ray.data.DataContext.get_current()
 ctx.execution_options.preserve_order = True
 ctx.enable_progress_bars = False
+if sys.argv[5]:  # as packer.ray.write() sets it
+    ctx.op_resource_reservation_enabled = False
 classes = sorted(os.listdir(src))
 rows = [{"image": os.path.join(src, c, f), "label": c, "key": f"{c}/{f}"}
         for c in classes for f in sorted(os.listdir(os.path.join(src, c)))]
-t1 = time.perf_counter()
+times = {}
+
+
+class Timed(packer.ray.Sink):
+    def write(self, blocks, ctx):
+        import time as clock
+        start = clock.time()
+        out = super().write(blocks, ctx)
+        out["ran"] = [start, clock.time(), packer.__file__]
+        return out
+
+    def on_write_complete(self, result):
+        start = time.time()
+        returns = result.write_returns if hasattr(result, "write_returns") else result
+        times["tasks"] = [r.pop("ran") for r in returns if r]
+        super().on_write_complete(result)
+        times["merge"] = time.time() - start
+
+
+if sys.argv[4]:  # warm: a small write first, so each worker has imported Ray Data and packer
+    ray.data.from_items(rows[:4], override_num_blocks=2).write_datasink(
+        packer.ray.Sink(dst + "-warm", "tar", classes=classes, overwrite=True, resize="shorter:256"))
+t1, w1 = time.perf_counter(), time.time()
 ray.data.from_items(rows, override_num_blocks=2).write_datasink(
-    packer.ray.Sink(dst, "tar", classes=classes, overwrite=True, resize="shorter:256", encode="jpeg:90"))
+    Timed(dst, "tar", classes=classes, overwrite=True, resize="shorter:256", encode="jpeg:90"))
+t2, w2 = time.perf_counter(), time.time()
+tasks = times["tasks"]
+print(json.dumps({"write": t2 - t1, "total": t2 - t0, "to first task": min(s for s, _, _ in tasks) - w1,
+                  "to last task": max(s for s, _, _ in tasks) - w1,
+                  "tasks (longest)": max(e - s for s, e, _ in tasks),
+                  "after last task": w2 - max(e for _, e, _ in tasks), "merge": times["merge"],
+                  "code": tasks[0][2]}))
+"""
+
+#: One Spark local[2] conversion (rows of file paths, 2 partitions), the session's start apart.
+SPARK_RUN = """
+import json, os, sys, time
+os.environ["PYSPARK_PYTHON"] = os.environ["PYSPARK_DRIVER_PYTHON"] = sys.executable
+from pyspark.sql import SparkSession
+import packer
+src, dst = sys.argv[1], sys.argv[2]
+t0 = time.perf_counter()
+spark = (SparkSession.builder.master("local[2]").config("spark.ui.enabled", "false")
+         .config("spark.python.worker.reuse", "true").getOrCreate())
+spark.sparkContext.setLogLevel("ERROR")
+classes = sorted(os.listdir(src))
+rows = [(os.path.join(src, c, f), c, f"{c}/{f}") for c in classes for f in sorted(os.listdir(os.path.join(src, c)))]
+df = spark.sparkContext.parallelize(rows, 2).toDF(["image", "label", "key"])
+t1 = time.perf_counter()
+packer.spark.write(df, dst, "tar", key="key", classes=classes, overwrite=True, resize="shorter:256", encode="jpeg:90")
 t2 = time.perf_counter()
+spark.stop()
 print(json.dumps({"write": t2 - t1, "total": t2 - t0}))
 """
 
@@ -47,13 +124,12 @@ def _packer(src: str, dst: str) -> float:
     return seconds
 
 
-def _ray(src: str, dst: str) -> dict[str, float]:
-    """The Ray run's seconds: ``write`` (the conversion) and ``total`` (cluster start included)."""
-    import json
-
-    out = subprocess.run([sys.executable, "-c", RAY_RUN, src, dst], capture_output=True, text=True)
+def _run(code: str, what: str, *args: str, cwd: str | None = None) -> dict[str, float]:
+    """A conversion script's JSON line of seconds (run in ``cwd``: away from a source tree, the
+    installed packer, or the baseline's, is the one imported)."""
+    out = subprocess.run([sys.executable, "-c", code, *args], capture_output=True, text=True, cwd=cwd)
     if out.returncode:
-        raise SystemExit(f"the Ray conversion failed:\n{out.stderr[-2000:]}")
+        raise SystemExit(f"the {what} conversion failed:\n{out.stderr[-3000:]}")
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
@@ -72,30 +148,64 @@ def _same(a: str, b: str) -> bool:
 
 
 def engines(a: argparse.Namespace) -> int:
-    """Ray Data (2 local CPUs) against packer's own 2-worker conversion of one image folder.
+    """Ray Data and Spark (2 local CPUs each) against packer's own 2-worker conversion of one
+    image folder.
 
     SRC: an image folder (e.g. ``python ../shared/tools/make_imagefolder.py SRC --classes 4
-    --per-class 500``). Each repeat runs ``packer convert --workers 2 --no-shuffle`` and a Ray
-    conversion (rows of file paths, 2 write tasks of 1 worker each) to tar shards with
-    ``--resize shorter:256 --encode jpeg:90``, alternating. Prints the median seconds and the
-    speed ratio (packer's seconds / Ray's): for Ray's write alone, and with the cluster's start.
+    --per-class 500``). Each repeat runs, alternating: ``packer convert --workers 2
+    --no-shuffle``; a Ray conversion (rows of file paths, 2 write tasks of 1 worker each); with
+    ``--baseline DIR`` the same Ray conversion with the packer tree in DIR; with ``--warm`` the
+    Ray conversion after an untimed small write on the same cluster; with ``--spark`` a
+    Spark local[2] conversion (2 partitions of file paths); all to tar shards with ``--resize
+    shorter:256 --encode jpeg:90``. Prints the median seconds and the speed ratio (packer's
+    seconds / the engine's): for the write alone and with the engine's start, and Ray's write
+    split into the time until its first and last task started, its longest task, and the time
+    after the last task ended (the merge among it).
     """
-    work = a.work or os.path.join(os.path.dirname(os.path.abspath(a.src)), "bench-engines")
+    src = a.src = os.path.abspath(a.src)
+    work = os.path.abspath(a.work or os.path.join(os.path.dirname(src), "bench-engines"))
     os.makedirs(work, exist_ok=True)
-    own, by_ray = os.path.join(work, "own.tar"), os.path.join(work, "ray.tar")
-    runs: dict[str, list[float]] = {"packer": [], "ray write": [], "ray total": []}
+    hook = ""
+    if a.baseline:
+        hook = os.path.join(work, "packer_baseline_hook.py")
+        with open(hook, "w") as f:
+            f.write(HOOK.format(root=os.path.abspath(a.baseline)))
+    own = os.path.join(work, "own.tar")
+    runs: dict[str, list[dict[str, float]]] = {"packer": []}
+    outs = {"ray": os.path.join(work, "ray.tar"), "ray baseline": os.path.join(work, "base.tar"),
+            "ray warm": os.path.join(work, "warm.tar"), "ray write()": os.path.join(work, "write.tar"),
+            "spark": os.path.join(work, "spark.tar")}
+    codes: dict[str, str] = {}
     for _ in range(a.repeats):
-        runs["packer"].append(_packer(a.src, own))
-        r = _ray(a.src, by_ray)
-        runs["ray write"].append(r["write"])
-        runs["ray total"].append(r["total"])
+        runs["packer"].append({"write": _packer(a.src, own)})
+        r = _run(RAY_RUN, "Ray", a.src, outs["ray"], "", "", "", cwd=work)
+        codes["ray"] = str(r.pop("code"))
+        runs.setdefault("ray", []).append(r)
+        r = _run(RAY_RUN, "Ray write()", a.src, outs["ray write()"], "", "", "write", cwd=work)
+        codes["ray write()"] = str(r.pop("code"))
+        runs.setdefault("ray write()", []).append(r)
+        if a.warm:
+            r = _run(RAY_RUN, "Ray (warm)", a.src, outs["ray warm"], "", "warm", "write", cwd=work)
+            codes["ray warm"] = str(r.pop("code"))
+            runs.setdefault("ray warm", []).append(r)
+        if hook:
+            r = _run(RAY_RUN, "Ray baseline", a.src, outs["ray baseline"], hook, "", "", cwd=work)
+            codes["ray baseline"] = str(r.pop("code"))
+            runs.setdefault("ray baseline", []).append(r)
+        if a.spark:
+            runs.setdefault("spark", []).append(_run(SPARK_RUN, "Spark", a.src, outs["spark"], cwd=work))
     n = len(packer_keys(own))
-    base = statistics.median(runs["packer"])
+    base = statistics.median(r["write"] for r in runs["packer"])
     header("conversion", "images", "median s", "speed vs packer 2 workers")
-    for name, seconds in runs.items():
-        med = statistics.median(seconds)
-        row(name, n, f"{med:.2f}", f"{base / med:.2f}x")
-    print(f"\nsamples equal, in the same order: {_same(own, by_ray)}")
+    for name, results in runs.items():
+        for part in results[0]:
+            med = statistics.median(r[part] for r in results)
+            label = name if part == "write" else f"{name}: {part}"
+            row(label, n, f"{med:.2f}", f"{base / med:.2f}x" if part in ("write", "total") else "")
+    for name in runs:
+        if name != "packer":
+            print(f"{name}: samples equal to packer's, in the same order: {_same(own, outs[name])}"
+                  + (f" (packer from {os.path.dirname(codes[name])})" if name in codes else ""))
     shutil.rmtree(work, ignore_errors=True)
     return 0
 
@@ -111,6 +221,10 @@ def packer_keys(path: str) -> list[str]:
 def _engines_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("src", help="an image folder")
     p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--spark", action="store_true", help="also convert with Spark local[2]")
+    p.add_argument("--warm", action="store_true",
+                   help="also time a Ray write on warm workers (a small write first, untimed)")
+    p.add_argument("--baseline", help="also run Ray with the packer source tree in this folder (an older checkout)")
     p.add_argument("--work", help="scratch folder (default: bench-engines beside SRC)")
 
 
