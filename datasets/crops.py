@@ -9,7 +9,8 @@ of the image the window leaves out (docs/benchmarks.md, section 7).
 * ``crop=224`` or ``crop=(h, w)``: :class:`CenterCrop` (torchvision's ``CenterCrop`` window).
 * :class:`RandomCrop`: a window of a fixed size at a random place (``RandomCrop``).
 * :class:`RandomResizedCrop`: a window of random area and aspect ratio, resized to the output size
-  (``RandomResizedCrop``'s window; the resize is OpenCV's, see the class).
+  (``RandomResizedCrop``'s window; the resize is OpenCV's, see the class). A JPEG window at least
+  twice the output on both sides is decoded at 1/2, 1/4 or 1/8 scale first (``reduced_decode``).
 
 The same window cuts the mask and extra images (:meth:`Crop.finish_mask` resizes masks by nearest
 neighbour) and moves the boxes. The reader returns the cropped image to ``transform`` (which then no longer crops). Random windows
@@ -29,7 +30,7 @@ import cv2
 import numpy as np
 
 from packer.fields.boxes import move_boxes
-from packer.images.imageproc import Window
+from packer.images.imageproc import Window, reduced_window
 
 __all__ = ["Crop", "CenterCrop", "RandomCrop", "RandomResizedCrop", "as_crop"]
 
@@ -49,6 +50,14 @@ def _size(size: int | Sequence[int], what: str) -> tuple[int, int]:
 class Crop:
     """A crop the reader applies while decoding: :meth:`window` picks the rectangle of an image
     of a given size, :meth:`finish` turns the rectangle's pixels into the output."""
+
+    #: Whether :meth:`reduction` may pick a reduced-scale decode (JPEG payloads only).
+    reduces: bool = False
+
+    def reduction(self, window: Window, height: int, width: int) -> tuple[int, Window]:
+        """(scale, window) to decode a JPEG's ``window`` of a ``height`` x ``width`` image with:
+        scale 1 and the window as it is, by default (see :class:`RandomResizedCrop`)."""
+        return 1, window
 
     def window(self, height: int, width: int) -> Window:
         """(top, left, height, width) of the crop in a ``height`` x ``width`` image: integers
@@ -117,16 +126,34 @@ class RandomResizedCrop(Crop):
     The resize is OpenCV's ``INTER_AREA`` where the window shrinks on both sides (an average over
     each output pixel's footprint, as packer's conversion resizes) and ``INTER_LINEAR``
     otherwise; torchvision's bilinear resize with antialiasing gives close but not equal pixels.
+
+    ``reduced_decode`` (on by default): a JPEG window at least twice ``size`` on both sides is
+    decoded at the largest of 1/8, 1/4 and 1/2 of the image's scale that keeps it at least
+    ``size`` (libjpeg-turbo's reduced-size inverse DCT, much less work), then shrunk by
+    ``INTER_AREA``. The pixels are then those of the scaled decode, not of the whole decode
+    resized (close: see docs/datasets.md); the window is widened to the scale's pixel grid (each
+    edge moves outwards by less than the scale, in image pixels), and masks, extra images and
+    boxes are cut by that same window, so they stay aligned. ``reduced_decode=False``: every
+    window is decoded at full size. Other codecs, a decoded cache's pixels and windows under twice
+    the output are never reduced.
     """
 
+    reduces = True
+
     def __init__(self, size: int | Sequence[int], scale: tuple[float, float] = (0.08, 1.0),
-                 ratio: tuple[float, float] = (3 / 4, 4 / 3)) -> None:
+                 ratio: tuple[float, float] = (3 / 4, 4 / 3), reduced_decode: bool = True) -> None:
         self.size = _size(size, "RandomResizedCrop")
         if not (0 < scale[0] <= scale[1] <= 1) or not (0 < ratio[0] <= ratio[1]):
             raise ValueError(f"RandomResizedCrop: need 0 < scale[0] <= scale[1] <= 1 and 0 < ratio[0] <= "
                              f"ratio[1], not scale={scale}, ratio={ratio}")
         self.scale = (float(scale[0]), float(scale[1]))
         self.ratio = (float(ratio[0]), float(ratio[1]))
+        self.reduces = bool(reduced_decode)
+
+    def reduction(self, window: Window, height: int, width: int) -> tuple[int, Window]:
+        if not self.reduces:
+            return 1, window
+        return reduced_window(window, height, width, *self.size)
 
     def window(self, height: int, width: int) -> Window:
         area = height * width
@@ -165,7 +192,8 @@ class RandomResizedCrop(Crop):
         return self.size
 
     def __repr__(self) -> str:
-        return f"RandomResizedCrop(size={self.size}, scale={self.scale}, ratio={self.ratio})"
+        more = "" if self.reduces else ", reduced_decode=False"
+        return f"RandomResizedCrop(size={self.size}, scale={self.scale}, ratio={self.ratio}{more})"
 
 
 def as_crop(crop: Crop | int | Sequence[int] | None) -> Crop | None:
