@@ -136,12 +136,18 @@ class RandomResizedCrop(Crop):
     boxes are cut by that same window, so they stay aligned. ``reduced_decode=False``: every
     window is decoded at full size. Other codecs, a decoded cache's pixels and windows under twice
     the output are never reduced.
+
+    ``interpolation="linear"``: OpenCV's ``INTER_LINEAR`` for every window (no antialiasing where
+    the window shrinks: some aliasing, for a resize several times cheaper than ``INTER_AREA``'s at
+    the fractional ratios random windows have; docs/benchmarks.md, section 14). Masks are resized
+    by nearest neighbour either way.
     """
 
     reduces = True
 
     def __init__(self, size: int | Sequence[int], scale: tuple[float, float] = (0.08, 1.0),
-                 ratio: tuple[float, float] = (3 / 4, 4 / 3), reduced_decode: bool = True) -> None:
+                 ratio: tuple[float, float] = (3 / 4, 4 / 3), reduced_decode: bool = True,
+                 interpolation: str = "area") -> None:
         self.size = _size(size, "RandomResizedCrop")
         if not (0 < scale[0] <= scale[1] <= 1) or not (0 < ratio[0] <= ratio[1]):
             raise ValueError(f"RandomResizedCrop: need 0 < scale[0] <= scale[1] <= 1 and 0 < ratio[0] <= "
@@ -149,6 +155,9 @@ class RandomResizedCrop(Crop):
         self.scale = (float(scale[0]), float(scale[1]))
         self.ratio = (float(ratio[0]), float(ratio[1]))
         self.reduces = bool(reduced_decode)
+        if interpolation not in ("area", "linear"):
+            raise ValueError(f"RandomResizedCrop: interpolation must be 'area' or 'linear', not {interpolation!r}")
+        self.interpolation = interpolation
 
     def reduction(self, window: Window, height: int, width: int) -> tuple[int, Window]:
         if not self.reduces:
@@ -179,8 +188,8 @@ class RandomResizedCrop(Crop):
         h, w = pixels.shape[:2]
         if (h, w) == (th, tw):
             return pixels
-        shrink = h >= th and w >= tw
-        return cv2.resize(pixels, (tw, th), interpolation=cv2.INTER_AREA if shrink else cv2.INTER_LINEAR)
+        area = self.interpolation == "area" and h >= th and w >= tw
+        return cv2.resize(pixels, (tw, th), interpolation=cv2.INTER_AREA if area else cv2.INTER_LINEAR)
 
     def finish_mask(self, mask: np.ndarray) -> np.ndarray:
         th, tw = self.size
@@ -192,7 +201,8 @@ class RandomResizedCrop(Crop):
         return self.size
 
     def __repr__(self) -> str:
-        more = "" if self.reduces else ", reduced_decode=False"
+        more = ("" if self.reduces else ", reduced_decode=False") + (
+            "" if self.interpolation == "area" else f", interpolation={self.interpolation!r}")
         return f"RandomResizedCrop(size={self.size}, scale={self.scale}, ratio={self.ratio}{more})"
 
 

@@ -24,6 +24,7 @@ from tools.bench import (
     scale,
     shuffle,
     streamcost,
+    training,
     v2fusion,
     versions,
     window,
@@ -35,6 +36,7 @@ SUBCOMMANDS: dict[str, Subcommand] = {
     **reads.SUBCOMMANDS,  # getitems, cache-fill
     **window.SUBCOMMANDS,
     **v2fusion.SUBCOMMANDS,
+    **training.SUBCOMMANDS,  # reduced-decode, train-stages
     **reduced.SUBCOMMANDS,
     **remote.SUBCOMMANDS,
     **ranges.SUBCOMMANDS,

@@ -220,3 +220,13 @@ def test_masks_extra_images_and_boxes_follow_the_widened_window(tmp_path):
             np.testing.assert_allclose(boxes, want_boxes, atol=1e-4)
             np.testing.assert_array_equal(labels, want_labels)
     assert max(scales) > 1
+
+
+def test_linear_interpolation_resizes_every_window_bilinearly():
+    pixels = draw(np.random.default_rng(2), 60, 80)
+    crop = RandomResizedCrop((20, 30), interpolation="linear")
+    np.testing.assert_array_equal(crop.finish(pixels[:40, :60]),
+                                  cv2.resize(pixels[:40, :60], (30, 20), interpolation=cv2.INTER_LINEAR))
+    assert "interpolation='linear'" in repr(crop)
+    with pytest.raises(ValueError, match="interpolation"):
+        RandomResizedCrop(8, interpolation="cubic")
