@@ -82,15 +82,14 @@ class FieldsPlan:
         """A payload's pixels as the reader returns them: whole, or the crop's (only its window
         decoded where the payload allows; ``window`` instead of the crop's own draw, decoded at
         1/``scale`` where it is a JPEG); errors name ``path`` (default: the dataset). Without
-        ``window``, a crop that reduces draws its window here and picks the scale itself."""
+        ``window``, a crop that reduces picks the scale of a JPEG's window as it is drawn."""
         crop, path = self.crop, path or self.root
         if crop is None:
             return decode_payload(payload, codec, height, width, path=path, sample=index)
-        if window is None and crop.reduces and codec == "jpeg":
-            scale, drawn = crop.reduction(self._draw_window(height, width, index), height, width)
-            window = _fixed(drawn)
+        reduce = crop.reduction if window is None and crop.reduces else None  # drawn for the JPEG's frame
         return crop.finish(decode_payload_window(payload, codec, height, width, window or crop.window,
-                                                 scale=scale if codec == "jpeg" else 1, path=path, sample=index))
+                                                 scale=scale if codec == "jpeg" else 1, reduce=reduce, path=path,
+                                                 sample=index))
 
     def _cropped(self, rgb: np.ndarray, index: int | None, window: Callable[[int, int], Any] | None = None) -> np.ndarray:
         """Whole decoded pixels (a decoded cache's) cut as ``crop`` cuts them (in ``window``

@@ -459,6 +459,7 @@ def decode_payload_window(
     window: Callable[[int, int], Window],
     *,
     scale: int = 1,
+    reduce: Callable[[Window, int, int], tuple[int, Window]] | None = None,
     path: str | None = None,
     sample: int | str | None = None,
 ) -> np.ndarray:
@@ -480,8 +481,16 @@ def decode_payload_window(
     window decode is not used, TurboJPEG decodes the whole image at that scale (the same pixels);
     without TurboJPEG, or for a payload it refuses (EXIF orientation, damage, CMYK), the whole
     decode is shrunk by OpenCV's ``INTER_AREA`` to the scaled size (close pixels, not equal).
+    ``reduce`` (a JPEG only): ``reduce(window, H, W) -> (scale, window)`` picks the scale and the
+    window to decode instead (a crop's ``reduction``) once ``window(H, W)`` is drawn.
     Errors as :func:`decode_payload`; a window outside the image raises ValueError.
     """
+    if reduce is not None and codec == "jpeg":
+        frame = jpeg_frame(payload)
+        full = (frame.height, frame.width) if frame is not None and frame.height > 0 and frame.width > 0 \
+            else (height, width)
+        scale, drawn = reduce(_checked_window(window, *full, path, sample), *full)
+        window = lambda h, w: drawn  # noqa: E731 - the drawn window, checked again against the decode
     if scale != 1:
         if codec != "jpeg" or scale not in READ_SCALES:
             raise ValueError(f"{_where(path, sample)}: a reduced decode takes a JPEG and a scale of 2, 4 or 8, "

@@ -188,13 +188,18 @@ def _reduced_args(p: argparse.ArgumentParser) -> None:
 STAGES = ("read", "checks", "window", "decode", "resize", "tensor + flip", "rest of ds[i]", "collate")
 
 
-def _stage_times(path: str, size: int, reduced: bool, count: int) -> dict[str, float]:
+#: The crop= variants train-stages compares: name -> RandomResizedCrop's keyword arguments.
+MODES: dict[str, dict[str, Any]] = {"whole": {"reduced_decode": False}, "reduced": {},
+                                    "reduced, linear": {"interpolation": "linear"}}
+
+
+def _stage_times(path: str, size: int, mode: str, count: int) -> dict[str, float]:
     """CPU us per sample of each stage of the crop= read in this process, over ``count`` shuffled
     samples: the stages done one by one as the reader does them, then ``ds.__getitems__`` whole
     (its excess over the stages is the rest of the per-sample work) and packer's collate."""
     from packer.datasets.crops import RandomResizedCrop
 
-    crop = RandomResizedCrop(size, reduced_decode=reduced)
+    crop = RandomResizedCrop(size, **MODES[mode])
     threads = torch.get_num_threads(), cv2.getNumThreads()
     torch.set_num_threads(1)  # as in a DataLoader worker; OpenCV too, as one worker per core has it
     cv2.setNumThreads(1)
@@ -311,40 +316,38 @@ def train_stages(a: argparse.Namespace) -> int:
     per-sample work) and packer's ``collate``. Then epochs through a DataLoader (``--workers``
     workers, batch 64, not persistent) with the workers' and the main process's CPU time per
     image (getrusage): the workers' CPU beyond the stages is their fetch loop, the collate into
-    shared memory and the hand-over. ``reduced`` and ``whole`` are ``reduced_decode=True`` and
-    ``False``. The loaders' img/s against the bare loop of the same number of processes
+    shared memory and the hand-over. ``whole``, ``reduced`` and ``reduced, linear`` are
+    ``reduced_decode=False``, the default and ``interpolation="linear"``. The loaders' img/s against the bare loop of the same number of processes
     (TurboJPEG whole decode, the window, OpenCV ``INTER_AREA``), side by side per round.
     """
     from packer.datasets import open_dataset
     from packer.datasets.crops import RandomResizedCrop
 
     for path in a.datasets:
-        got = {mode: [_stage_times(path, a.size, mode == "reduced", a.count) for _ in range(a.rounds)]
-               for mode in ("whole", "reduced")}
+        got = {mode: [_stage_times(path, a.size, mode, a.count) for _ in range(a.rounds)] for mode in MODES}
         sums = {m: {s: statistics.median(r[s] for r in runs) for s in (*STAGES, "getitems")} for m, runs in got.items()}
-        epochs: dict[str, list[dict[str, float]]] = {"whole": [], "reduced": []}
+        epochs: dict[str, list[dict[str, float]]] = {mode: [] for mode in MODES}
         bare: list[float] = []
         for r in range(a.rounds):
-            for mode in turns(("whole", "reduced", "bare"), r):
+            for mode in turns((*MODES, "bare"), r):
                 if mode == "bare":
                     bare.append(bare_rate(path, a.size, a.workers))
                     continue
-                crop = RandomResizedCrop(a.size, reduced_decode=mode == "reduced")
+                crop = RandomResizedCrop(a.size, **MODES[mode])
                 with open_dataset(path, crop=crop, transform=flip) as ds:
                     epochs[mode].append(loader_epoch(ds, a.workers))
         cpu = {m: {k: statistics.median(e[k] for e in runs) for k in ("worker_us", "main_us")} for m, runs in epochs.items()}
         print(f"\n{name_of(path)}: us per sample; stages in one process, the loader's CPU time per image; "
               f"medians of {a.rounds} rounds\n")
-        header("stage", "whole window decode", "share", "reduced decode", "share")
+        header("stage", *(c for m in MODES for c in (m, "share")))
         totals = {m: cpu[m]["worker_us"] + cpu[m]["main_us"] for m in sums}
         lines = [(s, {m: sums[m][s] for m in sums}) for s in STAGES]
         lines.append(("workers' other CPU (fetch loop, collate in shared memory, hand-over)",
                       {m: cpu[m]["worker_us"] - sum(sums[m][s] for s in STAGES) for m in sums}))
         lines.append(("main process (receive, unpickle)", {m: cpu[m]["main_us"] for m in sums}))
         for name, v in lines:
-            row(name, f"{v['whole']:.1f}", f"{v['whole'] / totals['whole']:.0%}", f"{v['reduced']:.1f}",
-                f"{v['reduced'] / totals['reduced']:.0%}")
-        row("**CPU per image, loader**", f"{totals['whole']:.1f}", "", f"{totals['reduced']:.1f}", "")
+            row(name, *(c for m in MODES for c in (f"{v[m]:.1f}", f"{v[m] / totals[m]:.0%}")))
+        row("**CPU per image, loader**", *(c for m in MODES for c in (f"{totals[m]:.1f}", "")))
         print()
         header("loader", "img/s (median)", f"/ bare loop x{a.workers} (rounds)")
         rates = {m: [e["img_s"] for e in runs] for m, runs in epochs.items()} | {"bare": bare}
