@@ -134,6 +134,49 @@ def _quantiles(values: list[float]) -> str:
     return f"{statistics.median(values):.1f} ({np.percentile(values, 1):.1f})"
 
 
+def _scale_costs(path: str, count: int = 40, repeats: int = 5) -> dict[int, float]:
+    """us per whole-image decode at each scale by packer's window module (the whole image as the
+    window), best of ``repeats`` passes over ``count`` payloads: how much of a decode the
+    entropy decoding, which every scale pays, is."""
+    from packer.datasets import open_dataset
+    from packer.images.imageproc import decode_payload_window
+
+    with open_dataset(path) as ds:
+        recs = [ds.read_record(i) for i in range(count)]
+    out = {}
+    for scale in (1, 2, 4, 8):
+        best = float("inf")
+        for _ in range(repeats):
+            t0 = time.thread_time()
+            for rec in recs:
+                decode_payload_window(rec.payload, "jpeg", rec.height, rec.width, lambda h, w: (0, 0, h, w),
+                                      scale=scale)
+            best = min(best, (time.thread_time() - t0) / count * 1e6)
+        out[scale] = best
+    return out
+
+
+def _resize_costs(path: str, size: int, count: int = 256) -> dict[str, float]:
+    """CPU us per resize of ``count`` drawn windows' whole-decode pixels to ``size``: INTER_AREA
+    (where the window shrinks on both sides, as ``RandomResizedCrop`` does) and INTER_LINEAR."""
+    from packer.datasets import open_dataset
+    from packer.datasets.crops import RandomResizedCrop
+    from packer.images.imageproc import decode_payload
+
+    with open_dataset(path) as ds:
+        windows = []
+        for _, payload, (top, left, h, w) in _draws(ds, count, size, 3):
+            windows.append(np.ascontiguousarray(decode_payload(payload, "jpeg")[top:top + h, left:left + w]))
+    out = {}
+    for how in ("area", "linear"):
+        crop = RandomResizedCrop(size, interpolation=how)
+        t0 = time.thread_time()
+        for pixels in windows:
+            crop.finish(pixels)
+        out[how] = (time.thread_time() - t0) / count * 1e6
+    return out
+
+
 def reduced_decode(a: argparse.Namespace) -> int:
     """The reduced-scale window decode (``RandomResizedCrop(reduced_decode=True)``, the default)
     against the whole window decode (``reduced_decode=False``), side by side in one run.
@@ -144,7 +187,10 @@ def reduced_decode(a: argparse.Namespace) -> int:
     whole image decoded, cut and resized (what a loader without a window decode does); the share of windows decoded at each scale; and the PSNR of
     the reduced output against the whole decode of the same grid-widened window (what the scaled
     IDCT changes) and against the whole decode of the drawn window (what the reader returns with
-    ``reduced_decode=False``), median (1st percentile). Then epochs through a DataLoader
+    ``reduced_decode=False``), median (1st percentile). Then, in one process (CPU time, one
+    OpenCV thread), whole-image decodes at each scale (best of 5 passes over 40 payloads: the
+    entropy decoding every scale pays) and the resize of the drawn windows' pixels by
+    ``INTER_AREA`` and ``INTER_LINEAR``. Then epochs through a DataLoader
     (``--workers`` workers, batch ``--batch``, packer's collate, a random flip in ``transform``,
     uint8 CHW), one of each per round in a rotating order; img/s medians and the per-round ratio.
     Make the data with ``make_imagefolder.py SRC --classes 4 --per-class 500 --min-side 520
@@ -162,6 +208,15 @@ def reduced_decode(a: argparse.Namespace) -> int:
         row(name_of(path), f"{c['whole_us']:.0f}", f"{c['reduced_us']:.0f}",
             f"{c['ratio']:.2f} ({' '.join(f'{x:.2f}' for x in c['per_round'])})",
             f"{c['reducing_ratio']:.2f}", f"{c['image_us']:.0f}", f"{c['image_ratio']:.2f}", shares, c["psnr_same"], c["psnr_drawn"])
+    print()
+    header("dataset", "whole image decode us, scale 1", "1/2", "1/4", "1/8",
+           "resize of the drawn windows to --size, INTER_AREA us", "INTER_LINEAR us")
+    for path in a.datasets:
+        threads = cv2.getNumThreads()
+        cv2.setNumThreads(1)
+        d, r = _scale_costs(path), _resize_costs(path, a.size)
+        cv2.setNumThreads(threads)
+        row(name_of(path), *(f"{d[s]:.0f}" for s in (1, 2, 4, 8)), f"{r['area']:.0f}", f"{r['linear']:.0f}")
     print()
     header("dataset", "whole decode img/s", "reduced img/s", "reduced / whole (rounds)")
     for path in a.datasets:
