@@ -130,8 +130,9 @@ def big(tmp_path_factory):
     make_folder(str(root / "src"), {c: [(f"{c}{i}.jpg", int(rng.integers(150, 260)), int(rng.integers(150, 260)))
                                         for i in range(4)] for c in ("a", "b")})
     pack(str(root / "src"), str(root / "jpeg"), "lmdb")
+    pack(str(root / "src"), str(root / "hdf5"), "hdf5")
     pack(str(root / "src"), str(root / "png"), "tar", encode="png")
-    return {"jpeg": str(root / "jpeg"), "png": str(root / "png")}
+    return {"jpeg": str(root / "jpeg"), "hdf5": str(root / "hdf5"), "png": str(root / "png")}
 
 
 def expected(ds, i, seed, crop):
@@ -147,11 +148,11 @@ def expected(ds, i, seed, crop):
     return scale, crop.finish(pixels)
 
 
-@pytest.mark.parametrize("cache", [None, "encoded"])
-def test_reader_gives_the_scaled_decodes_pixels_close_to_the_whole_decodes(big, cache):
+@pytest.mark.parametrize(("name", "cache"), [("jpeg", None), ("jpeg", "encoded"), ("hdf5", None)])
+def test_reader_gives_the_scaled_decodes_pixels_close_to_the_whole_decodes(big, name, cache):
     crop = RandomResizedCrop(48)
     scales = set()
-    with open_dataset(big["jpeg"], crop=crop, output="numpy", cache=cache) as ds:
+    with open_dataset(big[name], crop=crop, output="numpy", cache=cache) as ds:
         for _ in range(2):
             for i in range(len(ds)):
                 random.seed(i)
@@ -230,3 +231,17 @@ def test_linear_interpolation_resizes_every_window_bilinearly():
     assert "interpolation='linear'" in repr(crop)
     with pytest.raises(ValueError, match="interpolation"):
         RandomResizedCrop(8, interpolation="cubic")
+
+
+def test_a_decoded_cache_holds_whole_decodes_and_never_reduces(big):
+    crop = RandomResizedCrop(48, scale=(0.9, 1.0))
+    with open_dataset(big["jpeg"], crop=crop, output="numpy", cache="decoded") as ds:
+        for _ in range(2):  # filled, then read
+            for i in range(len(ds)):
+                random.seed(i)
+                got = ds[i][0]
+                rec = ds.read_record(i)
+                random.seed(i)
+                t, x0, h, w = crop.window(rec.height, rec.width)
+                assert crop.reduction((t, x0, h, w), rec.height, rec.width)[0] > 1  # it would reduce uncached
+                np.testing.assert_array_equal(got, crop.finish(decode_payload(rec.payload, "jpeg")[t:t + h, x0:x0 + w]))
