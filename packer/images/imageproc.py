@@ -487,8 +487,8 @@ def decode_payload_window(
     """
     if reduce is not None and codec == "jpeg":
         frame = jpeg_frame(payload)
-        full = (frame.height, frame.width) if frame is not None and frame.height > 0 and frame.width > 0 \
-            else (height, width)
+        upright = frame is not None and not frame.oriented and frame.height > 0 and frame.width > 0
+        full = (frame.height, frame.width) if upright else (height, width)  # type: ignore[union-attr]
         scale, drawn = reduce(_checked_window(window, *full, path, sample), *full)
         window = lambda h, w: drawn  # noqa: E731 - the drawn window, checked again against the decode
     if scale != 1:

@@ -22,7 +22,7 @@ from packer.images.imageproc import (
     reduced_window,
     window_decoding,
 )
-from tests.datasets.test_crop import KINDS, jpeg, need_module
+from tests.datasets.test_crop import KINDS, _with_orientation, jpeg, need_module
 from tests.helpers import draw, make_folder, pack, psnr, write_fields_dataset
 
 PHOTO = cv2.cvtColor(draw(np.random.default_rng(7), 203, 317), cv2.COLOR_RGB2BGR)
@@ -245,3 +245,15 @@ def test_a_decoded_cache_holds_whole_decodes_and_never_reduces(big):
                 t, x0, h, w = crop.window(rec.height, rec.width)
                 assert crop.reduction((t, x0, h, w), rec.height, rec.width)[0] > 1  # it would reduce uncached
                 np.testing.assert_array_equal(got, crop.finish(decode_payload(rec.payload, "jpeg")[t:t + h, x0:x0 + w]))
+
+
+def test_an_oriented_jpeg_is_decoded_whole_turned_and_shrunk_to_the_scale():
+    turned = _with_orientation(jpeg(PHOTO), 6)  # shown 317 x 203
+    crop = RandomResizedCrop(20)
+    got = decode_payload_window(turned, "jpeg", 317, 203, lambda h, w: (5, 3, 300, 190), reduce=crop.reduction)
+    whole = decode_payload(turned, "jpeg")
+    assert whole.shape[:2] == (317, 203)
+    scale, window = crop.reduction((5, 3, 300, 190), 317, 203)
+    assert scale == 8
+    area = cv2.resize(whole, (-(-203 // 8), -(-317 // 8)), interpolation=cv2.INTER_AREA)
+    np.testing.assert_array_equal(got, area[box(window, 8)])
