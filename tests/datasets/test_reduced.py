@@ -23,7 +23,7 @@ from packer.images.imageproc import (
     window_decoding,
 )
 from tests.datasets.test_crop import KINDS, _with_orientation, jpeg, need_module
-from tests.helpers import draw, make_folder, pack, psnr, write_fields_dataset
+from tests.helpers import draw, import_optional, make_folder, pack, psnr, write_fields_dataset
 
 PHOTO = cv2.cvtColor(draw(np.random.default_rng(7), 203, 317), cv2.COLOR_RGB2BGR)
 
@@ -257,3 +257,30 @@ def test_an_oriented_jpeg_is_decoded_whole_turned_and_shrunk_to_the_scale():
     assert scale == 8
     area = cv2.resize(whole, (-(-203 // 8), -(-317 // 8)), interpolation=cv2.INTER_AREA)
     np.testing.assert_array_equal(got, area[box(window, 8)])
+
+
+def test_antialias_interpolation_is_torchs_antialiased_bilinear_resize():
+    import torch
+    from torch.nn.functional import interpolate
+
+    pixels = draw(np.random.default_rng(3), 90, 120)
+    crop = RandomResizedCrop((20, 30), interpolation="antialias")
+    for window in (pixels[5:75, 7:107], pixels[:10, :12]):  # a view of wider rows; an enlargement
+        want = interpolate(torch.from_numpy(np.ascontiguousarray(window)).permute(2, 0, 1)[None].float(),
+                           size=(20, 30), mode="bilinear", antialias=True, align_corners=False)
+        got = crop.finish(window)
+        assert got.shape == (20, 30, 3) and got.dtype == np.uint8
+        assert np.abs(got.astype(int) - want[0].permute(1, 2, 0).numpy()).max() <= 1  # uint8 rounding
+
+
+def test_antialias_interpolation_equals_torchvisions_resize():
+    import torch
+
+    import_optional("torchvision", "torchvision is not installed")
+    from torchvision.transforms.v2 import functional
+
+    crop = RandomResizedCrop((20, 30), interpolation="antialias")
+    window = draw(np.random.default_rng(3), 90, 120)[5:75, 7:107]
+    tv = functional.resize(torch.from_numpy(np.ascontiguousarray(window)).permute(2, 0, 1), size=[20, 30],
+                           antialias=True).permute(1, 2, 0).numpy()
+    np.testing.assert_array_equal(crop.finish(window), tv)  # torchvision's RandomResizedCrop kernel

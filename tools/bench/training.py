@@ -157,8 +157,8 @@ def _scale_costs(path: str, count: int = 40, repeats: int = 5) -> dict[int, floa
 
 
 def _resize_costs(path: str, size: int, count: int = 256) -> dict[str, float]:
-    """CPU us per resize of ``count`` drawn windows' whole-decode pixels to ``size``: INTER_AREA
-    (where the window shrinks on both sides, as ``RandomResizedCrop`` does) and INTER_LINEAR."""
+    """CPU us per resize of ``count`` drawn windows' whole-decode pixels to ``size`` by each of
+    ``RandomResizedCrop``'s interpolations (one thread)."""
     from packer.datasets import open_dataset
     from packer.datasets.crops import RandomResizedCrop
     from packer.images.imageproc import decode_payload
@@ -168,12 +168,15 @@ def _resize_costs(path: str, size: int, count: int = 256) -> dict[str, float]:
         for _, payload, (top, left, h, w) in _draws(ds, count, size, 3):
             windows.append(np.ascontiguousarray(decode_payload(payload, "jpeg")[top:top + h, left:left + w]))
     out = {}
-    for how in ("area", "linear"):
+    torch_threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    for how in ("area", "antialias", "linear"):
         crop = RandomResizedCrop(size, interpolation=how)
         t0 = time.thread_time()
         for pixels in windows:
             crop.finish(pixels)
         out[how] = (time.thread_time() - t0) / count * 1e6
+    torch.set_num_threads(torch_threads)
     return out
 
 
@@ -190,7 +193,7 @@ def reduced_decode(a: argparse.Namespace) -> int:
     ``reduced_decode=False``), median (1st percentile). Then, in one process (CPU time, one
     OpenCV thread), whole-image decodes at each scale (best of 5 passes over 40 payloads: the
     entropy decoding every scale pays) and the resize of the drawn windows' pixels by
-    ``INTER_AREA`` and ``INTER_LINEAR``. Then epochs through a DataLoader
+    ``INTER_AREA``, torch's antialiased bilinear and ``INTER_LINEAR``. Then epochs through a DataLoader
     (``--workers`` workers, batch ``--batch``, packer's collate, a random flip in ``transform``,
     uint8 CHW), one of each per round in a rotating order; img/s medians and the per-round ratio.
     Make the data with ``make_imagefolder.py SRC --classes 4 --per-class 500 --min-side 520
@@ -210,13 +213,14 @@ def reduced_decode(a: argparse.Namespace) -> int:
             f"{c['reducing_ratio']:.2f}", f"{c['image_us']:.0f}", f"{c['image_ratio']:.2f}", shares, c["psnr_same"], c["psnr_drawn"])
     print()
     header("dataset", "whole image decode us, scale 1", "1/2", "1/4", "1/8",
-           "resize of the drawn windows to --size, INTER_AREA us", "INTER_LINEAR us")
+           "resize of the drawn windows to --size, INTER_AREA us", "torch antialiased bilinear us",
+           "INTER_LINEAR us")
     for path in a.datasets:
         threads = cv2.getNumThreads()
         cv2.setNumThreads(1)
         d, r = _scale_costs(path), _resize_costs(path, a.size)
         cv2.setNumThreads(threads)
-        row(name_of(path), *(f"{d[s]:.0f}" for s in (1, 2, 4, 8)), f"{r['area']:.0f}", f"{r['linear']:.0f}")
+        row(name_of(path), *(f"{d[s]:.0f}" for s in (1, 2, 4, 8)), f"{r['area']:.0f}", f"{r['antialias']:.0f}", f"{r['linear']:.0f}")
     print()
     header("dataset", "whole decode img/s", "reduced img/s", "reduced / whole (rounds)")
     for path in a.datasets:
@@ -245,6 +249,7 @@ STAGES = ("read", "checks", "window", "decode", "resize", "tensor + flip", "rest
 
 #: The crop= variants train-stages compares: name -> RandomResizedCrop's keyword arguments.
 MODES: dict[str, dict[str, Any]] = {"whole": {"reduced_decode": False}, "reduced": {},
+                                    "reduced, antialias": {"interpolation": "antialias"},
                                     "reduced, linear": {"interpolation": "linear"}}
 
 
@@ -371,8 +376,8 @@ def train_stages(a: argparse.Namespace) -> int:
     per-sample work) and packer's ``collate``. Then epochs through a DataLoader (``--workers``
     workers, batch 64, not persistent) with the workers' and the main process's CPU time per
     image (getrusage): the workers' CPU beyond the stages is their fetch loop, the collate into
-    shared memory and the hand-over. ``whole``, ``reduced`` and ``reduced, linear`` are
-    ``reduced_decode=False``, the default and ``interpolation="linear"``. The loaders' img/s against the bare loop of the same number of processes
+    shared memory and the hand-over. ``whole`` is ``reduced_decode=False``, ``reduced`` the
+    default, the others the default with that ``interpolation``. The loaders' img/s against the bare loop of the same number of processes
     (TurboJPEG whole decode, the window, OpenCV ``INTER_AREA``), side by side per round.
     """
     from packer.datasets import open_dataset
