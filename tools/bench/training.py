@@ -263,11 +263,29 @@ def _stage_times(path: str, size: int, mode: str, count: int) -> dict[str, float
     threads = torch.get_num_threads(), cv2.getNumThreads()
     torch.set_num_threads(1)  # as in a DataLoader worker; OpenCV too, as one worker per core has it
     cv2.setNumThreads(1)
+    worker_malloc()
     try:
         return _stages(path, crop, count)
     finally:
         torch.set_num_threads(threads[0])
         cv2.setNumThreads(threads[1])
+
+
+def worker_malloc() -> None:
+    """glibc malloc's thresholds in this process set as packer sets them in DataLoader workers
+    (``packer.datasets.shm.worker_memory``): without them every decoded window and read buffer
+    over 128 kB is fresh memory, faulted in page by page, which a worker does not pay."""
+    import ctypes
+
+    from packer.datasets.shm.worker_memory import MMAP_THRESHOLD, TRIM_THRESHOLD
+
+    try:
+        mallopt = ctypes.CDLL(None).mallopt
+    except (OSError, AttributeError):
+        return
+    mallopt.argtypes, mallopt.restype = (ctypes.c_int, ctypes.c_int), ctypes.c_int
+    mallopt(-3, MMAP_THRESHOLD)  # M_MMAP_THRESHOLD
+    mallopt(-1, TRIM_THRESHOLD)  # M_TRIM_THRESHOLD
 
 
 def _stages(path: str, crop: Any, count: int) -> dict[str, float]:
@@ -368,7 +386,7 @@ def bare_rate(path: str, size: int, processes: int = 2, seconds: float = 3.0, co
 def train_stages(a: argparse.Namespace) -> int:
     """Where the time of one sample of the crop= training read goes, stage by stage.
 
-    Per dataset, in one process over ``--count`` shuffled samples (the page cache warm): the read
+    Per dataset, in one process over ``--count`` shuffled samples (the page cache warm; glibc malloc set as in workers): the read
     of each record without checks (``verify=False``), the checks (the same reads verified, less
     the unchecked ones: CRC32C of the record), the crop's window draw, the window decode, the
     resize to ``--size`` (``RandomResizedCrop``'s ``finish``), the CHW tensor and the flip, then
