@@ -386,16 +386,17 @@ def bare_rate(path: str, size: int, processes: int = 2, seconds: float = 3.0, co
 def train_stages(a: argparse.Namespace) -> int:
     """Where the time of one sample of the crop= training read goes, stage by stage.
 
-    Per dataset, in one process over ``--count`` shuffled samples (the page cache warm; glibc malloc set as in workers): the read
-    of each record without checks (``verify=False``), the checks (the same reads verified, less
-    the unchecked ones: CRC32C of the record), the crop's window draw, the window decode, the
-    resize to ``--size`` (``RandomResizedCrop``'s ``finish``), the CHW tensor and the flip, then
-    ``ds.__getitems__`` per batch of 64 (its excess over those stages: the rest of packer's
-    per-sample work) and packer's ``collate``. Then epochs through a DataLoader (``--workers``
-    workers, batch 64, not persistent) with the workers' and the main process's CPU time per
-    image (getrusage): the workers' CPU beyond the stages is their fetch loop, the collate into
-    shared memory and the hand-over. ``whole`` is ``reduced_decode=False``, ``reduced`` the
-    default, the others the default with that ``interpolation``. The loaders' img/s against the bare loop of the same number of processes
+    Per dataset, in one process over ``--count`` shuffled samples (the page cache warm; glibc
+    malloc set as in workers): the read of each record without checks (``verify=False``), the
+    checks (the same reads verified, less the unchecked ones: CRC32C of the record), the crop's
+    window draw, the window decode, the resize to ``--size`` (``RandomResizedCrop``'s
+    ``finish``), the CHW tensor and the flip, then ``ds.__getitems__`` per batch of 64 (its
+    excess over those stages: the rest of packer's per-sample work) and packer's ``collate``.
+    Then epochs through a DataLoader (``--workers`` workers, batch 64, not persistent) with the
+    workers' and the main process's CPU time per image (getrusage): the workers' CPU beyond the
+    stages is their fetch loop, the collate into shared memory and the hand-over. ``whole`` is
+    ``reduced_decode=False``, ``reduced`` the default, the others the default with that
+    ``interpolation``. The loaders' img/s against the bare loop of the same number of processes
     (TurboJPEG whole decode, the window, OpenCV ``INTER_AREA``), side by side per round.
     """
     from packer.datasets import open_dataset
