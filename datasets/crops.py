@@ -9,7 +9,8 @@ of the image the window leaves out (docs/benchmarks.md, section 7).
 * ``crop=224`` or ``crop=(h, w)``: :class:`CenterCrop` (torchvision's ``CenterCrop`` window).
 * :class:`RandomCrop`: a window of a fixed size at a random place (``RandomCrop``).
 * :class:`RandomResizedCrop`: a window of random area and aspect ratio, resized to the output size
-  (``RandomResizedCrop``'s window; the resize is OpenCV's, see the class).
+  (``RandomResizedCrop``'s window; the resize is OpenCV's, see the class). A JPEG window at least
+  twice the output on both sides is decoded at 1/2, 1/4 or 1/8 scale first (``reduced_decode``).
 
 The same window cuts the mask and extra images (:meth:`Crop.finish_mask` resizes masks by nearest
 neighbour) and moves the boxes. The reader returns the cropped image to ``transform`` (which then no longer crops). Random windows
@@ -29,7 +30,7 @@ import cv2
 import numpy as np
 
 from packer.fields.boxes import move_boxes
-from packer.images.imageproc import Window
+from packer.images.imageproc import Window, reduced_window
 
 __all__ = ["Crop", "CenterCrop", "RandomCrop", "RandomResizedCrop", "as_crop"]
 
@@ -49,6 +50,14 @@ def _size(size: int | Sequence[int], what: str) -> tuple[int, int]:
 class Crop:
     """A crop the reader applies while decoding: :meth:`window` picks the rectangle of an image
     of a given size, :meth:`finish` turns the rectangle's pixels into the output."""
+
+    #: Whether :meth:`reduction` may pick a reduced-scale decode (JPEG payloads only).
+    reduces: bool = False
+
+    def reduction(self, window: Window, height: int, width: int) -> tuple[int, Window]:
+        """(scale, window) to decode a JPEG's ``window`` of a ``height`` x ``width`` image with:
+        scale 1 and the window as it is, by default (see :class:`RandomResizedCrop`)."""
+        return 1, window
 
     def window(self, height: int, width: int) -> Window:
         """(top, left, height, width) of the crop in a ``height`` x ``width`` image: integers
@@ -117,16 +126,47 @@ class RandomResizedCrop(Crop):
     The resize is OpenCV's ``INTER_AREA`` where the window shrinks on both sides (an average over
     each output pixel's footprint, as packer's conversion resizes) and ``INTER_LINEAR``
     otherwise; torchvision's bilinear resize with antialiasing gives close but not equal pixels.
+
+    ``reduced_decode`` (on by default): a JPEG window at least twice ``size`` on both sides is
+    decoded at the largest of 1/8, 1/4 and 1/2 of the image's scale that keeps it at least
+    ``size`` (libjpeg-turbo's reduced-size inverse DCT, much less work), then shrunk by
+    ``INTER_AREA``. The pixels are then those of the scaled decode, not of the whole decode
+    resized (close: see docs/datasets.md); the window is widened to the scale's pixel grid (each
+    edge moves outwards by less than the scale, in image pixels), and masks, extra images and
+    boxes are cut by that same window, so they stay aligned. ``reduced_decode=False``: every
+    window is decoded at full size. Other codecs, a decoded cache's pixels and windows under twice
+    the output are never reduced.
+
+    ``interpolation="antialias"``: torch's antialiased bilinear resize (``interpolate(...,
+    mode="bilinear", antialias=True)``, the kernel torchvision's ``RandomResizedCrop`` runs on
+    uint8 tensors): about half of ``INTER_AREA``'s cost where a window shrinks by the fractional
+    ratios random windows have, more than ``INTER_LINEAR``'s where it is enlarged.
+    ``interpolation="linear"``: OpenCV's ``INTER_LINEAR`` for every window, cheaper still, without
+    antialiasing where the window shrinks (some aliasing). docs/benchmarks.md, section 14.
+    Masks are resized by nearest neighbour in every case.
     """
 
+    reduces = True
+
     def __init__(self, size: int | Sequence[int], scale: tuple[float, float] = (0.08, 1.0),
-                 ratio: tuple[float, float] = (3 / 4, 4 / 3)) -> None:
+                 ratio: tuple[float, float] = (3 / 4, 4 / 3), reduced_decode: bool = True,
+                 interpolation: str = "area") -> None:
         self.size = _size(size, "RandomResizedCrop")
         if not (0 < scale[0] <= scale[1] <= 1) or not (0 < ratio[0] <= ratio[1]):
             raise ValueError(f"RandomResizedCrop: need 0 < scale[0] <= scale[1] <= 1 and 0 < ratio[0] <= "
                              f"ratio[1], not scale={scale}, ratio={ratio}")
         self.scale = (float(scale[0]), float(scale[1]))
         self.ratio = (float(ratio[0]), float(ratio[1]))
+        self.reduces = bool(reduced_decode)
+        if interpolation not in ("area", "antialias", "linear"):
+            raise ValueError(f"RandomResizedCrop: interpolation must be 'area', 'antialias' or 'linear', "
+                             f"not {interpolation!r}")
+        self.interpolation = interpolation
+
+    def reduction(self, window: Window, height: int, width: int) -> tuple[int, Window]:
+        if not self.reduces:
+            return 1, window
+        return reduced_window(window, height, width, *self.size)
 
     def window(self, height: int, width: int) -> Window:
         area = height * width
@@ -152,8 +192,15 @@ class RandomResizedCrop(Crop):
         h, w = pixels.shape[:2]
         if (h, w) == (th, tw):
             return pixels
-        shrink = h >= th and w >= tw
-        return cv2.resize(pixels, (tw, th), interpolation=cv2.INTER_AREA if shrink else cv2.INTER_LINEAR)
+        if self.interpolation == "antialias":
+            import torch
+            from torch.nn.functional import interpolate
+
+            planes = torch.from_numpy(np.ascontiguousarray(pixels)).permute(2, 0, 1)[None]  # contiguous rows: faster
+            out = interpolate(planes, size=(th, tw), mode="bilinear", antialias=True, align_corners=False)
+            return out[0].permute(1, 2, 0).numpy()
+        area = self.interpolation == "area" and h >= th and w >= tw
+        return cv2.resize(pixels, (tw, th), interpolation=cv2.INTER_AREA if area else cv2.INTER_LINEAR)
 
     def finish_mask(self, mask: np.ndarray) -> np.ndarray:
         th, tw = self.size
@@ -165,7 +212,9 @@ class RandomResizedCrop(Crop):
         return self.size
 
     def __repr__(self) -> str:
-        return f"RandomResizedCrop(size={self.size}, scale={self.scale}, ratio={self.ratio})"
+        more = ("" if self.reduces else ", reduced_decode=False") + (
+            "" if self.interpolation == "area" else f", interpolation={self.interpolation!r}")
+        return f"RandomResizedCrop(size={self.size}, scale={self.scale}, ratio={self.ratio}{more})"
 
 
 def as_crop(crop: Crop | int | Sequence[int] | None) -> Crop | None:

@@ -78,14 +78,17 @@ class FieldsPlan:
 
     def _decode_payload(self, payload: bytes | memoryview, codec: str, height: int, width: int,
                         index: int | None, path: str | None = None,
-                        window: Callable[[int, int], Any] | None = None) -> np.ndarray:
+                        window: Callable[[int, int], Any] | None = None, scale: int = 1) -> np.ndarray:
         """A payload's pixels as the reader returns them: whole, or the crop's (only its window
-        decoded where the payload allows; ``window`` instead of the crop's own draw); errors name
-        ``path`` (default: the dataset)."""
+        decoded where the payload allows; ``window`` instead of the crop's own draw, decoded at
+        1/``scale`` where it is a JPEG); errors name ``path`` (default: the dataset). Without
+        ``window``, a crop that reduces picks the scale of a JPEG's window as it is drawn."""
         crop, path = self.crop, path or self.root
         if crop is None:
             return decode_payload(payload, codec, height, width, path=path, sample=index)
-        return crop.finish(decode_payload_window(payload, codec, height, width, window or crop.window, path=path,
+        reduce = crop.reduction if window is None and crop.reduces else None  # drawn for the JPEG's frame
+        return crop.finish(decode_payload_window(payload, codec, height, width, window or crop.window,
+                                                 scale=scale if codec == "jpeg" else 1, reduce=reduce, path=path,
                                                  sample=index))
 
     def _cropped(self, rgb: np.ndarray, index: int | None, window: Callable[[int, int], Any] | None = None) -> np.ndarray:
@@ -195,7 +198,9 @@ class FieldsPlan:
         else:
             rec = self.load_record(index, self._stored_wanted)
             label, height, width = rec.label, rec.height, rec.width
-        window = self._draw_window(height, width, index)
+        window, scale = self._draw_window(height, width, index), 1
+        if rec is not None and rec.codec == "jpeg" and window is not None and self.crop is not None:
+            scale, window = self.crop.reduction(window, height, width)  # masks and boxes cut alike
         values: dict[str, np.ndarray] = {}
         if "image" in self.fields:
             if whole is not None:
@@ -203,8 +208,8 @@ class FieldsPlan:
             else:
                 assert rec is not None
                 values["image"] = self._decode_payload(rec.payload, rec.codec, height, width, index,
-                                                       window=_fixed(window))
-        self._own_values(index, rec, window, values)
+                                                       window=_fixed(window), scale=scale)
+        self._own_values(index, rec, window, values, scale)
         crop = self.crop
         return values, label, rec, crop.output_size(window) if crop is not None and window else (height, width)
 
@@ -225,13 +230,13 @@ class FieldsPlan:
         return top, left, h, w
 
     def _own_values(self, index: int, rec: Record | None, window: tuple[int, int, int, int] | None,
-                    values: dict[str, np.ndarray]) -> None:
+                    values: dict[str, np.ndarray], scale: int = 1) -> None:
         """Decode the requested masks and extra images of ``rec`` and look up the boxes, cut by
-        ``window``, into ``values``."""
+        ``window``, into ``values`` (JPEG extra images at the image's ``scale``)."""
         crop = self.crop
 
         def decode(payload: Any, codec: str, height: int, width: int) -> np.ndarray:
-            return self._decode_payload(payload, codec, height, width, index, window=_fixed(window))
+            return self._decode_payload(payload, codec, height, width, index, window=_fixed(window), scale=scale)
 
         for f in self.manifest.fields:
             kind = KINDS[f["kind"]]

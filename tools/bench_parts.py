@@ -26,6 +26,7 @@ from tools.bench import (
     scalenode,
     shuffle,
     streamcost,
+    training,
     v2fusion,
     versions,
     window,
@@ -37,6 +38,7 @@ SUBCOMMANDS: dict[str, Subcommand] = {
     **reads.SUBCOMMANDS,  # getitems, cache-fill
     **window.SUBCOMMANDS,
     **v2fusion.SUBCOMMANDS,
+    **training.SUBCOMMANDS,  # reduced-decode, train-stages
     **reduced.SUBCOMMANDS,
     **remote.SUBCOMMANDS,
     **ranges.SUBCOMMANDS,

@@ -10,6 +10,10 @@
  * The columns are widened by one iMCU on each side before cropping, so that the chroma upsampler
  * sees the neighbours a full decode sees; tests/datasets/test_crop.py checks that the pixels equal a full
  * decode's (simplejpeg's and OpenCV's, which use libjpeg-turbo with the same defaults).
+ * With a scale of 2, 4 or 8 the image is decoded at 1/scale of its size (libjpeg-turbo's reduced-size
+ * inverse DCT, scale_num / scale_denom = 1 / scale) and the window is given in the scaled image's
+ * pixels: the pixels are those of a whole scaled decode (TurboJPEG's, OpenCV's IMREAD_REDUCED_*) cut
+ * to the window, as tests/datasets/test_reduced.py checks.
  * Strict: a libjpeg warning (damaged data) or error ends the decode and the call returns None.
  * Colour spaces other than gray, YCbCr and RGB, precisions other than 8 bits and arithmetic-coded
  * JPEGs (whose damage libjpeg does not warn about) return None. The module's ``libjpeg_turbo``
@@ -58,7 +62,7 @@ static void stop_on_warning(j_common_ptr cinfo, int level)
  * a region wider than out_cols (the caller makes out_cols >= width + 3 iMCUs, or the image's). */
 static int decode(const unsigned char *data, size_t size, unsigned char *out, JDIMENSION out_cols,
                   JDIMENSION top, JDIMENSION left, JDIMENSION height, JDIMENSION width,
-                  JDIMENSION *shift, int *bad_window)
+                  unsigned int scale, JDIMENSION *shift, int *bad_window)
 {
     struct jpeg_decompress_struct cinfo;
     struct guard err;
@@ -79,6 +83,8 @@ static int decode(const unsigned char *data, size_t size, unsigned char *out, JD
     cinfo.out_color_space = JCS_EXT_RGB;
     cinfo.dct_method = JDCT_ISLOW;
     cinfo.do_fancy_upsampling = TRUE;
+    cinfo.scale_num = 1;
+    cinfo.scale_denom = scale;
     jpeg_start_decompress(&cinfo);
     if (cinfo.output_components != 3)
         goto done;
@@ -88,7 +94,8 @@ static int decode(const unsigned char *data, size_t size, unsigned char *out, JD
         goto done;
     }
     {
-        /* one iMCU of margin each side, so the upsampler's neighbours are those of a full decode */
+        /* one iMCU of margin each side, so the upsampler's neighbours are those of a full decode (a
+         * full-size iMCU: at a reduced scale that is more than one scaled iMCU, which is enough) */
         JDIMENSION imcu = (JDIMENSION)cinfo.max_h_samp_factor * DCTSIZE;
         JDIMENSION x0 = left > imcu ? left - imcu : 0;
         JDIMENSION x1 = left + width + imcu < cinfo.output_width ? left + width + imcu : cinfo.output_width;
@@ -127,13 +134,18 @@ static PyObject *decode_window(PyObject *self, PyObject *args)
 {
     Py_buffer src, dst;
     PyObject *target;
-    unsigned int top, left, width;
+    unsigned int top, left, width, scale = 1;
     JDIMENSION shift = 0;
     int ok, bad_window = 0;
 
     (void)self;
-    if (!PyArg_ParseTuple(args, "y*OIII", &src, &target, &top, &left, &width))
+    if (!PyArg_ParseTuple(args, "y*OIII|I", &src, &target, &top, &left, &width, &scale))
         return NULL;
+    if (scale != 1 && scale != 2 && scale != 4 && scale != 8) {
+        PyBuffer_Release(&src);
+        PyErr_Format(PyExc_ValueError, "decode_window: scale must be 1, 2, 4 or 8, not %u", scale);
+        return NULL;
+    }
     if (PyObject_GetBuffer(target, &dst, PyBUF_WRITABLE | PyBUF_C_CONTIGUOUS) < 0) {
         PyBuffer_Release(&src);
         return NULL;
@@ -148,7 +160,7 @@ static PyObject *decode_window(PyObject *self, PyObject *args)
         JDIMENSION height = (JDIMENSION)dst.shape[0], cols = (JDIMENSION)dst.shape[1];
         Py_BEGIN_ALLOW_THREADS
         ok = decode((const unsigned char *)src.buf, (size_t)src.len, (unsigned char *)dst.buf, cols, top, left,
-                    height, width, &shift, &bad_window);
+                    height, width, scale, &shift, &bad_window);
         Py_END_ALLOW_THREADS
         if (bad_window)
             PyErr_Format(PyExc_ValueError, "decode_window: the %ux%u window at (%u, %u) is outside the image or "
@@ -165,9 +177,11 @@ static PyObject *decode_window(PyObject *self, PyObject *args)
 
 static PyMethodDef methods[] = {
     {"decode_window", decode_window, METH_VARARGS,
-     "decode_window(payload, out, top, left, width) -> shift or None: rows top .. top + H of the columns\n"
-     "around left .. left + width, RGB, into out (H x C x 3 uint8, C >= width + 96 or the image's width);\n"
-     "the window is out[:, shift:shift + width]. None: decode the payload whole instead (damaged, CMYK, ...)."},
+     "decode_window(payload, out, top, left, width, scale=1) -> shift or None: rows top .. top + H of the\n"
+     "columns around left .. left + width, RGB, into out (H x C x 3 uint8, C >= width + 96 or the image's\n"
+     "width); the window is out[:, shift:shift + width]. scale 2, 4 or 8: the image decoded at 1/scale of\n"
+     "its size (libjpeg-turbo's reduced-size IDCT), the window in its pixels. None: decode the payload\n"
+     "whole instead (damaged, CMYK, ...)."},
     {NULL, NULL, 0, NULL},
 };
 

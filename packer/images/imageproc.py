@@ -50,6 +50,8 @@ __all__ = [
     "process_image",
     "decode_payload",
     "decode_payload_window",
+    "reduced_window",
+    "READ_SCALES",
     "crop_window",
     "window_decoding",
     "window_decoder_version",
@@ -426,6 +428,29 @@ def _at_least(version: str, minimum: tuple[int, ...]) -> bool:
         return False
 
 
+#: The reduced scales a crop's window decode may use, largest first: libjpeg-turbo's reduced-size
+#: inverse DCT at 1/8, 1/4 and 1/2 of the image's size.
+READ_SCALES = (8, 4, 2)
+
+
+def reduced_window(window: Window, height: int, width: int, out_height: int, out_width: int) -> tuple[int, Window]:
+    """(scale, window) for decoding ``window`` of a ``height`` x ``width`` JPEG at a reduced scale
+    before it is resized to ``out_height`` x ``out_width``: the largest of :data:`READ_SCALES`
+    that leaves the window at least the output's size on both sides (so a window under twice the
+    output never reduces: scale 1, the window as it is), and the window widened to the scale's
+    pixel grid (its edges moved outwards by less than ``scale`` pixels, inside the image), which
+    is the part of the image the scaled pixels show: cut masks and move boxes by it."""
+    top, left, h, w = window
+    for scale in READ_SCALES:
+        if h >= scale * out_height and w >= scale * out_width:
+            break
+    else:
+        return 1, window
+    t, x0 = top // scale * scale, left // scale * scale
+    b, r = min(-(-(top + h) // scale) * scale, height), min(-(-(left + w) // scale) * scale, width)
+    return scale, (t, x0, b - t, r - x0)
+
+
 def decode_payload_window(
     payload: bytes | memoryview,
     codec: str,
@@ -433,6 +458,8 @@ def decode_payload_window(
     width: int,
     window: Callable[[int, int], Window],
     *,
+    scale: int = 1,
+    reduce: Callable[[Window, int, int], tuple[int, Window]] | None = None,
     path: str | None = None,
     sample: int | str | None = None,
 ) -> np.ndarray:
@@ -446,8 +473,29 @@ def decode_payload_window(
     refuses (an EXIF orientation to apply, arithmetic coding, damage, CMYK, 12-bit) and other
     codecs are decoded whole and cut. The result may be a view (of the decode's wider rows, or of a
     ``raw`` payload's writable buffer), rows strided like any crop's.
+
+    ``scale`` 2, 4 or 8 (a JPEG only; :func:`reduced_window` picks it): the pixels of the image
+    decoded at 1/``scale`` of its size by libjpeg-turbo's reduced-size IDCT (TurboJPEG's scaled
+    decode), cut to the window's scaled rectangle (its edges rounded outwards to whole scaled
+    pixels): ``ceil((top + h) / scale) - top // scale`` rows, and so on for the columns. Where the
+    window decode is not used, TurboJPEG decodes the whole image at that scale (the same pixels);
+    without TurboJPEG, or for a payload it refuses (EXIF orientation, damage, CMYK), the whole
+    decode is shrunk by OpenCV's ``INTER_AREA`` to the scaled size (close pixels, not equal).
+    ``reduce`` (a JPEG only): ``reduce(window, H, W) -> (scale, window)`` picks the scale and the
+    window to decode instead (a crop's ``reduction``) once ``window(H, W)`` is drawn.
     Errors as :func:`decode_payload`; a window outside the image raises ValueError.
     """
+    if reduce is not None and codec == "jpeg":
+        frame = jpeg_frame(payload)
+        upright = frame is not None and not frame.oriented and frame.height > 0 and frame.width > 0
+        full = (frame.height, frame.width) if upright else (height, width)  # type: ignore[union-attr]
+        scale, drawn = reduce(_checked_window(window, *full, path, sample), *full)
+        window = lambda h, w: drawn  # noqa: E731 - the drawn window, checked again against the decode
+    if scale != 1:
+        if codec != "jpeg" or scale not in READ_SCALES:
+            raise ValueError(f"{_where(path, sample)}: a reduced decode takes a JPEG and a scale of 2, 4 or 8, "
+                             f"not {codec} at {scale}")
+        return _scaled_window(payload, height, width, window, scale, path, sample)
     if codec == "jpeg" and window_decoding():
         frame = jpeg_frame(payload)
         if (frame is not None and frame.marker in _WINDOW_FRAMES and not frame.oriented and frame.height > 0
@@ -468,6 +516,47 @@ def decode_payload_window(
             return crop_window(rgb, window, path=path, sample=sample)
     rgb = decode_payload(payload, codec, height, width, path=path, sample=sample)
     return crop_window(rgb, window, path=path, sample=sample)
+
+
+def _scaled_box(window: Window, scale: int) -> Window:
+    """A full-size window's rectangle in the pixels of a 1/``scale`` decode, edges rounded outwards."""
+    top, left, h, w = window
+    t, x0 = top // scale, left // scale
+    return t, x0, -(-(top + h) // scale) - t, -(-(left + w) // scale) - x0
+
+
+def _scaled_window(payload: bytes | memoryview, height: int, width: int, window: Callable[[int, int], Window],
+                   scale: int, path: str | None, sample: int | str | None) -> np.ndarray:
+    """:func:`decode_payload_window` at a reduced ``scale``."""
+    frame = jpeg_frame(payload)
+    upright = frame is not None and not frame.oriented and frame.height > 0 and frame.width > 0
+    if upright and window_decoding() and frame.marker in _WINDOW_FRAMES:
+        t, x0, h, w = _scaled_box(_checked_window(window, frame.height, frame.width, path, sample), scale)
+        out = np.empty((h, min(-(-frame.width // scale), w + _WINDOW_SLACK), 3), np.uint8)
+        try:
+            shift = _jpegwindow.decode_window(payload, out, t, x0, w, scale)
+        except ValueError:
+            shift = None
+        if shift is not None:
+            return out[:, shift : shift + w]
+    rgb = None
+    if upright and _simplejpeg is not None:
+        sh, sw = -(-frame.height // scale), -(-frame.width // scale)
+        try:  # the smallest of TurboJPEG's scales that keeps sh x sw: 1/scale (for images of 8 px or more)
+            rgb = _simplejpeg.decode_jpeg(payload, colorspace="rgb", strict=True, min_height=sh, min_width=sw)
+        except (ValueError, TypeError):
+            rgb = None
+        if rgb is not None and rgb.shape[:2] != (sh, sw):
+            rgb = None
+        if rgb is not None:
+            full = frame.height, frame.width
+    if rgb is None:
+        whole = decode_payload(payload, "jpeg", height, width, path=path, sample=sample)
+        full = whole.shape[:2]
+        size = (-(-full[1] // scale), -(-full[0] // scale))
+        rgb = cv2.resize(whole, size, interpolation=cv2.INTER_AREA)
+    t, x0, h, w = _scaled_box(_checked_window(window, full[0], full[1], path, sample), scale)
+    return rgb[t : t + h, x0 : x0 + w]
 
 
 def crop_window(rgb: np.ndarray, window: Callable[[int, int], Window], *, path: str | None = None,
