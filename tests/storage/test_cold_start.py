@@ -6,6 +6,7 @@ server. A real S3 server (moto's, on 127.0.0.1) behind the counting proxy."""
 from __future__ import annotations
 
 import os
+import time
 
 import pytest
 import torch
@@ -155,3 +156,20 @@ def test_a_dataset_replaced_after_open_is_refused_by_the_lazy_index_read(s3, tar
     with pytest.raises(DatasetChangedError) as e:
         next(iter(stream))
     assert url in str(e.value)
+
+
+def test_a_server_that_stops_answering_fails_the_lazy_index_read_within_the_deadline(s3, proxy, tar, tmp_path,
+                                                                                     monkeypatch):
+    """The first read of a shard whose index is not read yet, the server holding every request:
+    RemoteError naming the index file's URL, within the deadline (and the manifest's check after
+    it), never a hang."""
+    monkeypatch.setenv("PACKER_REMOTE_DEADLINE", "2")
+    url = "s3://data/cold/stalled"
+    _put_some(s3, tar, url, (0, 5))
+    ds = open_dataset(url, storage_options=proxy.options("testing"), cache_dir=str(tmp_path / "c"))
+    ds[0]
+    proxy.delay = 3600
+    start = time.monotonic()
+    with pytest.raises(RemoteError, match="within 2 s") as e:
+        ds[5]
+    assert time.monotonic() - start < 10 and f"{url}/shard-000005.pkidx" in str(e.value), str(e.value)

@@ -238,29 +238,3 @@ def test_a_truncated_range_answer_is_an_error_naming_the_url_never_other_bytes(s
         assert not os.path.exists(os.path.join(whole.root, "shard-000002.tar"))
     finally:
         p.sock.close()
-
-
-def test_first_batch_of_many_shards_lists_nothing_and_fetches_only_what_it_reads(s3, tmp_path):
-    """Cold start: a dataset of 60 shards whose server holds only the manifest, the index files
-    and the first shards; the first batch comes without a listing or a request for the others."""
-    base = tmp_path / "many"
-    make_folder(str(base / "src"), {"a": [(f"{i}.png", 8, 8) for i in range(60)]})
-    local = pack(str(base / "src"), str(base / "tar"), "tar", encode="png", shuffle=False,
-                 writer={"shard_samples": 1}).output
-    m = read_manifest(local)
-    url = "s3://data/cost/many"
-    fs, path = Remote(url, s3).filesystem()
-    for f in m.files:
-        if not f.samples or f.first < 2:
-            fs.put_file(os.path.join(local, f.name), f"{path}/{f.name}")
-    fs.put_file(os.path.join(local, "manifest.json"), f"{path}/manifest.json")
-    p = LatencyProxy(("127.0.0.1", int(s3["client_kwargs"]["endpoint_url"].rsplit(":", 1)[1])), 0.0)
-    try:
-        ds = StreamingDataset(url, storage_options=p.options("testing"), cache_dir=str(tmp_path / "c"),
-                              shuffle=False, batch_size=2, prefetch_shards=0)
-        first = next(iter(torch.utils.data.DataLoader(ds, batch_size=2, collate_fn=_labels)))
-    finally:
-        p.sock.close()
-    assert first == [0, 0]
-    index_files = sum(1 for f in m.files if not f.samples)
-    assert p.requests <= 2 + index_files + 2, p.requests  # manifest, index files (once per node), 2 shards
