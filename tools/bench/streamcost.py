@@ -1,7 +1,8 @@
 """Section 6 of docs/benchmarks.md, ``stream-cost``: what streaming from a loopback S3 server
 costs: requests and bytes per epoch against the target, the bytes two simulated nodes with
 half-size caches download over three epochs (shards dealt anew each epoch, or stable), and the
-time and requests to the first batch of a dataset of many shards."""
+time and requests to the first batch of a dataset of many shards, now (each shard's index with
+its first read) against every index read at open as before (``load_indexes()``), side by side."""
 
 from __future__ import annotations
 
