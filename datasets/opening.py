@@ -48,10 +48,12 @@ def open_dataset(path: str | os.PathLike[str] | Sequence[str | os.PathLike[str]]
     matching extra, e.g. ``pip install 'packer[s3]'``): ``storage_options`` go to fsspec, and the
     files are downloaded on first use into the node cache ``cache_dir`` (default
     ``PACKER_CACHE_DIR``, else ``~/.cache/packer``), which keeps at most ``cache_limit`` bytes
-    (e.g. ``"20GB"``) and is shared by every process on the machine. ``remote`` chooses how:
-    ``"range"`` (the default for tar, TFRecord and HDF5) fetches the index files and the sample
-    table once, then each ``ds[i]`` is one ranged GET of that record (with the fields asked for),
-    its checksum checked as for a local file; ``"whole"`` downloads each file whole into the node
+    (e.g. ``"20GB"``) and is shared by every process on the machine. Opening reads the manifest
+    only (no listing, no request per shard): a tar or TFRecord shard's index file is fetched the
+    first time a process reads that shard (``ds.load_indexes()`` fetches them all). ``remote``
+    chooses how: ``"range"`` (the default for tar, TFRecord and HDF5) fetches the index files and
+    the sample table once, then each ``ds[i]`` is one ranged GET of that record (with the fields
+    asked for), its checksum checked as for a local file; ``"whole"`` downloads each file whole into the node
     cache on first use and reads it from there (LMDB's default and only way: its records are
     found through the file's B-tree pages). ``StreamingDataset`` reads whole shards.
 

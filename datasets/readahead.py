@@ -1,5 +1,6 @@
 """Read-ahead of a remote dataset's shards: while a worker reads one shard, the next ones of its
-plan download into the node cache in background threads, so the worker rarely waits for one."""
+plan (each with the index files the reader has not read yet) download into the node cache in
+background threads, so the worker rarely waits for one."""
 
 from __future__ import annotations
 
@@ -27,13 +28,16 @@ class ShardReadAhead:
         shards = np.searchsorted(starts, indices, side="right") - 1
         order, first = np.unique(shards, return_index=True)
         by_need = np.argsort(first, kind="stable")
-        self._names = [os.path.basename(reader.shard_paths[s]) for s in order[by_need].tolist()]
+        needed = order[by_need].tolist()
+        self._names = [os.path.basename(reader.shard_paths[s]) for s in needed]
+        index_names = getattr(reader, "index_names", None)  # each shard's index comes with it
+        self._index = [index_names(s) if index_names is not None else [] for s in needed]
         self._first = first[by_need].tolist()  # position in ``indices`` where each is first needed
         self._depth = depth
         self._next = 0  # next shard (in need order) to start downloading
         self._current = -1  # shards needed so far, at the last call
         self._pool = ThreadPoolExecutor(max(1, min(depth, 4)), thread_name_prefix="packer-readahead")
-        self._held: list[tuple[int, int, Future[int | None]]] = []  # (first position, shard, download)
+        self._held: list[tuple[int, int, Future[list[int] | None]]] = []  # (first position, shard, download)
 
     def at(self, position: int) -> None:
         """Reading is at ``position``: start the downloads needed next, release the passed ones."""
@@ -52,8 +56,28 @@ class ShardReadAhead:
                 keep.append((first, shard, fut))
         self._held = keep
 
-    def _submit(self, shard: int) -> Future[int | None]:
-        return self._pool.submit(self._fetch, self._names[shard], ahead=True)
+    def _submit(self, shard: int) -> Future[list[int] | None]:
+        return self._pool.submit(self._download, shard)
+
+    def _download(self, shard: int) -> list[int] | None:
+        """Fetch shard ``shard``'s index files, then the shard: the holds taken, or None when the
+        shard found no room (its index files, small, stay in the cache unheld)."""
+        held: list[int] = []
+        try:
+            for name in self._index[shard]:
+                fd = self._fetch(name, ahead=True)
+                if fd is not None:
+                    held.append(fd)
+            fd = self._fetch(self._names[shard], ahead=True)
+        except BaseException:
+            for h in held:
+                os.close(h)
+            raise
+        if fd is None:
+            for h in held:
+                os.close(h)
+            return None
+        return [fd, *held]
 
     def close(self) -> None:
         """Stop: wait for the downloads in flight and release every held shard."""
@@ -64,6 +88,7 @@ class ShardReadAhead:
         self._held = []
 
 
-def _close(fut: Future[int | None]) -> None:
+def _close(fut: Future[list[int] | None]) -> None:
     if fut.exception() is None and fut.result() is not None:
-        os.close(fut.result())  # type: ignore[arg-type]
+        for fd in fut.result():  # type: ignore[union-attr]
+            os.close(fd)

@@ -11,10 +11,17 @@ The per-sample index (numpy columns and the key blob, ~65 bytes a sample: 80 MB 
 1.28M) is sent to spawn and forkserver DataLoader workers in shared memory, not copied: the first
 time the dataset is sent to a worker its large index attributes move into one memfd region that
 this process and every worker map, so each holds a share of one copy, as under fork
-(docs/benchmarks.md, section 8)."""
+(docs/benchmarks.md, section 8).
+
+A dataset at a URL reads no index at open: the manifest names the shards and their sample counts,
+so opening costs the manifest's requests whatever the number of shards, and each process reads a
+shard's index (one small GET the first time on a node, then the node cache's copy) when it first
+reads a sample of that shard; :meth:`ShardedDataset.load_indexes` reads them all at once."""
 
 from __future__ import annotations
 
+import bisect
+import copy
 import os
 from collections.abc import Sequence
 from multiprocessing.context import get_spawning_popen
@@ -52,6 +59,10 @@ class ShardedDataset(PackedDataset):
     _fsizes: list[int] | None = None
     #: Read by range: the bytes of one GET that covered several reads of a record (shard, offset, bytes).
     _window: tuple[int, int, bytes] | None = None
+    #: A dataset at a URL: each shard's index is read when the shard is first read (module docstring).
+    _lazy: bool = False
+    #: The shards whose index this process has read (lazy): shard -> its rows, or the error it raised.
+    _loaded: dict[int, Any] | None = None
 
     def _shard_entries(self) -> list[FileEntry]:
         """The payload files in sample order: for other tools' data (no index files, any names such
@@ -71,6 +82,66 @@ class ShardedDataset(PackedDataset):
         self._bytes = [f.bytes for f in entries]
         self._fids = [f.id for f in entries]  # version 2: each shard's identity (packer.description.placement)
         self._firsts = [f.first for f in entries]
+        self._files = entries
+        self._starts = np.cumsum([0, *self._sizes])[:-1].tolist()  # each shard's first sample, in order
+        self._lazy = self._remote is not None and not self.manifest.layout.get("foreign")
+
+    # -- each shard's index, read when the shard is first read (a dataset at a URL) ----------------
+    def _shard_of(self, index: int) -> int:
+        """The shard that holds sample ``index`` (empty shards are stepped over)."""
+        return bisect.bisect_right(self._starts, index) - 1
+
+    def _shard_rows(self, shard: int) -> Any:
+        """Shard ``shard``'s index rows, read once per process. A shard whose index files fail
+        their check raises the same error again without a second read; a failed fetch (the server,
+        the network) is tried again at the next read."""
+        loaded = self._loaded
+        if loaded is None:
+            loaded = self._loaded = {}
+        got = loaded.get(shard)
+        if got is None:
+            self._release_shards()  # a new shard: the one read before leaves room in the node cache
+            blobs = [self._read_small_file(name, self._index_what) for name in self._index_files(shard)]
+            try:
+                got = self._shard_rows_from(shard, blobs)
+            except CorruptDataError as e:
+                got = e
+            loaded[shard] = got
+        if isinstance(got, CorruptDataError):
+            raise copy.copy(got)
+        return got
+
+    #: What the format's index files are called in errors.
+    _index_what = "index file"
+
+    def _shard_rows_from(self, shard: int, blobs: list[bytes]) -> Any:
+        """Shard ``shard``'s index rows from the bytes of its index files, checked (the format's)."""
+        raise NotImplementedError
+
+    def _index_files(self, shard: int) -> list[str]:
+        """The names of the index files of shard ``shard`` (the format's)."""
+        raise NotImplementedError
+
+    def index_names(self, shard: int) -> list[str]:
+        """The index files this process still has to read before it reads shard ``shard``: none for
+        a local dataset (its index is read at open) or a shard read before; for a dataset at a URL,
+        the shard's index files (a read-ahead fetches them with the shard)."""
+        if not self._lazy or shard in (self._loaded or {}):
+            return []
+        return self._index_files(shard)
+
+    def load_indexes(self) -> None:
+        """Read every shard's index now (a dataset at a URL reads each one when it first reads
+        that shard): CorruptDataError for the first that fails its check. Costs one request per
+        index file this node has not cached yet."""
+        if self._lazy:
+            for shard in range(len(self._files)):
+                self._shard_rows(shard)
+
+    def _file_path(self, name: str) -> str:
+        """Where the dataset's file ``name`` is, as errors name it: its URL for a dataset at a URL."""
+        remote = getattr(self._remote, "remote", None)
+        return remote.join(name) if remote is not None else os.path.join(self.root, name)
 
     def _seed(self, shard: int, index: int) -> int:
         """The checksum seed of sample ``index`` in shard ``shard``: its place (0 in version 1)."""
@@ -103,7 +174,7 @@ class ShardedDataset(PackedDataset):
                 os.close(fd)
 
     def _handle_attrs(self) -> tuple[str, ...]:
-        return ("_fds", "_fsizes", "_window")
+        return ("_fds", "_fsizes", "_window", "_loaded", "_every_row")
 
     # -- the index in shared memory for spawn / forkserver workers ------------------------------
     def __getstate__(self) -> dict[str, Any]:
@@ -151,17 +222,23 @@ class ShardedDataset(PackedDataset):
         fds: list[int | None] = self._fds  # type: ignore[assignment]  # set by _ensure_open
         fd = fds[shard]
         if fd is None:
-            if self._remote is not None:
-                # A remote dataset's open shard holds its copy in the node cache: keep only the one
-                # being read open, so the cache can evict the others and stay within its limit.
-                for other, held in enumerate(fds):
-                    if held is not None:
-                        fds[other] = None
-                        os.close(held)
+            self._release_shards()
             fd = self._open_file(os.path.basename(self._shard_paths[shard]))
             self._fsizes[shard] = os.fstat(fd).st_size  # type: ignore[index]  # set with _fds
             fds[shard] = fd
         return fd
+
+    def _release_shards(self) -> None:
+        """A remote dataset's open shard holds its copy in the node cache: close the shards held
+        open here before another file is fetched, so the cache can evict them and stay within
+        its limit (one file per reading process at a time)."""
+        fds = self._fds
+        if self._remote is None or fds is None:
+            return
+        for other, held in enumerate(fds):
+            if held is not None:
+                fds[other] = None
+                os.close(held)
 
     def _pread(self, shard: int, size: int, offset: int, sample: int) -> memoryview:
         """Exactly ``size`` bytes at ``offset`` of shard ``shard``, in a new writable buffer;

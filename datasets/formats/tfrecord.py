@@ -2,7 +2,7 @@
 
 For packer's files the ``.idx`` text indexes (and ``.zidx`` for gzip; layouts in
 packer.layouts.tfrecord and docs/FORMATS.md) are read once at construction into numpy
-arrays; ``ds[i]`` is then one ``os.pread`` of exactly the record's bytes as the index gives them
+arrays (at a URL: each file's when it is first read, so opening costs no request per file); ``ds[i]`` is then one ``os.pread`` of exactly the record's bytes as the index gives them
 (and one inflate for gzip). The length field is checked against the index before anything is
 trusted, so a crafted length can never make the reader allocate or read more than the index
 says; with ``verify`` both masked CRC32Cs (length and data) are checked. Any mismatch raises
@@ -22,7 +22,7 @@ import os
 import struct
 import zlib
 from collections.abc import Callable, Collection, Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -56,6 +56,15 @@ __all__ = ["TFRecordDataset", "FOREIGN_SUFFIXES"]
 _U32 = struct.Struct("<I")
 
 
+class _Rows(NamedTuple):
+    """Index columns of some records (one shard's, or the whole dataset's), row by row."""
+
+    offset: np.ndarray
+    length: np.ndarray
+    zstart: np.ndarray  # gzip: where each record's deflate segment starts (0 otherwise)
+    zend: np.ndarray
+
+
 class TFRecordDataset(ShardedDataset):
     """Map-style dataset over TFRecord files (see :class:`PackedDataset` for the options).
 
@@ -65,6 +74,10 @@ class TFRecordDataset(ShardedDataset):
 
     format = "tfrecord"
     shard_suffixes = (TFRECORD_SUFFIX, GZIP_SUFFIX)
+    _every_row: _Rows | None = None
+    #: A large local dataset's shard indexes, parsed shard by shard when read (None: loaded, or read per shard at a URL).
+    _in_place: LazyPairs | None = None
+    _index_what = "TFRecord index file"
 
     def __init__(
         self,
@@ -79,8 +92,14 @@ class TFRecordDataset(ShardedDataset):
         entries = self._shard_entries()
         self._init_shards(entries)
         self._gzip = [f.name.endswith(GZIP_SUFFIX) for f in entries]
+        if self._lazy and index is None:
+            listed = {f.name for f in self.manifest.files}
+            for s in range(len(entries)):
+                for name in self._index_files(s):
+                    if name not in listed:
+                        raise ManifestError(f"{self.root}: manifest does not list the index file {name}")
+            return  # each shard's index is read when the shard is first read (see ShardedDataset)
         #: A large local dataset's shard indexes, parsed shard by shard when read (shardindex).
-        self._lazy: LazyPairs | None = None
         m = self.manifest
         if (index is None and len(self) >= shardindex.LAZY_INDEX_SAMPLES and self._remote is None
                 and not m.layout.get("foreign") and table_entry(m) is not None):
@@ -90,7 +109,7 @@ class TFRecordDataset(ShardedDataset):
             if missing is not None:
                 raise ManifestError(f"{self.root}: manifest does not list the index file {missing}")
             self._stems, self._entries = stems, entries
-            self._lazy = LazyPairs(stems, self._firsts, self._sizes, self.root, self._parse_shard)
+            self._in_place = LazyPairs(stems, self._firsts, self._sizes, self.root, self._parse_shard)
             return
         cols = index if index is not None else self._load_index(entries)
         self._shard: np.ndarray = cols["shard"]
@@ -107,34 +126,60 @@ class TFRecordDataset(ShardedDataset):
             raise ManifestError(f"{self.root}: manifest does not list the index file {name}")
         return self._read_small_file(name, "TFRecord index file")
 
+    def _index_files(self, shard: int) -> list[str]:
+        name = self._files[shard].name
+        stem = name[: -len(GZIP_SUFFIX if self._gzip[shard] else TFRECORD_SUFFIX)]
+        return [stem + INDEX_SUFFIX, *([stem + ZINDEX_SUFFIX] if self._gzip[shard] else [])]
+
+    def _read_shard_index(self, s: int, blobs: list[bytes]) -> tuple[np.ndarray, list[int] | None]:
+        """Shard ``s``'s ``(offset, length)`` pairs and, gzip, its segment bounds (one more than the
+        records) from its index files' bytes ``blobs``, each checked against the manifest."""
+        f, names = self._files[s], self._index_files(s)
+        idx_path = self._file_path(names[0])
+        pairs = parse_idx(blobs[0], idx_path)
+        if len(pairs) != f.samples:
+            raise CorruptDataError(f"TFRecord index lists {len(pairs)} records, the manifest {f.samples}",
+                                   path=idx_path)
+        if len(names) > 1:
+            z_path = self._file_path(names[1])
+            z = unpack_zindex(blobs[1], z_path)
+            if len(z) != len(pairs) + 1 or z[-1] > f.bytes:
+                raise CorruptDataError("gzip index does not match its file", path=z_path)
+            return pairs, z
+        if len(pairs) and int(pairs[-1, 0] + pairs[-1, 1]) != f.bytes:
+            raise CorruptDataError(f"TFRecord index covers {int(pairs[-1, 0] + pairs[-1, 1])} bytes, "
+                                   f"the file has {f.bytes}", path=idx_path)
+        return pairs, None
+
+    def _shard_rows_from(self, shard: int, blobs: list[bytes]) -> _Rows:
+        pairs, z = self._read_shard_index(shard, blobs)
+        bounds = np.asarray(z if z is not None else np.zeros(len(pairs) + 1), np.uint64)
+        return _Rows(np.ascontiguousarray(pairs[:, 0]), np.ascontiguousarray(pairs[:, 1]), bounds[:-1], bounds[1:])
+
+    def _rows(self, index: int) -> tuple[int, _Rows, int]:
+        """The shard holding sample ``index``, the index rows holding it and its row in them (see
+        the tar reader's)."""
+        if self._lazy:
+            shard = self._shard_of(index)
+            return shard, self._shard_rows(shard), index - self._starts[shard]
+        rows = self._every_row
+        if rows is None or rows.offset is not self._offset:  # the columns moved to shared memory
+            rows = self._every_row = _Rows(self._offset, self._length, self._zstart, self._zend)
+        return int(self._shard[index]), rows, index
+
     def _load_index(self, entries: list[FileEntry]) -> dict[str, np.ndarray]:
-        indexes = []
-        for f in entries:  # every count checked before the columns are allocated
-            gz = f.name.endswith(GZIP_SUFFIX)
-            stem = f.name[: -len(GZIP_SUFFIX if gz else TFRECORD_SUFFIX)]
-            idx_path = os.path.join(self.root, stem + INDEX_SUFFIX)
-            pairs = parse_idx(self._read_small(stem + INDEX_SUFFIX), idx_path)
-            if len(pairs) != f.samples:
-                raise CorruptDataError(f"TFRecord index lists {len(pairs)} records, the manifest {f.samples}",
-                                       path=idx_path)
-            indexes.append((gz, stem, idx_path, pairs))
+        indexes = [self._read_shard_index(s, [self._read_small(n) for n in self._index_files(s)])
+                   for s in range(len(entries))]  # each checked before the columns are allocated
         cols = _empty_columns(sum(f.samples for f in entries))
         pos = 0
-        for s, (f, (gz, stem, idx_path, pairs)) in enumerate(zip(entries, indexes)):
+        for s, (pairs, z) in enumerate(indexes):
             sl = slice(pos, pos + len(pairs))
             cols["shard"][sl] = s
             cols["offset"][sl] = pairs[:, 0]
             cols["length"][sl] = pairs[:, 1]
-            if gz:
-                z_path = os.path.join(self.root, stem + ZINDEX_SUFFIX)
-                z = unpack_zindex(self._read_small(stem + ZINDEX_SUFFIX), z_path)
-                if len(z) != len(pairs) + 1 or z[-1] > f.bytes:
-                    raise CorruptDataError("gzip index does not match its file", path=z_path)
+            if z is not None:
                 cols["zstart"][sl] = z[:-1]
                 cols["zend"][sl] = z[1:]
-            elif len(pairs) and int(pairs[-1, 0] + pairs[-1, 1]) != f.bytes:
-                raise CorruptDataError(f"TFRecord index covers {int(pairs[-1, 0] + pairs[-1, 1])} bytes, "
-                                       f"the file has {f.bytes}", path=idx_path)
             pos += len(pairs)
         return cols
 
@@ -158,8 +203,8 @@ class TFRecordDataset(ShardedDataset):
 
     def _close(self) -> None:
         super()._close()
-        if self._lazy is not None:
-            self._lazy.close()
+        if self._in_place is not None:
+            self._in_place.close()
 
     @classmethod
     def open_foreign(cls, path: str | os.PathLike[str] | Sequence[str | os.PathLike[str]],
@@ -212,13 +257,14 @@ class TFRecordDataset(ShardedDataset):
     # -- reading ------------------------------------------------------------------------------
     def _record(self, index: int) -> tuple[bytes, int, int]:
         """The framed record bytes of sample ``index``, its shard and its (stream) offset."""
-        if self._lazy is not None:
-            shard, j, parsed = self._lazy.get(index, self._open_file)
+        if self._in_place is not None:
+            shard, j, parsed = self._in_place.get(index, self._open_file)
             offset, length = int(parsed[0][j, 0]), int(parsed[0][j, 1])
             zstart, zend = (int(parsed[1][j]), int(parsed[1][j + 1])) if len(parsed) > 1 else (0, 0)
         else:
-            shard, offset, length = int(self._shard[index]), int(self._offset[index]), int(self._length[index])
-            zstart, zend = int(self._zstart[index]), int(self._zend[index])
+            shard, rows, j = self._rows(index)
+            offset, length = int(rows.offset[j]), int(rows.length[j])
+            zstart, zend = (int(rows.zstart[j]), int(rows.zend[j])) if self._gzip[shard] else (0, 0)
         if not self._gzip[shard]:
             return self._pread(shard, length, offset, index), shard, offset
         segment = self._pread(shard, zend - zstart, zstart, index)

@@ -120,7 +120,8 @@ def _run_info(a: argparse.Namespace) -> int:
         from ..storage.remote import streaming_cost
 
         (open_n, open_b), (epoch_n, epoch_b) = streaming_cost(m)
-        print(f"requests    open {open_n} ({format_size(open_b)}); a streaming epoch through an empty node cache "
+        print(f"requests    once per node {open_n} ({format_size(open_b)}: the manifest at open, each shard's index "
+              f"with its first read); a streaming epoch through an empty node cache "
               f"{epoch_n} ({format_size(epoch_b)}, whole shards, one GET per 16 MiB; its cost: requests x price per "
               f"request + bytes x egress price)")
     print("node cache  cache_limit >= largest file x processes reading at once on a node (ranks x workers): "

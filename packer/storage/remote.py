@@ -296,10 +296,11 @@ def download_requests(nbytes: int) -> int:
 
 
 def streaming_cost(manifest: Manifest) -> tuple[tuple[int, int], tuple[int, int]]:
-    """What streaming the dataset costs from object storage, as ``(requests, bytes)``: at open
-    (the manifest, a HEAD and a GET, and each index file, once per node while the node cache
-    keeps them), and per epoch through an empty node cache (every shard downloaded whole once per
-    node: :func:`download_requests`); storage libraries' retries come on top."""
+    """What streaming the dataset costs from object storage, as ``(requests, bytes)``: once per
+    node while the node cache keeps them (the manifest at open, a HEAD and a GET; each index file
+    with the first read of its shard, never at open), and per epoch through an empty node cache
+    (every shard downloaded whole once per node: :func:`download_requests`); storage libraries'
+    retries come on top."""
     index = [f.bytes for f in manifest.files if not f.samples]
     shards = [f.bytes for f in manifest.files if f.samples]
     opened = (2 + sum(map(download_requests, index)), len(manifest.dumps()) + sum(index))

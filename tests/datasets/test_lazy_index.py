@@ -29,11 +29,11 @@ def test_lazy_index_reads_what_the_loaded_one_does(tiny_folder, tmp_path, monkey
     want = _samples(open_dataset(tmp_path / "ds"))
     monkeypatch.setattr(shardindex, "LAZY_INDEX_SAMPLES", 1)
     ds = open_dataset(tmp_path / "ds")
-    assert ds._lazy is not None and "_offset" not in ds.__dict__  # no column loaded at open
+    assert ds._in_place is not None and "_offset" not in ds.__dict__  # no column loaded at open
     assert _same(_samples(ds), want)
-    assert len(ds._lazy._open) == len(ds.shard_sizes)  # every shard's index checked and in use
+    assert len(ds._in_place._open) == len(ds.shard_sizes)  # every shard's index checked and in use
     copy = pickle.loads(pickle.dumps(ds))  # small: the shard table, no index, no descriptors
-    assert "_open" not in copy._lazy.__dict__ and _same(_samples(copy), want)
+    assert "_open" not in copy._in_place.__dict__ and _same(_samples(copy), want)
     assert ds.targets.tolist() == [w[1] for w in want]
 
 
@@ -55,7 +55,7 @@ def test_a_damaged_index_fails_when_its_shard_is_read(tiny_folder, tmp_path, mon
     pack(tiny_folder[0], str(tmp_path / "ds"), "tar", writer={"shard_samples": 4})
     monkeypatch.setattr(shardindex, "LAZY_INDEX_SAMPLES", 1)
     ds = open_dataset(tmp_path / "ds")
-    name = ds._lazy.names[1]
+    name = ds._in_place.names[1]
     path = tmp_path / "ds" / name
     data = bytearray(path.read_bytes())
     data[40] ^= 0xFF  # an entry's byte: the CRC no longer matches

@@ -56,23 +56,30 @@ def _epoch(ds, epoch, workers=0):
 
 def test_a_streaming_epoch_is_one_get_per_shard_counted_on_the_node(s3, proxy, local, tmp_path):
     """Through an empty node cache, an epoch is one GET per shard (no HEAD, no request per
-    sample); the node cache's count (over DataLoader workers) is what the server answered and
-    what ``streaming_cost`` (``packer info``) predicts."""
+    sample), and the first epoch on a node one more per shard for its index (read with the
+    shard, never at open); the node cache's count (over DataLoader workers) is what the server
+    answered and what ``streaming_cost`` (``packer info``) predicts."""
     url = _upload(s3, local, "epoch")
     m = read_manifest(local)
+    proxy.reset()
     ds = StreamingDataset(url, storage_options=proxy.options("testing"), cache_dir=str(tmp_path / "c"),
                           prefetch_shards=1, seed=2, batch_size=4)
+    assert proxy.requests == 2 and ds.remote_traffic() == (0, 0)  # the manifest (a HEAD, a GET): nothing else
     proxy.reset()
     before = ds.remote_traffic()
     labels = _epoch(ds, 0, workers=2)
     requests, nbytes = (a - b for a, b in zip(ds.remote_traffic(), before))
     assert sorted(labels) == sorted(open_dataset(local).targets.tolist())
     shards = [f for f in m.files if f.samples]
-    assert (requests, nbytes) == streaming_cost(m)[1] == (len(shards), sum(f.bytes for f in shards))
+    index = [f for f in m.files if f.name.endswith(".pkidx")]
+    (once, _), epoch = streaming_cost(m)
+    assert epoch == (len(shards), sum(f.bytes for f in shards))
+    assert (requests, nbytes) == (epoch[0] + len(index), epoch[1] + sum(f.bytes for f in index))
+    assert requests <= once - 2 + epoch[0]  # the model's once-per-node files (the table is not read here)
     assert proxy.requests == requests, (proxy.requests, requests)
-    assert requests <= 1.05 * nbytes / EIGHT_MB + len(shards)  # the target, at any shard size
+    assert epoch[0] <= 1.05 * epoch[1] / EIGHT_MB + len(shards)  # the target, at any shard size
     again = ds.remote_traffic()
-    _epoch(ds, 1)
+    _epoch(ds, 1, workers=2)  # new workers read the index files from the node cache
     assert ds.remote_traffic() == again  # the cache holds the dataset: epoch 2 asks nothing
 
 
@@ -102,8 +109,10 @@ def test_stable_node_shards_with_half_size_caches_download_nothing_after_epoch_o
         seen = [lab for ds in nodes for lab in _epoch(ds, epoch)]
         assert sorted(seen) == want, epoch  # every sample once over the two nodes
         downloaded.append([ds.remote_traffic()[1] - b for ds, b in zip(nodes, before)])
-    share = sum(f.bytes for f in read_manifest(local).files if f.samples) // 2
-    assert downloaded[0] == [share, share]
+    m = read_manifest(local)
+    share = sum(f.bytes for f in m.files if f.samples) // 2
+    index = sum(f.bytes for f in m.files if f.name.endswith(".pkidx"))  # each node reads its shards' index files
+    assert all(share < got < share + index for got in downloaded[0]), (downloaded[0], share, index)
     if stable:
         assert downloaded[1] == downloaded[2] == [0, 0], downloaded
     else:  # shards dealt anew each epoch: a half-size cache downloads again
@@ -207,12 +216,21 @@ def test_a_truncated_range_answer_is_an_error_naming_the_url_never_other_bytes(s
         p.armed = True
         start = time.monotonic()
         with pytest.raises((CorruptDataError, RemoteError)) as e:
-            ds[5]
+            ds[5]  # shard 1's index, fetched with the shard's first read, cut short
+        assert f"{url}/shard-000001.pkidx" in str(e.value) and len(str(e.value).splitlines()) == 1
+        assert time.monotonic() - start < 15
+        p.armed = False
+        assert torch.equal(ds[5][0], ref[5][0])  # a failed fetch is tried again at the next read
+        p.armed = True
+        start = time.monotonic()
+        with pytest.raises((CorruptDataError, RemoteError)) as e:
+            ds[6]  # the record's own range
         assert f"{url}/shard-000001.tar" in str(e.value) and len(str(e.value).splitlines()) == 1
         assert time.monotonic() - start < 15
         p.armed = False
         whole = open_dataset(url, storage_options=p.options("testing"), cache_dir=str(tmp_path / "w"), remote="whole")
         whole[0]
+        whole.load_indexes()  # read now, so that the shard's own download is the one cut short
         p.armed = True
         with pytest.raises((CorruptDataError, RemoteError)) as e:
             whole[9]  # a whole-shard download cut short: refused, nothing kept in the cache
@@ -220,29 +238,3 @@ def test_a_truncated_range_answer_is_an_error_naming_the_url_never_other_bytes(s
         assert not os.path.exists(os.path.join(whole.root, "shard-000002.tar"))
     finally:
         p.sock.close()
-
-
-def test_first_batch_of_many_shards_lists_nothing_and_fetches_only_what_it_reads(s3, tmp_path):
-    """Cold start: a dataset of 60 shards whose server holds only the manifest, the index files
-    and the first shards; the first batch comes without a listing or a request for the others."""
-    base = tmp_path / "many"
-    make_folder(str(base / "src"), {"a": [(f"{i}.png", 8, 8) for i in range(60)]})
-    local = pack(str(base / "src"), str(base / "tar"), "tar", encode="png", shuffle=False,
-                 writer={"shard_samples": 1}).output
-    m = read_manifest(local)
-    url = "s3://data/cost/many"
-    fs, path = Remote(url, s3).filesystem()
-    for f in m.files:
-        if not f.samples or f.first < 2:
-            fs.put_file(os.path.join(local, f.name), f"{path}/{f.name}")
-    fs.put_file(os.path.join(local, "manifest.json"), f"{path}/manifest.json")
-    p = LatencyProxy(("127.0.0.1", int(s3["client_kwargs"]["endpoint_url"].rsplit(":", 1)[1])), 0.0)
-    try:
-        ds = StreamingDataset(url, storage_options=p.options("testing"), cache_dir=str(tmp_path / "c"),
-                              shuffle=False, batch_size=2, prefetch_shards=0)
-        first = next(iter(torch.utils.data.DataLoader(ds, batch_size=2, collate_fn=_labels)))
-    finally:
-        p.sock.close()
-    assert first == [0, 0]
-    index_files = sum(1 for f in m.files if not f.samples)
-    assert p.requests <= 2 + index_files + 2, p.requests  # manifest, index files (once per node), 2 shards
