@@ -52,7 +52,7 @@ def test_class_labels_with_metadata_round_trip(fmt, photos, tmp_path):
     assert m.files[-1].name == TABLE_NAME and m.files[-1].samples == 0
     ds = open_dataset(dst, fields=("index", "key", "label", "meta", "image"))
     assert ds.classes == ["cat", "dog"]
-    assert list(ds.targets) == [0, 0, 0, 1, 1, 1] and ds.targets.dtype == np.int64
+    assert list(ds.targets) == [0, 0, 0, 1, 1, 1] and ds.targets.dtype == np.uint8  # the narrowest column
     assert list(ds.keys) == [os.path.relpath(p, root) for p in paths]
     for i in range(len(ds)):
         index, key, label, meta, image = ds[i]
@@ -200,16 +200,42 @@ def test_interrupted_conversion_resumes_to_the_same_table(fmt, photos, tmp_path,
 
 
 def test_sample_table_bytes(tmp_path):
-    """The table's layout, pinned: header, labels, key and metadata offsets, then the blobs; and
-    its id as docs/FORMATS.md specifies it."""
+    """The table's layout (version 3), pinned: the header with each section's offset, length and
+    CRC32C, then labels in the narrowest column (uint8 here), multi-label ids (none), keys (offsets,
+    blob), metadata (offsets, blob), boxes (none), each padded to 8 bytes; and its id as
+    docs/FORMATS.md specifies it."""
     path = str(tmp_path / TABLE_NAME)
     tid = build_table(path, "class", iter([("a.jpg", 1), ("bb.png", Label(0, meta={"x": 1}))]))
     data = open(path, "rb").read()
-    body = (struct.pack("<2q", 1, 0) + struct.pack("<2Q", 5, 11) + struct.pack("<2Q", 0, 7)
-            + b"a.jpgbb.png" + b'{"x":1}')
-    head = struct.pack("<4sHBBQQQQI", b"PKST", 1, 0, 0, 2, 0, 11, 7, crc32c.crc32c(body))
-    assert data == head + struct.pack("<I", crc32c.crc32c(head)) + body
-    assert tid == hashlib.sha256(b"packer table" + data[:48]).hexdigest()[:16]
+    parts = {"labels": bytes([1, 0]) + bytes(6), "label ids": b"",
+             "keys": struct.pack("<2Q", 5, 11) + b"a.jpgbb.png" + bytes(5),
+             "metadata": struct.pack("<2Q", 0, 7) + b'{"x":1}' + bytes(1), "boxes": b""}
+    head = struct.pack("<4sHBBQQQQQ", b"PKST", 3, 0, 1, 2, 0, 11, 7, 0)
+    at = 176
+    for section in parts.values():
+        head += struct.pack("<QQI4x", at, len(section), crc32c.crc32c(section))
+        at += len(section)
+    head += struct.pack("<I", 0)  # flags: no boxes section
+    assert len(head) == 172 and data == head + struct.pack("<I", crc32c.crc32c(head)) + b"".join(parts.values())
+    assert tid == hashlib.sha256(b"packer table" + data[:176]).hexdigest()[:16]
+
+
+@pytest.mark.parametrize(("labels", "dtype"), [([0, 255], np.uint8), ([0, 256], np.uint16), ([-1, 127], np.int8),
+                                               ([-1, 128], np.int16), ([0, 65536], np.int32), ([-1, 2**31], np.int64)])
+def test_class_labels_take_the_narrowest_column(tmp_path, labels, dtype):
+    """Class labels are stored in the narrowest column holding them, -1 (no class) included, and
+    come back as that dtype, a read-only view of the mapped file, values unchanged."""
+    from packer.description.samples import SampleTable
+
+    path = str(tmp_path / TABLE_NAME)
+    build_table(path, "class", iter([(f"k{i}", v) for i, v in enumerate(labels)]))
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        table = SampleTable(fd, path, len(labels))
+    finally:
+        os.close(fd)
+    assert table.targets.dtype == dtype and table.targets.tolist() == labels and not table.targets.flags.writeable
+    assert [table.target_of(i) for i in range(len(labels))] == labels
 
 
 @pytest.mark.parametrize("fmt", FORMATS)
@@ -219,14 +245,16 @@ def test_a_damaged_table_is_reported(fmt, photos, tmp_path):
     convert_items([(p, "a", {"i": i}) for i, p in enumerate(paths)], dst, fmt, _opts())
     path = os.path.join(dst, TABLE_NAME)
     data = bytearray(open(path, "rb").read())
-    data[-3] ^= 0x20
+    data[-3] ^= 0x20  # in the metadata section (the last one): labels and keys stay intact
     open(path, "wb").write(bytes(data))
     ds = open_dataset(dst, verify=True)
-    with pytest.raises(CorruptDataError, match="samples.table.*checksum mismatch|checksum mismatch.*samples.table"):
-        _ = ds.targets
+    assert list(ds.targets) == [0] * len(paths) and len(ds.keys) == len(paths)  # what labels need is checked
+    with pytest.raises(CorruptDataError, match=r"metadata section is damaged \(checksum mismatch\).*samples.table"):
+        ds.meta(0)
     from packer.operations.verify import verify_dataset
 
-    assert not verify_dataset(dst).ok
+    report = verify_dataset(dst)
+    assert not report.ok and any("metadata section is damaged" in p and TABLE_NAME in p for p in report.problems)
 
 
 def _write(path, text):
