@@ -490,9 +490,10 @@ class SampleTable:
             raise CorruptDataError(f"sample table holds {n} samples, the manifest says {num_samples}", path=path, offset=8)
         #: True when this process made the open's check, False when a process on this node had.
         self.checked_here = check_once(fd, what, check)
-        self._keys = _Strings(buf[key_at + 8 * n:key_at + 8 * n + k], np.frombuffer(self._map, "<u8", n, key_at))
-        blob = meta_at + 8 * n if self._head is not None else key_at + 16 * n + k  # version 3: padded sections
-        self._meta = _Strings(buf[blob:blob + e], np.frombuffer(self._map, "<u8", n, meta_at))
+        # the blobs: in version 3 each after its offsets (sections padded), before it both after both offset lists
+        keys, meta = (key_at + 8 * n, meta_at + 8 * n) if self._head is not None else (meta_at + 8 * n, meta_at + 8 * n + k)
+        self._keys = _Strings(buf[keys:keys + k], np.frombuffer(self._map, "<u8", n, key_at))
+        self._meta = _Strings(buf[meta:meta + e], np.frombuffer(self._map, "<u8", n, meta_at))
         self.num_samples = n
         if self.has_boxes:
             self._open_boxes(n)

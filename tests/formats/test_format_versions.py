@@ -87,12 +87,21 @@ def test_a_foreign_table_in_a_dataset_written_before_table_ids_is_refused(archiv
     of equal size holding other labels is refused, naming it (before, its labels were read)."""
     import shutil
 
-    from packer.description.samples import TABLE_NAME, build_table
+    import struct
+
+    import crc32c
+
+    from packer.description.samples import TABLE_NAME
     from packer.errors import CorruptDataError
 
     path = str(tmp_path / fmt)
     shutil.copytree(archived / "v2-no-table-id" / fmt, path)
-    build_table(os.path.join(path, TABLE_NAME), "class", iter([(k, 1 - lab) for k, lab, _, _ in EXPECTED]))
+    table = os.path.join(path, TABLE_NAME)
+    data = bytearray(open(table, "rb").read())  # a version 1 table of the same keys and other labels, its CRCs valid
+    data[48:48 + 8 * len(EXPECTED)] = struct.pack(f"<{len(EXPECTED)}q", *(1 - lab for _, lab, _, _ in EXPECTED))
+    struct.pack_into("<I", data, 40, crc32c.crc32c(bytes(data[48:])))
+    struct.pack_into("<I", data, 44, crc32c.crc32c(bytes(data[:44])))
+    open(table, "wb").write(bytes(data))
     with pytest.raises(CorruptDataError, match="not this dataset's.*SHA-256") as e:
         _ = open_dataset(path).targets
     assert os.path.join(path, TABLE_NAME) in str(e.value)
