@@ -86,7 +86,6 @@ def test_a_foreign_table_in_a_dataset_written_before_table_ids_is_refused(archiv
     """A version 2 manifest without the table's id binds the table by its SHA-256 instead: a table
     of equal size holding other labels is refused, naming it (before, its labels were read)."""
     import shutil
-
     import struct
 
     import crc32c
