@@ -432,64 +432,14 @@ class SampleTable:
         self._head: sections.TableHeader | None = None
         self._checked: set[str] = set()
         sha = entry.sha256 if entry is not None and not entry.id and entry.sha256 else ""
-        if version == sections.VERSION:
-            head = self._head = sections.unpack_header(buf, size, path, len(LABEL_KINDS))
-            n = head.n
-            self.id = table_id(buf)
-            self.kind = LABEL_KINDS[head.kind]
-            self.has_boxes = head.boxes
-            at = {name: entry_[0] for name, entry_ in head.sections.items()}
-            column = sections.CLASS_DTYPES.get(head.column, "<i8") if self.kind != "multi" else "<u8"
-            self._labels = np.frombuffer(self._map, column, n, at["labels"])
-            self._ids = np.frombuffer(self._map, "<u4", head.m, at["label ids"]) if self.kind == "multi" else None
-            key_at, meta_at, k, e = at["keys"], at["metadata"], head.k, head.e
-            self._box_at, self._box_total = at["boxes"] - 8, head.b
-            self._fd = os.dup(fd)  # the sections checked later are read through it
-            self._closer = weakref.finalize(self, os.close, self._fd)
-
-            def check() -> None:  # what labels need: every other section waits until asked for
-                sections.check_section(self._fd, head, "labels", path, head.m if self.kind == "multi" else None)
-                sections.check_section(self._fd, head, "label ids", path)
-                if sha and hashlib.sha256(buf).hexdigest() != sha:
-                    raise _not_this_datasets(path, "its SHA-256 differs from the manifest's")
-            what = f"sample table {self.id} {sha} labels"
-        else:
-            magic, version, kind, _zero, n, m, k, e, body_crc = _HEAD.unpack_from(buf, 0)
-            (head_crc,) = struct.unpack_from("<I", buf, _HEAD.size)
-            if crc32c.crc32c(buf[:_HEAD.size]) != head_crc:
-                raise CorruptDataError("sample table header is damaged", path=path, offset=0)
-            self.id = table_id(buf)
-            if version not in (1, BOXES_TABLE_VERSION) or kind >= len(LABEL_KINDS):
-                raise CorruptDataError(f"sample table version {version} / label kind {kind} is not one this packer "
-                                       "reads", path=path, offset=4)
-            self.kind = LABEL_KINDS[kind]
-            multi = self.kind == "multi"
-            self._check_size(buf, size, version, multi, n, m, k + e)
-            self._labels = np.frombuffer(self._map, "<i8" if not multi else "<u8", n, _HEADER_BYTES)
-            self._ids = np.frombuffer(self._map, "<u4", m, _HEADER_BYTES + 8 * n) if multi else None
-            key_at = _HEADER_BYTES + 8 * n + (4 * (m + m % 2) if multi else 0)
-            meta_at = key_at + 8 * n
-            self.has_boxes = version == BOXES_TABLE_VERSION
-
-            def check() -> None:  # reads every byte, through one buffer: once per node (nodecheck)
-                ordered = [(key_at, n, k, "key"), (meta_at, n, e, "metadata")]
-                ordered += [(_HEADER_BYTES, n, m, "label")] if multi else []
-                crc, bad = scan_file(fd, _HEADER_BYTES, size, [o[:3] for o in ordered])
-                if crc != body_crc:
-                    raise CorruptDataError("sample table is damaged (checksum mismatch)", path=path, offset=_HEADER_BYTES)
-                if bad is not None:
-                    raise CorruptDataError(f"sample table's {ordered[bad][3]} offsets are inconsistent", path=path)
-                if sha and hashlib.sha256(buf).hexdigest() != sha:
-                    raise _not_this_datasets(path, "its SHA-256 differs from the manifest's")
-                if self.has_boxes:
-                    self._open_boxes(n, check=True)
-            what = f"sample table {self.id} {sha}"
+        opened = self._open_v3 if version == sections.VERSION else self._open_v12
+        n, k, e, key_at, meta_at, check = opened(fd, buf, size, sha)
         if entry is not None and entry.id and entry.id != self.id:
             raise _not_this_datasets(path, f"its id is {self.id}, the manifest's {entry.id}")
         if num_samples is not None and n != num_samples:
             raise CorruptDataError(f"sample table holds {n} samples, the manifest says {num_samples}", path=path, offset=8)
         #: True when this process made the open's check, False when a process on this node had.
-        self.checked_here = check_once(fd, what, check)
+        self.checked_here = check_once(fd, f"sample table {self.id} {sha}" + (" labels" if self._head else ""), check)
         # the blobs: in version 3 each after its offsets (sections padded), before it both after both offset lists
         keys, meta = (key_at + 8 * n, meta_at + 8 * n) if self._head is not None else (meta_at + 8 * n, meta_at + 8 * n + k)
         self._keys = _Strings(buf[keys:keys + k], np.frombuffer(self._map, "<u8", n, key_at))
@@ -498,14 +448,77 @@ class SampleTable:
         if self.has_boxes:
             self._open_boxes(n)
 
+    def _open_v3(self, fd: int, buf: memoryview, size: int, sha: str) -> tuple[Any, ...]:
+        """Version 3: the header checked, the label views made; (N, K, E, the key and metadata
+        sections' offsets, the open's check: the labels and label ids sections)."""
+        head = self._head = sections.unpack_header(buf, size, self.path, len(LABEL_KINDS))
+        n = head.n
+        self.id = table_id(buf)
+        self.kind = LABEL_KINDS[head.kind]
+        self.has_boxes = head.boxes
+        at = {name: entry[0] for name, entry in head.sections.items()}
+        column = sections.CLASS_DTYPES.get(head.column, "<i8") if self.kind != "multi" else "<u8"
+        self._labels = np.frombuffer(self._map, column, n, at["labels"])
+        self._ids = np.frombuffer(self._map, "<u4", head.m, at["label ids"]) if self.kind == "multi" else None
+        self._box_at, self._box_total = at["boxes"] - 8, head.b
+        self._fd = os.dup(fd)  # the sections checked later are read through it
+        self._closer = weakref.finalize(self, os.close, self._fd)
+
+        def check() -> None:  # what labels need: every other section waits until asked for
+            for name in sections.SECTIONS[:2]:
+                sections.check_section(self._fd, head, name, self.path, self._last(name))
+            if sha and hashlib.sha256(buf).hexdigest() != sha:
+                raise _not_this_datasets(self.path, "its SHA-256 differs from the manifest's")
+        return n, head.k, head.e, at["keys"], at["metadata"], check
+
+    def _open_v12(self, fd: int, buf: memoryview, size: int, sha: str) -> tuple[Any, ...]:
+        """Versions 1 and 2: as :meth:`_open_v3`, the open's check reading the whole file."""
+        path = self.path
+        magic, version, kind, _zero, n, m, k, e, body_crc = _HEAD.unpack_from(buf, 0)
+        (head_crc,) = struct.unpack_from("<I", buf, _HEAD.size)
+        if version not in (1, BOXES_TABLE_VERSION) or kind >= len(LABEL_KINDS):  # a later packer's, or damaged
+            raise CorruptDataError(f"sample table version {version} / label kind {kind} is not one this packer "
+                                   "reads", path=path, offset=4)
+        if crc32c.crc32c(buf[:_HEAD.size]) != head_crc:
+            raise CorruptDataError("sample table header is damaged", path=path, offset=0)
+        self.id = table_id(buf)
+        self.kind = LABEL_KINDS[kind]
+        multi = self.kind == "multi"
+        self._check_size(buf, size, version, multi, n, m, k + e)
+        self._labels = np.frombuffer(self._map, "<i8" if not multi else "<u8", n, _HEADER_BYTES)
+        self._ids = np.frombuffer(self._map, "<u4", m, _HEADER_BYTES + 8 * n) if multi else None
+        key_at = _HEADER_BYTES + 8 * n + (4 * (m + m % 2) if multi else 0)
+        self.has_boxes = version == BOXES_TABLE_VERSION
+
+        def check() -> None:  # reads every byte, through one buffer: once per node (nodecheck)
+            ordered = [(key_at, n, k, "key"), (key_at + 8 * n, n, e, "metadata")]
+            ordered += [(_HEADER_BYTES, n, m, "label")] if multi else []
+            crc, bad = scan_file(fd, _HEADER_BYTES, size, [o[:3] for o in ordered])
+            if crc != body_crc:
+                raise CorruptDataError("sample table is damaged (checksum mismatch)", path=path, offset=_HEADER_BYTES)
+            if bad is not None:
+                raise CorruptDataError(f"sample table's {ordered[bad][3]} offsets are inconsistent", path=path)
+            if sha and hashlib.sha256(buf).hexdigest() != sha:
+                raise _not_this_datasets(path, "its SHA-256 differs from the manifest's")
+            if self.has_boxes:
+                self._open_boxes(n, check=True)
+        return n, k, e, key_at, key_at + 8 * n, check
+
+    def _last(self, name: str) -> int | None:
+        """Where the leading offsets of version 3's section ``name`` must end (None: it has none)."""
+        head = self._head
+        assert head is not None
+        ends = dict(zip(sections.SECTIONS, (head.m if self.kind == "multi" else None, None, head.k, head.e,
+                                            head.b if head.boxes else None)))
+        return ends[name]
+
     def _ensure(self, name: str) -> None:
         """Check section ``name`` of a version 3 table once per node, when first used here."""
         head = self._head
         if head is None or name in self._checked:
             return
-        last = {"keys": head.k, "metadata": head.e, "boxes": head.b}[name]
         check_once(self._fd, f"sample table {self.id} {name}",
-                   lambda: sections.check_section(self._fd, head, name, self.path, last))
+                   lambda: sections.check_section(self._fd, head, name, self.path, self._last(name)))
         self._checked.add(name)
 
     def check_all(self) -> None:
@@ -515,9 +528,8 @@ class SampleTable:
         head = self._head
         if head is None:
             return
-        for name, last in (("labels", head.m if self.kind == "multi" else None), ("label ids", None),
-                           ("keys", head.k), ("metadata", head.e), ("boxes", head.b)):
-            sections.check_section(self._fd, head, name, self.path, last if name != "boxes" or head.boxes else None)
+        for name in sections.SECTIONS:
+            sections.check_section(self._fd, head, name, self.path, self._last(name))
             self._checked.add(name)
 
     @property
