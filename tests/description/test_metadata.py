@@ -238,23 +238,31 @@ def test_class_labels_take_the_narrowest_column(tmp_path, labels, dtype):
     assert [table.target_of(i) for i in range(len(labels))] == labels
 
 
+@pytest.mark.parametrize("section", ["keys", "metadata"])
 @pytest.mark.parametrize("fmt", FORMATS)
-def test_a_damaged_table_is_reported(fmt, photos, tmp_path):
+def test_a_damaged_table_is_reported(fmt, section, photos, tmp_path):
+    """A damaged keys or metadata section: labels (checked at open) still read; the first read
+    that needs the section raises one line naming the file and the section; verify reports it."""
+    from packer.description.sections import unpack_header
+    from packer.operations.verify import verify_dataset
+
     _, paths = photos
     dst = str(tmp_path / fmt)
     convert_items([(p, "a", {"i": i}) for i, p in enumerate(paths)], dst, fmt, _opts())
     path = os.path.join(dst, TABLE_NAME)
     data = bytearray(open(path, "rb").read())
-    data[-3] ^= 0x20  # in the metadata section (the last one): labels and keys stay intact
+    offset, length, _ = unpack_header(data, len(data), path, 3).sections[section]
+    data[offset + length - 9] ^= 0x20  # in the blob (its last byte before the padding, at most)
     open(path, "wb").write(bytes(data))
     ds = open_dataset(dst, verify=True)
-    assert list(ds.targets) == [0] * len(paths) and len(ds.keys) == len(paths)  # what labels need is checked
-    with pytest.raises(CorruptDataError, match=r"metadata section is damaged \(checksum mismatch\).*samples.table"):
-        ds.meta(0)
-    from packer.operations.verify import verify_dataset
-
+    assert list(ds.targets) == [0] * len(paths)  # what labels need is checked, and intact
+    damaged = rf"{section} section is damaged \(checksum mismatch\).*samples.table"
+    with pytest.raises(CorruptDataError, match=damaged):
+        _ = ds.keys[0] if section == "keys" else ds.meta(0)
+    with pytest.raises(CorruptDataError, match=damaged):
+        open_dataset(dst, fields=("image", "key", "meta"))[0]
     report = verify_dataset(dst)
-    assert not report.ok and any("metadata section is damaged" in p and TABLE_NAME in p for p in report.problems)
+    assert not report.ok and any(f"{section} section is damaged" in p and TABLE_NAME in p for p in report.problems)
 
 
 def _write(path, text):
