@@ -552,3 +552,25 @@ def test_encoded_output_is_fields_too(photos, tmp_path):
 
 def ds_key(path, root):
     return os.path.relpath(path, root)
+
+
+def test_a_version_3_table_cut_short_or_with_a_damaged_header_is_refused_at_open(tmp_path):
+    """What the open checks of a version 3 table without reading its sections: the header's CRC,
+    its sections one after the other as the counts imply, the file's size."""
+    from packer.description.samples import SampleTable
+
+    path = str(tmp_path / TABLE_NAME)
+    build_table(path, "class", iter([("a.jpg", 1), ("bb.png", Label(0, meta={"x": 1}))]))
+    good = open(path, "rb").read()
+    moved = bytearray(good)  # the keys section's offset moved by 8, the header's CRC recomputed
+    struct.pack_into("<Q", moved, 48 + 2 * 24, struct.unpack_from("<Q", good, 48 + 2 * 24)[0] + 8)
+    struct.pack_into("<I", moved, 172, crc32c.crc32c(bytes(moved[:172])))
+    for data, said in ((good[:-8], "its header implies"), (good[:20] + b"\x01" + good[21:], "header is damaged"),
+                       (good[:100], "shorter than its version 3 header"), (bytes(moved), "keys section is at")):
+        open(path, "wb").write(data)
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            with pytest.raises(CorruptDataError, match=said):
+                SampleTable(fd, path, 2)
+        finally:
+            os.close(fd)
