@@ -134,8 +134,10 @@ class FieldsPlan:
 
     @property
     def targets(self) -> np.ndarray | list[list[int]]:
-        """Every sample's label, in sample order, without reading an image: int64 class indices,
-        float64 numbers, or lists of class indices (multi-label). For datasets without a sample
+        """Every sample's label, in sample order, without reading an image: class indices (a
+        read-only view of the sample table's column, in the narrowest integer dtype that holds
+        them; int64 for tables before version 3 and datasets without one), float64 numbers, or
+        lists of class indices (multi-label). For datasets without a sample
         table (packer 0.1, other tools' files) the labels come from the format's index, or else
         from reading each record's header."""
         table = self.sample_table()

@@ -24,6 +24,7 @@ from tools.bench import (
     scale,
     scalegen,
     scalenode,
+    scaletable,
     shuffle,
     streamcost,
     training,
@@ -46,6 +47,7 @@ SUBCOMMANDS: dict[str, Subcommand] = {
     **scale.SUBCOMMANDS,
     **scalegen.SUBCOMMANDS,  # scale-data
     **scalenode.SUBCOMMANDS,  # scale-node
+    **scaletable.SUBCOMMANDS,  # scale-table
     **shuffle.SUBCOMMANDS,
     **distributed.SUBCOMMANDS,
     **versions.SUBCOMMANDS,

@@ -169,6 +169,10 @@ TRUST = {
         "checksums recomputed; 4 formats",
         "ds.targets, ds.keys, fields=('key',) and StreamingDataset raise one line naming the table (were wrong "
         "for 138 and 200 of 201 samples); verify exits 1 naming it"),
+    "test_a_damaged_table_is_reported": (
+        "one byte of the sample table's keys or metadata section flipped (table version 3); 4 formats",
+        "targets read (the labels section is checked and intact); the first ds.keys, ds.meta(i) or "
+        "fields=('key', 'meta') read raises one line naming the table and the section; verify exits 1 naming them"),
     "test_merge_refuses_a_part_file_from_another_conversion_before_copying": (
         "a merge part holding another conversion's sample table or payload file of equal size (4 formats), or "
         "tar index", "refused before anything is copied, one line naming the part and the file (the table's "
@@ -338,7 +342,8 @@ TRUST_FILES = ("files/test_destinations.py", "datasets/test_dataset_identity.py"
                "images/test_damaged_images.py", "description/test_places.py", "formats/test_writer_options.py",
                "datasets/test_read_errors.py", "formats/test_foreign_files.py", "formats/test_hdf5_bounds.py",
                "pipeline/test_source_names.py", "conversion/test_torchrun_faults.py", "sources/test_list_rows.py",
-               "storage/test_node_cache_failures.py", "images/test_crop_windows.py")
+               "storage/test_node_cache_failures.py", "images/test_crop_windows.py",
+               "description/test_metadata.py")
 
 #: JPEGs that decode to wrong pixels without a libjpeg warning (tests/images/test_imageproc.py, tests/datasets/test_crop.py).
 JPEG = {

@@ -1,7 +1,9 @@
-"""Whole-file checks made once per node: a stamp per checked file in a node-local folder.
+"""Checks made once per node: a stamp per checked file (and part of it) in a node-local folder.
 
-A sample table is checked whole (CRC32C of every section, offsets in order) before it is used;
-at 100M samples that reads gigabytes. :func:`check_once` runs such a check in the first process
+A sample table is checked before it is used (CRC32C, offsets in order): a version 3 table a
+section at a time, its labels at open and its keys, metadata and boxes when first read (one stamp
+each, ``what`` naming the section); a table of version 1 or 2 whole, which at 100M samples reads
+gigabytes. :func:`check_once` runs such a check in the first process
 on a node that opens the file, under a lock so that ranks and DataLoader workers starting
 together wait for it instead of repeating it, and leaves a stamp naming the file's identity
 (device, inode, size, modification and change times, and what was checked) once the file is

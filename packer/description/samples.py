@@ -27,6 +27,7 @@ import math
 import mmap
 import os
 import struct
+import weakref
 from array import array
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
@@ -37,29 +38,30 @@ import numpy as np
 from ..errors import CorruptDataError
 from ..fields import KINDS, named
 from ..fields.boxes import BOXES
+from . import sections
 from .manifest import FileEntry, file_sha256
 from .nodecheck import check_once, scan_file
+from .sections import LABEL_KINDS, table_id, write_table
 
 __all__ = [
     "LABEL_KINDS", "MAX_META_BYTES", "MAX_META_DEPTH", "TABLE_NAME", "Label", "SampleTable", "SampleTableWriter",
     "encode_meta", "decode_meta", "sample_fields", "carried_label", "build_table", "is_table_name", "table_entry",
-    "table_id", "table_file_entry",
+    "table_id", "table_file_entry", "write_table",
 ]
 
-LABEL_KINDS = ("class", "multi", "number")
 #: The largest metadata one sample may carry, as compact UTF-8 JSON.
 MAX_META_BYTES = 64 * 1024
 #: The deepest nesting of lists and objects metadata may have (the object itself is depth 1).
 MAX_META_DEPTH = 64
 TABLE_NAME = "samples.table"
-TABLE_VERSION = 1
-#: The table of a dataset with boxes: version 1 followed by the boxes section (docs/FORMATS.md).
+#: The version every conversion and merge writes (per-section checksums, narrow class labels);
+#: versions 1 and 2 (2: version 1 with a boxes section) stay readable.
+TABLE_VERSION = sections.VERSION
 BOXES_TABLE_VERSION = 2
 _MAGIC = b"PKST"
-# magic, version, label kind, zero, N, M (multi-label ids), K (key blob), E (meta blob), CRC of the body
+# versions 1 and 2: magic, version, label kind, zero, N, M (multi-label ids), K (key blob), E (meta blob), CRC of the body
 _HEAD = struct.Struct("<4sHBBQQQQI")
 _HEADER_BYTES = 48  # _HEAD (44 bytes) + CRC32C of those 44 bytes
-_FIXED = np.dtype([("value", "<i8"), ("keylen", "<u4"), ("metalen", "<u4")])  # one spill row per sample
 _ROW = struct.Struct("<qII")  # the same row, packed
 
 
@@ -118,14 +120,6 @@ def is_table_name(name: str) -> bool:
 def table_entry(manifest: Any) -> FileEntry | None:
     """``manifest``'s entry for its sample table, or None when it lists none."""
     return next((f for f in manifest.files if not f.samples and is_table_name(f.name)), None)
-
-
-def table_id(header: bytes | memoryview) -> str:
-    """The identity of the sample table whose first 48 bytes are ``header``: the first 16 hex
-    digits of SHA-256(b"packer table" + header). The header holds the CRC32C of the rest of the
-    table (checked at open), so the id names the whole table for the cost of reading its header;
-    the manifest records it in the table's ``files[].id`` and readers compare the two at open."""
-    return hashlib.sha256(b"packer table" + bytes(header[:_HEADER_BYTES])).hexdigest()[:16]
 
 
 def sample_fields(label: int) -> dict[str, Any]:
@@ -362,100 +356,6 @@ def table_file_entry(path: str, tid: str) -> FileEntry:
     return FileEntry(os.path.basename(path), 0, os.path.getsize(path), file_sha256(path), 0, tid)
 
 
-def write_table(path: str, kind: str, fixed_path: str, keys_path: str, meta_path: str, multi_path: str,
-                boxes: tuple[str, str, str] | None = None) -> str:
-    """Write a sample table at ``path`` (via a temporary name) from the four spill files, a
-    chunk of rows at a time, so memory does not grow with the number of samples; return its id
-    (:func:`table_id`). With ``boxes`` (the box count, box and box-label spill files) the table
-    is version 2, with its boxes section."""
-    n = os.path.getsize(fixed_path) // _FIXED.itemsize
-    fixed = np.memmap(fixed_path, _FIXED, mode="r", shape=(n,)) if n else np.zeros(0, _FIXED)
-    chunk = 1 << 20
-    spans = [(a, min(a + chunk, n)) for a in range(0, n, chunk)]
-
-    def ends(column: str) -> Any:  # running end offsets of a length column, chunk by chunk
-        total = 0
-        for a, b in spans:
-            out = np.cumsum(fixed[column][a:b], dtype="<u8") + np.uint64(total)
-            total = int(out[-1])
-            yield out
-
-    tmp = path + ".partial"
-    crc, totals = 0, {}
-    with open(tmp, "wb") as out:
-        out.write(bytes(_HEADER_BYTES))
-
-        def put(data: Any) -> None:
-            nonlocal crc
-            raw = data.tobytes() if isinstance(data, np.ndarray) else data
-            crc = crc32c.crc32c(raw, crc)
-            out.write(raw)
-
-        if kind == "multi":
-            last = np.zeros(0, "<u8")
-            for last in ends("value"):
-                put(last)
-            m = int(last[-1]) if len(last) else 0
-            if os.path.getsize(multi_path) != 4 * m:
-                raise CorruptDataError(f"{multi_path}: {os.path.getsize(multi_path) // 4} labels, the samples claim {m}")
-            for data in _chunks(multi_path):
-                put(data)
-            put(bytes(4 * (m % 2)))  # keep 8-byte alignment
-        else:
-            m = 0
-            for a, b in spans:
-                put(np.ascontiguousarray(fixed["value"][a:b]).astype("<i8"))  # float64 bits for number
-        for column, blob in (("keylen", keys_path), ("metalen", meta_path)):
-            last = np.zeros(0, "<u8")
-            for last in ends(column):
-                put(last)
-            totals[column] = int(last[-1]) if len(last) else 0
-            if os.path.getsize(blob) != totals[column]:
-                raise CorruptDataError(f"{path}: the spill files do not match their row counts")
-        for blob in (keys_path, meta_path):
-            for data in _chunks(blob):
-                put(data)
-        if boxes is not None:
-            put(bytes(-(totals["keylen"] + totals["metalen"]) % 8))
-            _put_boxes(put, n, *boxes)
-        head = _header(kind, n, m, totals["keylen"], totals["metalen"], crc, boxes is not None)
-        out.seek(0)
-        out.write(head)
-        out.flush()
-        os.fsync(out.fileno())
-    os.replace(tmp, path)
-    return table_id(head)
-
-
-def _chunks(path: str) -> Iterator[bytes]:
-    """A file's bytes, 1 MiB at a time."""
-    with open(path, "rb") as f:
-        while data := f.read(1 << 20):
-            yield data
-
-
-def _put_boxes(put: Any, n: int, count_path: str, boxes_path: str, labels_path: str) -> None:
-    """The boxes section: u64 B, then N u64 end offsets, B x 4 float32, B int32 labels, padding."""
-    counts = np.fromfile(count_path, "<u4") if os.path.getsize(count_path) else np.zeros(0, "<u4")
-    ends = np.cumsum(counts, dtype="<u8")
-    b = int(ends[-1]) if len(ends) else 0
-    if len(counts) != n or os.path.getsize(boxes_path) != 16 * b or os.path.getsize(labels_path) != 4 * b:
-        raise CorruptDataError(f"{boxes_path}: the box spill files do not match their row counts")
-    put(struct.pack("<Q", b))
-    put(ends.astype("<u8"))
-    for p in (boxes_path, labels_path):
-        for data in _chunks(p):
-            put(data)
-    put(bytes(4 * (b % 2)))
-
-
-def _header(kind: str, n: int, m: int, k: int, e: int, body_crc: int, boxes: bool = False) -> bytes:
-    """The table's 48 header bytes: the fields, then the CRC32C of the fields."""
-    version = BOXES_TABLE_VERSION if boxes else TABLE_VERSION
-    head = _HEAD.pack(_MAGIC, version, LABEL_KINDS.index(kind), 0, n, m, k, e, body_crc)
-    return head + struct.pack("<I", crc32c.crc32c(head))
-
-
 def build_table(path: str, kind: str, rows: Iterator[tuple[Any, ...]], boxes: bool = False) -> str:
     """Write a sample table at ``path`` from ``(key, label)`` rows (labels as :class:`Label` for the
     ``multi`` and ``number`` kinds or with metadata), for tools that assemble datasets from parts;
@@ -509,11 +409,15 @@ class _Strings(Sequence[str]):
 
 class SampleTable:
     """A sample table opened from a descriptor (memory-mapped: every process on a node shares its
-    pages, and reads only those it uses). Every section is checked against the header's CRC32C
-    and its offsets at open, once per node (:mod:`.nodecheck`: later opens of the same unchanged
-    file skip it, ``checked_here`` False); CorruptDataError names the file and what is wrong. With ``entry`` (the table's manifest entry) the table must also be the
-    one the manifest lists: its id (:func:`table_id`) equal to the entry's, or, for tables listed
-    without an id (written before tables had one), its SHA-256 equal to the entry's."""
+    pages, and reads only those it uses), checked once per node (:mod:`.nodecheck`: later opens of
+    the same unchanged file skip a check made on the node, ``checked_here`` False). Version 3
+    checks at open only the header and what labels need (the labels and multi-label ids sections:
+    CRC32C and offsets); keys, metadata and boxes are each checked when first asked for. Versions
+    1 and 2 are checked whole at open (their one CRC covers every section). CorruptDataError names
+    the file, and in version 3 the section, and what is wrong. With ``entry`` (the table's manifest
+    entry) the table must also be the one the manifest lists: its id (:func:`table_id`) equal to
+    the entry's, or, for tables listed without an id (written before tables had one), its SHA-256
+    equal to the entry's."""
 
     def __init__(self, fd: int, path: str, num_samples: int | None = None, entry: FileEntry | None = None) -> None:
         self.path = path
@@ -522,32 +426,72 @@ class SampleTable:
             raise CorruptDataError(f"sample table is {size} bytes, shorter than its header", path=path)
         self._map = mmap.mmap(fd, size, access=mmap.ACCESS_READ)
         buf = memoryview(self._map)
-        magic, version, kind, _zero, n, m, k, e, body_crc = _HEAD.unpack_from(buf, 0)
-        (head_crc,) = struct.unpack_from("<I", buf, _HEAD.size)
-        if magic != _MAGIC or crc32c.crc32c(buf[:_HEAD.size]) != head_crc:
+        (version,) = struct.unpack_from("<H", buf, 4)
+        if bytes(buf[:4]) != _MAGIC:
             raise CorruptDataError("sample table header is damaged", path=path, offset=0)
-        self.id = table_id(buf)
+        self._head: sections.TableHeader | None = None
+        self._checked: set[str] = set()
+        sha = entry.sha256 if entry is not None and not entry.id and entry.sha256 else ""
+        opened = self._open_v3 if version == sections.VERSION else self._open_v12
+        n, k, e, key_at, meta_at, check = opened(fd, buf, size, sha)
         if entry is not None and entry.id and entry.id != self.id:
             raise _not_this_datasets(path, f"its id is {self.id}, the manifest's {entry.id}")
-        if version not in (TABLE_VERSION, BOXES_TABLE_VERSION) or kind >= len(LABEL_KINDS):
-            raise CorruptDataError(f"sample table version {version} / label kind {kind} is not one this packer reads",
-                                   path=path, offset=4)
         if num_samples is not None and n != num_samples:
             raise CorruptDataError(f"sample table holds {n} samples, the manifest says {num_samples}", path=path, offset=8)
+        #: True when this process made the open's check, False when a process on this node had.
+        self.checked_here = check_once(fd, f"sample table {self.id} {sha}" + (" labels" if self._head else ""), check)
+        # the blobs: in version 3 each after its offsets (sections padded), before it both after both offset lists
+        keys, meta = (key_at + 8 * n, meta_at + 8 * n) if self._head is not None else (meta_at + 8 * n, meta_at + 8 * n + k)
+        self._keys = _Strings(buf[keys:keys + k], np.frombuffer(self._map, "<u8", n, key_at))
+        self._meta = _Strings(buf[meta:meta + e], np.frombuffer(self._map, "<u8", n, meta_at))
+        self.num_samples = n
+        if self.has_boxes:
+            self._open_boxes(n)
+
+    def _open_v3(self, fd: int, buf: memoryview, size: int, sha: str) -> tuple[Any, ...]:
+        """Version 3: the header checked, the label views made; (N, K, E, the key and metadata
+        sections' offsets, the open's check: the labels and label ids sections)."""
+        head = self._head = sections.unpack_header(buf, size, self.path, len(LABEL_KINDS))
+        n = head.n
+        self.id = table_id(buf)
+        self.kind = LABEL_KINDS[head.kind]
+        self.has_boxes = head.boxes
+        at = {name: entry[0] for name, entry in head.sections.items()}
+        column = sections.CLASS_DTYPES.get(head.column, "<i8") if self.kind != "multi" else "<u8"
+        self._labels = np.frombuffer(self._map, column, n, at["labels"])
+        self._ids = np.frombuffer(self._map, "<u4", head.m, at["label ids"]) if self.kind == "multi" else None
+        self._box_at, self._box_total = at["boxes"] - 8, head.b
+        self._fd = os.dup(fd)  # the sections checked later are read through it
+        self._closer = weakref.finalize(self, os.close, self._fd)
+
+        def check() -> None:  # what labels need: every other section waits until asked for
+            for name in sections.SECTIONS[:2]:
+                sections.check_section(self._fd, head, name, self.path, self._last(name))
+            if sha and hashlib.sha256(buf).hexdigest() != sha:
+                raise _not_this_datasets(self.path, "its SHA-256 differs from the manifest's")
+        return n, head.k, head.e, at["keys"], at["metadata"], check
+
+    def _open_v12(self, fd: int, buf: memoryview, size: int, sha: str) -> tuple[Any, ...]:
+        """Versions 1 and 2: as :meth:`_open_v3`, the open's check reading the whole file."""
+        path = self.path
+        magic, version, kind, _zero, n, m, k, e, body_crc = _HEAD.unpack_from(buf, 0)
+        (head_crc,) = struct.unpack_from("<I", buf, _HEAD.size)
+        if version not in (1, BOXES_TABLE_VERSION) or kind >= len(LABEL_KINDS):  # a later packer's, or damaged
+            raise CorruptDataError(f"sample table version {version} / label kind {kind} is not one this packer "
+                                   "reads", path=path, offset=4)
+        if crc32c.crc32c(buf[:_HEAD.size]) != head_crc:
+            raise CorruptDataError("sample table header is damaged", path=path, offset=0)
+        self.id = table_id(buf)
         self.kind = LABEL_KINDS[kind]
         multi = self.kind == "multi"
         self._check_size(buf, size, version, multi, n, m, k + e)
-        first = np.frombuffer(self._map, "<i8" if not multi else "<u8", n, _HEADER_BYTES)
+        self._labels = np.frombuffer(self._map, "<i8" if not multi else "<u8", n, _HEADER_BYTES)
         self._ids = np.frombuffer(self._map, "<u4", m, _HEADER_BYTES + 8 * n) if multi else None
-        off = _HEADER_BYTES + 8 * n + (4 * (m + m % 2) if multi else 0)
-        self._labels = first
-        key_ends = np.frombuffer(self._map, "<u8", n, off)
-        meta_ends = np.frombuffer(self._map, "<u8", n, off + 8 * n)
-        off += 16 * n
-        sha = entry.sha256 if entry is not None and not entry.id and entry.sha256 else ""
+        key_at = _HEADER_BYTES + 8 * n + (4 * (m + m % 2) if multi else 0)
+        self.has_boxes = version == BOXES_TABLE_VERSION
 
-        def check_whole() -> None:  # reads every byte, through one buffer: once per node (nodecheck)
-            ordered = [(off - 16 * n, n, k, "key"), (off - 8 * n, n, e, "metadata")]
+        def check() -> None:  # reads every byte, through one buffer: once per node (nodecheck)
+            ordered = [(key_at, n, k, "key"), (key_at + 8 * n, n, e, "metadata")]
             ordered += [(_HEADER_BYTES, n, m, "label")] if multi else []
             crc, bad = scan_file(fd, _HEADER_BYTES, size, [o[:3] for o in ordered])
             if crc != body_crc:
@@ -556,17 +500,43 @@ class SampleTable:
                 raise CorruptDataError(f"sample table's {ordered[bad][3]} offsets are inconsistent", path=path)
             if sha and hashlib.sha256(buf).hexdigest() != sha:
                 raise _not_this_datasets(path, "its SHA-256 differs from the manifest's")
-            if version == BOXES_TABLE_VERSION:
+            if self.has_boxes:
                 self._open_boxes(n, check=True)
+        return n, k, e, key_at, key_at + 8 * n, check
 
-        #: True when this process checked the whole table, False when a process on this node had.
-        self.checked_here = check_once(fd, f"sample table {self.id} {sha}", check_whole)
-        self.keys = _Strings(buf[off:off + k], key_ends)
-        self._meta = _Strings(buf[off + k:off + k + e], meta_ends)
-        self.num_samples = n
-        self.has_boxes = version == BOXES_TABLE_VERSION
-        if self.has_boxes:
-            self._open_boxes(n)
+    def _last(self, name: str) -> int | None:
+        """Where the leading offsets of version 3's section ``name`` must end (None: it has none)."""
+        head = self._head
+        assert head is not None
+        ends = dict(zip(sections.SECTIONS, (head.m if self.kind == "multi" else None, None, head.k, head.e,
+                                            head.b if head.boxes else None)))
+        return ends[name]
+
+    def _ensure(self, name: str) -> None:
+        """Check section ``name`` of a version 3 table once per node, when first used here."""
+        head = self._head
+        if head is None or name in self._checked:
+            return
+        check_once(self._fd, f"sample table {self.id} {name}",
+                   lambda: sections.check_section(self._fd, head, name, self.path, self._last(name)))
+        self._checked.add(name)
+
+    def check_all(self) -> None:
+        """Check every section now, whatever the node's stamps say (``packer verify``): version 3's
+        keys, metadata and boxes (labels were checked at open); CorruptDataError naming the file
+        and the section."""
+        head = self._head
+        if head is None:
+            return
+        for name in sections.SECTIONS:
+            sections.check_section(self._fd, head, name, self.path, self._last(name))
+            self._checked.add(name)
+
+    @property
+    def keys(self) -> Sequence[str]:
+        """Every sample's key (a read-only sequence over the mapped key blob)."""
+        self._ensure("keys")
+        return self._keys
 
     def _check_size(self, buf: memoryview, size: int, version: int, multi: bool, n: int, m: int, blobs: int) -> None:
         """The file's size against the header's counts (and, in version 2, the boxes section's)."""
@@ -592,16 +562,19 @@ class SampleTable:
         labels (N int64; -1 where boxes have none), as new arrays."""
         if not self.has_boxes:
             raise KeyError(f"{self.path}: the samples have no boxes")
+        self._ensure("boxes")
         start = int(self._box_ends[i - 1]) if i else 0
         end = int(self._box_ends[i])
         return np.array(self._boxes[start:end], np.float32), self._box_labels[start:end].astype(np.int64)
 
     @property
     def targets(self) -> np.ndarray | list[list[int]]:
-        """Every sample's label: int64 class indices (``class``), float64 (``number``), both read-only
-        views of the mapped file (no copy), or a list of class-index lists (``multi``)."""
+        """Every sample's label: class indices (``class``) and float64 (``number``) as read-only
+        views of the mapped file (no copy), or a list of class-index lists (``multi``). Class
+        indices are int64 in table versions 1 and 2, and in version 3 the narrowest integer
+        column that holds them (uint8, uint16, int8 or int16 with -1, int32, int64)."""
         if self.kind == "class":
-            return self._labels.astype(np.int64, copy=False)
+            return self._labels
         if self.kind == "number":
             return self._labels.view("<f8").astype(np.float64, copy=False)
         return [self.labels_of(i) for i in range(self.num_samples)]
@@ -622,6 +595,7 @@ class SampleTable:
 
     def meta(self, i: int) -> dict[str, Any]:
         """Sample ``i``'s metadata (``{}`` when it has none)."""
+        self._ensure("metadata")
         raw = self._meta._bytes(i)
         return decode_meta(raw, f"{self.path}: sample {i}")
 
@@ -631,6 +605,8 @@ class SampleTable:
             self._map.close()
         except BufferError:  # a view is still alive; the mapping goes when it does
             pass
+        if self._head is not None:
+            self._closer()  # the descriptor kept for the sections checked later
 
 
 def _not_this_datasets(path: str, why: str) -> CorruptDataError:

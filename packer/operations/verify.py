@@ -107,8 +107,10 @@ def _read_samples(root: str, m: Manifest, check_unique: bool, rep: VerifyReport)
     except (CorruptDataError, OSError, ValueError) as e:
         rep.problems.append(f"{root}: cannot open: {e}")
         return
-    try:  # the sample table the readers take labels and keys from: this dataset's own, intact
-        ds.sample_table()
+    try:  # the sample table the readers take labels and keys from: this dataset's own, every section intact
+        table = ds.sample_table()
+        if table is not None:
+            table.check_all()
     except (CorruptDataError, OSError, ValueError) as e:
         rep.problems.append(str(e))
     seen: dict[tuple[str, int, int], int] = {}

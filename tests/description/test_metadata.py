@@ -52,7 +52,7 @@ def test_class_labels_with_metadata_round_trip(fmt, photos, tmp_path):
     assert m.files[-1].name == TABLE_NAME and m.files[-1].samples == 0
     ds = open_dataset(dst, fields=("index", "key", "label", "meta", "image"))
     assert ds.classes == ["cat", "dog"]
-    assert list(ds.targets) == [0, 0, 0, 1, 1, 1] and ds.targets.dtype == np.int64
+    assert list(ds.targets) == [0, 0, 0, 1, 1, 1] and ds.targets.dtype == np.uint8  # the narrowest column
     assert list(ds.keys) == [os.path.relpath(p, root) for p in paths]
     for i in range(len(ds)):
         index, key, label, meta, image = ds[i]
@@ -200,33 +200,69 @@ def test_interrupted_conversion_resumes_to_the_same_table(fmt, photos, tmp_path,
 
 
 def test_sample_table_bytes(tmp_path):
-    """The table's layout, pinned: header, labels, key and metadata offsets, then the blobs; and
-    its id as docs/FORMATS.md specifies it."""
+    """The table's layout (version 3), pinned: the header with each section's offset, length and
+    CRC32C, then labels in the narrowest column (uint8 here), multi-label ids (none), keys (offsets,
+    blob), metadata (offsets, blob), boxes (none), each padded to 8 bytes; and its id as
+    docs/FORMATS.md specifies it."""
     path = str(tmp_path / TABLE_NAME)
     tid = build_table(path, "class", iter([("a.jpg", 1), ("bb.png", Label(0, meta={"x": 1}))]))
     data = open(path, "rb").read()
-    body = (struct.pack("<2q", 1, 0) + struct.pack("<2Q", 5, 11) + struct.pack("<2Q", 0, 7)
-            + b"a.jpgbb.png" + b'{"x":1}')
-    head = struct.pack("<4sHBBQQQQI", b"PKST", 1, 0, 0, 2, 0, 11, 7, crc32c.crc32c(body))
-    assert data == head + struct.pack("<I", crc32c.crc32c(head)) + body
-    assert tid == hashlib.sha256(b"packer table" + data[:48]).hexdigest()[:16]
+    parts = {"labels": bytes([1, 0]) + bytes(6), "label ids": b"",
+             "keys": struct.pack("<2Q", 5, 11) + b"a.jpgbb.png" + bytes(5),
+             "metadata": struct.pack("<2Q", 0, 7) + b'{"x":1}' + bytes(1), "boxes": b""}
+    head = struct.pack("<4sHBBQQQQQ", b"PKST", 3, 0, 1, 2, 0, 11, 7, 0)
+    at = 176
+    for section in parts.values():
+        head += struct.pack("<QQI4x", at, len(section), crc32c.crc32c(section))
+        at += len(section)
+    head += struct.pack("<I", 0)  # flags: no boxes section
+    assert len(head) == 172 and data == head + struct.pack("<I", crc32c.crc32c(head)) + b"".join(parts.values())
+    assert tid == hashlib.sha256(b"packer table" + data[:176]).hexdigest()[:16]
 
 
+@pytest.mark.parametrize(("labels", "dtype"), [([0, 255], np.uint8), ([0, 256], np.uint16), ([-1, 127], np.int8),
+                                               ([-1, 128], np.int16), ([0, 65536], np.int32), ([-1, 2**31], np.int64)])
+def test_class_labels_take_the_narrowest_column(tmp_path, labels, dtype):
+    """Class labels are stored in the narrowest column holding them, -1 (no class) included, and
+    come back as that dtype, a read-only view of the mapped file, values unchanged."""
+    from packer.description.samples import SampleTable
+
+    path = str(tmp_path / TABLE_NAME)
+    build_table(path, "class", iter([(f"k{i}", v) for i, v in enumerate(labels)]))
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        table = SampleTable(fd, path, len(labels))
+    finally:
+        os.close(fd)
+    assert table.targets.dtype == dtype and table.targets.tolist() == labels and not table.targets.flags.writeable
+    assert [table.target_of(i) for i in range(len(labels))] == labels
+
+
+@pytest.mark.parametrize("section", ["keys", "metadata"])
 @pytest.mark.parametrize("fmt", FORMATS)
-def test_a_damaged_table_is_reported(fmt, photos, tmp_path):
+def test_a_damaged_table_is_reported(fmt, section, photos, tmp_path):
+    """A damaged keys or metadata section: labels (checked at open) still read; the first read
+    that needs the section raises one line naming the file and the section; verify reports it."""
+    from packer.description.sections import unpack_header
+    from packer.operations.verify import verify_dataset
+
     _, paths = photos
     dst = str(tmp_path / fmt)
     convert_items([(p, "a", {"i": i}) for i, p in enumerate(paths)], dst, fmt, _opts())
     path = os.path.join(dst, TABLE_NAME)
     data = bytearray(open(path, "rb").read())
-    data[-3] ^= 0x20
+    offset, length, _ = unpack_header(data, len(data), path, 3).sections[section]
+    data[offset + length - 9] ^= 0x20  # in the blob (its last byte before the padding, at most)
     open(path, "wb").write(bytes(data))
     ds = open_dataset(dst, verify=True)
-    with pytest.raises(CorruptDataError, match="samples.table.*checksum mismatch|checksum mismatch.*samples.table"):
-        _ = ds.targets
-    from packer.operations.verify import verify_dataset
-
-    assert not verify_dataset(dst).ok
+    assert list(ds.targets) == [0] * len(paths)  # what labels need is checked, and intact
+    damaged = rf"{section} section is damaged \(checksum mismatch\).*samples.table"
+    with pytest.raises(CorruptDataError, match=damaged):
+        _ = ds.keys[0] if section == "keys" else ds.meta(0)
+    with pytest.raises(CorruptDataError, match=damaged):
+        open_dataset(dst, fields=("image", "key", "meta"))[0]
+    report = verify_dataset(dst)
+    assert not report.ok and any(f"{section} section is damaged" in p and TABLE_NAME in p for p in report.problems)
 
 
 def _write(path, text):
@@ -516,3 +552,25 @@ def test_encoded_output_is_fields_too(photos, tmp_path):
 
 def ds_key(path, root):
     return os.path.relpath(path, root)
+
+
+def test_a_version_3_table_cut_short_or_with_a_damaged_header_is_refused_at_open(tmp_path):
+    """What the open checks of a version 3 table without reading its sections: the header's CRC,
+    its sections one after the other as the counts imply, the file's size."""
+    from packer.description.samples import SampleTable
+
+    path = str(tmp_path / TABLE_NAME)
+    build_table(path, "class", iter([("a.jpg", 1), ("bb.png", Label(0, meta={"x": 1}))]))
+    good = open(path, "rb").read()
+    moved = bytearray(good)  # the keys section's offset moved by 8, the header's CRC recomputed
+    struct.pack_into("<Q", moved, 48 + 2 * 24, struct.unpack_from("<Q", good, 48 + 2 * 24)[0] + 8)
+    struct.pack_into("<I", moved, 172, crc32c.crc32c(bytes(moved[:172])))
+    for data, said in ((good[:-8], "its header implies"), (good[:20] + b"\x01" + good[21:], "header is damaged"),
+                       (good[:100], "shorter than its version 3 header"), (bytes(moved), "keys section is at")):
+        open(path, "wb").write(data)
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            with pytest.raises(CorruptDataError, match=said):
+                SampleTable(fd, path, 2)
+        finally:
+            os.close(fd)

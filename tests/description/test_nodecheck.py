@@ -1,4 +1,5 @@
-"""The sample table is checked whole once per node; later opens map it and touch only what they read."""
+"""The sample table is checked once per node, a section at a time (version 3: labels at open, keys
+when first asked for); later opens map it and touch only what they read."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ import pytest
 
 import packer.description.nodecheck as nodecheck
 from packer.description.samples import SampleTable, build_table
+from packer.description.sections import unpack_header
 from packer.errors import CorruptDataError
 
 N = 4_000
@@ -69,26 +71,51 @@ def test_second_open_skips_the_check_and_reads_only_the_labels(stamped):
     assert second.keys[N - 1] == _key(N - 1) and list(second.keys[:3]) == [_key(i) for i in range(3)]
     with multiprocessing.get_context("fork").Pool(1) as pool:  # another process on the node: no check either
         assert pool.apply(_opened_in_child, (stamped,)) == (False, int(want.sum()), _key(N - 1))
+    # two stamps: the labels' (at the first open) and the keys' (at the first read of a key)
     assert len([n for n in os.listdir(os.environ["PACKER_CHECKED_DIR"] + f"/packer-checked-{os.getuid()}")
-                if not n.endswith(".lock")]) == 1
+                if not n.endswith(".lock")]) == 2
+
+
+def _damage_a_key(path: str) -> None:
+    """Alter one byte of the last key (the keys section: its offsets, then the blob)."""
+    with open(path, "rb") as f:
+        head = unpack_header(f.read(176), os.path.getsize(path), path, 3)
+    offset, length, _crc = head.sections["keys"]
+    with open(path, "r+b") as f:
+        f.seek(offset + 8 * N + head.k - 3)
+        f.write(b"X")
+
+
+def test_keys_are_checked_when_first_read_and_named(stamped):
+    """A damaged keys section does not fail the open (labels are intact and checked) but the
+    first read of a key, naming the file and the section, in every process until it is mended."""
+    _damage_a_key(stamped)
+    os.utime(stamped, ns=(1_000_000_000, 1_000_000_000))
+    for _ in range(2):
+        table = _open(stamped)
+        assert np.array_equal(table.targets, np.arange(N) * 10 // N)
+        with pytest.raises(CorruptDataError, match=r"keys section is damaged \(checksum mismatch\).*samples.table"):
+            table.keys[0]
+        with pytest.raises(CorruptDataError, match="keys section is damaged"):
+            table.check_all()
 
 
 def test_a_changed_table_is_checked_again(stamped):
     _open(stamped)
-    with open(stamped, "r+b") as f:  # one key byte altered: the file's times move, the stamp no longer fits
-        f.seek(os.path.getsize(stamped) - 5)
+    with open(stamped, "r+b") as f:
+        f.seek(176)  # one label byte altered: the file's times move, the stamp no longer fits
         f.write(b"X")
-    with pytest.raises(CorruptDataError, match="checksum mismatch"):
+    with pytest.raises(CorruptDataError, match="labels section is damaged .checksum mismatch"):
         _open(stamped)
 
 
 def test_a_damaged_table_leaves_no_stamp(stamped):
     with open(stamped, "r+b") as f:
-        f.seek(os.path.getsize(stamped) - 5)
+        f.seek(176)
         f.write(b"X")
     os.utime(stamped, ns=(1_000_000_000, 1_000_000_000))
     for _ in range(2):
-        with pytest.raises(CorruptDataError, match="checksum mismatch"):
+        with pytest.raises(CorruptDataError, match="labels section is damaged"):
             _open(stamped)
 
 

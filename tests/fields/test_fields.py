@@ -123,7 +123,7 @@ def test_pks3_record_round_trips_its_fields_under_one_place_checksum():
         unpack_record(bytes(damaged), seed=1234)
 
 
-def test_table_boxes_section_round_trips_and_is_version_2(tmp_path):
+def test_table_boxes_section_round_trips_and_is_flagged(tmp_path):
     from packer.description.samples import Label
 
     path = str(tmp_path / TABLE_NAME)
@@ -131,7 +131,8 @@ def test_table_boxes_section_round_trips_and_is_version_2(tmp_path):
             ("c", 1, [[0, 0, 1, 1], [2, 2, 5, 6.5]], None)]
     build_table(path, "class", iter(rows), boxes=True)
     with open(path, "rb") as f:
-        assert struct.unpack_from("<4sH", f.read(6)) == (b"PKST", 2)
+        head = f.read(176)
+        assert struct.unpack_from("<4sH", head) == (b"PKST", 3) and struct.unpack_from("<I", head, 168) == (1,)
     fd = os.open(path, os.O_RDONLY)
     try:
         t = SampleTable(fd, path, 3)

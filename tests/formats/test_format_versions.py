@@ -86,13 +86,21 @@ def test_a_foreign_table_in_a_dataset_written_before_table_ids_is_refused(archiv
     """A version 2 manifest without the table's id binds the table by its SHA-256 instead: a table
     of equal size holding other labels is refused, naming it (before, its labels were read)."""
     import shutil
+    import struct
 
-    from packer.description.samples import TABLE_NAME, build_table
+    import crc32c
+
+    from packer.description.samples import TABLE_NAME
     from packer.errors import CorruptDataError
 
     path = str(tmp_path / fmt)
     shutil.copytree(archived / "v2-no-table-id" / fmt, path)
-    build_table(os.path.join(path, TABLE_NAME), "class", iter([(k, 1 - lab) for k, lab, _, _ in EXPECTED]))
+    table = os.path.join(path, TABLE_NAME)
+    data = bytearray(open(table, "rb").read())  # a version 1 table of the same keys and other labels, its CRCs valid
+    data[48:48 + 8 * len(EXPECTED)] = struct.pack(f"<{len(EXPECTED)}q", *(1 - lab for _, lab, _, _ in EXPECTED))
+    struct.pack_into("<I", data, 40, crc32c.crc32c(bytes(data[48:])))
+    struct.pack_into("<I", data, 44, crc32c.crc32c(bytes(data[:44])))
+    open(table, "wb").write(bytes(data))
     with pytest.raises(CorruptDataError, match="not this dataset's.*SHA-256") as e:
         _ = open_dataset(path).targets
     assert os.path.join(path, TABLE_NAME) in str(e.value)
@@ -168,3 +176,57 @@ def test_info_shows_a_version_3_mask_as_stored(archived_v3, capsys):
 
     assert main(["info", str(archived_v3 / "lmdb")]) == 0
     assert "fields      mask (mask, uint8 or uint16 as each is stored), boxes (boxes)" in capsys.readouterr().out
+
+
+def _table_v3_script():
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("make_table_v3", os.path.join(DATA, "make_table_v3.py"))
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.fixture(scope="module")
+def archived_table_v3(tmp_path_factory):
+    root = tmp_path_factory.mktemp("table-v3")
+    with tarfile.open(os.path.join(DATA, "table-v3-datasets.tar.gz")) as tf:
+        tf.extractall(root, filter="data")
+    return root / "table-v3"
+
+
+@pytest.mark.parametrize("fmt", format_names())
+def test_sample_table_version_3_reads_as_written(archived_table_v3, fmt):
+    """The first datasets with a version 3 sample table: labels from a uint8 column, keys and
+    metadata from their own sections, pixels as stored; packer verify checks every section."""
+    import cv2
+    import numpy as np
+
+    script = _table_v3_script()
+    path = str(archived_table_v3 / fmt)
+    with open(os.path.join(path, "samples.table"), "rb") as f:
+        assert f.read(8) == b"PKST\x03\x00\x00\x01"  # version 3, class labels, uint8 column
+    ds = open_dataset(path, output="numpy", fields=("image", "label", "key", "meta"))
+    assert ds.targets.dtype == np.uint8 and ds.targets.tolist() == script.LABELS
+    assert list(ds.keys) == ["s0", "s1", "s2"]
+    for k, png in enumerate(script.images()):
+        want = cv2.cvtColor(cv2.imdecode(np.frombuffer(png, np.uint8), cv2.IMREAD_COLOR), cv2.COLOR_BGR2RGB)
+        image, label, key, meta = ds[k]
+        np.testing.assert_array_equal(image, want)
+        assert (label, key, meta) == (script.LABELS[k], f"s{k}", script.META[k] or {})
+    verify_passes(path)
+
+
+def test_sample_table_version_3_label_kinds_and_boxes_read_as_written(archived_table_v3):
+    import numpy as np
+
+    multi = open_dataset(str(archived_table_v3 / "lmdb-multi"), output="numpy")
+    assert multi.targets == [[0, 2], [], [1]]
+    assert multi[0][1].tolist() == [1.0, 0.0, 1.0]
+    number = open_dataset(str(archived_table_v3 / "lmdb-number"), output="numpy")
+    assert number.targets.dtype == np.float64 and number.targets.tolist() == [0.5, -2.0, 7.25]
+    boxes = open_dataset(str(archived_table_v3 / "lmdb-boxes"), output="numpy", fields=("label", "boxes", "box_labels"))
+    assert [(label, b.tolist(), lab.tolist()) for label, b, lab in (boxes[k] for k in range(3))] == [
+        (0, [], []), (2, [[0.0, 0.0, 4.0, 3.0]], [1]), (1, [[0.0, 0.0, 4.0, 3.0], [1.0, 2.0, 8.0, 6.0]], [1, 1])]
+    for name in ("lmdb-multi", "lmdb-number", "lmdb-boxes"):
+        verify_passes(str(archived_table_v3 / name))

@@ -287,10 +287,11 @@ def table_open(path: str, samples: int) -> dict[str, Any]:
     counts = np.bincount(targets[:: max(1, samples // 1_000_000)], minlength=1000)  # touches a sample of the labels
     keys_s, _ = timed(lambda: [table.keys[i] for i in np.random.default_rng(0).integers(0, samples, 1000).tolist()])
     return {"open_s": opened, "checked_here": table.checked_here, "targets_s": seconds, "keys_ms": keys_s * 1000,
-            "anon_mb": (rss_kb(os.getpid())[1] - anon0) / 1024, "mapped_mb": _mapped_kb(path) / 1024, "classes": int((counts > 0).sum())}
+            "anon_mb": (rss_kb(os.getpid())[1] - anon0) / 1024, "mapped_mb": mapped_kb(path) / 1024, "classes": int((counts > 0).sum())}
 
 
-def _mapped_kb(path: str) -> int:
+def mapped_kb(path: str) -> int:
+    """Resident kB of this process's mappings of ``path`` (its pages in the page cache)."""
     total, inside = 0, False
     with open("/proc/self/smaps") as f:
         for line in f:
