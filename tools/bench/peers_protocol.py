@@ -38,6 +38,7 @@ class BenchConfig:
     batch_size: int = BATCH
     epochs: int = EPOCHS
     bare_images: int = 2000
+    side: int = SHORT_SIDE  # the training rows' storage size (shorter side, px)
 
 
 def make_row(system: str, **fields: Any) -> dict[str, Any]:
