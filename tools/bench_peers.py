@@ -74,7 +74,8 @@ SYSTEMS: dict[str, Callable[[BenchConfig], list[dict[str, Any]]]] = {
 #: What a run measures unless ``--systems`` names others: the centre-crop read.
 DEFAULT_SYSTEMS = list(SYSTEMS)
 #: The training pipeline (RandomResizedCrop(224) + flip) at ``--store-side``: ``--systems train``.
-SYSTEMS.update({name: fn if name == "train-packer" else _single(fn) for name, fn in TRAIN_SYSTEMS.items()})
+SYSTEMS.update({name: fn if name in ("train-packer", "train-ffcv") else _single(fn)
+                for name, fn in TRAIN_SYSTEMS.items()})
 
 
 
@@ -136,6 +137,7 @@ def run_system(
         str(cfg.bare_images),
         "--store-side",
         str(cfg.side),
+        *(["--ffcv-warm"] if cfg.ffcv_warm else []),
     ]
     env = dict(os.environ, PYTHONUNBUFFERED="1")
     with open(log, "w") as logf:
@@ -233,6 +235,8 @@ def _parser() -> argparse.ArgumentParser:
                     help=f"comma-separated subset of: {', '.join(SYSTEMS)}; 'train' = every train-* system")
     ap.add_argument("--store-side", type=int, default=256,
                     help="the train-* rows' storage size: packer converts the source to this shorter side")
+    ap.add_argument("--ffcv-warm", action="store_true",
+                    help="train-ffcv: a second row timed after one untimed epoch (numba's compile)")
     ap.add_argument("--out", help="write the markdown report here")
     ap.add_argument("--bare-images", type=int, default=2000, help="images held in memory for the bare decode loop")
     ap.add_argument("--timeout", type=float, default=1800.0, help="seconds allowed per system")
@@ -304,7 +308,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"bench_peers: error: {exc}", file=sys.stderr)
         return 2
     cfg = BenchConfig(src=os.path.abspath(args.src), work=os.path.abspath(args.work), bare_images=args.bare_images,
-                      side=args.store_side)
+                      side=args.store_side, ffcv_warm=args.ffcv_warm)
     if args._child:
         return _child(args._child, cfg, args._result)
     os.makedirs(cfg.work, exist_ok=True)
