@@ -36,6 +36,7 @@ from tools.bench.peers_systems import (
     bench_mosaicml,
     bench_webdataset,
 )
+from tools.bench.peers_training import TRAIN_SYSTEMS
 
 __all__ = [
     "BenchConfig",
@@ -70,6 +71,11 @@ SYSTEMS: dict[str, Callable[[BenchConfig], list[dict[str, Any]]]] = {
     "bare": _single(bench_bare_decode),
     "packer": packer_rows,
 }
+#: What a run measures unless ``--systems`` names others: the centre-crop read.
+DEFAULT_SYSTEMS = list(SYSTEMS)
+#: The training pipeline (RandomResizedCrop(224) + flip) at ``--store-side``: ``--systems train``.
+SYSTEMS.update({name: fn if name in ("train-packer", "train-ffcv") else _single(fn)
+                for name, fn in TRAIN_SYSTEMS.items()})
 
 
 
@@ -129,6 +135,9 @@ def run_system(
         cfg.work,
         "--bare-images",
         str(cfg.bare_images),
+        "--store-side",
+        str(cfg.side),
+        *(["--ffcv-warm"] if cfg.ffcv_warm else []),
     ]
     env = dict(os.environ, PYTHONUNBUFFERED="1")
     with open(log, "w") as logf:
@@ -192,6 +201,9 @@ def _last_line(path: str) -> str:
 # -- command line ---------------------------------------------------------------------------------
 def _parse_systems(text: str) -> list[str]:
     names = [s for s in text.replace(",", " ").split() if s]
+    if "train" in names:  # every training-pipeline row
+        at = names.index("train")
+        names[at:at + 1] = [n for n in SYSTEMS if n.startswith("train-")]
     unknown = [s for s in names if s not in SYSTEMS]
     if unknown:
         raise ValueError(f"unknown system(s) {', '.join(unknown)}; known: {', '.join(SYSTEMS)}")
@@ -219,7 +231,12 @@ def _parser() -> argparse.ArgumentParser:
                                              "(method and rows: docs/benchmarks.md, section 1).")
     ap.add_argument("--src", help="ImageFolder source (root/<class>/<image>)")
     ap.add_argument("--work", help="scratch folder for converted data and logs (rewritten)")
-    ap.add_argument("--systems", default=",".join(SYSTEMS), help=f"comma-separated subset of: {', '.join(SYSTEMS)}")
+    ap.add_argument("--systems", default=",".join(DEFAULT_SYSTEMS),
+                    help=f"comma-separated subset of: {', '.join(SYSTEMS)}; 'train' = every train-* system")
+    ap.add_argument("--store-side", type=int, default=256,
+                    help="the train-* rows' storage size: packer converts the source to this shorter side")
+    ap.add_argument("--ffcv-warm", action="store_true",
+                    help="train-ffcv: a second row timed after one untimed epoch (numba's compile)")
     ap.add_argument("--out", help="write the markdown report here")
     ap.add_argument("--bare-images", type=int, default=2000, help="images held in memory for the bare decode loop")
     ap.add_argument("--timeout", type=float, default=1800.0, help="seconds allowed per system")
@@ -290,7 +307,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     except ValueError as exc:
         print(f"bench_peers: error: {exc}", file=sys.stderr)
         return 2
-    cfg = BenchConfig(src=os.path.abspath(args.src), work=os.path.abspath(args.work), bare_images=args.bare_images)
+    cfg = BenchConfig(src=os.path.abspath(args.src), work=os.path.abspath(args.work), bare_images=args.bare_images,
+                      side=args.store_side, ffcv_warm=args.ffcv_warm)
     if args._child:
         return _child(args._child, cfg, args._result)
     os.makedirs(cfg.work, exist_ok=True)

@@ -109,6 +109,16 @@ def test_main_process_is_default_collate():
     _assert_same(collate(samples), default_collate(samples))
 
 
+def test_main_process_splits_interleaved_views_into_fresh_planes():
+    ds = MixedLayouts()
+    views = [ds[i] for i in range(1, 3)]  # all CHW views of HWC pixels: the OpenCV split
+    for samples in (views, [ds[i] for i in range(4)]):  # and mixed with contiguous images
+        got = collate(samples)
+        _assert_same(got, default_collate(samples))
+        assert got[0].is_contiguous()
+        assert got[0].untyped_storage().data_ptr() != samples[0][0].untyped_storage().data_ptr()
+
+
 def test_packed_dataset_batches_equal_default_loader(tiny_folder, tmp_path):
     dst = str(tmp_path / "lmdb")
     pack(tiny_folder[0], dst, "lmdb", resize="16x16")

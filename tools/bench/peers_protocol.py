@@ -38,6 +38,8 @@ class BenchConfig:
     batch_size: int = BATCH
     epochs: int = EPOCHS
     bare_images: int = 2000
+    side: int = SHORT_SIDE  # the training rows' storage size (shorter side, px)
+    ffcv_warm: bool = False  # the FFCV training row again after an untimed compile epoch
 
 
 def make_row(system: str, **fields: Any) -> dict[str, Any]:
