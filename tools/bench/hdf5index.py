@@ -29,20 +29,22 @@ def _child(path: str, mapped: str, hold: str) -> dict[str, Any]:
     from packer.datasets import open_dataset
 
     hdf5.MAP_INDEX = mapped == "1"
+    anon0, file0 = _status_kb("RssAnon", "RssFile")
     t0 = time.perf_counter()
     ds = open_dataset(path, output="numpy")
     ds[0]
     opened = time.perf_counter() - t0
     len(ds.targets)
     peak, rss, anon, file_rss = _status_kb("VmHWM", "VmRSS", "RssAnon", "RssFile")
-    uss = uss_kb()
-    if hold:
+    if hold:  # every rank has it open: the pages that they share are no longer private
         with open(hold + f".{os.getpid()}", "w"):
             pass
         while not os.path.exists(hold):
             time.sleep(0.05)
-    return {"open_s": opened, "peak_mb": peak / 1024, "rss_mb": rss / 1024, "anon_mb": anon / 1024,
-            "file_mb": file_rss / 1024, "uss_mb": uss / 1024, "mapped": bool(ds._meta is not None and ds._meta.mapped)}
+    uss = uss_kb()
+    return {"open_s": opened, "peak_mb": peak / 1024, "rss_mb": rss / 1024, "anon_mb": (anon - anon0) / 1024,
+            "file_mb": (file_rss - file0) / 1024, "uss_mb": uss / 1024,
+            "mapped": bool(ds._meta is not None and ds._meta.mapped)}
 
 
 def _run(path: str, mapped: bool, ranks: int, hold: str) -> list[dict[str, Any]]:
@@ -71,6 +73,8 @@ def _run(path: str, mapped: bool, ranks: int, hold: str) -> list[dict[str, Any]]
 def scale_hdf5_index(a: Any) -> int:
     """The HDF5 index read into memory against mapped: peak RSS, anonymous RSS and USS per process.
 
+    Anonymous and file RSS: what opening the dataset added to the process's (after its imports);
+    USS: private memory once every process of the row has the dataset open.
     Fresh processes open the dataset (``open_dataset``, one read, ``targets``) with the index read
     whole (``MAP_INDEX = False``, as before) and mapped (the default for a local plain file),
     taking turns; first one process alone, then ``--ranks`` processes at once (one node's ranks),
@@ -80,7 +84,8 @@ def scale_hdf5_index(a: Any) -> int:
         return 0
     hold = os.path.join(os.path.dirname(os.path.abspath(a.path)), ".hdf5index-hold")
     _run(a.path, True, 1, hold)  # warm the page cache
-    header("index", "processes", "open + 1 read", "peak RSS", "anonymous RSS", "file RSS", "USS", "USS, all")
+    header("index", "processes", "open + 1 read", "peak RSS", "anonymous RSS added by open", "file RSS added",
+           "USS", "USS, all")
     for turn in range(a.rounds):
         for mapped in ((False, True) if turn % 2 == 0 else (True, False)):
             for ranks in (1, a.ranks):
