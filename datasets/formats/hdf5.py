@@ -88,10 +88,11 @@ class _Meta:
               "f_offsets", "f_shapes", "f_crcs", "f_codecs", "f_depths")
 
     def __init__(self, path: str, num_samples: int, verify: bool, fd: int | None = None,
-                 fields: tuple[str, ...] | None = None, source: Any = None, size: int | None = None) -> None:
+                 fields: tuple[str, ...] | None = None, source: Any = None, size: int | None = None,
+                 mappable: bool = True) -> None:
         """The index of ``path``; ``fields``: the stored fields a version 3 manifest lists (None
         before version 3). ``source``: a file object to read instead (a remote file read by
-        range, of ``size`` bytes)."""
+        range, of ``size`` bytes). ``mappable``: False reads the index (a copy of a remote file)."""
         self.path = path
         self.fd = fd
         self.fields = fields
@@ -102,7 +103,7 @@ class _Meta:
             why = file_placeholder_reason(path)
             raise CorruptDataError(f"{path} is {why}" if why else f"unreadable HDF5 file ({type(e).__name__}: {e})",
                                    path=path) from None
-        self._mapping = map_file(fd) if MAP_INDEX and source is None and local_mappable(fd) else None
+        self._mapping = map_file(fd) if MAP_INDEX and mappable and source is None and local_mappable(fd) else None
         self.identity = file_identity(fd) if self._mapping is not None else None
         try:
             with f:
@@ -444,7 +445,8 @@ class HDF5Dataset(PackedDataset):
         if inherited is not None and inherited.path == path and inherited.size == size:
             meta = inherited.reopened(fd)
         if meta is None:
-            meta = _Meta(path, len(self), self.verify, fd, fields, source=self._file if fd is None else None, size=size)
+            meta = _Meta(path, len(self), self.verify, fd, fields, source=self._file if fd is None else None, size=size,
+                         mappable=self._remote is None)  # a dataset at a URL: its index read as before
             self._shared_meta = None  # of the index loaded before, if any
         self._fid = self.manifest.files[0].id if self.manifest.files else ""
         if self._fid != meta.file_id:  # the file's identity, cheap to check at open
