@@ -95,11 +95,10 @@ class MappedColumn:
     def blocks(self) -> Iterator[np.ndarray]:
         """The rows in order, as views of at most about :data:`PASS_ROWS` rows (a whole pass reads
         the shared pages; nothing is copied)."""
-        step = max(1, PASS_ROWS // self.rows) * self.rows if self.rows < PASS_ROWS else PASS_ROWS
         for c in range(len(self.addrs)):
-            piece = self._piece(c)
-            for s in range(0, len(piece), step):
-                yield piece[s : s + step]
+            piece = self._piece(c)  # a chunk (8,192 rows as packer writes them), or the whole contiguous column
+            for s in range(0, len(piece), PASS_ROWS):
+                yield piece[s : s + PASS_ROWS]
 
     def __array__(self, dtype: Any = None, copy: Any = None) -> np.ndarray:
         out = np.empty(self.shape, self.dtype)
