@@ -17,6 +17,7 @@ from tools.bench import (
     distributed,
     engines,
     fields,
+    hdf5index,
     ranges,
     reads,
     reduced,
@@ -48,6 +49,7 @@ SUBCOMMANDS: dict[str, Subcommand] = {
     **scalegen.SUBCOMMANDS,  # scale-data
     **scalenode.SUBCOMMANDS,  # scale-node
     **scaletable.SUBCOMMANDS,  # scale-table
+    **hdf5index.SUBCOMMANDS,  # scale-hdf5-index
     **shuffle.SUBCOMMANDS,
     **distributed.SUBCOMMANDS,
     **versions.SUBCOMMANDS,

@@ -27,6 +27,18 @@ from packer.storage.ranges import coalesce
 
 from ..base import PackedDataset
 from ..shm.region import SharedRegion, region_views
+from .hdf5map import (
+    ConstColumn,
+    MappedColumn,
+    NotMappable,
+    all_in,
+    ascending,
+    file_identity,
+    int64_offsets,
+    local_mappable,
+    map_file,
+    mapped_column,
+)
 
 __all__ = ["HDF5Dataset"]
 
@@ -42,6 +54,9 @@ _MAX_INFLATION = 1100
 _MIN_TABLE_CHUNK = 64 << 10
 #: Index arrays of at least this size go to spawn/forkserver workers in shared memory.
 SHARE_INDEX_BYTES = 1 << 20
+#: Map a local file's index datasets where they lie (datasets.formats.hdf5map) when they are
+#: stored plainly; False: read them into memory, as for a remote file.
+MAP_INDEX = True
 
 
 def _h5open(path: str, fd: int | None = None) -> h5py.File:
@@ -73,10 +88,11 @@ class _Meta:
               "f_offsets", "f_shapes", "f_crcs", "f_codecs", "f_depths")
 
     def __init__(self, path: str, num_samples: int, verify: bool, fd: int | None = None,
-                 fields: tuple[str, ...] | None = None, source: Any = None, size: int | None = None) -> None:
+                 fields: tuple[str, ...] | None = None, source: Any = None, size: int | None = None,
+                 mappable: bool = True) -> None:
         """The index of ``path``; ``fields``: the stored fields a version 3 manifest lists (None
         before version 3). ``source``: a file object to read instead (a remote file read by
-        range, of ``size`` bytes)."""
+        range, of ``size`` bytes). ``mappable``: False reads the index (a copy of a remote file)."""
         self.path = path
         self.fd = fd
         self.fields = fields
@@ -87,18 +103,43 @@ class _Meta:
             why = file_placeholder_reason(path)
             raise CorruptDataError(f"{path} is {why}" if why else f"unreadable HDF5 file ({type(e).__name__}: {e})",
                                    path=path) from None
+        self._mapping = map_file(fd) if MAP_INDEX and mappable and source is None and local_mappable(fd) else None
+        self.identity = file_identity(fd) if self._mapping is not None else None
         try:
             with f:
-                self._load(f, num_samples, verify)
+                try:
+                    self._load(f, num_samples, verify)
+                except NotMappable:  # a dataset stored compressed, big-endian, ...: read them all
+                    self._mapping = None
+                    self._load(f, num_samples, verify)
         except CorruptDataError:
             raise
         except Exception as e:  # noqa: BLE001 - HDF5 reports damage as OSError, KeyError, RuntimeError, ...
             raise CorruptDataError(f"unreadable HDF5 file ({type(e).__name__}: {e})", path=path) from None
+        finally:
+            self.mapped = self._mapping is not None
+            del self._mapping  # held by the columns only (never pickled)
 
-    def reopened(self, fd: int) -> _Meta:
-        """This index for a process that opened the file again as ``fd`` (the arrays shared)."""
+    def columns(self) -> list[MappedColumn]:
+        """The index columns read through a map of the file (none when read into memory)."""
+        out: list[MappedColumn] = []
+        for name in self.ARRAYS:
+            a = getattr(self, name, None)
+            out.extend(c for c in (a if isinstance(a, list) else [a]) if isinstance(c, MappedColumn))
+        return out
+
+    def reopened(self, fd: int) -> _Meta | None:
+        """This index for a process that opened the file again as ``fd`` (the arrays shared);
+        None when its columns must be mapped again but ``fd`` is another file than the one checked."""
         meta = copy.copy(self)
         meta.fd = fd
+        unbound = [c for c in meta.columns() if not c.bound]  # a spawned worker's: map its own descriptor
+        if unbound:
+            if file_identity(fd) != self.identity:
+                return None  # another file by now: load (and check) its index again
+            mapping = map_file(fd)
+            for c in unbound:
+                c.bind(mapping)
         return meta
 
     def share(self) -> tuple[SharedRegion, list[tuple[str, str, int, tuple[int, ...]]], dict[str, Any]]:
@@ -151,6 +192,22 @@ class _Meta:
         file, checked against its ``crc32c`` attribute."""
         return self._check(f, name, self._stored_rows(f, name, rows)[()], verify)
 
+    def _col(self, f: h5py.File, name: str, rows: int, verify: bool) -> np.ndarray | MappedColumn:
+        """Per-sample dataset ``name`` as :meth:`_rows` gives it, or, for a local file whose
+        dataset is stored plainly, mapped where it lies (its CRC computed over the mapped pages)."""
+        if self._mapping is None:
+            return self._rows(f, name, rows, verify)
+        d = self._stored_rows(f, name, rows)
+        col = mapped_column(d, self._mapping, self.size, self.path)
+        if verify and "crc32c" in d.attrs:
+            stored, actual = int(d.attrs["crc32c"]), 0
+            for b in col.blocks():
+                actual = crc32c.crc32c(b, actual)
+            if stored != actual:
+                raise CorruptDataError(f"/{name} checksum mismatch (stored {stored:08x}, computed {actual:08x})",
+                                       path=self.path, offset=int(col.addrs[0]) if len(col.addrs) else None)
+        return col
+
     def _check(self, f: h5py.File, name: str, a: np.ndarray, verify: bool) -> np.ndarray:
         if a.dtype.kind not in "iu":
             raise CorruptDataError(f"/{name} has dtype {a.dtype}, expected integers", path=self.path)
@@ -177,21 +234,24 @@ class _Meta:
             if name in f and (not isinstance(f[name], h5py.Dataset) or f[name].dtype.kind not in "iu"):
                 raise CorruptDataError(f"/{name} is not an integer dataset (dtype "
                                        f"{getattr(f[name], 'dtype', 'group')})", path=self.path)
-        self.labels = self._rows(f, "labels", n, verify).astype(np.int64, copy=False)
-        self.shapes = self._rows(f, "shapes", n, verify)
-        self.crcs = self._rows(f, "crc32c", n, verify)
-        self.key_crcs = self._rows(f, "key_crc32c", n, verify) if "key_crc32c" in f else None
+        self.labels = self._col(f, "labels", n, verify)
+        if isinstance(self.labels, MappedColumn) and self.labels.dtype != np.int64:
+            raise NotMappable("labels")
+        self.labels = self.labels.astype(np.int64, copy=False) if isinstance(self.labels, np.ndarray) else self.labels
+        self.shapes = self._col(f, "shapes", n, verify)
+        self.crcs = self._col(f, "crc32c", n, verify)
+        self.key_crcs = self._col(f, "key_crc32c", n, verify) if "key_crc32c" in f else None
         if "keys" in f:  # read in blocks by read_record: checked here, before any block is
             self._stored_rows(f, "keys", n)
         codec = str(f.attrs["codec"])
         self.codec = codec if codec != "mixed" else None
-        self.codecs = self._rows(f, "codecs", n, verify) if codec == "mixed" else None
+        self.codecs = self._col(f, "codecs", n, verify) if codec == "mixed" else None
         images = f["images"]
         if self.storage == "flat":
-            self.offsets = self._rows(f, "offsets", n + 1, verify).astype(np.int64)
+            self.offsets = int64_offsets(self._col(f, "offsets", n + 1, verify))
             total = images.shape[0]
             bad = len(self.offsets) != n + 1 or self.offsets[0] != 0 or self.offsets[-1] > total
-            if bad or np.any(np.diff(self.offsets) < 0):
+            if bad or not ascending(self.offsets):
                 raise CorruptDataError("/offsets inconsistent with /images or the manifest", path=self.path)
             self.row = 0
         elif self.storage == "array":
@@ -209,7 +269,7 @@ class _Meta:
         for name, a in arrays:
             if len(a) != n:
                 raise CorruptDataError(f"/{name} has {len(a)} rows, the manifest says {n} samples", path=self.path)
-        if self.codecs is not None and (len(self.codecs) != n or not np.isin(self.codecs, list(_CODEC_NAMES)).all()):
+        if self.codecs is not None and (len(self.codecs) != n or not all_in(self.codecs, list(_CODEC_NAMES))):
             raise CorruptDataError("/codecs inconsistent", path=self.path)
         if self.codec is not None and self.codec not in CODEC_IDS:
             raise CorruptDataError(f"unknown codec {self.codec!r}", path=self.path)
@@ -225,11 +285,14 @@ class _Meta:
         bytes lie, checked as /images's are."""
         names = self.field_names = self.fields or ()
         k = len(names)
-        self.f_offsets = np.zeros((k, n + 1), np.int64)
-        self.f_shapes = np.zeros((k, n, 2), np.uint32)
-        self.f_crcs = np.zeros((k, n), np.uint32)
-        self.f_codecs = np.zeros((k, n), np.uint8)
-        self.f_depths = np.zeros((k, n), np.uint8)
+        if self._mapping is not None:  # one column per field (row j: field j), none of them copied
+            self.f_offsets, self.f_shapes, self.f_crcs, self.f_codecs, self.f_depths = [], [], [], [], []
+        else:
+            self.f_offsets = np.zeros((k, n + 1), np.int64)
+            self.f_shapes = np.zeros((k, n, 2), np.uint32)
+            self.f_crcs = np.zeros((k, n), np.uint32)
+            self.f_codecs = np.zeros((k, n), np.uint8)
+            self.f_depths = np.zeros((k, n), np.uint8)
         self.f_channels: list[int] = []
         self.f_where: list[tuple[int | None, np.ndarray | None, int]] = []
         for j, name in enumerate(names):
@@ -241,23 +304,30 @@ class _Meta:
         if not isinstance(images, h5py.Dataset) or images.ndim != 1 or images.dtype != np.uint8:
             raise CorruptDataError(f"/{p} is not a group with a flat uint8 /{p}/images (the manifest lists the field)",
                                    path=self.path)
-        offsets = self._rows(f, f"{p}/offsets", n + 1, verify).astype(np.int64)
-        if offsets[0] != 0 or offsets[-1] > images.shape[0] or np.any(np.diff(offsets) < 0):
+        offsets = int64_offsets(self._col(f, f"{p}/offsets", n + 1, verify))
+        if offsets[0] != 0 or offsets[-1] > images.shape[0] or not ascending(offsets):
             raise CorruptDataError(f"/{p}/offsets inconsistent with /{p}/images", path=self.path)
-        shapes = self._rows(f, f"{p}/shapes", n, verify)
+        shapes = self._col(f, f"{p}/shapes", n, verify)
         if shapes.shape != (n, 2):
             raise CorruptDataError(f"/{p}/shapes has shape {shapes.shape}, expected ({n}, 2)", path=self.path)
-        self.f_offsets[j], self.f_shapes[j] = offsets, shapes
-        self.f_crcs[j] = self._rows(f, f"{p}/crc32c", n, verify)
+        crcs = self._col(f, f"{p}/crc32c", n, verify)
         codec, depth, channels = (_plain(g.attrs.get(a)) for a in ("codec", "depth", "channels"))
-        codecs = self._rows(f, f"{p}/codecs", n, verify) if codec == "mixed" else CODEC_IDS.get(str(codec))
-        depths = self._rows(f, f"{p}/depths", n, verify) if depth == 0 else depth
-        if codecs is None or not np.isin(codecs, list(_CODEC_NAMES)).all() or not np.isin(depths, (8, 16)).all():
+        codecs = self._col(f, f"{p}/codecs", n, verify) if codec == "mixed" else CODEC_IDS.get(str(codec))
+        depths = self._col(f, f"{p}/depths", n, verify) if depth == 0 else depth
+        if codecs is None or not all_in(codecs, list(_CODEC_NAMES)) or not all_in(depths, (8, 16)):
             raise CorruptDataError(f"/{p} has codec {codec!r} and depth {depth!r}: not a known codec of 8 or 16 bits",
                                    path=self.path)
         if channels not in (1, 3):
             raise CorruptDataError(f"/{p} has {channels!r} channels, expected 1 or 3", path=self.path)
-        self.f_codecs[j], self.f_depths[j] = codecs, depths
+        if isinstance(self.f_offsets, list):
+            self.f_offsets.append(offsets)
+            self.f_shapes.append(shapes)
+            self.f_crcs.append(crcs)
+            self.f_codecs.append(codecs if not np.isscalar(codecs) else ConstColumn(int(codecs), n))
+            self.f_depths.append(depths if not np.isscalar(depths) else ConstColumn(int(depths), n))
+        else:
+            self.f_offsets[j], self.f_shapes[j], self.f_crcs[j] = offsets, shapes, crcs
+            self.f_codecs[j], self.f_depths[j] = codecs, depths
         self.f_channels.append(int(channels))
         needed = int(offsets[-1])
         if needed > self._stored_limit(images, f"{p}/images"):
@@ -371,10 +441,12 @@ class HDF5Dataset(PackedDataset):
             self._file = os.fdopen(self._open_file(self.data_file), "rb", buffering=0)
             fd = self._file.fileno()
             size = os.fstat(fd).st_size
+        meta = None
         if inherited is not None and inherited.path == path and inherited.size == size:
             meta = inherited.reopened(fd)
-        else:
-            meta = _Meta(path, len(self), self.verify, fd, fields, source=self._file if fd is None else None, size=size)
+        if meta is None:
+            meta = _Meta(path, len(self), self.verify, fd, fields, source=self._file if fd is None else None, size=size,
+                         mappable=self._remote is None)  # a dataset at a URL: its index read as before
             self._shared_meta = None  # of the index loaded before, if any
         self._fid = self.manifest.files[0].id if self.manifest.files else ""
         if self._fid != meta.file_id:  # the file's identity, cheap to check at open
@@ -556,13 +628,13 @@ class HDF5Dataset(PackedDataset):
         checksum (bound to the sample's place) checked when ``verify``."""
         m = self._meta
         name = m.field_names[j]
-        start, end = int(m.f_offsets[j, index]), int(m.f_offsets[j, index + 1])
+        start, end = int(m.f_offsets[j][index]), int(m.f_offsets[j][index + 1])
         payload, offset = self._pread(start, end, index, j)
         if self.verify:
-            self._check_crc(payload, int(m.f_crcs[j, index]), index, offset, f"field {name!r}")
-        h, w = m.f_shapes[j, index]
-        return ProcessedField(name, _CODEC_NAMES[int(m.f_codecs[j, index])], payload, int(h), int(w),
-                              m.f_channels[j], int(m.f_depths[j, index]))
+            self._check_crc(payload, int(m.f_crcs[j][index]), index, offset, f"field {name!r}")
+        h, w = m.f_shapes[j][index]
+        return ProcessedField(name, _CODEC_NAMES[int(m.f_codecs[j][index])], payload, int(h), int(w),
+                              m.f_channels[j], int(m.f_depths[j][index]))
 
     def _stored_boxes(self, index: int) -> tuple[tuple[tuple[float, ...], ...], tuple[int, ...]]:
         """Sample ``index``'s boxes and labels as /boxes, /box_offsets and /box_labels hold them

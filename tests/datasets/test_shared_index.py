@@ -44,8 +44,11 @@ def _index_arrived(context: str, worker_id: int) -> None:
 @pytest.mark.parametrize("context", ["fork", "forkserver"])
 def test_hdf5_index_is_loaded_once_and_shared_with_workers(tiny_folder, tmp_path, monkeypatch, context):
     """The HDF5 reader loads its index when it is built; forked workers use the parent's arrays
-    (no second load), forkserver workers get them in one shared region; a plain pickle loads its own."""
+    (no second load), forkserver workers get them in one shared region; a plain pickle loads its own.
+    (The index read into memory, as for a remote or compressed file: a local plain one is mapped,
+    tests/formats/test_hdf5_mapped.py.)"""
     monkeypatch.setattr(hdf5, "SHARE_INDEX_BYTES", 1)
+    monkeypatch.setattr(hdf5, "MAP_INDEX", False)
     pack(tiny_folder[0], str(tmp_path / "ds"), "hdf5")
     ref = open_dataset(tmp_path / "ds")
     want = [(ref[i][0], ref[i][1], ref.read_record(i).key) for i in range(len(ref))]

@@ -186,6 +186,7 @@ def test_a_killed_download_leaves_nothing_that_breaks_the_next(s3, local_sets, t
     open(os.path.join(work, name + ".fetch"), "wb").close()
     ref = open_dataset(local_sets["hdf5"])
     assert torch.equal(ds[3][0], ref[3][0])
+    assert ref._meta.mapped and not ds._meta.mapped  # a URL's copy: its index read, as before
     assert np.array_equal(open(os.path.join(ds.root, name), "rb").read(),
                           open(os.path.join(local_sets["hdf5"], name), "rb").read())
 
