@@ -212,12 +212,16 @@ def _fields_of_all(ds, q) -> None:
     q.put([[(f.name, bytes(f.payload)) for f in ds.read_record(i).fields] for i in range(len(ds))])
 
 
-def test_spawned_worker_reads_fields_from_the_shared_index(written, monkeypatch):
+@pytest.mark.parametrize("mapped", [False, True])
+def test_spawned_worker_reads_fields_from_the_shared_index(written, monkeypatch, mapped):
+    """Read into arrays, the fields' columns go to a spawned worker in the shared region; mapped
+    in place (a local file, the default), the worker maps the file itself and none is sent."""
     import multiprocessing
 
     import packer.datasets.formats.hdf5 as reader
 
     monkeypatch.setattr(reader, "SHARE_INDEX_BYTES", 1)  # every index array into shared memory
+    monkeypatch.setattr(reader, "MAP_INDEX", mapped)
     root, _ = written
     ds = open_dataset(str(root / "fields.hdf5"), output="numpy")
     want = [[(f.name, bytes(f.payload)) for f in ds.read_record(i).fields] for i in range(len(ds))]
@@ -228,7 +232,11 @@ def test_spawned_worker_reads_fields_from_the_shared_index(written, monkeypatch)
     got = q.get(timeout=120)
     p.join()
     assert got == want and p.exitcode == 0
-    assert {"f_offsets", "f_shapes", "f_crcs"} <= {name for name, *_ in ds._shared_meta[1]}
+    shared = {name for name, *_ in ds._shared_meta[1]} if ds._shared_meta else set()
+    if mapped:
+        assert ds._meta.mapped and not shared & {"f_offsets", "f_shapes", "f_crcs"}
+    else:
+        assert {"f_offsets", "f_shapes", "f_crcs"} <= shared
 
 
 def _drop_mask(f):
