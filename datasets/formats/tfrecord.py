@@ -108,7 +108,6 @@ class TFRecordDataset(ShardedDataset):
             missing = next((st + INDEX_SUFFIX for st in stems if st + INDEX_SUFFIX not in names), None)
             if missing is not None:
                 raise ManifestError(f"{self.root}: manifest does not list the index file {missing}")
-            self._stems, self._entries = stems, entries
             self._in_place = LazyPairs(stems, self._firsts, self._sizes, self.root, self._parse_shard)
             return
         cols = index if index is not None else self._load_index(entries)
@@ -185,21 +184,8 @@ class TFRecordDataset(ShardedDataset):
 
     def _parse_shard(self, s: int, open_file: Callable[[str], int]) -> tuple[np.ndarray, ...]:
         """Shard ``s``'s record offsets and lengths (and gzip segments), checked as a full load checks them."""
-        f, stem, gz = self._entries[s], self._stems[s], self._gzip[s]
-        idx_path = os.path.join(self.root, stem + INDEX_SUFFIX)
-        pairs = parse_idx(_read_fd(open_file(stem + INDEX_SUFFIX)), idx_path)
-        if len(pairs) != f.samples:
-            raise CorruptDataError(f"TFRecord index lists {len(pairs)} records, the manifest {f.samples}", path=idx_path)
-        if gz:
-            z_path = os.path.join(self.root, stem + ZINDEX_SUFFIX)
-            z = unpack_zindex(_read_fd(open_file(stem + ZINDEX_SUFFIX)), z_path)
-            if len(z) != len(pairs) + 1 or z[-1] > f.bytes:
-                raise CorruptDataError("gzip index does not match its file", path=z_path)
-            return pairs, z
-        if len(pairs) and int(pairs[-1, 0] + pairs[-1, 1]) != f.bytes:
-            raise CorruptDataError(f"TFRecord index covers {int(pairs[-1, 0] + pairs[-1, 1])} bytes, "
-                                   f"the file has {f.bytes}", path=idx_path)
-        return (pairs,)
+        pairs, z = self._read_shard_index(s, [_read_fd(open_file(name)) for name in self._index_files(s)])
+        return (pairs,) if z is None else (pairs, z)
 
     def _close(self) -> None:
         super()._close()
