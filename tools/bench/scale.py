@@ -125,22 +125,23 @@ def scale_plan(path: str, world_size: int, workers: int, epochs: int) -> dict[st
             "per_worker": len(ds) // workers}
 
 
-def scale_resume(path: str, at: int) -> dict[str, Any]:
-    """Child: time to resume at sample ``at`` and read it, and whether it is the planned sample."""
+def scale_resume(path: str, at: int, ranks: int = 1) -> dict[str, Any]:
+    """Child: rank 0 of ``ranks`` resumes at sample ``at`` of its epoch and reads it; seconds, and
+    whether it is the sample the epoch plan (the one ``StreamingDataset`` follows) puts there."""
     from packer.datasets import StreamingDataset
-    from packer.datasets.partition import plan
+    from packer.datasets.partition import epoch_plan
     from packer.datasets.world import World
 
-    world = World(0, 1, 0, 1)
+    world = World(0, ranks, 0, 1)
     state = StreamingDataset(path, world=world, seed=1).state_dict(samples_consumed=at)
     t0 = time.perf_counter()
     ds = StreamingDataset(path, world=world, seed=1, output="numpy")
     ds.load_state_dict(state)
     image, label = next(iter(ds))
     seconds = time.perf_counter() - t0
-    opts = ds.options
-    want = int(plan(ds._sizes, world, seed=1, epoch=0, shuffle=True, partition=opts.partition,
-                    buffer_size=opts.shuffle_buffer, batch_size=1)[at])
+    o = ds.options
+    want = int(epoch_plan(ds._sizes, world, seed=1, epoch=0, shuffle=True, partition=o.partition,
+                          buffer_size=o.shuffle_buffer, batch_size=1).take(at, at + 1)[0])
     rec = ds.reader.read_record(want)
     return {"resume_s": seconds, "same_sample": bool(label == rec.label and image.shape[:2] == (rec.height, rec.width))}
 

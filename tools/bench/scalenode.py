@@ -61,24 +61,10 @@ def rank_child(path: str, workers: int, batches: int, batch_size: int) -> dict[s
 
 
 def resume_child(path: str, ranks: int, at: int) -> dict[str, Any]:
-    """Child: rank 0 of ``ranks`` resumes at sample ``at`` of its epoch and reads it; seconds, and
-    whether it is the sample the plan puts there."""
-    from packer.datasets import StreamingDataset
-    from packer.datasets.partition import epoch_plan
-    from packer.datasets.world import World
+    """Child: rank 0 of ``ranks`` resumes at sample ``at`` of its epoch (:func:`tools.bench.scale.scale_resume`)."""
+    from tools.bench.scale import scale_resume
 
-    world = World(0, ranks, 0, 1)
-    state = StreamingDataset(path, world=world, seed=1).state_dict(samples_consumed=at)
-    t0 = time.perf_counter()
-    ds = StreamingDataset(path, world=world, seed=1, output="numpy")
-    ds.load_state_dict(state)
-    image, label = next(iter(ds))
-    seconds = time.perf_counter() - t0
-    o = ds.options
-    want = int(epoch_plan(ds._sizes, world, seed=1, epoch=0, shuffle=True, partition=o.partition,
-                          buffer_size=o.shuffle_buffer, batch_size=1).take(at, at + 1)[0])
-    rec = ds.reader.read_record(want)
-    return {"resume_s": seconds, "same_sample": bool(label == rec.label and image.shape[:2] == (rec.height, rec.width))}
+    return scale_resume(path, at, ranks)
 
 
 def open_child(path: str) -> dict[str, Any]:
