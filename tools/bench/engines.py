@@ -91,6 +91,36 @@ print(json.dumps({"write": t2 - t1, "total": t2 - t0, "to first task": min(s for
                   "code": tasks[0][2]}))
 """
 
+#: Ray Data's own start on a fresh cluster, without packer: 2 tasks of a map that spins its core
+#: for ``sys.argv[1]`` seconds, the reservation off as ``packer.ray.write`` sets it. Reports when
+#: the tasks started after the call: what any Ray Data job pays before its first task runs.
+RAY_BARE = """
+import json, sys, time
+import ray
+ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+import ray.data
+ctx = ray.data.DataContext.get_current()
+ctx.enable_progress_bars = False
+ctx.op_resource_reservation_enabled = False
+spin = float(sys.argv[1])
+
+
+def busy(batch):
+    import time as clock
+    start = clock.time()
+    while clock.time() - start < spin:
+        pass
+    batch["started"] = [start] * len(batch["x"])
+    return batch
+
+
+t1 = time.time()
+rows = ray.data.from_items([{"x": i} for i in range(2)], override_num_blocks=2).map_batches(busy, batch_size=1).take_all()
+t2 = time.time()
+starts = [r["started"] for r in rows]
+print(json.dumps({"write": t2 - t1, "to first task": min(starts) - t1, "to last task": max(starts) - t1}))
+"""
+
 #: One Spark local[2] conversion (rows of file paths, 2 partitions), the session's start apart.
 SPARK_RUN = """
 import json, os, sys, time
@@ -155,7 +185,9 @@ def engines(a: argparse.Namespace) -> int:
     --per-class 500``). Each repeat runs, alternating: ``packer convert --workers 2
     --no-shuffle``; a Ray conversion (rows of file paths, 2 write tasks of 1 worker each); with
     ``--baseline DIR`` the same Ray conversion with the packer tree in DIR; with ``--warm`` the
-    Ray conversion after an untimed small write on the same cluster; with ``--spark`` a
+    Ray conversion after an untimed small write on the same cluster, and a Ray Data job without
+    packer on a fresh cluster ("ray bare": 2 tasks that spin 1 s, Ray's own start until its
+    tasks run, for comparison with the conversion's); with ``--spark`` a
     Spark local[2] conversion (2 partitions of file paths); all to tar shards with ``--resize
     shorter:256 --encode jpeg:90``. Prints the median seconds and the speed ratio (packer's
     seconds / the engine's): for the write alone and with the engine's start, and Ray's write
@@ -188,6 +220,7 @@ def engines(a: argparse.Namespace) -> int:
             r = _run(RAY_RUN, "Ray (warm)", a.src, outs["ray warm"], "", "warm", "write", cwd=work)
             codes["ray warm"] = str(r.pop("code"))
             runs.setdefault("ray warm", []).append(r)
+            runs.setdefault("ray bare", []).append(_run(RAY_BARE, "Ray Data alone", "1.0", cwd=work))
         if hook:
             r = _run(RAY_RUN, "Ray baseline", a.src, outs["ray baseline"], hook, "", "", cwd=work)
             codes["ray baseline"] = str(r.pop("code"))
@@ -201,9 +234,10 @@ def engines(a: argparse.Namespace) -> int:
         for part in results[0]:
             med = statistics.median(r[part] for r in results)
             label = name if part == "write" else f"{name}: {part}"
-            row(label, n, f"{med:.2f}", f"{base / med:.2f}x" if part in ("write", "total") else "")
+            ratio = part in ("write", "total") and name != "ray bare"
+            row(label, n if name != "ray bare" else 2, f"{med:.2f}", f"{base / med:.2f}x" if ratio else "")
     for name in runs:
-        if name != "packer":
+        if name not in ("packer", "ray bare"):
             print(f"{name}: samples equal to packer's, in the same order: {_same(own, outs[name])}"
                   + (f" (packer from {os.path.dirname(codes[name])})" if name in codes else ""))
     shutil.rmtree(work, ignore_errors=True)
@@ -223,7 +257,7 @@ def _engines_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--spark", action="store_true", help="also convert with Spark local[2]")
     p.add_argument("--warm", action="store_true",
-                   help="also time a Ray write on warm workers (a small write first, untimed)")
+                   help="also time a Ray write on warm workers (a small write first, untimed), and Ray Data alone")
     p.add_argument("--baseline", help="also run Ray with the packer source tree in this folder (an older checkout)")
     p.add_argument("--work", help="scratch folder (default: bench-engines beside SRC)")
 
