@@ -48,6 +48,9 @@ class V2Crop(Crop):
         self.size = tuple(int(v) for v in step.size)
         #: ``"opencv"``: a bilinear RandomResizedCrop resizes the image as ``crop=`` does (faster; close pixels).
         self.resize = resize
+        #: With ``"opencv"``, a bilinear RandomResizedCrop's JPEG window at least twice the output on
+        #: both sides is decoded at reduced scale first, as ``crop=RandomResizedCrop`` does by default.
+        self.reduces = resize == "opencv" and self._bilinear_resized_crop()
         if self.name == "RandomResizedCrop":  # what the step's __init__ computes, as floats
             self._log_ratio = tuple(float(v) for v in torch.log(torch.tensor(step.ratio)))
         #: Draw with :func:`_quick_draw` (the step's own torch calls on fewer tensors), where it was
@@ -56,6 +59,20 @@ class V2Crop(Crop):
 
     def __reduce__(self) -> tuple[Any, ...]:  # the functional module is imported again where it is unpickled
         return V2Crop, (self.step, self.output, self.quick, self.resize)
+
+    def _bilinear_resized_crop(self) -> bool:
+        """True for a RandomResizedCrop step that resizes bilinearly."""
+        return self.name == "RandomResizedCrop" and \
+            getattr(self.step.interpolation, "value", self.step.interpolation) == "bilinear"
+
+    def reduction(self, window: tuple[int, int, int, int], height: int, width: int) -> tuple[int, tuple[int, int, int, int]]:
+        """(scale, window) of a JPEG's decode: reduced as ``crop=RandomResizedCrop``'s where
+        :attr:`reduces` (the window widened to the scale's grid), else scale 1, the window as drawn."""
+        if not self.reduces:
+            return 1, window
+        from packer.images.imageproc import reduced_window
+
+        return reduced_window(window, height, width, *self.size)
 
     def window(self, height: int, width: int) -> tuple[int, int, int, int]:
         th, tw = self.size
@@ -90,8 +107,7 @@ class V2Crop(Crop):
     def finish(self, pixels: np.ndarray) -> np.ndarray:
         if self.name == "RandomCrop" or pixels.shape[:2] == self.size:
             return pixels
-        if self.resize == "opencv" and self.name == "RandomResizedCrop" and \
-                getattr(self.step.interpolation, "value", self.step.interpolation) == "bilinear":
+        if self.resize == "opencv" and self._bilinear_resized_crop():
             return _opencv_resized(pixels, self.size)
         if self.output == "pil":
             from PIL import Image

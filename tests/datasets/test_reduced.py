@@ -284,3 +284,36 @@ def test_antialias_interpolation_equals_torchvisions_resize():
     tv = functional.resize(torch.from_numpy(np.ascontiguousarray(window)).permute(2, 0, 1), size=[20, 30],
                            antialias=True).permute(1, 2, 0).numpy()
     np.testing.assert_array_equal(crop.finish(window), tv)  # torchvision's RandomResizedCrop kernel
+
+
+def test_opencv_fused_v2_crop_reduces_as_crop_does_and_keeps_the_windows(big):
+    import torch
+
+    import_optional("torchvision", "torchvision is not installed")
+    from torchvision.transforms import v2
+
+    step = v2.RandomResizedCrop(48)
+    with open_dataset(big["jpeg"], transform=step, fuse_crop="opencv") as fast, \
+            open_dataset(big["jpeg"], transform=step) as exact:
+        crop = fast.crop
+        assert crop.reduces and not exact.crop.reduces  # torchvision's pixels are never reduced
+        scales = set()
+        for i in range(len(fast)):
+            rec = fast.read_record(i)
+            torch.manual_seed(i)
+            drawn = crop.window(rec.height, rec.width)
+            after = torch.rand(1)
+            scale, widened = crop.reduction(drawn, rec.height, rec.width)
+            scales.add(scale)
+            if scale == 1:
+                t, x0, h, w = widened
+                pixels = decode_payload(rec.payload, "jpeg")[t:t + h, x0:x0 + w]
+            else:
+                pixels = scaled_whole(bytes(rec.payload), scale)[box(widened, scale)]
+            torch.manual_seed(i)
+            got = fast[i][0]
+            assert torch.equal(torch.rand(1), after)  # the generator left as the step leaves it
+            np.testing.assert_array_equal(got.permute(1, 2, 0).numpy(), crop.finish(pixels))
+            torch.manual_seed(i)
+            assert exact.crop.window(rec.height, rec.width) == drawn  # the same window as v2 draws
+    assert 1 in scales and max(scales) > 1

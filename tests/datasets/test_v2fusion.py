@@ -199,3 +199,22 @@ def test_a_step_the_quick_draw_does_not_match_draws_with_its_own_make_params(pho
     with open_dataset(photos, transform=step) as fused, open_dataset(photos, transform=step, fuse_crop=False) as plain:
         assert not fused.crop.quick
         _compare(fused, plain)
+
+
+def test_opencv_fusion_cuts_masks_by_the_reduced_decodes_widened_window(fields_jpeg):
+    step = v2.RandomResizedCrop(12, scale=(0.6, 1.0))
+    with open_dataset(fields_jpeg, fields=("image", "mask"), output="tv_tensors", transforms=step,
+                      fuse_crop="opencv") as fast, open_dataset(fields_jpeg, fields=("image", "mask")) as whole:
+        reduced = 0
+        for i in range(len(fast)):
+            full_mask = whole[i][1].numpy()
+            h, w = full_mask.shape[:2]
+            torch.manual_seed(i)
+            scale, (t, x0, wh, ww) = fast.crop.reduction(fast.crop.window(h, w), h, w)
+            reduced += scale > 1
+            torch.manual_seed(i)
+            image, mask = fast[i]
+            want = fast.crop.finish_mask(np.ascontiguousarray(full_mask[t:t + wh, x0:x0 + ww]))
+            assert tuple(image.shape[-2:]) == tuple(mask.shape[-2:]) == (12, 12)
+            np.testing.assert_array_equal(mask.numpy(), want)
+        assert reduced  # some windows were decoded at reduced scale
