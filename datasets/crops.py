@@ -30,7 +30,7 @@ import cv2
 import numpy as np
 
 from packer.fields.boxes import move_boxes
-from packer.images.imageproc import Window, reduced_window
+from packer.images.imageproc import Window, reduced_window, shrink_area
 
 __all__ = ["Crop", "CenterCrop", "RandomCrop", "RandomResizedCrop", "as_crop"]
 
@@ -124,8 +124,9 @@ class RandomResizedCrop(Crop):
     (10 tries, then the largest centred window within ``ratio``).
 
     The resize is OpenCV's ``INTER_AREA`` where the window shrinks on both sides (an average over
-    each output pixel's footprint, as packer's conversion resizes) and ``INTER_LINEAR``
-    otherwise; torchvision's bilinear resize with antialiasing gives close but not equal pixels.
+    each output pixel's footprint, as packer's conversion resizes; its bytes computed by
+    :func:`packer.images.imageproc.shrink_area`) and ``INTER_LINEAR`` otherwise; torchvision's
+    bilinear resize with antialiasing gives close but not equal pixels.
 
     ``reduced_decode`` (on by default): a JPEG window at least twice ``size`` on both sides is
     decoded at the largest of 1/8, 1/4 and 1/2 of the image's scale that keeps it at least
@@ -199,8 +200,9 @@ class RandomResizedCrop(Crop):
             planes = torch.from_numpy(np.ascontiguousarray(pixels)).permute(2, 0, 1)[None]  # contiguous rows: faster
             out = interpolate(planes, size=(th, tw), mode="bilinear", antialias=True, align_corners=False)
             return out[0].permute(1, 2, 0).numpy()
-        area = self.interpolation == "area" and h >= th and w >= tw
-        return cv2.resize(pixels, (tw, th), interpolation=cv2.INTER_AREA if area else cv2.INTER_LINEAR)
+        if self.interpolation == "area" and h >= th and w >= tw:
+            return shrink_area(pixels, tw, th)
+        return cv2.resize(pixels, (tw, th), interpolation=cv2.INTER_LINEAR)
 
     def finish_mask(self, mask: np.ndarray) -> np.ndarray:
         th, tw = self.size

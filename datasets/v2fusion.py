@@ -162,9 +162,12 @@ def _opencv_resized(pixels: np.ndarray, size: tuple[int, ...]) -> np.ndarray:
     it shrinks on both sides, else INTER_LINEAR)."""
     import cv2
 
+    from packer.images.imageproc import shrink_area
+
     th, tw = size
-    shrink = pixels.shape[0] >= th and pixels.shape[1] >= tw
-    return cv2.resize(pixels, (tw, th), interpolation=cv2.INTER_AREA if shrink else cv2.INTER_LINEAR)
+    if pixels.shape[0] >= th and pixels.shape[1] >= tw:
+        return shrink_area(pixels, tw, th)
+    return cv2.resize(pixels, (tw, th), interpolation=cv2.INTER_LINEAR)
 
 
 def _quick_draw(crop: V2Crop, height: int, width: int) -> tuple[int, int, int, int]:

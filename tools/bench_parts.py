@@ -40,7 +40,7 @@ SUBCOMMANDS: dict[str, Subcommand] = {
     **reads.SUBCOMMANDS,  # getitems, cache-fill
     **window.SUBCOMMANDS,
     **v2fusion.SUBCOMMANDS,
-    **training.SUBCOMMANDS,  # reduced-decode, train-stages
+    **training.SUBCOMMANDS,  # reduced-decode, train-stages, area-resize
     **reduced.SUBCOMMANDS,
     **remote.SUBCOMMANDS,
     **ranges.SUBCOMMANDS,

@@ -445,5 +445,68 @@ def _stages_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--count", type=int, default=1024)
 
 
+# -- area-resize --------------------------------------------------------------------------------------
+def area_resize(a: argparse.Namespace) -> int:
+    """packer's ``INTER_AREA`` shrink (``imageproc.shrink_area``, the C module) against OpenCV's,
+    side by side: the drawn ``RandomResizedCrop`` windows of each dataset that shrink on both sides
+    (views of the whole decode, as the reader resizes them), and, with ``--src``, the conversion's
+    shrink of source photos to ``--resize``. One thread each, the two taking turns per round; CPU
+    us per resize, best round; the bytes compared on every image."""
+    from packer.datasets import open_dataset
+    from packer.images.imageproc import decode_payload, parse_resize, shrink_area, target_size
+
+    cv2.setNumThreads(1)
+    sets: list[tuple[str, list[tuple[np.ndarray, int, int]]]] = []
+    for path in a.datasets:
+        with open_dataset(path) as ds:
+            jobs = []
+            for _, payload, (top, left, h, w) in _draws(ds, a.count * 4, a.size, 4):
+                if h >= a.size and w >= a.size and (h, w) != (a.size, a.size):
+                    jobs.append((decode_payload(payload, "jpeg")[top:top + h, left:left + w], a.size, a.size))
+        sets.append((f"{name_of(path)}: RandomResizedCrop({a.size}) windows that shrink", jobs[: a.count]))
+    if a.src:
+        import glob
+
+        resize = parse_resize(a.resize)
+        jobs = []
+        for f in sorted(glob.glob(f"{a.src}/*/*"))[: a.count]:
+            bgr = cv2.imread(f, cv2.IMREAD_COLOR)
+            if bgr is None:
+                continue
+            tw, th = target_size(bgr.shape[1], bgr.shape[0], resize)
+            if tw <= bgr.shape[1] and th <= bgr.shape[0] and (tw, th) != bgr.shape[1::-1]:
+                jobs.append((bgr, tw, th))
+        sets.append((f"conversion: source photos to --resize {a.resize}", jobs))
+    print(f"\nINTER_AREA shrink, CPU us per image (one thread, best of {a.rounds} rounds)\n")
+    header("images", "count", "OpenCV", "packer", "OpenCV / packer", "bytes equal")
+    for name, jobs in sets:
+        same = all(np.array_equal(shrink_area(img, w, h), cv2.resize(img, (w, h), interpolation=cv2.INTER_AREA))
+                   for img, w, h in jobs)
+        best = {"opencv": float("inf"), "packer": float("inf")}
+        for r in range(a.rounds):
+            for how in turns(("opencv", "packer"), r):
+                t0 = time.thread_time()
+                if how == "opencv":
+                    for img, w, h in jobs:
+                        cv2.resize(img, (w, h), interpolation=cv2.INTER_AREA)
+                else:
+                    for img, w, h in jobs:
+                        shrink_area(img, w, h)
+                best[how] = min(best[how], (time.thread_time() - t0) / max(len(jobs), 1) * 1e6)
+        row(name, str(len(jobs)), f"{best['opencv']:.0f}", f"{best['packer']:.0f}",
+            f"{best['opencv'] / best['packer']:.2f}", "yes" if same else "**no**")
+    return 0
+
+
+def _area_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("datasets", nargs="*", help="packed JPEG datasets whose crop windows to shrink")
+    p.add_argument("--src", help="an image folder (class/image) whose photos the conversion would shrink")
+    p.add_argument("--resize", default="shorter:256", help="the conversion's --resize for --src")
+    p.add_argument("--rounds", type=int, default=3)
+    p.add_argument("--size", type=int, default=224)
+    p.add_argument("--count", type=int, default=400)
+
+
 SUBCOMMANDS: dict[str, Subcommand] = {"reduced-decode": (reduced_decode, _reduced_args),
-                                      "train-stages": (train_stages, _stages_args)}
+                                      "train-stages": (train_stages, _stages_args),
+                                      "area-resize": (area_resize, _area_args)}
