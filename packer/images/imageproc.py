@@ -32,7 +32,14 @@ except ImportError:  # built without a C compiler or libjpeg-turbo headers: whol
 from ..errors import CorruptDataError, ImageError
 from .codecs import TAR_EXTENSIONS
 from .imageheader import ImageInfo, describe_non_image, sniff
-from .jpegscan import jpeg_frame, jpeg_oriented, jpeg_truncation, libjpeg_warnings, refuse_truncated
+from .jpegscan import (
+    JpegFrame,
+    jpeg_frame,
+    jpeg_oriented,
+    jpeg_truncation,
+    libjpeg_warnings,
+    refuse_truncated,
+)
 
 _AREA = getattr(_jpegwindow, "resize_area", None)  # the module's INTER_AREA shrink (shrink_area)
 
@@ -490,8 +497,8 @@ def decode_payload_window(
     window to decode instead (a crop's ``reduction``) once ``window(H, W)`` is drawn.
     Errors as :func:`decode_payload`; a window outside the image raises ValueError.
     """
+    frame = jpeg_frame(payload) if codec == "jpeg" else None  # walked once, for both uses below
     if reduce is not None and codec == "jpeg":
-        frame = jpeg_frame(payload)
         upright = frame is not None and not frame.oriented and frame.height > 0 and frame.width > 0
         full = (frame.height, frame.width) if upright else (height, width)  # type: ignore[union-attr]
         scale, drawn = reduce(_checked_window(window, *full, path, sample), *full)
@@ -500,9 +507,8 @@ def decode_payload_window(
         if codec != "jpeg" or scale not in READ_SCALES:
             raise ValueError(f"{_where(path, sample)}: a reduced decode takes a JPEG and a scale of 2, 4 or 8, "
                              f"not {codec} at {scale}")
-        return _scaled_window(payload, height, width, window, scale, path, sample)
+        return _scaled_window(payload, height, width, window, scale, path, sample, frame)
     if codec == "jpeg" and window_decoding():
-        frame = jpeg_frame(payload)
         if (frame is not None and frame.marker in _WINDOW_FRAMES and not frame.oriented and frame.height > 0
                 and frame.width > 0):
             top, left, h, w = _checked_window(window, frame.height, frame.width, path, sample)
@@ -531,9 +537,9 @@ def _scaled_box(window: Window, scale: int) -> Window:
 
 
 def _scaled_window(payload: bytes | memoryview, height: int, width: int, window: Callable[[int, int], Window],
-                   scale: int, path: str | None, sample: int | str | None) -> np.ndarray:
-    """:func:`decode_payload_window` at a reduced ``scale``."""
-    frame = jpeg_frame(payload)
+                   scale: int, path: str | None, sample: int | str | None,
+                   frame: JpegFrame | None) -> np.ndarray:
+    """:func:`decode_payload_window` at a reduced ``scale`` (``frame``: the payload's, or None)."""
     upright = frame is not None and not frame.oriented and frame.height > 0 and frame.width > 0
     if upright and window_decoding() and frame.marker in _WINDOW_FRAMES:
         t, x0, h, w = _scaled_box(_checked_window(window, frame.height, frame.width, path, sample), scale)

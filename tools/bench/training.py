@@ -24,15 +24,25 @@ def flip(image: torch.Tensor) -> torch.Tensor:
     return image.flip(-1) if random.random() < 0.5 else image
 
 
-def loader_rate(ds: Any, batch: int, workers: int, epochs: int = 1) -> float:
-    """img/s of ``epochs`` shuffled epochs through a DataLoader (packer's collate, persistent
-    workers), timed from the first batch of each epoch."""
-    from torch.utils.data import DataLoader
+def steady_loader(ds: Any, workers: int, batch: int = 64, passes: int = 1) -> Any:
+    """A shuffled DataLoader with packer's collate and persistent workers; with ``passes`` > 1
+    each of its epochs is that many shuffled passes over ``ds`` back to back (a long epoch, as a
+    large dataset's: the start and the end of an epoch, where workers wait, weigh little)."""
+    from torch.utils.data import DataLoader, RandomSampler
 
     from packer.datasets import collate
 
-    loader = DataLoader(ds, batch_size=batch, num_workers=workers, collate_fn=collate, shuffle=True,
-                        persistent_workers=workers > 0, generator=torch.Generator().manual_seed(0))
+    sampler = RandomSampler(ds, num_samples=passes * len(ds), generator=torch.Generator().manual_seed(0))
+    return DataLoader(ds, batch_size=batch, num_workers=workers, collate_fn=collate, sampler=sampler,
+                      persistent_workers=workers > 0)
+
+
+def loader_rate(ds: Any, batch: int, workers: int, epochs: int = 1, loader: Any = None) -> float:
+    """img/s of ``epochs`` shuffled epochs through ``loader`` (by default a fresh
+    :func:`steady_loader`), timed from the first batch of each epoch: with the workers already
+    started (a loader that has run an epoch), the rate a long training run sees."""
+    if loader is None:
+        loader = steady_loader(ds, workers, batch)
     seen, spent = 0, 0.0
     for _ in range(epochs):
         it = iter(loader)
@@ -397,7 +407,10 @@ def train_stages(a: argparse.Namespace) -> int:
     stages is their fetch loop, the collate into shared memory and the hand-over. ``whole`` is
     ``reduced_decode=False``, ``reduced`` the default, the others the default with that
     ``interpolation``. The loaders' img/s against the bare loop of the same number of processes
-    (TurboJPEG whole decode, the window, OpenCV ``INTER_AREA``), side by side per round.
+    (TurboJPEG whole decode, the window, OpenCV ``INTER_AREA``), side by side per round, twice:
+    a fresh loader's epoch (the workers' start included, as the CPU columns are) and one epoch of
+    ``--passes`` passes through a loader whose persistent workers have run such an epoch already
+    (what a long training run sees, and what the bare loop, which starts nothing, compares with).
     """
     from packer.datasets import open_dataset
     from packer.datasets.crops import RandomResizedCrop
@@ -415,6 +428,10 @@ def train_stages(a: argparse.Namespace) -> int:
                 crop = RandomResizedCrop(a.size, **MODES[mode])
                 with open_dataset(path, crop=crop, transform=flip) as ds:
                     epochs[mode].append(loader_epoch(ds, a.workers))
+                with open_dataset(path, crop=crop, transform=flip) as ds:
+                    loader = steady_loader(ds, a.workers, passes=a.passes)
+                    loader_rate(ds, 64, a.workers, 1, loader)  # the workers started, their first epoch
+                    epochs[mode][-1]["steady_img_s"] = loader_rate(ds, 64, a.workers, 1, loader)
         cpu = {m: {k: statistics.median(e[k] for e in runs) for k in ("worker_us", "main_us")} for m, runs in epochs.items()}
         print(f"\n{name_of(path)}: us per sample; stages in one process, the loader's CPU time per image; "
               f"medians of {a.rounds} rounds\n")
@@ -428,12 +445,17 @@ def train_stages(a: argparse.Namespace) -> int:
             row(name, *(c for m in MODES for c in (f"{v[m]:.1f}", f"{v[m] / totals[m]:.0%}")))
         row("**CPU per image, loader**", *(c for m in MODES for c in (f"{totals[m]:.1f}", "")))
         print()
-        header("loader", "img/s (median)", f"/ bare loop x{a.workers} (rounds)")
-        rates = {m: [e["img_s"] for e in runs] for m, runs in epochs.items()} | {"bare": bare}
-        for mode, got_rates in rates.items():
-            per = [x / b for x, b in zip(got_rates, bare)]
-            row(mode, f"{statistics.median(got_rates):.0f}",
-                f"{statistics.median(per):.2f} ({' '.join(f'{x:.2f}' for x in per)})")
+        header("loader", "fresh epoch: img/s (median)", f"/ bare loop x{a.workers} (rounds)",
+               f"started workers, {a.passes} passes: img/s (median)", f"/ bare loop x{a.workers} (rounds)")
+        for mode, runs in epochs.items():
+            cells = []
+            for key in ("img_s", "steady_img_s"):
+                got_rates = [e[key] for e in runs]
+                per = [x / b for x, b in zip(got_rates, bare)]
+                cells += [f"{statistics.median(got_rates):.0f}",
+                          f"{statistics.median(per):.2f} ({' '.join(f'{x:.2f}' for x in per)})"]
+            row(mode, *cells)
+        row("bare", f"{statistics.median(bare):.0f}", "", "", "")
     return 0
 
 
@@ -443,6 +465,8 @@ def _stages_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--workers", type=int, default=2)
     p.add_argument("--size", type=int, default=224)
     p.add_argument("--count", type=int, default=1024)
+    p.add_argument("--passes", type=int, default=5,
+                   help="shuffled passes over the dataset in each epoch of the started workers' loader")
 
 
 # -- area-resize --------------------------------------------------------------------------------------
