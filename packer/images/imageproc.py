@@ -564,8 +564,7 @@ def _scaled_window(payload: bytes | memoryview, height: int, width: int, window:
     if rgb is None:
         whole = decode_payload(payload, "jpeg", height, width, path=path, sample=sample)
         full = whole.shape[:2]
-        size = (-(-full[1] // scale), -(-full[0] // scale))
-        rgb = cv2.resize(whole, size, interpolation=cv2.INTER_AREA)
+        rgb = shrink_area(whole, -(-full[1] // scale), -(-full[0] // scale))
     t, x0, h, w = _scaled_box(_checked_window(window, full[0], full[1], path, sample), scale)
     return rgb[t : t + h, x0 : x0 + w]
 
@@ -580,7 +579,7 @@ def shrink_area(pixels: np.ndarray, width: int, height: int) -> np.ndarray:
     h, w = pixels.shape[:2]
     if (_AREA is not None and pixels.ndim == 3 and pixels.shape[2] == 3 and pixels.dtype == np.uint8
             and 0 < width <= w and 0 < height <= h and (w % width or h % height)
-            and pixels.strides[1:] == (3, 1)):
+            and pixels.strides[1:] == (3, 1) and pixels.strides[0] >= 3 * w):
         out = np.empty((height, width, 3), np.uint8)
         _AREA(pixels, out)
         return out

@@ -90,7 +90,8 @@ def test_shrink_area_is_opencv_inter_area(monkeypatch: pytest.MonkeyPatch, built
     cases = [(rgb, 224, 224), (rgb[10:300, 7:400], 224, 201), (rgb[:, :448], 224, 111),  # whole ratio on one side
              (rgb[:224, :448], 224, 112),  # whole ratios on both: OpenCV's own path
              (rgb[..., 0].copy(), 100, 90), (rgb[..., :2].copy(), 100, 90), (rgb.astype(np.float32), 100, 90),
-             (np.ascontiguousarray(rgb[:, ::-1]), 250, 300), (rgb[:, ::-1], 250, 300)]  # a flipped view: OpenCV
+             (np.ascontiguousarray(rgb[:, ::-1]), 250, 300), (rgb[:, ::-1], 250, 300),  # a flipped view: OpenCV
+             (rgb[::-1], 250, 300), (rgb[::2], 250, 100)]  # rows upside down or skipped: OpenCV too
     for img, w, h in cases:
         got = shrink_area(img, w, h)
         want = cv2.resize(img, (w, h), interpolation=cv2.INTER_AREA)
