@@ -96,3 +96,50 @@ def test_shrink_area_is_opencv_inter_area(monkeypatch: pytest.MonkeyPatch, built
         got = shrink_area(img, w, h)
         want = cv2.resize(img, (w, h), interpolation=cv2.INTER_AREA)
         assert got.dtype == want.dtype and got.shape == want.shape and np.array_equal(got, want), img.shape
+
+
+def _folder(root) -> str:
+    from tests.helpers import make_folder
+
+    src = str(root / "src")
+    make_folder(src, {"a": [(f"a{k}.jpg", 300 + 37 * k, 410 - 23 * k) for k in range(4)],
+                      "b": [(f"b{k}.png", 257 + 11 * k, 333 + 29 * k) for k in range(3)]})
+    return src
+
+
+def test_conversion_bytes_do_not_depend_on_the_module(tmp_path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """--resize shorter:N writes the same payloads whether the module or OpenCV shrinks."""
+    from packer.datasets import open_dataset
+    from tests.helpers import pack
+
+    _module()
+    src = _folder(tmp_path)
+    pack(src, str(tmp_path / "with"), "lmdb", resize="shorter:200")
+    monkeypatch.setattr(imageproc, "_AREA", None)
+    pack(src, str(tmp_path / "without"), "lmdb", resize="shorter:200")
+    with open_dataset(str(tmp_path / "with")) as a, open_dataset(str(tmp_path / "without")) as b:
+        assert len(a) == len(b) == 7
+        for i in range(len(a)):
+            assert bytes(a.read_record(i).payload) == bytes(b.read_record(i).payload), i
+
+
+def test_random_resized_crop_reads_do_not_depend_on_the_module(tmp_path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """crop=RandomResizedCrop gives the same batches, window for window, with either resize."""
+    import random
+
+    from packer.datasets import open_dataset
+    from packer.datasets.crops import RandomResizedCrop
+    from tests.helpers import pack
+
+    _module()
+    dst = str(tmp_path / "ds")
+    pack(_folder(tmp_path), dst, "lmdb", resize="shorter:256")
+
+    def read() -> list[np.ndarray]:
+        random.seed(3)
+        with open_dataset(dst, crop=RandomResizedCrop(96, scale=(0.3, 1.0))) as ds:
+            return [ds[i % len(ds)][0].numpy() for i in range(40)]
+
+    fast = read()
+    monkeypatch.setattr(imageproc, "_AREA", None)
+    assert all(np.array_equal(x, y) for x, y in zip(fast, read(), strict=True))
