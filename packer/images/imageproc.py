@@ -578,7 +578,7 @@ def shrink_area(pixels: np.ndarray, width: int, height: int) -> np.ndarray:
     Anything else (other channel counts or dtypes, whole-number ratios, no C module) is OpenCV's own."""
     h, w = pixels.shape[:2]
     if (_AREA is not None and pixels.ndim == 3 and pixels.shape[2] == 3 and pixels.dtype == np.uint8
-            and 0 < width <= w and 0 < height <= h and (w % width or h % height)
+            and 0 < width <= w < 1 << 24 and 0 < height <= h < 1 << 24 and (w % width or h % height)
             and pixels.strides[1:] == (3, 1) and pixels.strides[0] >= 3 * w):
         out = np.empty((height, width, 3), np.uint8)
         _AREA(pixels, out)
