@@ -140,10 +140,11 @@ class RandomResizedCrop(Crop):
 
     ``interpolation="antialias"``: torch's antialiased bilinear resize (``interpolate(...,
     mode="bilinear", antialias=True)``, the kernel torchvision's ``RandomResizedCrop`` runs on
-    uint8 tensors): about half of ``INTER_AREA``'s cost where a window shrinks by the fractional
-    ratios random windows have, more than ``INTER_LINEAR``'s where it is enlarged.
-    ``interpolation="linear"``: OpenCV's ``INTER_LINEAR`` for every window, cheaper still, without
-    antialiasing where the window shrinks (some aliasing). docs/benchmarks.md, section 14.
+    uint8 tensors): about the cost of packer's ``INTER_AREA`` where a window shrinks (half of
+    OpenCV's, which runs where the C module is not built), more than ``INTER_LINEAR``'s where it
+    is enlarged. ``interpolation="linear"``: OpenCV's ``INTER_LINEAR`` for every window, the
+    cheapest, without antialiasing where the window shrinks (some aliasing).
+    docs/benchmarks.md, section 14.
     Masks are resized by nearest neighbour in every case.
     """
 
