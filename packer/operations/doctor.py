@@ -98,7 +98,8 @@ def _decoders() -> dict[str, Any]:
             "simplejpeg": _version("simplejpeg") if turbo else None,
             "opencv": cv2.__version__,
             "window_decode": imageproc.window_decoding(),
-            "window_libjpeg_turbo": version_of() if imageproc.window_decoding() else None}
+            "window_libjpeg_turbo": version_of() if imageproc.window_decoding() else None,
+            "area_resize": getattr(imageproc, "_AREA", None) is not None}
 
 
 def _space(path: str) -> dict[str, Any] | None:
@@ -215,6 +216,8 @@ def format_report(info: dict[str, Any]) -> str:
             if info["jpeg_decoder"] == "turbojpeg" else f"OpenCV {info['opencv']} (simplejpeg is not importable)")
     window = (f"built, libjpeg-turbo {info['window_libjpeg_turbo'] or 'version unknown'}" if info["window_decode"]
               else "not built: readers with crop= decode whole images and cut them (same pixels)")
+    area = ("packer's C module (OpenCV's INTER_AREA bytes, fewer passes)" if info.get("area_resize")
+            else "OpenCV's INTER_AREA (the C module is not built)")
     have = " ".join(f"[{k}]" for k, v in info["extras"].items() if v) or "none"
     lacking = [f"[{k}] needs {', '.join(v)}" for k, v in info.get("extras_missing", {}).items()]
     shm = info["dev_shm"]
@@ -228,6 +231,7 @@ def format_report(info: dict[str, Any]) -> str:
         f"collate       shared-memory batches {slots}",
         f"JPEG decode   {jpeg}",
         f"crop windows  {window}",
+        f"shrinking     {area}",
         f"extras        installed: {have}" if info["extras"] else
         "extras        unknown (packer is not installed: pip install -e .)",
         *_wrapped("              missing:  ", lacking),

@@ -25,6 +25,7 @@ def test_json_report_in_a_fresh_process_says_what_is_on():
     # the self-test ran in that process and agrees with this one's
     assert info["collate_slots"] is collation.slots_available()[0]
     assert info["window_decode"] is imageproc.window_decoding()
+    assert info["area_resize"] is (imageproc._AREA is not None)
     assert info["jpeg_decoder"] == ("turbojpeg" if imageproc._simplejpeg is not None else "opencv")
     assert info["usable_cpus"] >= 1
     assert set(info["extras"]) == set(_declared_extras())
@@ -89,4 +90,8 @@ def test_slots_off_are_reported_with_the_reason(monkeypatch):
     info.update(window_decode=False, jpeg_decoder="opencv")
     text = format_report(info)
     assert "not built: readers with crop= decode whole images" in text
+    info.update(area_resize=True)
+    assert "shrinking     packer's C module" in format_report(info)
+    info.update(area_resize=False)
+    assert "shrinking     OpenCV's INTER_AREA (the C module is not built)" in format_report(info)
     assert "simplejpeg is not importable" in text
