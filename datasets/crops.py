@@ -201,8 +201,8 @@ class RandomResizedCrop(Crop):
             planes = torch.from_numpy(np.ascontiguousarray(pixels)).permute(2, 0, 1)[None]  # contiguous rows: faster
             out = interpolate(planes, size=(th, tw), mode="bilinear", antialias=True, align_corners=False)
             return out[0].permute(1, 2, 0).numpy()
-        if self.interpolation == "area" and h >= th and w >= tw:
-            return shrink_area(pixels, tw, th)
+        if self.interpolation == "area":
+            return area_or_linear(pixels, th, tw)
         return cv2.resize(pixels, (tw, th), interpolation=cv2.INTER_LINEAR)
 
     def finish_mask(self, mask: np.ndarray) -> np.ndarray:
@@ -218,6 +218,15 @@ class RandomResizedCrop(Crop):
         more = ("" if self.reduces else ", reduced_decode=False") + (
             "" if self.interpolation == "area" else f", interpolation={self.interpolation!r}")
         return f"RandomResizedCrop(size={self.size}, scale={self.scale}, ratio={self.ratio}{more})"
+
+
+def area_or_linear(pixels: np.ndarray, height: int, width: int) -> np.ndarray:
+    """``pixels`` resized to ``height`` x ``width`` as :class:`RandomResizedCrop` resizes by
+    default: ``INTER_AREA`` where they shrink on both sides (:func:`shrink_area`), else
+    OpenCV's ``INTER_LINEAR``."""
+    if pixels.shape[0] >= height and pixels.shape[1] >= width:
+        return shrink_area(pixels, width, height)
+    return cv2.resize(pixels, (width, height), interpolation=cv2.INTER_LINEAR)
 
 
 def as_crop(crop: Crop | int | Sequence[int] | None) -> Crop | None:

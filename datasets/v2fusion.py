@@ -20,7 +20,7 @@ from typing import Any
 
 import numpy as np
 
-from .crops import Crop
+from .crops import Crop, area_or_linear
 
 __all__ = ["V2Crop", "Fusion", "fuse_v2_crop", "fusable_reason", "FUSED_STEPS"]
 
@@ -160,14 +160,7 @@ class V2Crop(Crop):
 def _opencv_resized(pixels: np.ndarray, size: tuple[int, ...]) -> np.ndarray:
     """A window resized to ``size`` as ``crop=RandomResizedCrop`` resizes it (INTER_AREA where
     it shrinks on both sides, else INTER_LINEAR)."""
-    import cv2
-
-    from packer.images.imageproc import shrink_area
-
-    th, tw = size
-    if pixels.shape[0] >= th and pixels.shape[1] >= tw:
-        return shrink_area(pixels, tw, th)
-    return cv2.resize(pixels, (tw, th), interpolation=cv2.INTER_LINEAR)
+    return area_or_linear(pixels, size[0], size[1])
 
 
 def _quick_draw(crop: V2Crop, height: int, width: int) -> tuple[int, int, int, int]:
